@@ -1,0 +1,2 @@
+//! `ballast-translate`: pure functions from a `ConfigSet` to Envoy resources per gateway.
+#![forbid(unsafe_code)]

