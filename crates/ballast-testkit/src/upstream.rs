@@ -1,0 +1,144 @@
+//! An upstream HTTP/1.1 server that answers with its own name.
+//!
+//! Routing tests need to know *where* each request went, not just that it succeeded: every response body
+//! (and the `x-upstream` header) is the upstream's name, so a [`crate::TrafficReport`]'s `by_body` shows the
+//! split between upstreams directly, and [`Upstream::hits`] counts what arrived here.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+struct Shared {
+    name: String,
+    hits: AtomicU64,
+    status: AtomicU16,
+}
+
+/// A running upstream on `127.0.0.1:<ephemeral>`; stopped (listener and every connection closed) by
+/// [`Upstream::stop`] or on drop.
+pub struct Upstream {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Upstream {
+    /// Starts an upstream named `name`: every request gets `200`, body `name`, header `x-upstream: name`.
+    pub async fn start(name: &str) -> Result<Upstream> {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("bind upstream on 127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            name: name.to_owned(),
+            hits: AtomicU64::new(0),
+            status: AtomicU16::new(200),
+        });
+        let task = tokio::spawn(accept_loop(listener, shared.clone()));
+        Ok(Upstream {
+            addr,
+            shared,
+            task: Some(task),
+        })
+    }
+
+    /// The address it listens on (always loopback).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The name it answers with.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Requests received so far (every request, whatever status was answered).
+    pub fn hits(&self) -> u64 {
+        self.shared.hits.load(Ordering::SeqCst)
+    }
+
+    /// Changes the status code of subsequent responses (e.g. `503` to simulate a failing backend).
+    pub fn set_status(&self, status: u16) {
+        self.shared.status.store(status, Ordering::SeqCst);
+    }
+
+    /// Closes the listener and every open connection, and waits until they are closed, so that a
+    /// following connection attempt is refused. Idempotent.
+    pub async fn stop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Owns the listener and, through the `JoinSet`, every connection task: aborting this task drops both,
+/// which closes all sockets at once.
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let shared = shared.clone();
+                conns.spawn(async move {
+                    let svc = service_fn(move |_req: hyper::Request<hyper::body::Incoming>| {
+                        let shared = shared.clone();
+                        async move {
+                            shared.hits.fetch_add(1, Ordering::SeqCst);
+                            let status = shared.status.load(Ordering::SeqCst);
+                            let resp = hyper::Response::builder()
+                                .status(status)
+                                .header("x-upstream", shared.name.as_str())
+                                .header(hyper::header::CONTENT_TYPE, "text/plain")
+                                .body(Full::new(Bytes::from(shared.name.clone())))
+                                .expect("static response parts are valid");
+                            Ok::<_, Infallible>(resp)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(true)
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+            // Reap finished connections so the set does not grow over a long test.
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn answers_with_name_and_counts() {
+        let mut up = Upstream::start("alpha").await.unwrap();
+        let (status, body) = crate::http_get(up.addr(), "/x").await.unwrap();
+        assert_eq!((status, body.as_str()), (200, "alpha"));
+        up.set_status(503);
+        let (status, body) = crate::http_get(up.addr(), "/y").await.unwrap();
+        assert_eq!((status, body.as_str()), (503, "alpha"));
+        assert_eq!(up.hits(), 2);
+        up.stop().await;
+        assert!(tokio::net::TcpStream::connect(up.addr()).await.is_err());
+    }
+}
