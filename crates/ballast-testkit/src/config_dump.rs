@@ -37,6 +37,8 @@ pub struct ConfigSummary {
     /// EDS endpoints (`ip:port`) per cluster, from dynamic endpoint configs. Only present when the dump was
     /// taken with `include_eds`.
     pub endpoints: BTreeMap<String, BTreeSet<String>>,
+    /// Endpoints (`ip:port`) per bootstrap cluster, likewise only with `include_eds`.
+    pub static_endpoints: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl ConfigSummary {
@@ -47,9 +49,15 @@ impl ConfigSummary {
         for c in configs {
             match c["@type"].as_str().unwrap_or_default() {
                 LISTENERS => {
-                    names(&mut s.static_listeners, &c["static_listeners"], &["listener"]);
+                    names(
+                        &mut s.static_listeners,
+                        &c["static_listeners"],
+                        &["listener"],
+                    );
                     for l in items(&c["dynamic_listeners"]) {
-                        let Some(name) = l["name"].as_str() else { continue };
+                        let Some(name) = l["name"].as_str() else {
+                            continue;
+                        };
                         if l.get("active_state").is_some() {
                             s.listeners.insert(name.to_owned());
                         }
@@ -61,37 +69,49 @@ impl ConfigSummary {
                 CLUSTERS => {
                     names(&mut s.static_clusters, &c["static_clusters"], &["cluster"]);
                     names(&mut s.clusters, &c["dynamic_active_clusters"], &["cluster"]);
-                    names(&mut s.warming_clusters, &c["dynamic_warming_clusters"], &["cluster"]);
+                    names(
+                        &mut s.warming_clusters,
+                        &c["dynamic_warming_clusters"],
+                        &["cluster"],
+                    );
                 }
                 ROUTES => {
-                    names(&mut s.routes, &c["dynamic_route_configs"], &["route_config"]);
+                    names(
+                        &mut s.routes,
+                        &c["dynamic_route_configs"],
+                        &["route_config"],
+                    );
                 }
                 SECRETS => {
                     names(&mut s.secrets, &c["dynamic_active_secrets"], &[]);
                 }
                 ENDPOINTS => {
-                    for e in items(&c["dynamic_endpoint_configs"]) {
-                        let cfg = &e["endpoint_config"];
-                        let Some(cluster) = cfg["cluster_name"].as_str() else {
-                            continue;
-                        };
-                        let set = s.endpoints.entry(cluster.to_owned()).or_default();
-                        for locality in items(&cfg["endpoints"]) {
-                            for lb in items(&locality["lb_endpoints"]) {
-                                let sa = &lb["endpoint"]["address"]["socket_address"];
-                                if let (Some(a), Some(p)) =
-                                    (sa["address"].as_str(), sa["port_value"].as_u64())
-                                {
-                                    set.insert(format!("{a}:{p}"));
-                                }
-                            }
-                        }
-                    }
+                    endpoints(&mut s.endpoints, &c["dynamic_endpoint_configs"]);
+                    endpoints(&mut s.static_endpoints, &c["static_endpoint_configs"]);
                 }
                 _ => {}
             }
         }
         s
+    }
+}
+
+/// Collects `ip:port` per cluster from an array of `{endpoint_config: ClusterLoadAssignment}`.
+fn endpoints(out: &mut BTreeMap<String, BTreeSet<String>>, configs: &Value) {
+    for e in items(configs) {
+        let cfg = &e["endpoint_config"];
+        let Some(cluster) = cfg["cluster_name"].as_str() else {
+            continue;
+        };
+        let set = out.entry(cluster.to_owned()).or_default();
+        for locality in items(&cfg["endpoints"]) {
+            for lb in items(&locality["lb_endpoints"]) {
+                let sa = &lb["endpoint"]["address"]["socket_address"];
+                if let (Some(a), Some(p)) = (sa["address"].as_str(), sa["port_value"].as_u64()) {
+                    set.insert(format!("{a}:{p}"));
+                }
+            }
+        }
     }
 }
 
@@ -142,7 +162,13 @@ mod tests {
         assert_eq!(s.warming_listeners, set(&["https"]));
         assert_eq!(s.routes, set(&["http-routes"]));
         assert_eq!(s.secrets, set(&["tls"]));
-        assert_eq!(s.endpoints["web"], set(&["127.0.0.1:8080", "127.0.0.2:8081"]));
-        assert_eq!(ConfigSummary::from_dump(&json!({})), ConfigSummary::default());
+        assert_eq!(
+            s.endpoints["web"],
+            set(&["127.0.0.1:8080", "127.0.0.2:8081"])
+        );
+        assert_eq!(
+            ConfigSummary::from_dump(&json!({})),
+            ConfigSummary::default()
+        );
     }
 }

@@ -344,7 +344,9 @@ impl Envoy {
         }
         cmd.args(&opts.extra_args)
             .stdin(Stdio::null())
-            .stdout(Stdio::from(std::fs::File::create(dir.path().join("stdout.log"))?))
+            .stdout(Stdio::from(std::fs::File::create(
+                dir.path().join("stdout.log"),
+            )?))
             .stderr(Stdio::from(std::fs::File::create(&stderr_path)?));
         let child = cmd
             .spawn()
@@ -359,7 +361,9 @@ impl Envoy {
             stderr_path,
             dir,
         };
-        envoy.admin = envoy.wait_admin_address(&admin_path, opts.startup_timeout).await?;
+        envoy.admin = envoy
+            .wait_admin_address(&admin_path, opts.startup_timeout)
+            .await?;
         tracing::debug!(pid, admin = %envoy.admin, dir = %envoy.dir.path().display(), "envoy started");
         Ok(envoy)
     }
@@ -367,7 +371,11 @@ impl Envoy {
     async fn wait_admin_address(&mut self, path: &Path, timeout: Duration) -> Result<SocketAddr> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 bail!(
                     "Envoy exited during startup ({status}); log tail:\n{}",
                     self.log_tail(40)
@@ -488,7 +496,9 @@ impl Envoy {
 
     /// The names Envoy holds, extracted from [`Envoy::config_dump`].
     pub async fn config_summary(&self, include_eds: bool) -> Result<ConfigSummary> {
-        Ok(ConfigSummary::from_dump(&self.config_dump(include_eds).await?))
+        Ok(ConfigSummary::from_dump(
+            &self.config_dump(include_eds).await?,
+        ))
     }
 
     /// `state` from `/server_info`: `PRE_INITIALIZING`, `INITIALIZING`, `LIVE` or `DRAINING`.
@@ -634,11 +644,17 @@ mod tests {
         )
         .node_metadata(json!({"ballast.gateway": "default/edge"}));
         let b = cfg.bootstrap_json();
-        assert_eq!(b["dynamic_resources"]["ads_config"]["api_type"], "DELTA_GRPC");
-        assert_eq!(b["dynamic_resources"]["lds_config"]["initial_fetch_timeout"], "0s");
+        assert_eq!(
+            b["dynamic_resources"]["ads_config"]["api_type"],
+            "DELTA_GRPC"
+        );
+        assert_eq!(
+            b["dynamic_resources"]["lds_config"]["initial_fetch_timeout"],
+            "0s"
+        );
         assert_eq!(b["node"]["metadata"]["ballast.gateway"], "default/edge");
-        let ep = &b["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]
-            ["lb_endpoints"][0]["endpoint"]["address"]["socket_address"];
+        let ep = &b["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+            [0]["endpoint"]["address"]["socket_address"];
         assert_eq!(ep["port_value"], 18000);
         assert_eq!(duration(Duration::from_millis(250)), "0.250s");
     }

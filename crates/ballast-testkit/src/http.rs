@@ -19,7 +19,9 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 pub async fn http_get(addr: SocketAddr, path_and_query: &str) -> Result<(u16, String)> {
     tokio::time::timeout(ADMIN_TIMEOUT, get_inner(addr, path_and_query))
         .await
-        .with_context(|| format!("GET http://{addr}{path_and_query} timed out after {ADMIN_TIMEOUT:?}"))?
+        .with_context(|| {
+            format!("GET http://{addr}{path_and_query} timed out after {ADMIN_TIMEOUT:?}")
+        })?
         .with_context(|| format!("GET http://{addr}{path_and_query}"))
 }
 

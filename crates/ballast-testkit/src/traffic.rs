@@ -157,7 +157,8 @@ impl TrafficReport {
             Outcome::Error(msg) => {
                 self.errors += 1;
                 if self.failure_samples.len() < MAX_FAILURE_SAMPLES {
-                    self.failure_samples.push(format!("{}: error: {msg}", sample()));
+                    self.failure_samples
+                        .push(format!("{}: error: {msg}", sample()));
                 }
             }
         }
@@ -202,7 +203,10 @@ impl Traffic {
     /// # Panics
     /// If `config.requests` is empty or `config.concurrency` is 0.
     pub fn start(config: TrafficConfig) -> Traffic {
-        assert!(!config.requests.is_empty(), "TrafficConfig.requests is empty");
+        assert!(
+            !config.requests.is_empty(),
+            "TrafficConfig.requests is empty"
+        );
         assert!(config.concurrency > 0, "TrafficConfig.concurrency is 0");
         let (stop_tx, _) = watch::channel(false);
         let report = Arc::new(Mutex::new(TrafficReport::default()));

@@ -75,9 +75,11 @@ mod tests {
 
     #[tokio::test]
     async fn times_out_with_last_error() {
-        let err = wait_for(Duration::from_millis(20), Duration::from_millis(5), || async {
-            Err::<(), _>(anyhow!("still broken"))
-        })
+        let err = wait_for(
+            Duration::from_millis(20),
+            Duration::from_millis(5),
+            || async { Err::<(), _>(anyhow!("still broken")) },
+        )
         .await
         .unwrap_err();
         let msg = format!("{err:#}");
