@@ -262,9 +262,11 @@ pub struct EnvoyOptions {
     pub extra_args: Vec<String>,
     /// How long to wait for the admin address file before failing. Default 30 s.
     pub startup_timeout: Duration,
-    /// Run Envoy under `setpriv --pdeathsig KILL` (when available) so it dies with the *thread* that started
-    /// it even if the test process is killed without unwinding. Default true. Turn off if the `Envoy` must
-    /// outlive the thread that started it (e.g. a shared Envoy created by one test thread).
+    /// Run Envoy under `setpriv --pdeathsig KILL` (when `/usr/bin/setpriv` exists) so it dies with the
+    /// *thread* that started it even if the test process is killed without unwinding (Ctrl-C, a harness
+    /// timeout). Default true. Linux ties the signal to the spawning thread, not the process: turn this off
+    /// if the `Envoy` must outlive that thread (e.g. one shared Envoy created inside one test's thread, or a
+    /// start from `spawn_blocking`, whose threads exit when idle). Drop kills Envoy either way.
     pub parent_death_signal: bool,
 }
 

@@ -14,6 +14,34 @@
 //! * [`wait_for`] / [`wait_until`] — bounded polling, because tests must never hang.
 //!
 //! Nothing here asserts wall-clock time (DESIGN §7); timeouts only bound how long a test may hang.
+//!
+//! Envoy is found through `$BALLAST_ENVOY` or the project venv that `scripts/test` creates; when it is
+//! missing, starting one fails with instructions — end-to-end tests never skip. `$BALLAST_ENVOY_LOG_LEVEL`
+//! (default `warning`) raises Envoy's log level; a test that panics prints each Envoy's log tail.
+//!
+//! A typical scenario (a control plane on `xds`, serving gateway `default/edge` on port `listener_port`):
+//!
+//! ```no_run
+//! # async fn scenario(xds: std::net::SocketAddr, listener_port: u16) -> anyhow::Result<()> {
+//! use std::time::Duration;
+//! use ballast_testkit::*;
+//!
+//! let web = Upstream::start("web").await?;
+//! // ... publish config routing web.example.com to `web.addr()` on the control plane ...
+//! let link = TcpProxy::start(vec![xds]).await?;
+//! let envoy = Envoy::start(&EnvoyConfig::new(link.addr(), "envoy-1", "default/edge", AdsMode::DeltaGrpc)).await?;
+//! envoy.wait_live(Duration::from_secs(30)).await?;
+//!
+//! let traffic = Traffic::start(TrafficConfig::new(
+//!     ([127, 0, 0, 1], listener_port).into(), "web.example.com", "/")); // bounded: 120 s at most
+//! for _ in 0..5 {
+//!     link.cut_all(); // break the xDS stream while requests flow
+//!     wait_until(Duration::from_secs(30), Duration::from_millis(20), || async { link.live() > 0 }).await?;
+//! }
+//! traffic.stop().await.assert_all_ok();
+//! assert_eq!(envoy.stat("listener_manager.listener_removed").await?, Some(0));
+//! # Ok(()) }
+//! ```
 #![forbid(unsafe_code)]
 
 mod config_dump;

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tokio::net::{TcpListener, TcpStream};
@@ -141,7 +142,9 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 async fn relay(mut client: TcpStream, backend: SocketAddr) {
     let _ = client.set_zero_linger();
     let _ = client.set_nodelay(true);
-    let Ok(mut upstream) = TcpStream::connect(backend).await else {
+    // Bounded: a backend that neither accepts nor refuses must not pin the client forever.
+    let connect = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(backend));
+    let Ok(Ok(mut upstream)) = connect.await else {
         return;
     };
     let _ = upstream.set_zero_linger();

@@ -48,6 +48,11 @@ pub struct TrafficConfig {
     pub max_duration: Duration,
     /// One request (connect + response + body) taking longer than this counts as an error. Default 5 s.
     pub request_timeout: Duration,
+    /// Reuse connections (default true, like real clients). With `false` every request opens a new
+    /// connection: slower, but immune to the benign race where Envoy closes an idle keep-alive connection
+    /// (e.g. while draining a replaced listener) just as the next request is written, which hyper reports
+    /// as an error ("connection closed before message completed").
+    pub keep_alive: bool,
 }
 
 impl TrafficConfig {
@@ -66,6 +71,7 @@ impl TrafficConfig {
             max_requests: None,
             max_duration: Duration::from_secs(120),
             request_timeout: Duration::from_secs(5),
+            keep_alive: true,
         }
     }
 
@@ -90,6 +96,12 @@ impl TrafficConfig {
     /// Sets [`TrafficConfig::max_duration`].
     pub fn max_duration(mut self, d: Duration) -> Self {
         self.max_duration = d;
+        self
+    }
+
+    /// Sets [`TrafficConfig::keep_alive`].
+    pub fn keep_alive(mut self, on: bool) -> Self {
+        self.keep_alive = on;
         self
     }
 
@@ -286,8 +298,11 @@ async fn client_loop(
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(config.request_timeout));
-    let client: Client<HttpConnector, Empty<Bytes>> =
-        Client::builder(TokioExecutor::new()).build(connector);
+    let mut builder = Client::builder(TokioExecutor::new());
+    if !config.keep_alive {
+        builder.pool_max_idle_per_host(0);
+    }
+    let client: Client<HttpConnector, Empty<Bytes>> = builder.build(connector);
     loop {
         if *stop_rx.borrow() || Instant::now() >= deadline {
             return;
@@ -413,5 +428,20 @@ mod tests {
         let report = t.stop().await;
         report.assert_all_ok();
         assert_eq!(report.total, a.hits());
+    }
+
+    #[tokio::test]
+    async fn without_keep_alive_still_counts() {
+        let a = Upstream::start("a").await.unwrap();
+        let report = Traffic::start(
+            TrafficConfig::new(a.addr(), "h", "/")
+                .keep_alive(false)
+                .pause(Duration::ZERO)
+                .max_requests(10),
+        )
+        .wait()
+        .await;
+        report.assert_all_ok();
+        assert_eq!(report.total, 10);
     }
 }
