@@ -197,7 +197,8 @@ impl EnvoyConfig {
     }
 }
 
-/// A static bootstrap with one HTTP listener on `127.0.0.1:listen_port` (stat prefix `ingress`) routing
+/// A static bootstrap with one HTTP listener `ingress` on `127.0.0.1:listen_port` (0 is fine: see
+/// [`Envoy::listener_addrs`]; stat prefix `ingress`) routing
 /// every request to the static cluster `upstream` at `upstream`: the smallest useful Envoy, for testing the
 /// testkit itself and as a known-good baseline.
 pub fn static_http_bootstrap(listen_port: u16, upstream: SocketAddr) -> String {
@@ -501,6 +502,29 @@ impl Envoy {
         Ok(ConfigSummary::from_dump(
             &self.config_dump(include_eds).await?,
         ))
+    }
+
+    /// The actual bound address of every active listener, by name, from `/listeners?format=json`. Lets a
+    /// listener use port 0 (no [`crate::free_port`] race) and the test find out where it landed.
+    pub async fn listener_addrs(&self) -> Result<BTreeMap<String, SocketAddr>> {
+        let v: Value = serde_json::from_str(&self.admin_get("/listeners?format=json").await?)
+            .context("parse /listeners JSON")?;
+        let mut out = BTreeMap::new();
+        for l in v["listener_statuses"].as_array().into_iter().flatten() {
+            let sa = &l["local_address"]["socket_address"];
+            if let (Some(name), Some(ip), Some(port)) = (
+                l["name"].as_str(),
+                sa["address"].as_str(),
+                sa["port_value"].as_u64(),
+            ) {
+                let ip: std::net::IpAddr = ip
+                    .parse()
+                    .with_context(|| format!("listener {name} address {ip}"))?;
+                let port = u16::try_from(port).context("listener port")?;
+                out.insert(name.to_owned(), SocketAddr::new(ip, port));
+            }
+        }
+        Ok(out)
     }
 
     /// `state` from `/server_info`: `PRE_INITIALIZING`, `INITIALIZING`, `LIVE` or `DRAINING`.

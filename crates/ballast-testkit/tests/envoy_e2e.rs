@@ -15,13 +15,13 @@ const BOUND: Duration = Duration::from_secs(30);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_envoy_routes_traffic_to_upstream() {
     let upstream = Upstream::start("up-a").await.unwrap();
-    let port = free_port();
-    let envoy = Envoy::start_bootstrap(&static_http_bootstrap(port, upstream.addr()))
+    // Port 0: Envoy picks, the admin API tells.
+    let envoy = Envoy::start_bootstrap(&static_http_bootstrap(0, upstream.addr()))
         .await
         .unwrap();
     envoy.wait_live(BOUND).await.unwrap();
-
-    let listener: SocketAddr = ([127, 0, 0, 1], port).into();
+    let listener = envoy.listener_addrs().await.unwrap()["ingress"];
+    assert_ne!(listener.port(), 0);
     let report = Traffic::start(
         TrafficConfig::with_requests(
             listener,
