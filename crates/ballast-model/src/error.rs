@@ -1,0 +1,103 @@
+//! Config errors: each names the file, line and column, and where known the object and field
+//! (DESIGN §3.8: a user must be able to find and fix the problem from the message alone).
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::kinds::Kind;
+use crate::spanned::Pos;
+
+/// The object an error belongs to; `name` is `None` when the document has no usable name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectRef {
+    pub kind: Kind,
+    pub namespace: String,
+    pub name: Option<String>,
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.name {
+            Some(name) => write!(f, "{} {}/{}", self.kind, self.namespace, name),
+            None => write!(f, "{}", self.kind),
+        }
+    }
+}
+
+/// One problem in a config file. Displays as `file:line:col: Kind namespace/name: field: message`
+/// (the object and field parts only when known).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, thiserror::Error)]
+#[error("{file}:{pos}: {}{}{message}", object_prefix(.object), field_prefix(.field))]
+pub struct ConfigError {
+    pub file: Arc<str>,
+    pub pos: Pos,
+    pub object: Option<ObjectRef>,
+    /// Field path within the object, e.g. `spec.listeners[1].port`.
+    pub field: Option<String>,
+    pub message: String,
+}
+
+fn object_prefix(object: &Option<ObjectRef>) -> String {
+    object
+        .as_ref()
+        .map(|o| format!("{o}: "))
+        .unwrap_or_default()
+}
+
+fn field_prefix(field: &Option<String>) -> String {
+    match field {
+        Some(f) if !f.is_empty() => format!("{f}: "),
+        _ => String::new(),
+    }
+}
+
+impl ConfigError {
+    pub fn line(&self) -> u32 {
+        self.pos.line
+    }
+
+    pub fn column(&self) -> u32 {
+        self.pos.column
+    }
+}
+
+/// Sorts errors by file and position so output is stable whatever order files were read in.
+pub(crate) fn sort_errors(errors: &mut Vec<ConfigError>) {
+    errors.sort();
+    errors.dedup();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_format() {
+        let mut e = ConfigError {
+            file: "gw.yaml".into(),
+            pos: Pos::new(7, 11),
+            object: Some(ObjectRef {
+                kind: Kind::Gateway,
+                namespace: "default".into(),
+                name: Some("edge".into()),
+            }),
+            field: Some("spec.listeners[0].port".into()),
+            message: "port 0 is out of range 1..=65535".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "gw.yaml:7:11: Gateway default/edge: spec.listeners[0].port: port 0 is out of range 1..=65535"
+        );
+        e.field = None;
+        e.object.as_mut().unwrap().name = None;
+        assert_eq!(
+            e.to_string(),
+            "gw.yaml:7:11: Gateway: port 0 is out of range 1..=65535"
+        );
+        e.object = None;
+        assert_eq!(
+            e.to_string(),
+            "gw.yaml:7:11: port 0 is out of range 1..=65535"
+        );
+    }
+}

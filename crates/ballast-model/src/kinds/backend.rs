@@ -1,0 +1,110 @@
+//! `ballast.dev/v1alpha1` `Backend`: a named upstream with static endpoints (served over EDS).
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{Metadata, Source, object_kind};
+use crate::duration::{de_duration, de_opt_duration};
+use crate::spanned::{Pos, Spanned};
+
+#[derive(Clone, Debug)]
+pub struct Backend {
+    pub metadata: Metadata,
+    pub spec: BackendSpec,
+    pub source: Source,
+}
+object_kind!(Backend, super::Kind::Backend);
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BackendSpec {
+    /// May be empty (requests then fail with 503 until endpoints appear).
+    #[serde(default)]
+    pub endpoints: Vec<Endpoint>,
+    #[serde(default)]
+    pub load_balancer: LoadBalancer,
+    /// TCP connect timeout; Envoy's default (5s) when omitted.
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub connect_timeout: Option<Spanned<Duration>>,
+    #[serde(default)]
+    pub health_check: Option<HealthCheck>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Endpoint {
+    /// An IP address: EDS hands Envoy addresses, not names to resolve.
+    pub address: Spanned<IpAddr>,
+    pub port: Spanned<u32>,
+    /// Relative load-balancing weight, 1..=1000000 (default 1).
+    #[serde(default)]
+    pub weight: Option<Spanned<u32>>,
+    /// Zone (Envoy locality); endpoints without one share the empty locality.
+    #[serde(default)]
+    pub zone: Option<String>,
+    #[serde(default)]
+    pub health: HealthStatus,
+}
+
+impl Endpoint {
+    pub fn weight(&self) -> u32 {
+        self.weight.as_ref().map_or(1, |w| w.value)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
+pub enum HealthStatus {
+    #[default]
+    Healthy,
+    Unhealthy,
+    /// Finishes existing requests, gets no new ones.
+    Draining,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadBalancer {
+    #[serde(default)]
+    pub policy: LbPolicy,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
+pub enum LbPolicy {
+    #[default]
+    RoundRobin,
+    LeastRequest,
+    Random,
+    RingHash,
+    Maglev,
+}
+
+/// Active HTTP health checking by Envoy.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HealthCheck {
+    /// Request path, e.g. `/healthz`; a 200 answer is healthy.
+    pub path: Spanned<String>,
+    #[serde(default = "five_seconds", deserialize_with = "de_duration")]
+    pub interval: Spanned<Duration>,
+    #[serde(default = "one_second", deserialize_with = "de_duration")]
+    pub timeout: Spanned<Duration>,
+    #[serde(default = "one")]
+    pub healthy_threshold: Spanned<u32>,
+    #[serde(default = "three")]
+    pub unhealthy_threshold: Spanned<u32>,
+}
+
+fn five_seconds() -> Spanned<Duration> {
+    Spanned::new(Duration::from_secs(5), Pos::UNKNOWN)
+}
+fn one_second() -> Spanned<Duration> {
+    Spanned::new(Duration::from_secs(1), Pos::UNKNOWN)
+}
+fn one() -> Spanned<u32> {
+    Spanned::new(1, Pos::UNKNOWN)
+}
+fn three() -> Spanned<u32> {
+    Spanned::new(3, Pos::UNKNOWN)
+}

@@ -1,0 +1,194 @@
+//! The config kinds (DESIGN §5). Field names follow Gateway API / Kubernetes (camelCase) because
+//! they are the interface: the same manifests must load in Kubernetes.
+//!
+//! The structs are what the YAML deserializes into (with `deny_unknown_fields`), after
+//! [`crate::parse`] has filled in Gateway API defaults and [`crate::validate`] has checked them.
+//! A value of these types inside a [`crate::ConfigSet`] is therefore valid.
+
+pub mod backend;
+pub mod gateway;
+pub mod route;
+pub mod secret;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use backend::*;
+pub use gateway::*;
+pub use route::*;
+pub use secret::*;
+
+use crate::spanned::Pos;
+
+/// API group of Gateway and HTTPRoute.
+pub const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
+/// API group of ballast's own kinds (Backend).
+pub const BALLAST_GROUP: &str = "ballast.dev";
+/// Namespace of objects whose metadata names none.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// The supported kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Kind {
+    Gateway,
+    #[serde(rename = "HTTPRoute")]
+    HttpRoute,
+    Backend,
+    Secret,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 4] = [Kind::Gateway, Kind::HttpRoute, Kind::Backend, Kind::Secret];
+
+    /// The `kind:` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Gateway => "Gateway",
+            Kind::HttpRoute => "HTTPRoute",
+            Kind::Backend => "Backend",
+            Kind::Secret => "Secret",
+        }
+    }
+
+    /// The only `apiVersion:` accepted for this kind.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Kind::Gateway | Kind::HttpRoute => "gateway.networking.k8s.io/v1",
+            Kind::Backend => "ballast.dev/v1alpha1",
+            Kind::Secret => "v1",
+        }
+    }
+
+    pub fn from_kind_str(kind: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == kind)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An object's identity within its kind.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        ObjectKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Kubernetes object metadata (the subset a config file may carry).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Metadata {
+    pub name: String,
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+fn default_namespace() -> String {
+    DEFAULT_NAMESPACE.to_owned()
+}
+
+impl Metadata {
+    pub fn key(&self) -> ObjectKey {
+        ObjectKey::new(&self.namespace, &self.name)
+    }
+}
+
+/// Where an object was read from: the file and the position of its document's first key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Source {
+    pub file: Arc<str>,
+    pub pos: Pos,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.file, self.pos)
+    }
+}
+
+/// Implements the per-kind boilerplate: equality without the source (moving an object is not a
+/// change) and the accessors `Object` dispatches to.
+macro_rules! object_kind {
+    ($ty:ident, $kind:expr) => {
+        impl PartialEq for $ty {
+            fn eq(&self, other: &Self) -> bool {
+                self.metadata == other.metadata && self.spec == other.spec
+            }
+        }
+        impl Eq for $ty {}
+        impl $ty {
+            pub const KIND: crate::kinds::Kind = $kind;
+            pub fn key(&self) -> crate::kinds::ObjectKey {
+                self.metadata.key()
+            }
+        }
+    };
+}
+pub(crate) use object_kind;
+
+/// One parsed, validated config object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Object {
+    Gateway(Arc<Gateway>),
+    HttpRoute(Arc<HttpRoute>),
+    Backend(Arc<Backend>),
+    Secret(Arc<Secret>),
+}
+
+impl Object {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Object::Gateway(_) => Kind::Gateway,
+            Object::HttpRoute(_) => Kind::HttpRoute,
+            Object::Backend(_) => Kind::Backend,
+            Object::Secret(_) => Kind::Secret,
+        }
+    }
+
+    pub fn metadata(&self) -> &Metadata {
+        match self {
+            Object::Gateway(o) => &o.metadata,
+            Object::HttpRoute(o) => &o.metadata,
+            Object::Backend(o) => &o.metadata,
+            Object::Secret(o) => &o.metadata,
+        }
+    }
+
+    pub fn key(&self) -> ObjectKey {
+        self.metadata().key()
+    }
+
+    pub fn source(&self) -> &Source {
+        match self {
+            Object::Gateway(o) => &o.source,
+            Object::HttpRoute(o) => &o.source,
+            Object::Backend(o) => &o.source,
+            Object::Secret(o) => &o.source,
+        }
+    }
+}

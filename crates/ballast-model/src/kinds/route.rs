@@ -1,0 +1,447 @@
+//! `gateway.networking.k8s.io/v1` `HTTPRoute`: how requests on a Gateway's listeners are matched,
+//! modified and sent to Backends.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{BALLAST_GROUP, Metadata, Source, object_kind};
+use crate::duration::de_opt_duration;
+use crate::spanned::{Pos, Spanned};
+
+#[derive(Clone, Debug)]
+pub struct HttpRoute {
+    pub metadata: Metadata,
+    pub spec: HttpRouteSpec,
+    pub source: Source,
+}
+object_kind!(HttpRoute, super::Kind::HttpRoute);
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HttpRouteSpec {
+    #[serde(default)]
+    pub parent_refs: Vec<ParentRef>,
+    #[serde(default)]
+    pub hostnames: Vec<Spanned<String>>,
+    /// Never empty after parsing: no rules means one rule with the default match.
+    #[serde(default)]
+    pub rules: Vec<HttpRouteRule>,
+}
+
+/// The Gateway (and optionally one of its listeners) a route attaches to.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ParentRef {
+    /// Defaults to `gateway.networking.k8s.io`.
+    #[serde(default)]
+    pub group: Option<String>,
+    /// Defaults to `Gateway`.
+    #[serde(default)]
+    pub kind: Option<String>,
+    pub name: Spanned<String>,
+    /// Defaults to the route's namespace.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub section_name: Option<String>,
+    #[serde(default)]
+    pub port: Option<Spanned<u32>>,
+}
+
+impl ParentRef {
+    /// Whether this names a Gateway (the only parent kind ballast serves).
+    pub fn is_gateway(&self) -> bool {
+        self.group.as_deref().unwrap_or(super::GATEWAY_GROUP) == super::GATEWAY_GROUP
+            && self.kind.as_deref().unwrap_or("Gateway") == "Gateway"
+    }
+
+    pub fn namespace_or<'a>(&'a self, route_namespace: &'a str) -> &'a str {
+        self.namespace.as_deref().unwrap_or(route_namespace)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HttpRouteRule {
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Never empty after parsing: Gateway API's default is `PathPrefix /`.
+    #[serde(default)]
+    pub matches: Vec<HttpRouteMatch>,
+    #[serde(default)]
+    pub filters: Vec<HttpRouteFilter>,
+    /// Empty means the rule answers 500 unless a filter (redirect) answers.
+    #[serde(default)]
+    pub backend_refs: Vec<HttpBackendRef>,
+    #[serde(default)]
+    pub timeouts: Option<HttpRouteTimeouts>,
+    /// Ballast extension (not Gateway API): Envoy retry policy for this rule.
+    #[serde(default)]
+    pub retry: Option<RetryPolicy>,
+}
+
+/// All conditions of one match must hold (AND); the matches of a rule are alternatives (OR).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HttpRouteMatch {
+    #[serde(default)]
+    pub path: PathMatch,
+    #[serde(default)]
+    pub headers: Vec<HeaderMatch>,
+    #[serde(default)]
+    pub query_params: Vec<QueryParamMatch>,
+    #[serde(default)]
+    pub method: Option<HttpMethod>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathMatch {
+    #[serde(rename = "type", default)]
+    pub type_: PathMatchType,
+    #[serde(default = "slash")]
+    pub value: Spanned<String>,
+}
+
+fn slash() -> Spanned<String> {
+    Spanned::new("/".to_owned(), Pos::UNKNOWN)
+}
+
+impl Default for PathMatch {
+    fn default() -> Self {
+        PathMatch {
+            type_: PathMatchType::PathPrefix,
+            value: slash(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
+pub enum PathMatchType {
+    Exact,
+    /// Element-wise prefix: `/foo` matches `/foo` and `/foo/bar`, not `/foobar`.
+    #[default]
+    PathPrefix,
+    RegularExpression,
+}
+
+/// A header match; header names compare case-insensitively.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderMatch {
+    #[serde(rename = "type", default)]
+    pub type_: StringMatchType,
+    pub name: Spanned<String>,
+    pub value: Spanned<String>,
+}
+
+/// A query parameter match; names compare exactly (case-sensitively).
+pub type QueryParamMatch = HeaderMatch;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
+pub enum StringMatchType {
+    #[default]
+    Exact,
+    RegularExpression,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum HttpMethod {
+    Get,
+    Head,
+    Post,
+    Put,
+    Delete,
+    Connect,
+    Options,
+    Trace,
+    Patch,
+}
+
+impl HttpMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HttpMethod::Get => "GET",
+            HttpMethod::Head => "HEAD",
+            HttpMethod::Post => "POST",
+            HttpMethod::Put => "PUT",
+            HttpMethod::Delete => "DELETE",
+            HttpMethod::Connect => "CONNECT",
+            HttpMethod::Options => "OPTIONS",
+            HttpMethod::Trace => "TRACE",
+            HttpMethod::Patch => "PATCH",
+        }
+    }
+}
+
+/// A filter in Gateway API shape: `type` plus the one field named after it. Validation ensures
+/// exactly that field is set; use [`HttpRouteFilter::action`] to read it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HttpRouteFilter {
+    #[serde(rename = "type")]
+    pub type_: Spanned<FilterType>,
+    #[serde(default)]
+    pub request_header_modifier: Option<HeaderModifier>,
+    #[serde(default)]
+    pub response_header_modifier: Option<HeaderModifier>,
+    #[serde(default)]
+    pub request_redirect: Option<RequestRedirect>,
+    #[serde(default, rename = "urlRewrite")]
+    pub url_rewrite: Option<UrlRewrite>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
+pub enum FilterType {
+    RequestHeaderModifier,
+    ResponseHeaderModifier,
+    RequestRedirect,
+    #[serde(rename = "URLRewrite")]
+    UrlRewrite,
+}
+
+impl FilterType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FilterType::RequestHeaderModifier => "RequestHeaderModifier",
+            FilterType::ResponseHeaderModifier => "ResponseHeaderModifier",
+            FilterType::RequestRedirect => "RequestRedirect",
+            FilterType::UrlRewrite => "URLRewrite",
+        }
+    }
+
+    /// The YAML field that carries this filter's configuration.
+    pub fn field(self) -> &'static str {
+        match self {
+            FilterType::RequestHeaderModifier => "requestHeaderModifier",
+            FilterType::ResponseHeaderModifier => "responseHeaderModifier",
+            FilterType::RequestRedirect => "requestRedirect",
+            FilterType::UrlRewrite => "urlRewrite",
+        }
+    }
+}
+
+/// A filter's configuration, selected by its type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FilterAction<'a> {
+    RequestHeaderModifier(&'a HeaderModifier),
+    ResponseHeaderModifier(&'a HeaderModifier),
+    RequestRedirect(&'a RequestRedirect),
+    UrlRewrite(&'a UrlRewrite),
+}
+
+impl HttpRouteFilter {
+    /// The configuration matching `type`; `None` only for filters that failed validation.
+    pub fn action(&self) -> Option<FilterAction<'_>> {
+        match *self.type_ {
+            FilterType::RequestHeaderModifier => self
+                .request_header_modifier
+                .as_ref()
+                .map(FilterAction::RequestHeaderModifier),
+            FilterType::ResponseHeaderModifier => self
+                .response_header_modifier
+                .as_ref()
+                .map(FilterAction::ResponseHeaderModifier),
+            FilterType::RequestRedirect => self
+                .request_redirect
+                .as_ref()
+                .map(FilterAction::RequestRedirect),
+            FilterType::UrlRewrite => self.url_rewrite.as_ref().map(FilterAction::UrlRewrite),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderModifier {
+    /// Overwrite (or add) these headers.
+    #[serde(default)]
+    pub set: Vec<HttpHeader>,
+    /// Append these headers (keeping existing values).
+    #[serde(default)]
+    pub add: Vec<HttpHeader>,
+    /// Remove these headers (by name, case-insensitive).
+    #[serde(default)]
+    pub remove: Vec<Spanned<String>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpHeader {
+    pub name: Spanned<String>,
+    pub value: Spanned<String>,
+}
+
+/// Answers with a redirect instead of forwarding; unset parts keep the request's.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RequestRedirect {
+    #[serde(default)]
+    pub scheme: Option<Spanned<String>>,
+    #[serde(default)]
+    pub hostname: Option<Spanned<String>>,
+    #[serde(default)]
+    pub path: Option<PathModifier>,
+    #[serde(default)]
+    pub port: Option<Spanned<u32>>,
+    /// 301, 302 (default), 303, 307 or 308.
+    #[serde(default = "found")]
+    pub status_code: Spanned<u16>,
+}
+
+fn found() -> Spanned<u16> {
+    Spanned::new(302, Pos::UNKNOWN)
+}
+
+/// Rewrites the request before forwarding it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UrlRewrite {
+    #[serde(default)]
+    pub hostname: Option<Spanned<String>>,
+    #[serde(default)]
+    pub path: Option<PathModifier>,
+}
+
+/// Gateway API `HTTPPathModifier`: `type` plus the field named after it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PathModifier {
+    #[serde(rename = "type")]
+    pub type_: Spanned<PathModifierType>,
+    #[serde(default)]
+    pub replace_full_path: Option<Spanned<String>>,
+    /// Replaces the part of the path the rule's `PathPrefix` match matched.
+    #[serde(default)]
+    pub replace_prefix_match: Option<Spanned<String>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
+pub enum PathModifierType {
+    ReplaceFullPath,
+    ReplacePrefixMatch,
+}
+
+/// The validated meaning of a [`PathModifier`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathRewrite<'a> {
+    FullPath(&'a str),
+    PrefixMatch(&'a str),
+}
+
+impl PathModifier {
+    /// The replacement matching `type`; `None` only for modifiers that failed validation.
+    pub fn rewrite(&self) -> Option<PathRewrite<'_>> {
+        match *self.type_ {
+            PathModifierType::ReplaceFullPath => self
+                .replace_full_path
+                .as_ref()
+                .map(|s| PathRewrite::FullPath(s.as_str())),
+            PathModifierType::ReplacePrefixMatch => self
+                .replace_prefix_match
+                .as_ref()
+                .map(|s| PathRewrite::PrefixMatch(s.as_str())),
+        }
+    }
+}
+
+/// A weighted reference to a `Backend`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HttpBackendRef {
+    /// `ballast.dev` (the default: ballast has no Kubernetes Services).
+    #[serde(default)]
+    pub group: Option<Spanned<String>>,
+    /// `Backend` (the default).
+    #[serde(default)]
+    pub kind: Option<Spanned<String>>,
+    pub name: Spanned<String>,
+    /// Defaults to the route's namespace.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Accepted for Kubernetes compatibility; a Backend's endpoints carry their own ports.
+    #[serde(default)]
+    pub port: Option<Spanned<u32>>,
+    /// Share of the rule's traffic, relative to its other backendRefs (0 = none).
+    #[serde(default = "one")]
+    pub weight: Spanned<u32>,
+}
+
+fn one() -> Spanned<u32> {
+    Spanned::new(1, Pos::UNKNOWN)
+}
+
+impl HttpBackendRef {
+    /// Whether this names a ballast `Backend` (the only kind ballast can route to).
+    pub fn is_backend(&self) -> bool {
+        self.group
+            .as_ref()
+            .is_none_or(|g| g.as_str() == BALLAST_GROUP)
+            && self.kind.as_ref().is_none_or(|k| k.as_str() == "Backend")
+    }
+
+    pub fn namespace_or<'a>(&'a self, route_namespace: &'a str) -> &'a str {
+        self.namespace.as_deref().unwrap_or(route_namespace)
+    }
+}
+
+/// Gateway API timeouts; `0s` disables a timeout.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HttpRouteTimeouts {
+    /// Whole request, from the client's point of view (including retries).
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub request: Option<Spanned<Duration>>,
+    /// Each request to a backend (each try).
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub backend_request: Option<Spanned<Duration>>,
+}
+
+/// Ballast extension: retries for a rule (Envoy's retry policy). Not the experimental Gateway API
+/// `retry` field, whose shape differs.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RetryPolicy {
+    /// Retries after the first try (0 disables retrying).
+    pub attempts: Spanned<u32>,
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub per_try_timeout: Option<Spanned<Duration>>,
+    /// Envoy `retry_on` conditions; default [`DEFAULT_RETRY_ON`].
+    #[serde(default)]
+    pub retry_on: Option<Vec<Spanned<String>>>,
+}
+
+/// Conditions retried when `retryOn` is not given: failures where the request was not processed.
+pub const DEFAULT_RETRY_ON: &[&str] = &["connect-failure", "refused-stream", "unavailable"];
+
+/// The Envoy `x-envoy-retry-on` / gRPC conditions accepted in `retryOn`.
+pub const RETRY_ON_CONDITIONS: &[&str] = &[
+    "5xx",
+    "gateway-error",
+    "reset",
+    "reset-before-request",
+    "connect-failure",
+    "envoy-ratelimited",
+    "retriable-4xx",
+    "refused-stream",
+    "retriable-status-codes",
+    "retriable-headers",
+    "http3-post-connect-failure",
+    "cancelled",
+    "deadline-exceeded",
+    "internal",
+    "resource-exhausted",
+    "unavailable",
+];
+
+impl RetryPolicy {
+    /// The conditions to retry on, with the default applied.
+    pub fn retry_on(&self) -> Vec<&str> {
+        match &self.retry_on {
+            Some(list) => list.iter().map(|s| s.as_str()).collect(),
+            None => DEFAULT_RETRY_ON.to_vec(),
+        }
+    }
+}

@@ -1,0 +1,764 @@
+//! Per-object checks that serde cannot express: ranges, formats, regexes, uniqueness, and the
+//! Gateway API rules that make an object structurally invalid. References to other objects are
+//! not checked here: an unresolved reference is *status* ([`crate::status`]), not an error.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use base64::Engine;
+
+use crate::error::{ConfigError, ObjectRef};
+use crate::hostname::validate_hostname;
+use crate::kinds::secret::{SecretDoc, TLS_SECRET_TYPE};
+use crate::kinds::*;
+use crate::spanned::{Pos, Spanned};
+
+/// Largest backendRef / endpoint weight (Gateway API's bound; keeps Envoy's sums in `u32`).
+pub const MAX_WEIGHT: u32 = 1_000_000;
+
+/// Collects the errors of one object.
+pub(crate) struct Ctx {
+    file: Arc<str>,
+    object: ObjectRef,
+    doc_pos: Pos,
+    errors: Vec<ConfigError>,
+}
+
+impl Ctx {
+    pub(crate) fn new(file: Arc<str>, object: ObjectRef, doc_pos: Pos) -> Self {
+        Ctx {
+            file,
+            object,
+            doc_pos,
+            errors: Vec::new(),
+        }
+    }
+
+    /// Records an error at `pos` (the document start when unknown, e.g. for defaulted values).
+    fn err(&mut self, pos: Pos, field: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(ConfigError {
+            file: self.file.clone(),
+            pos: pos.or(self.doc_pos),
+            object: Some(self.object.clone()),
+            field: Some(field.into()),
+            message: message.into(),
+        });
+    }
+
+    pub(crate) fn into_errors(self) -> Vec<ConfigError> {
+        self.errors
+    }
+}
+
+fn metadata(ctx: &mut Ctx, m: &Metadata) {
+    if let Err(e) = check_dns_subdomain(&m.name) {
+        ctx.err(Pos::UNKNOWN, "metadata.name", format!("name {e}"));
+    }
+    if let Err(e) = check_dns_label(&m.namespace) {
+        ctx.err(Pos::UNKNOWN, "metadata.namespace", format!("namespace {e}"));
+    }
+}
+
+/// Kubernetes object names (RFC 1123 subdomain), so manifests stay valid in a cluster.
+fn check_dns_subdomain(s: &str) -> Result<(), String> {
+    let ok = !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{s:?} is not a valid DNS subdomain (lowercase a-z, 0-9, '-', '.', at most 253 characters)"
+        ))
+    }
+}
+
+/// Kubernetes namespaces and Gateway API section names (RFC 1123 label).
+fn check_dns_label(s: &str) -> Result<(), String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{s:?} is not a valid DNS label (lowercase a-z, 0-9, '-', at most 63 characters)"
+        ))
+    }
+}
+
+fn port(ctx: &mut Ctx, p: &Spanned<u32>, field: String) {
+    if !(1..=65535).contains(&p.value) {
+        ctx.err(
+            p.pos,
+            field,
+            format!("port {} is out of range 1..=65535", p.value),
+        );
+    }
+}
+
+fn hostname(ctx: &mut Ctx, h: &Spanned<String>, field: String, allow_wildcard: bool) {
+    if let Err(e) = validate_hostname(h) {
+        ctx.err(h.pos, field, e);
+    } else if !allow_wildcard && h.starts_with('*') {
+        ctx.err(
+            h.pos,
+            field,
+            format!("hostname {:?} must not be a wildcard here", h.value),
+        );
+    }
+}
+
+pub(crate) fn gateway(ctx: &mut Ctx, g: &Gateway) {
+    metadata(ctx, &g.metadata);
+    if g.spec.gateway_class_name.is_empty() {
+        ctx.err(
+            Pos::UNKNOWN,
+            "spec.gatewayClassName",
+            "gatewayClassName must not be empty",
+        );
+    }
+    if g.spec.listeners.is_empty() {
+        ctx.err(
+            Pos::UNKNOWN,
+            "spec.listeners",
+            "a Gateway needs at least one listener",
+        );
+    }
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    for (i, l) in g.spec.listeners.iter().enumerate() {
+        let f = format!("spec.listeners[{i}]");
+        if let Err(e) = check_dns_label(&l.name) {
+            ctx.err(
+                l.name.pos,
+                format!("{f}.name"),
+                format!("listener name {e}"),
+            );
+        }
+        if let Some(first) = names.insert(&l.name, i) {
+            ctx.err(
+                l.name.pos,
+                format!("{f}.name"),
+                format!(
+                    "duplicate listener name {:?} (also spec.listeners[{first}])",
+                    l.name.value
+                ),
+            );
+        }
+        port(ctx, &l.port, format!("{f}.port"));
+        if let Some(h) = &l.hostname {
+            hostname(ctx, h, format!("{f}.hostname"), true);
+        }
+        match (*l.protocol, &l.tls) {
+            (ListenerProtocol::Http, Some(_)) => ctx.err(
+                l.protocol.pos,
+                format!("{f}.tls"),
+                "tls is only allowed on HTTPS listeners",
+            ),
+            (ListenerProtocol::Https, None) => ctx.err(
+                l.protocol.pos,
+                format!("{f}.tls"),
+                "an HTTPS listener needs tls.certificateRefs",
+            ),
+            (ListenerProtocol::Https, Some(tls)) if tls.certificate_refs.is_empty() => ctx.err(
+                l.protocol.pos,
+                format!("{f}.tls.certificateRefs"),
+                "an HTTPS listener needs at least one certificateRef",
+            ),
+            _ => {}
+        }
+        if let Some(tls) = &l.tls {
+            for (j, r) in tls.certificate_refs.iter().enumerate() {
+                if let Err(e) = check_dns_subdomain(&r.name) {
+                    ctx.err(
+                        r.name.pos,
+                        format!("{f}.tls.certificateRefs[{j}].name"),
+                        format!("name {e}"),
+                    );
+                }
+            }
+        }
+    }
+    // Two listeners on one port must be distinguishable by Envoy: same protocol, and (for the
+    // filter chain / virtual host choice) different hostnames.
+    let listeners = &g.spec.listeners;
+    for (i, a) in listeners.iter().enumerate() {
+        for (j, b) in listeners.iter().enumerate().skip(i + 1) {
+            if a.port.value != b.port.value {
+                continue;
+            }
+            let f = format!("spec.listeners[{j}].port");
+            if *a.protocol != *b.protocol {
+                ctx.err(
+                    b.port.pos,
+                    f,
+                    format!(
+                        "listeners {:?} and {:?} share port {} with different protocols",
+                        a.name.value, b.name.value, a.port.value
+                    ),
+                );
+            } else if a.hostname() == b.hostname() {
+                ctx.err(
+                    b.port.pos,
+                    f,
+                    format!(
+                        "listeners {:?} and {:?} both serve hostname {} on port {}",
+                        a.name.value,
+                        b.name.value,
+                        a.hostname().unwrap_or("(any)"),
+                        a.port.value
+                    ),
+                );
+            }
+        }
+    }
+}
+
+pub(crate) fn http_route(ctx: &mut Ctx, r: &HttpRoute) {
+    metadata(ctx, &r.metadata);
+    for (i, p) in r.spec.parent_refs.iter().enumerate() {
+        let f = format!("spec.parentRefs[{i}]");
+        if p.name.is_empty() {
+            ctx.err(p.name.pos, format!("{f}.name"), "name must not be empty");
+        }
+        if let Some(port_) = &p.port {
+            port(ctx, port_, format!("{f}.port"));
+        }
+    }
+    for (i, h) in r.spec.hostnames.iter().enumerate() {
+        hostname(ctx, h, format!("spec.hostnames[{i}]"), true);
+    }
+    for (i, rule) in r.spec.rules.iter().enumerate() {
+        route_rule(ctx, rule, &format!("spec.rules[{i}]"));
+    }
+}
+
+fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
+    for (j, m) in rule.matches.iter().enumerate() {
+        route_match(ctx, m, &format!("{f}.matches[{j}]"));
+    }
+    let mut seen: HashMap<FilterType, usize> = HashMap::new();
+    for (j, filter) in rule.filters.iter().enumerate() {
+        let ff = format!("{f}.filters[{j}]");
+        let t = *filter.type_;
+        if let Some(first) = seen.insert(t, j) {
+            ctx.err(
+                filter.type_.pos,
+                format!("{ff}.type"),
+                format!(
+                    "filter {} appears twice in one rule (also {f}.filters[{first}])",
+                    t.as_str()
+                ),
+            );
+        }
+        let set: [(FilterType, bool); 4] = [
+            (
+                FilterType::RequestHeaderModifier,
+                filter.request_header_modifier.is_some(),
+            ),
+            (
+                FilterType::ResponseHeaderModifier,
+                filter.response_header_modifier.is_some(),
+            ),
+            (
+                FilterType::RequestRedirect,
+                filter.request_redirect.is_some(),
+            ),
+            (FilterType::UrlRewrite, filter.url_rewrite.is_some()),
+        ];
+        for (other, present) in set {
+            if other == t && !present {
+                ctx.err(
+                    filter.type_.pos,
+                    format!("{ff}.{}", other.field()),
+                    format!("filter type {} needs field {}", t.as_str(), other.field()),
+                );
+            } else if other != t && present {
+                ctx.err(
+                    filter.type_.pos,
+                    format!("{ff}.{}", other.field()),
+                    format!(
+                        "field {} is not allowed on a filter of type {}",
+                        other.field(),
+                        t.as_str()
+                    ),
+                );
+            }
+        }
+        match filter.action() {
+            Some(FilterAction::RequestHeaderModifier(m)) => {
+                header_modifier(ctx, m, &format!("{ff}.requestHeaderModifier"))
+            }
+            Some(FilterAction::ResponseHeaderModifier(m)) => {
+                header_modifier(ctx, m, &format!("{ff}.responseHeaderModifier"))
+            }
+            Some(FilterAction::RequestRedirect(rr)) => {
+                let rf = format!("{ff}.requestRedirect");
+                if let Some(s) = &rr.scheme
+                    && s.as_str() != "http"
+                    && s.as_str() != "https"
+                {
+                    ctx.err(
+                        s.pos,
+                        format!("{rf}.scheme"),
+                        format!("scheme must be http or https, not {:?}", s.value),
+                    );
+                }
+                if let Some(h) = &rr.hostname {
+                    hostname(ctx, h, format!("{rf}.hostname"), false);
+                }
+                if let Some(p) = &rr.port {
+                    port(ctx, p, format!("{rf}.port"));
+                }
+                if ![301, 302, 303, 307, 308].contains(&rr.status_code.value) {
+                    ctx.err(
+                        rr.status_code.pos,
+                        format!("{rf}.statusCode"),
+                        format!(
+                            "statusCode must be 301, 302, 303, 307 or 308, not {}",
+                            rr.status_code.value
+                        ),
+                    );
+                }
+                if let Some(p) = &rr.path {
+                    path_modifier(ctx, p, rule, &format!("{rf}.path"));
+                }
+            }
+            Some(FilterAction::UrlRewrite(u)) => {
+                let uf = format!("{ff}.urlRewrite");
+                if let Some(h) = &u.hostname {
+                    hostname(ctx, h, format!("{uf}.hostname"), false);
+                }
+                if let Some(p) = &u.path {
+                    path_modifier(ctx, p, rule, &format!("{uf}.path"));
+                }
+            }
+            None => {}
+        }
+    }
+    if let (Some(redirect), Some(_)) = (
+        seen.get(&FilterType::RequestRedirect),
+        seen.get(&FilterType::UrlRewrite),
+    ) {
+        ctx.err(
+            rule.filters[*redirect].type_.pos,
+            format!("{f}.filters"),
+            "RequestRedirect and URLRewrite cannot be used in the same rule",
+        );
+    }
+    for (j, b) in rule.backend_refs.iter().enumerate() {
+        let bf = format!("{f}.backendRefs[{j}]");
+        if b.name.is_empty() {
+            ctx.err(b.name.pos, format!("{bf}.name"), "name must not be empty");
+        }
+        if let Some(p) = &b.port {
+            port(ctx, p, format!("{bf}.port"));
+        }
+        if b.weight.value > MAX_WEIGHT {
+            ctx.err(
+                b.weight.pos,
+                format!("{bf}.weight"),
+                format!("weight {} is out of range 0..={MAX_WEIGHT}", b.weight.value),
+            );
+        }
+    }
+    if let Some(t) = &rule.timeouts
+        && let (Some(req), Some(backend)) = (&t.request, &t.backend_request)
+        && !req.is_zero()
+        && (backend.is_zero() || backend.value > req.value)
+    {
+        ctx.err(
+            backend.pos,
+            format!("{f}.timeouts.backendRequest"),
+            format!(
+                "backendRequest ({}) must not be longer than request ({})",
+                crate::duration::format_duration(backend.value),
+                crate::duration::format_duration(req.value)
+            ),
+        );
+    }
+    if let Some(retry) = &rule.retry
+        && let Some(list) = &retry.retry_on
+    {
+        if list.is_empty() {
+            ctx.err(
+                Pos::UNKNOWN,
+                format!("{f}.retry.retryOn"),
+                "retryOn must not be empty (omit it for the default)",
+            );
+        }
+        for (k, c) in list.iter().enumerate() {
+            if !RETRY_ON_CONDITIONS.contains(&c.as_str()) {
+                ctx.err(
+                    c.pos,
+                    format!("{f}.retry.retryOn[{k}]"),
+                    format!(
+                        "unknown retry condition {:?}; expected one of {}",
+                        c.value,
+                        RETRY_ON_CONDITIONS.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+}
+
+fn route_match(ctx: &mut Ctx, m: &HttpRouteMatch, f: &str) {
+    let p = &m.path;
+    match p.type_ {
+        PathMatchType::Exact | PathMatchType::PathPrefix => {
+            if let Err(e) = check_path(&p.value) {
+                ctx.err(p.value.pos, format!("{f}.path.value"), e);
+            }
+        }
+        PathMatchType::RegularExpression => {
+            regex(ctx, &p.value, format!("{f}.path.value"));
+        }
+    }
+    let mut names = HashSet::new();
+    for (k, h) in m.headers.iter().enumerate() {
+        let hf = format!("{f}.headers[{k}]");
+        header_name(ctx, &h.name, format!("{hf}.name"));
+        if !names.insert(h.name.to_ascii_lowercase()) {
+            ctx.err(
+                h.name.pos,
+                format!("{hf}.name"),
+                format!("header {:?} is matched twice", h.name.value),
+            );
+        }
+        if h.type_ == StringMatchType::RegularExpression {
+            regex(ctx, &h.value, format!("{hf}.value"));
+        }
+    }
+    let mut names = HashSet::new();
+    for (k, q) in m.query_params.iter().enumerate() {
+        let qf = format!("{f}.queryParams[{k}]");
+        if q.name.is_empty() {
+            ctx.err(q.name.pos, format!("{qf}.name"), "name must not be empty");
+        }
+        if !names.insert(q.name.as_str()) {
+            ctx.err(
+                q.name.pos,
+                format!("{qf}.name"),
+                format!("query parameter {:?} is matched twice", q.name.value),
+            );
+        }
+        if q.type_ == StringMatchType::RegularExpression {
+            regex(ctx, &q.value, format!("{qf}.value"));
+        }
+    }
+}
+
+/// Gateway API path rules: absolute, and no segments that proxies normalize differently.
+fn check_path(p: &str) -> Result<(), String> {
+    let bad = if !p.starts_with('/') {
+        Some("must start with '/'")
+    } else if p.contains("//") {
+        Some("must not contain '//'")
+    } else if p.contains("/./") || p.contains("/../") || p.ends_with("/.") || p.ends_with("/..") {
+        Some("must not contain '.' or '..' segments")
+    } else if p.contains('#') || p.contains('?') {
+        Some("must not contain '#' or '?'")
+    } else if p.to_ascii_lowercase().contains("%2f") {
+        Some("must not contain an encoded '/' (%2F)")
+    } else if p.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        Some("must not contain whitespace")
+    } else {
+        None
+    };
+    match bad {
+        Some(why) => Err(format!("path {p:?} {why}")),
+        None => Ok(()),
+    }
+}
+
+fn regex(ctx: &mut Ctx, r: &Spanned<String>, field: String) {
+    if let Err(e) = regex::Regex::new(r) {
+        // The regex crate's message spans several lines with a caret diagram; keep the last line.
+        let msg = e.to_string();
+        let reason = msg
+            .lines()
+            .last()
+            .unwrap_or("")
+            .trim_start_matches("error: ");
+        ctx.err(
+            r.pos,
+            field,
+            format!("invalid regular expression {:?}: {reason}", r.value),
+        );
+    }
+}
+
+/// RFC 7230 token, as Gateway API requires of header names.
+fn header_name(ctx: &mut Ctx, n: &Spanned<String>, field: String) {
+    let ok = !n.is_empty()
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    if !ok {
+        ctx.err(n.pos, field, format!("invalid header name {:?}", n.value));
+    }
+}
+
+fn header_modifier(ctx: &mut Ctx, m: &HeaderModifier, f: &str) {
+    for (list_name, list) in [("set", &m.set), ("add", &m.add)] {
+        let mut names = HashSet::new();
+        for (k, h) in list.iter().enumerate() {
+            let hf = format!("{f}.{list_name}[{k}]");
+            header_name(ctx, &h.name, format!("{hf}.name"));
+            if !names.insert(h.name.to_ascii_lowercase()) {
+                ctx.err(
+                    h.name.pos,
+                    format!("{hf}.name"),
+                    format!("header {:?} appears twice in {list_name}", h.name.value),
+                );
+            }
+            if h.value.contains(['\r', '\n', '\0']) {
+                ctx.err(
+                    h.value.pos,
+                    format!("{hf}.value"),
+                    "header value must not contain CR, LF or NUL",
+                );
+            }
+        }
+    }
+    let mut names = HashSet::new();
+    for (k, n) in m.remove.iter().enumerate() {
+        header_name(ctx, n, format!("{f}.remove[{k}]"));
+        if !names.insert(n.to_ascii_lowercase()) {
+            ctx.err(
+                n.pos,
+                format!("{f}.remove[{k}]"),
+                format!("header {:?} appears twice in remove", n.value),
+            );
+        }
+    }
+}
+
+fn path_modifier(ctx: &mut Ctx, p: &PathModifier, rule: &HttpRouteRule, f: &str) {
+    let (wanted, other) = match *p.type_ {
+        PathModifierType::ReplaceFullPath => (
+            ("replaceFullPath", &p.replace_full_path),
+            ("replacePrefixMatch", &p.replace_prefix_match),
+        ),
+        PathModifierType::ReplacePrefixMatch => (
+            ("replacePrefixMatch", &p.replace_prefix_match),
+            ("replaceFullPath", &p.replace_full_path),
+        ),
+    };
+    match wanted.1 {
+        None => ctx.err(
+            p.type_.pos,
+            format!("{f}.{}", wanted.0),
+            format!("path type {:?} needs field {}", p.type_.value, wanted.0),
+        ),
+        Some(v) => {
+            if let Err(e) = check_path(v) {
+                ctx.err(v.pos, format!("{f}.{}", wanted.0), e);
+            }
+        }
+    }
+    if other.1.is_some() {
+        ctx.err(
+            p.type_.pos,
+            format!("{f}.{}", other.0),
+            format!(
+                "field {} is not allowed with path type {:?}",
+                other.0, p.type_.value
+            ),
+        );
+    }
+    if *p.type_ == PathModifierType::ReplacePrefixMatch
+        && rule
+            .matches
+            .iter()
+            .any(|m| m.path.type_ != PathMatchType::PathPrefix)
+    {
+        ctx.err(
+            p.type_.pos,
+            f.to_owned(),
+            "ReplacePrefixMatch needs every match of the rule to be a PathPrefix match",
+        );
+    }
+}
+
+pub(crate) fn backend(ctx: &mut Ctx, b: &Backend) {
+    metadata(ctx, &b.metadata);
+    let mut seen = HashMap::new();
+    for (i, e) in b.spec.endpoints.iter().enumerate() {
+        let f = format!("spec.endpoints[{i}]");
+        port(ctx, &e.port, format!("{f}.port"));
+        if let Some(w) = &e.weight
+            && !(1..=MAX_WEIGHT).contains(&w.value)
+        {
+            ctx.err(
+                w.pos,
+                format!("{f}.weight"),
+                format!("weight {} is out of range 1..={MAX_WEIGHT}", w.value),
+            );
+        }
+        if let Some(z) = &e.zone
+            && z.is_empty()
+        {
+            ctx.err(e.address.pos, format!("{f}.zone"), "zone must not be empty");
+        }
+        if let Some(first) = seen.insert((e.address.value, e.port.value), i) {
+            ctx.err(
+                e.address.pos,
+                format!("{f}.address"),
+                format!(
+                    "duplicate endpoint {}:{} (also spec.endpoints[{first}])",
+                    e.address.value, e.port.value
+                ),
+            );
+        }
+    }
+    if let Some(t) = &b.spec.connect_timeout
+        && t.is_zero()
+    {
+        ctx.err(
+            t.pos,
+            "spec.connectTimeout",
+            "connectTimeout must be greater than 0",
+        );
+    }
+    if let Some(hc) = &b.spec.health_check {
+        let f = "spec.healthCheck";
+        if let Err(e) = check_path(&hc.path) {
+            ctx.err(hc.path.pos, format!("{f}.path"), e);
+        }
+        for (name, d) in [("interval", &hc.interval), ("timeout", &hc.timeout)] {
+            if d.is_zero() {
+                ctx.err(
+                    d.pos,
+                    format!("{f}.{name}"),
+                    format!("{name} must be greater than 0"),
+                );
+            }
+        }
+        for (name, t) in [
+            ("healthyThreshold", &hc.healthy_threshold),
+            ("unhealthyThreshold", &hc.unhealthy_threshold),
+        ] {
+            if t.value == 0 {
+                ctx.err(
+                    t.pos,
+                    format!("{f}.{name}"),
+                    format!("{name} must be at least 1"),
+                );
+            }
+        }
+    }
+}
+
+/// Checks a Secret document and decodes it; `None` when it has errors.
+pub(crate) fn secret(ctx: &mut Ctx, d: SecretDoc, source: Source) -> Option<Secret> {
+    metadata(ctx, &d.metadata);
+    match &d.type_ {
+        None => ctx.err(
+            Pos::UNKNOWN,
+            "type",
+            format!("missing field `type` (must be {TLS_SECRET_TYPE})"),
+        ),
+        Some(t) if t.as_str() != TLS_SECRET_TYPE => ctx.err(
+            t.pos,
+            "type",
+            format!(
+                "unsupported Secret type {:?}; only {TLS_SECRET_TYPE} is supported",
+                t.value
+            ),
+        ),
+        Some(_) => {}
+    }
+    const KEYS: [&str; 3] = ["tls.crt", "tls.key", "ca.crt"];
+    let mut values: BTreeMap<&str, (String, Pos, String)> = BTreeMap::new();
+    for (key, v) in &d.data {
+        let field = format!("data.{key}");
+        if !KEYS.contains(&key.as_str()) {
+            ctx.err(v.pos, field, unknown_key(key));
+            continue;
+        }
+        let compact: String = v.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+        match base64::engine::general_purpose::STANDARD.decode(compact) {
+            Err(e) => ctx.err(v.pos, field, format!("invalid base64: {e}")),
+            Ok(bytes) => match String::from_utf8(bytes) {
+                Err(_) => ctx.err(v.pos, field, "decoded value is not PEM text (not UTF-8)"),
+                Ok(text) => {
+                    values.insert(
+                        KEYS.iter().find(|k| *k == key).copied()?,
+                        (text, v.pos, field),
+                    );
+                }
+            },
+        }
+    }
+    // Kubernetes merges stringData over data.
+    for (key, v) in &d.string_data {
+        let field = format!("stringData.{key}");
+        match KEYS.iter().find(|k| *k == key) {
+            None => ctx.err(v.pos, field, unknown_key(key)),
+            Some(k) => {
+                values.insert(k, (v.value.clone(), v.pos, field));
+            }
+        }
+    }
+    for (key, marker) in [
+        ("tls.crt", "CERTIFICATE-----"),
+        ("tls.key", "PRIVATE KEY-----"),
+        ("ca.crt", "CERTIFICATE-----"),
+    ] {
+        match values.get(key) {
+            None if key != "ca.crt" => ctx.err(
+                Pos::UNKNOWN,
+                "data",
+                format!("missing {key} (in data or stringData)"),
+            ),
+            None => {}
+            Some((text, pos, field)) => {
+                if !looks_like_pem(text, marker) {
+                    ctx.err(
+                        *pos,
+                        field.clone(),
+                        format!("{key} is not PEM (expected \"-----BEGIN ...{marker}\")"),
+                    );
+                }
+            }
+        }
+    }
+    if !ctx.errors.is_empty() {
+        return None;
+    }
+    let mut take = |k: &str| values.remove(k).map(|(text, _, _)| text);
+    Some(Secret {
+        metadata: d.metadata,
+        tls: TlsKeyPair {
+            certificate_chain: take("tls.crt")?,
+            private_key: take("tls.key")?,
+            ca_certificate: take("ca.crt"),
+        },
+        source,
+    })
+}
+
+fn unknown_key(key: &str) -> String {
+    format!("unsupported key {key:?}; a TLS Secret has tls.crt, tls.key and optionally ca.crt")
+}
+
+/// A cheap shape check (`-----BEGIN <...marker>` … `-----END`), so an obviously wrong value is
+/// reported with its position instead of as an Envoy NACK later.
+fn looks_like_pem(text: &str, marker: &str) -> bool {
+    let t = text.trim();
+    t.starts_with("-----BEGIN ")
+        && t.lines()
+            .next()
+            .is_some_and(|l| l.trim_end().ends_with(marker))
+        && t.contains("-----END ")
+}
