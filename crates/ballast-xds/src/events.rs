@@ -1,0 +1,106 @@
+//! Observability hooks: every stream reports what happens on it as events,
+//! which the embedding application turns into metrics and logs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::resource::ResourceType;
+
+/// Which protocol variant a stream speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StreamKind {
+    /// State-of-the-World; `None` type = ADS.
+    Sotw(Option<ResourceType>),
+    Delta(Option<ResourceType>),
+    Rest(ResourceType),
+}
+
+impl StreamKind {
+    pub fn label(&self) -> &'static str {
+        match self {
+            StreamKind::Sotw(None) => "ads",
+            StreamKind::Delta(None) => "delta-ads",
+            StreamKind::Sotw(Some(_)) => "sotw",
+            StreamKind::Delta(Some(_)) => "delta",
+            StreamKind::Rest(_) => "rest",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum XdsEvent {
+    StreamOpened {
+        node: Arc<str>,
+        group: Arc<str>,
+        kind: StreamKind,
+    },
+    StreamClosed {
+        node: Arc<str>,
+        kind: StreamKind,
+    },
+    Request {
+        node: Arc<str>,
+        ty: ResourceType,
+    },
+    ResponseSent {
+        node: Arc<str>,
+        ty: ResourceType,
+        version: Arc<str>,
+        resources: usize,
+        removed: usize,
+        bytes: usize,
+    },
+    Ack {
+        node: Arc<str>,
+        ty: ResourceType,
+        version: Arc<str>,
+        /// From sending the response to its acknowledgement.
+        latency: Duration,
+    },
+    Nack {
+        node: Arc<str>,
+        ty: ResourceType,
+        version: Arc<str>,
+        message: String,
+    },
+    /// A response larger than gRPC's default 4 MiB limit: many clients reject it.
+    OversizedResponse {
+        node: Arc<str>,
+        ty: ResourceType,
+        bytes: usize,
+    },
+    /// Node state dropped after its last stream closed and the grace period passed.
+    Evicted {
+        node: Arc<str>,
+    },
+}
+
+/// Receives events synchronously from stream tasks; must be cheap and never block.
+pub trait XdsObserver: Send + Sync + 'static {
+    fn on_event(&self, event: &XdsEvent);
+}
+
+/// Ignores everything.
+#[derive(Debug, Default)]
+pub struct NoopObserver;
+
+impl XdsObserver for NoopObserver {
+    fn on_event(&self, _: &XdsEvent) {}
+}
+
+/// Forwards events to a `tokio::sync::broadcast` channel, for consumers that
+/// want a stream. Slow receivers lose events (they see `Lagged`), never block streams.
+#[derive(Debug, Clone)]
+pub struct BroadcastObserver(pub tokio::sync::broadcast::Sender<XdsEvent>);
+
+impl XdsObserver for BroadcastObserver {
+    fn on_event(&self, event: &XdsEvent) {
+        let _ = self.0.send(event.clone());
+    }
+}
+
+impl<F: Fn(&XdsEvent) + Send + Sync + 'static> XdsObserver for F {
+    fn on_event(&self, event: &XdsEvent) {
+        self(event)
+    }
+}

@@ -1,0 +1,136 @@
+//! The xDS protocol as pure state machines: what to answer, and when, on one
+//! stream. No I/O here, so every rule is unit- and property-testable; the
+//! async servers in `crate::server` drive these machines.
+//!
+//! Ordering (DESIGN §3.6) is dependency-driven rather than a fixed script:
+//! - a listener or route configuration whose *hard* references (clusters it
+//!   routes to) are not yet warm at the client is held at its previous version;
+//! - a resource is removed only when nothing the client holds (acked or in
+//!   flight) still references it.
+//!
+//! Together with sending types in SDS→CDS→EDS→LDS→RDS order, this gives
+//! make-before-break for additions and break-after-unlink for removals, and it
+//! also holds when a NACK leaves the client on older config.
+
+pub mod delta;
+pub mod sotw;
+pub mod subscription;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::resource::{Resource, ResourceType};
+use crate::snapshot::{ResourceMap, Snapshot};
+
+/// Outcome of one request, for status and metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestOutcome {
+    /// First request for a type on this stream, or a subscription change.
+    Subscribed { ty: ResourceType },
+    Ack {
+        ty: ResourceType,
+        version: Arc<str>,
+        nonce: Arc<str>,
+    },
+    Nack {
+        ty: ResourceType,
+        version: Arc<str>,
+        nonce: Arc<str>,
+        message: String,
+    },
+    /// A request carrying a nonce that is not the latest: ignored (SotW).
+    StaleNonce { ty: ResourceType, nonce: String },
+    /// A type this server does not serve; the request is ignored.
+    UnknownType { type_url: String },
+    /// A per-type service got a request for another type.
+    WrongType { type_url: String },
+}
+
+/// A response computed by a machine, before wire framing.
+#[derive(Clone, Debug)]
+pub struct SotwResponse {
+    pub ty: ResourceType,
+    pub version: Arc<str>,
+    pub nonce: Arc<str>,
+    pub resources: Arc<ResourceMap>,
+}
+
+#[derive(Clone, Debug)]
+pub struct DeltaResponse {
+    pub ty: ResourceType,
+    pub system_version: Arc<str>,
+    pub nonce: Arc<str>,
+    pub resources: Vec<Arc<Resource>>,
+    pub removed: Vec<Arc<str>>,
+}
+
+/// What a client holds, per type, as far as one stream knows.
+pub(crate) trait ClientViews {
+    /// `None` when this stream does not deliver `ty`/`name` to the client
+    /// (type never requested, or a named subscription that does not cover it).
+    fn client_has(&self, ty: ResourceType, name: &str) -> Option<bool>;
+    /// Every resource the client holds or is being sent.
+    fn for_each_held(&self, f: &mut dyn FnMut(&Resource));
+}
+
+/// May a new version of `res` be sent now? Its hard references (clusters it
+/// routes to) must exist at the client, and be warm: an EDS cluster's load
+/// assignment must have been delivered too.
+pub(crate) fn hard_refs_ready(res: &Resource, snap: &Snapshot, views: &impl ClientViews) -> bool {
+    for r in res.refs().iter().filter(|r| r.hard) {
+        match views.client_has(r.ty, &r.name) {
+            None => continue,
+            Some(false) => return false,
+            Some(true) => {}
+        }
+        if r.ty == ResourceType::Cluster {
+            if let Some(cluster) = snap.get(ResourceType::Cluster, &r.name) {
+                for soft in cluster.refs() {
+                    if soft.ty == ResourceType::ClusterLoadAssignment
+                        && views.client_has(soft.ty, &soft.name) == Some(false)
+                    {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+    true
+}
+
+/// Everything referenced by what the client holds: those may not be removed yet.
+pub(crate) fn referenced_by_client(views: &impl ClientViews) -> HashSet<(ResourceType, Arc<str>)> {
+    let mut set = HashSet::new();
+    views.for_each_held(&mut |res| {
+        for r in res.refs() {
+            set.insert((r.ty, r.name.clone()));
+        }
+    });
+    set
+}
+
+/// Builds a map, sharing the snapshot's own `Arc` when the selection is the
+/// whole snapshot type (the common wildcard case): no per-stream copy.
+pub(crate) fn share_if_whole(map: ResourceMap, whole: &Arc<ResourceMap>) -> Arc<ResourceMap> {
+    if map.len() == whole.len()
+        && map
+            .iter()
+            .zip(whole.iter())
+            .all(|((_, a), (_, b))| Arc::ptr_eq(a, b))
+    {
+        whole.clone()
+    } else {
+        Arc::new(map)
+    }
+}
+
+/// Per-stream nonce source: unique on the stream, never reused.
+#[derive(Debug, Default)]
+pub(crate) struct Nonces(u64);
+
+impl Nonces {
+    pub(crate) fn next(&mut self) -> Arc<str> {
+        self.0 += 1;
+        self.0.to_string().into()
+    }
+}

@@ -1,0 +1,569 @@
+//! Resources: one Envoy object, encoded once, with a content-hash version and
+//! the references it makes to other resources.
+//!
+//! Every stream and snapshot that contains a resource version shares the same
+//! `Arc<Resource>`; a push to N proxies copies the encoded bytes N times and
+//! never encodes again (DESIGN §3.10).
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::cluster::v3::cluster::{ClusterDiscoveryType, DiscoveryType};
+use envoy_types::pb::envoy::config::core::v3::TransportSocket;
+use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType as TsConfigType;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::config::listener::v3::Listener;
+use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType as FilterConfigType;
+use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use envoy_types::pb::envoy::config::route::v3::route::Action;
+use envoy_types::pb::envoy::config::route::v3::route_action::ClusterSpecifier;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::RouteSpecifier;
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy::ClusterSpecifier as TcpClusterSpecifier;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CommonTlsContext, DownstreamTlsContext, Secret, UpstreamTlsContext,
+    common_tls_context::ValidationContextType,
+};
+use envoy_types::pb::google::protobuf::Any;
+use prost::{Message, Name};
+
+use crate::version::content_version;
+
+/// The resource types Ballast serves, in make-before-break order (DESIGN §3.6):
+/// additions go in this order, removals in reverse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ResourceType {
+    Secret = 0,
+    Cluster = 1,
+    ClusterLoadAssignment = 2,
+    Listener = 3,
+    RouteConfiguration = 4,
+}
+
+impl ResourceType {
+    /// All types in make-before-break (addition) order.
+    pub const ALL: [ResourceType; 5] = [
+        ResourceType::Secret,
+        ResourceType::Cluster,
+        ResourceType::ClusterLoadAssignment,
+        ResourceType::Listener,
+        ResourceType::RouteConfiguration,
+    ];
+
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn type_url(self) -> &'static str {
+        match self {
+            ResourceType::Secret => {
+                "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+            }
+            ResourceType::Cluster => "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+            ResourceType::ClusterLoadAssignment => {
+                "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+            }
+            ResourceType::Listener => "type.googleapis.com/envoy.config.listener.v3.Listener",
+            ResourceType::RouteConfiguration => {
+                "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+            }
+        }
+    }
+
+    pub fn from_type_url(url: &str) -> Option<ResourceType> {
+        ResourceType::ALL.into_iter().find(|t| t.type_url() == url)
+    }
+
+    /// Short name used in logs, metrics and status ("CDS", "EDS", ...).
+    pub fn short_name(self) -> &'static str {
+        match self {
+            ResourceType::Secret => "SDS",
+            ResourceType::Cluster => "CDS",
+            ResourceType::ClusterLoadAssignment => "EDS",
+            ResourceType::Listener => "LDS",
+            ResourceType::RouteConfiguration => "RDS",
+        }
+    }
+
+    /// In State-of-the-World, a response for these types carries the full set:
+    /// a resource missing from it is removed by the client.
+    pub fn is_full_state_in_sotw(self) -> bool {
+        matches!(self, ResourceType::Cluster | ResourceType::Listener)
+    }
+}
+
+impl fmt::Display for ResourceType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.short_name())
+    }
+}
+
+/// A reference from one resource to another.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ref {
+    pub ty: ResourceType,
+    pub name: Arc<str>,
+    /// A hard reference breaks traffic when its target is missing at the client
+    /// (a route to an absent cluster answers 503). Soft references only make the
+    /// referrer warm until the target arrives (a cluster waiting for its EDS).
+    pub hard: bool,
+}
+
+/// An encoded Envoy resource with its content-hash version.
+pub struct Resource {
+    ty: ResourceType,
+    name: Arc<str>,
+    version: Arc<str>,
+    /// The encoded `google.protobuf.Any` (type_url + value): what goes on the wire.
+    any: Bytes,
+    /// Byte range of the inner message within `any`.
+    value_start: usize,
+    refs: Vec<Ref>,
+}
+
+impl fmt::Debug for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Resource")
+            .field("ty", &self.ty)
+            .field("name", &self.name)
+            .field("version", &self.version)
+            .field("bytes", &self.any.len())
+            .finish()
+    }
+}
+
+impl PartialEq for Resource {
+    fn eq(&self, other: &Self) -> bool {
+        self.ty == other.ty && self.name == other.name && self.version == other.version
+    }
+}
+impl Eq for Resource {}
+
+/// Errors building a resource from bytes.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ResourceError {
+    #[error("unsupported resource type URL {0:?}")]
+    UnknownType(String),
+    #[error("cannot decode {ty} resource: {message}")]
+    Decode { ty: ResourceType, message: String },
+    #[error("{ty} resource has an empty name")]
+    EmptyName { ty: ResourceType },
+}
+
+impl Resource {
+    /// Builds a resource from a typed Envoy message (encodes it once).
+    pub fn new<M: XdsResource>(msg: &M) -> Result<Arc<Resource>, ResourceError> {
+        let name = msg.resource_name();
+        if name.is_empty() {
+            return Err(ResourceError::EmptyName { ty: M::TYPE });
+        }
+        let value = msg.encode_to_vec();
+        Ok(Arc::new(Self::assemble(
+            M::TYPE,
+            name.into(),
+            &value,
+            msg.refs(),
+        )))
+    }
+
+    /// Builds a resource from an `Any` (type URL + encoded value), decoding it
+    /// once to learn its name and references.
+    pub fn from_any(any: &Any) -> Result<Arc<Resource>, ResourceError> {
+        let ty = ResourceType::from_type_url(&any.type_url)
+            .ok_or_else(|| ResourceError::UnknownType(any.type_url.clone()))?;
+        fn decode<M: XdsResource + Default>(bytes: &[u8]) -> Result<Arc<Resource>, ResourceError> {
+            let msg = M::decode(bytes).map_err(|e| ResourceError::Decode {
+                ty: M::TYPE,
+                message: e.to_string(),
+            })?;
+            Resource::new(&msg)
+        }
+        let _ = ty;
+        match ty {
+            ResourceType::Secret => decode::<Secret>(&any.value),
+            ResourceType::Cluster => decode::<Cluster>(&any.value),
+            ResourceType::ClusterLoadAssignment => decode::<ClusterLoadAssignment>(&any.value),
+            ResourceType::Listener => decode::<Listener>(&any.value),
+            ResourceType::RouteConfiguration => decode::<RouteConfiguration>(&any.value),
+        }
+    }
+
+    fn assemble(ty: ResourceType, name: Arc<str>, value: &[u8], mut refs: Vec<Ref>) -> Resource {
+        let type_url = ty.type_url();
+        // Any { type_url = 1; value = 2; }
+        let mut buf = BytesMut::with_capacity(type_url.len() + value.len() + 12);
+        crate::wire::put_bytes_field(&mut buf, 1, type_url.as_bytes());
+        crate::wire::put_key(&mut buf, 2, crate::wire::WIRE_LEN);
+        prost::encoding::encode_varint(value.len() as u64, &mut buf);
+        let value_start = buf.len();
+        buf.put_slice(value);
+        refs.sort();
+        refs.dedup();
+        Resource {
+            ty,
+            version: content_version(value).into(),
+            name,
+            any: buf.freeze(),
+            value_start,
+            refs,
+        }
+    }
+
+    pub fn ty(&self) -> ResourceType {
+        self.ty
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn name_arc(&self) -> &Arc<str> {
+        &self.name
+    }
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+    pub fn version_arc(&self) -> &Arc<str> {
+        &self.version
+    }
+    /// The encoded `google.protobuf.Any`, shared by every response that carries it.
+    pub fn any_bytes(&self) -> &Bytes {
+        &self.any
+    }
+    /// The encoded inner message.
+    pub fn value_bytes(&self) -> Bytes {
+        self.any.slice(self.value_start..)
+    }
+    pub fn refs(&self) -> &[Ref] {
+        &self.refs
+    }
+    /// Decodes back into an `Any` (for config dumps and REST; not on the hot path).
+    pub fn to_any(&self) -> Any {
+        Any {
+            type_url: self.ty.type_url().to_string(),
+            value: self.value_bytes().to_vec(),
+        }
+    }
+}
+
+/// An Envoy message that can be served as an xDS resource.
+pub trait XdsResource: Message + Name + Sized {
+    const TYPE: ResourceType;
+    fn resource_name(&self) -> &str;
+    /// References this resource makes to other resources.
+    fn refs(&self) -> Vec<Ref>;
+}
+
+fn push_ref(refs: &mut Vec<Ref>, ty: ResourceType, name: &str, hard: bool) {
+    if !name.is_empty() {
+        refs.push(Ref {
+            ty,
+            name: name.into(),
+            hard,
+        });
+    }
+}
+
+fn common_tls_refs(ctx: Option<&CommonTlsContext>, refs: &mut Vec<Ref>) {
+    let Some(ctx) = ctx else { return };
+    for sds in &ctx.tls_certificate_sds_secret_configs {
+        if sds.sds_config.as_ref().is_some_and(is_ads_config) {
+            push_ref(refs, ResourceType::Secret, &sds.name, false);
+        }
+    }
+    match &ctx.validation_context_type {
+        Some(ValidationContextType::ValidationContextSdsSecretConfig(sds))
+            if sds.sds_config.as_ref().is_some_and(is_ads_config) =>
+        {
+            push_ref(refs, ResourceType::Secret, &sds.name, false);
+        }
+        Some(ValidationContextType::CombinedValidationContext(c)) => {
+            if let Some(sds) = &c.validation_context_sds_secret_config {
+                if sds.sds_config.as_ref().is_some_and(is_ads_config) {
+                    push_ref(refs, ResourceType::Secret, &sds.name, false);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Only references served by this management server (ADS or an unspecified
+/// source) are ours to check; a secret from a file path is not.
+fn is_ads_config(cfg: &envoy_types::pb::envoy::config::core::v3::ConfigSource) -> bool {
+    use envoy_types::pb::envoy::config::core::v3::config_source::ConfigSourceSpecifier;
+    matches!(
+        cfg.config_source_specifier,
+        None | Some(ConfigSourceSpecifier::Ads(_))
+            | Some(ConfigSourceSpecifier::ApiConfigSource(_))
+    )
+}
+
+fn transport_socket_refs(ts: Option<&TransportSocket>, upstream: bool, refs: &mut Vec<Ref>) {
+    let Some(TransportSocket {
+        config_type: Some(TsConfigType::TypedConfig(any)),
+        ..
+    }) = ts
+    else {
+        return;
+    };
+    if upstream && any.type_url == UpstreamTlsContext::type_url() {
+        if let Ok(ctx) = UpstreamTlsContext::decode(any.value.as_slice()) {
+            common_tls_refs(ctx.common_tls_context.as_ref(), refs);
+        }
+    } else if !upstream && any.type_url == DownstreamTlsContext::type_url() {
+        if let Ok(ctx) = DownstreamTlsContext::decode(any.value.as_slice()) {
+            common_tls_refs(ctx.common_tls_context.as_ref(), refs);
+        }
+    }
+}
+
+fn route_config_refs(rc: &RouteConfiguration, refs: &mut Vec<Ref>) {
+    for vh in &rc.virtual_hosts {
+        for route in &vh.routes {
+            if let Some(Action::Route(action)) = &route.action {
+                match &action.cluster_specifier {
+                    Some(ClusterSpecifier::Cluster(c)) => {
+                        push_ref(refs, ResourceType::Cluster, c, true)
+                    }
+                    Some(ClusterSpecifier::WeightedClusters(w)) => {
+                        for c in &w.clusters {
+                            push_ref(refs, ResourceType::Cluster, &c.name, true);
+                        }
+                    }
+                    _ => {}
+                }
+                for m in &action.request_mirror_policies {
+                    push_ref(refs, ResourceType::Cluster, &m.cluster, true);
+                }
+            }
+        }
+    }
+}
+
+impl XdsResource for Cluster {
+    const TYPE: ResourceType = ResourceType::Cluster;
+    fn resource_name(&self) -> &str {
+        &self.name
+    }
+    fn refs(&self) -> Vec<Ref> {
+        let mut refs = Vec::new();
+        let is_eds = matches!(
+            self.cluster_discovery_type,
+            Some(ClusterDiscoveryType::Type(t)) if t == DiscoveryType::Eds as i32
+        );
+        if is_eds {
+            let eds = self.eds_cluster_config.as_ref();
+            let served_here = eds
+                .and_then(|e| e.eds_config.as_ref())
+                .is_none_or(is_ads_config);
+            if served_here {
+                let svc = eds.map(|e| e.service_name.as_str()).unwrap_or("");
+                let name = if svc.is_empty() { &self.name } else { svc };
+                push_ref(&mut refs, ResourceType::ClusterLoadAssignment, name, false);
+            }
+        }
+        transport_socket_refs(self.transport_socket.as_ref(), true, &mut refs);
+        for m in &self.transport_socket_matches {
+            transport_socket_refs(m.transport_socket.as_ref(), true, &mut refs);
+        }
+        refs
+    }
+}
+
+impl XdsResource for ClusterLoadAssignment {
+    const TYPE: ResourceType = ResourceType::ClusterLoadAssignment;
+    fn resource_name(&self) -> &str {
+        &self.cluster_name
+    }
+    fn refs(&self) -> Vec<Ref> {
+        Vec::new()
+    }
+}
+
+impl XdsResource for Listener {
+    const TYPE: ResourceType = ResourceType::Listener;
+    fn resource_name(&self) -> &str {
+        &self.name
+    }
+    fn refs(&self) -> Vec<Ref> {
+        let mut refs = Vec::new();
+        for chain in self
+            .filter_chains
+            .iter()
+            .chain(self.default_filter_chain.iter())
+        {
+            transport_socket_refs(chain.transport_socket.as_ref(), false, &mut refs);
+            for filter in &chain.filters {
+                let Some(FilterConfigType::TypedConfig(any)) = &filter.config_type else {
+                    continue;
+                };
+                if any.type_url == HttpConnectionManager::type_url() {
+                    let Ok(hcm) = HttpConnectionManager::decode(any.value.as_slice()) else {
+                        continue;
+                    };
+                    match &hcm.route_specifier {
+                        Some(RouteSpecifier::Rds(rds)) => {
+                            let served_here = rds.config_source.as_ref().is_none_or(is_ads_config);
+                            if served_here {
+                                push_ref(
+                                    &mut refs,
+                                    ResourceType::RouteConfiguration,
+                                    &rds.route_config_name,
+                                    false,
+                                );
+                            }
+                        }
+                        Some(RouteSpecifier::RouteConfig(rc)) => route_config_refs(rc, &mut refs),
+                        _ => {}
+                    }
+                } else if any.type_url == TcpProxy::type_url() {
+                    let Ok(tcp) = TcpProxy::decode(any.value.as_slice()) else {
+                        continue;
+                    };
+                    match &tcp.cluster_specifier {
+                        Some(TcpClusterSpecifier::Cluster(c)) => {
+                            push_ref(&mut refs, ResourceType::Cluster, c, true)
+                        }
+                        Some(TcpClusterSpecifier::WeightedClusters(w)) => {
+                            for c in &w.clusters {
+                                push_ref(&mut refs, ResourceType::Cluster, &c.name, true);
+                            }
+                        }
+                        None => {}
+                    }
+                }
+            }
+        }
+        refs
+    }
+}
+
+impl XdsResource for RouteConfiguration {
+    const TYPE: ResourceType = ResourceType::RouteConfiguration;
+    fn resource_name(&self) -> &str {
+        &self.name
+    }
+    fn refs(&self) -> Vec<Ref> {
+        let mut refs = Vec::new();
+        route_config_refs(self, &mut refs);
+        refs
+    }
+}
+
+impl XdsResource for Secret {
+    const TYPE: ResourceType = ResourceType::Secret;
+    fn resource_name(&self) -> &str {
+        &self.name
+    }
+    fn refs(&self) -> Vec<Ref> {
+        Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::config::cluster::v3::cluster::EdsClusterConfig;
+
+    fn eds_cluster(name: &str, service: &str) -> Cluster {
+        Cluster {
+            name: name.into(),
+            cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
+            eds_cluster_config: Some(EdsClusterConfig {
+                eds_config: None,
+                service_name: service.into(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn any_bytes_decode_as_the_message() {
+        let c = eds_cluster("a", "");
+        let r = Resource::new(&c).unwrap();
+        let any = Any::decode(r.any_bytes().clone()).unwrap();
+        assert_eq!(any.type_url, ResourceType::Cluster.type_url());
+        assert_eq!(Cluster::decode(any.value.as_slice()).unwrap(), c);
+        assert_eq!(r.value_bytes().as_ref(), c.encode_to_vec().as_slice());
+    }
+
+    #[test]
+    fn version_is_content_hash() {
+        let a = Resource::new(&eds_cluster("a", "")).unwrap();
+        let a2 = Resource::new(&eds_cluster("a", "")).unwrap();
+        let b = Resource::new(&eds_cluster("a", "x")).unwrap();
+        assert_eq!(a.version(), a2.version());
+        assert_ne!(a.version(), b.version());
+    }
+
+    #[test]
+    fn eds_cluster_refers_softly_to_its_load_assignment() {
+        let r = Resource::new(&eds_cluster("a", "")).unwrap();
+        assert_eq!(
+            r.refs(),
+            &[Ref {
+                ty: ResourceType::ClusterLoadAssignment,
+                name: "a".into(),
+                hard: false
+            }]
+        );
+        let r = Resource::new(&eds_cluster("a", "svc")).unwrap();
+        assert_eq!(&*r.refs()[0].name, "svc");
+    }
+
+    #[test]
+    fn routes_refer_hard_to_clusters() {
+        use envoy_types::pb::envoy::config::route::v3::{Route, RouteAction, VirtualHost};
+        let rc = RouteConfiguration {
+            name: "r".into(),
+            virtual_hosts: vec![VirtualHost {
+                name: "vh".into(),
+                domains: vec!["*".into()],
+                routes: vec![Route {
+                    action: Some(Action::Route(RouteAction {
+                        cluster_specifier: Some(ClusterSpecifier::Cluster("c1".into())),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let r = Resource::new(&rc).unwrap();
+        assert_eq!(
+            r.refs(),
+            &[Ref {
+                ty: ResourceType::Cluster,
+                name: "c1".into(),
+                hard: true
+            }]
+        );
+    }
+
+    #[test]
+    fn empty_name_is_refused() {
+        assert_eq!(
+            Resource::new(&Cluster::default()).unwrap_err(),
+            ResourceError::EmptyName {
+                ty: ResourceType::Cluster
+            }
+        );
+    }
+
+    #[test]
+    fn from_any_roundtrips() {
+        let c = eds_cluster("a", "");
+        let r = Resource::from_any(&envoy_types::util::pack_any(c)).unwrap();
+        assert_eq!(r.name(), "a");
+        assert!(
+            Resource::from_any(&Any {
+                type_url: "type.googleapis.com/nope".into(),
+                value: vec![]
+            })
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,252 @@
+//! Drives one gRPC stream: reads requests, feeds the protocol machine, sends
+//! what it says, and follows the group's snapshot and the readiness gate.
+//!
+//! Backpressure is the HTTP/2 stream's alone: the response channel holds one
+//! message, so a slow client slows only its own task; publishing never waits.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+use tracing::{Instrument, debug, info_span, warn};
+
+use super::codec::WireMessage;
+use super::{Shared, XdsServer};
+use crate::events::{StreamKind, XdsEvent};
+use crate::protocol::delta::DeltaMachine;
+use crate::protocol::sotw::SotwMachine;
+use crate::protocol::{DeltaResponse, RequestOutcome, SotwResponse};
+use crate::resource::ResourceType;
+use crate::snapshot::Snapshot;
+use crate::status::TypeStatus;
+
+/// gRPC's default maximum message size; larger responses are reported.
+pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+
+/// What the driver needs from a protocol machine.
+pub(crate) trait Machine: Send + 'static {
+    type Req: Send + 'static;
+    type Resp: WireMessage + Send + 'static;
+    fn handle(&mut self, req: &Self::Req) -> RequestOutcome;
+    fn set_snapshot(&mut self, snap: Option<Arc<Snapshot>>);
+    fn next(&mut self) -> Option<Self::Resp>;
+    fn status(&self) -> Vec<TypeStatus>;
+    fn node(req: &Self::Req) -> Option<&Node>;
+    fn describe(resp: &Self::Resp) -> (ResourceType, Arc<str>, Arc<str>, usize, usize);
+}
+
+impl Machine for SotwMachine {
+    type Req = DiscoveryRequest;
+    type Resp = SotwResponse;
+    fn handle(&mut self, req: &DiscoveryRequest) -> RequestOutcome {
+        self.handle_request(req)
+    }
+    fn set_snapshot(&mut self, snap: Option<Arc<Snapshot>>) {
+        SotwMachine::set_snapshot(self, snap)
+    }
+    fn next(&mut self) -> Option<SotwResponse> {
+        self.next_response()
+    }
+    fn status(&self) -> Vec<TypeStatus> {
+        SotwMachine::status(self)
+    }
+    fn node(req: &DiscoveryRequest) -> Option<&Node> {
+        req.node.as_ref()
+    }
+    fn describe(r: &SotwResponse) -> (ResourceType, Arc<str>, Arc<str>, usize, usize) {
+        (
+            r.ty,
+            r.version.clone(),
+            r.nonce.clone(),
+            r.resources.len(),
+            0,
+        )
+    }
+}
+
+impl Machine for DeltaMachine {
+    type Req = DeltaDiscoveryRequest;
+    type Resp = DeltaResponse;
+    fn handle(&mut self, req: &DeltaDiscoveryRequest) -> RequestOutcome {
+        self.handle_request(req)
+    }
+    fn set_snapshot(&mut self, snap: Option<Arc<Snapshot>>) {
+        DeltaMachine::set_snapshot(self, snap)
+    }
+    fn next(&mut self) -> Option<DeltaResponse> {
+        self.next_response()
+    }
+    fn status(&self) -> Vec<TypeStatus> {
+        DeltaMachine::status(self)
+    }
+    fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
+        req.node.as_ref()
+    }
+    fn describe(r: &DeltaResponse) -> (ResourceType, Arc<str>, Arc<str>, usize, usize) {
+        (
+            r.ty,
+            r.system_version.clone(),
+            r.nonce.clone(),
+            r.resources.len(),
+            r.removed.len(),
+        )
+    }
+}
+
+pub(crate) type RespTx<R> = mpsc::Sender<Result<R, Status>>;
+
+/// Spawns the task serving one stream and returns the receiving end of its responses.
+pub(crate) fn spawn<M: Machine>(
+    server: XdsServer,
+    machine: M,
+    kind: StreamKind,
+    requests: Streaming<M::Req>,
+) -> mpsc::Receiver<Result<M::Resp, Status>>
+where
+    Streaming<M::Req>: Send,
+{
+    let (tx, rx) = mpsc::channel(1);
+    let span = info_span!(
+        "xds_stream",
+        kind = kind.label(),
+        node = tracing::field::Empty
+    );
+    tokio::spawn(
+        async move {
+            if let Err(status) = run(&server.shared, machine, kind, requests, &tx).await {
+                let _ = tx.send(Err(status)).await;
+            }
+        }
+        .instrument(span),
+    );
+    rx
+}
+
+async fn run<M: Machine>(
+    shared: &Shared,
+    mut machine: M,
+    kind: StreamKind,
+    mut requests: Streaming<M::Req>,
+    tx: &RespTx<M::Resp>,
+) -> Result<(), Status> {
+    // The first request names the node; nothing is sent before we know it.
+    let Some(first) = requests.message().await? else {
+        return Ok(());
+    };
+    let node = M::node(&first)
+        .cloned()
+        .ok_or_else(|| Status::invalid_argument("the first request on a stream must carry node"))?;
+    if node.id.is_empty() {
+        return Err(Status::invalid_argument("node.id is empty"));
+    }
+    let group = (shared.grouper)(&node).map_err(Status::invalid_argument)?;
+    tracing::Span::current().record("node", node.id.as_str());
+    let handle = shared.registry.open(node, group.as_str().into(), kind);
+    let node_id = handle.node().clone();
+    let observer = handle.observer().clone();
+    let mut ready_rx = shared.cache.watch_ready();
+    let mut snap_rx = shared.cache.watch(&group);
+    let mut sent_at: [Option<(Arc<str>, Instant)>; 5] = Default::default();
+
+    let mut pending = Some(first);
+    loop {
+        if let Some(req) = pending.take() {
+            let outcome = machine.handle(&req);
+            record(&*observer, &node_id, &outcome, &mut sent_at);
+        }
+        let current = if *ready_rx.borrow_and_update() {
+            snap_rx.borrow_and_update().clone()
+        } else {
+            None
+        };
+        machine.set_snapshot(current);
+        while let Some(resp) = machine.next() {
+            let (ty, version, nonce, resources, removed) = M::describe(&resp);
+            let bytes = resp.encoded_len();
+            if bytes > MAX_RESPONSE_BYTES {
+                warn!(%ty, bytes, "response exceeds 4 MiB; clients with default limits reject it");
+                observer.on_event(&XdsEvent::OversizedResponse {
+                    node: node_id.clone(),
+                    ty,
+                    bytes,
+                });
+            }
+            debug!(%ty, %version, %nonce, resources, removed, bytes, "send");
+            sent_at[ty.index()] = Some((nonce, Instant::now()));
+            if tx.send(Ok(resp)).await.is_err() {
+                return Ok(()); // client went away
+            }
+            observer.on_event(&XdsEvent::ResponseSent {
+                node: node_id.clone(),
+                ty,
+                version,
+                resources,
+                removed,
+                bytes,
+            });
+        }
+        handle.update(machine.status());
+        tokio::select! {
+            msg = requests.message() => match msg {
+                Ok(Some(req)) => pending = Some(req),
+                Ok(None) => return Ok(()),
+                Err(status) => {
+                    debug!(%status, "stream ended");
+                    return Ok(());
+                }
+            },
+            r = ready_rx.changed() => { if r.is_err() { return Ok(()); } }
+            r = snap_rx.changed() => { if r.is_err() { return Ok(()); } }
+        }
+    }
+}
+
+fn record(
+    observer: &dyn crate::events::XdsObserver,
+    node: &Arc<str>,
+    outcome: &RequestOutcome,
+    sent_at: &mut [Option<(Arc<str>, Instant)>; 5],
+) {
+    match outcome {
+        RequestOutcome::Subscribed { ty } => observer.on_event(&XdsEvent::Request {
+            node: node.clone(),
+            ty: *ty,
+        }),
+        RequestOutcome::Ack { ty, version, nonce } => {
+            let latency = match &sent_at[ty.index()] {
+                Some((n, at)) if n == nonce => at.elapsed(),
+                _ => Default::default(),
+            };
+            observer.on_event(&XdsEvent::Ack {
+                node: node.clone(),
+                ty: *ty,
+                version: version.clone(),
+                latency,
+            });
+        }
+        RequestOutcome::Nack {
+            ty,
+            version,
+            message,
+            ..
+        } => {
+            warn!(%ty, %version, %message, "NACK");
+            observer.on_event(&XdsEvent::Nack {
+                node: node.clone(),
+                ty: *ty,
+                version: version.clone(),
+                message: message.clone(),
+            });
+        }
+        RequestOutcome::StaleNonce { ty, nonce } => debug!(%ty, %nonce, "stale nonce ignored"),
+        RequestOutcome::UnknownType { type_url } => {
+            debug!(%type_url, "request for a type this server does not serve")
+        }
+        RequestOutcome::WrongType { type_url } => {
+            warn!(%type_url, "request for another type on a per-type stream ignored")
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Snapshots: an immutable, internally consistent set of resources for one
+//! group of proxies, with deterministic per-type versions.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::resource::{Resource, ResourceError, ResourceType, XdsResource};
+use crate::version::set_version;
+
+/// Resources of one type keyed by name (sorted: versions and responses are deterministic).
+pub type ResourceMap = BTreeMap<Arc<str>, Arc<Resource>>;
+
+/// The resources of one type in a snapshot, with their set version.
+#[derive(Clone, Debug)]
+pub struct TypeResources {
+    version: Arc<str>,
+    resources: Arc<ResourceMap>,
+}
+
+impl TypeResources {
+    fn new(resources: ResourceMap) -> Self {
+        let version = set_version(resources.iter().map(|(n, r)| (&**n, r.version())));
+        TypeResources {
+            version: version.into(),
+            resources: Arc::new(resources),
+        }
+    }
+    pub fn version(&self) -> &Arc<str> {
+        &self.version
+    }
+    pub fn resources(&self) -> &Arc<ResourceMap> {
+        &self.resources
+    }
+    pub fn get(&self, name: &str) -> Option<&Arc<Resource>> {
+        self.resources.get(name)
+    }
+    pub fn len(&self) -> usize {
+        self.resources.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.resources.is_empty()
+    }
+}
+
+/// An immutable set of resources for one group, shared by every stream of that group.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    types: [TypeResources; 5],
+}
+
+/// One problem that makes a snapshot inconsistent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Inconsistency {
+    Duplicate {
+        ty: ResourceType,
+        name: String,
+    },
+    MissingRef {
+        from_ty: ResourceType,
+        from: String,
+        ty: ResourceType,
+        name: String,
+    },
+    Unreferenced {
+        ty: ResourceType,
+        name: String,
+    },
+}
+
+impl fmt::Display for Inconsistency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Inconsistency::Duplicate { ty, name } => write!(f, "duplicate {ty} resource {name:?}"),
+            Inconsistency::MissingRef {
+                from_ty,
+                from,
+                ty,
+                name,
+            } => write!(f, "{from_ty} {from:?} references missing {ty} {name:?}"),
+            Inconsistency::Unreferenced { ty, name } => {
+                let by = match ty {
+                    ResourceType::ClusterLoadAssignment => "cluster",
+                    _ => "listener",
+                };
+                write!(f, "{ty} {name:?} is not referenced by any {by}")
+            }
+        }
+    }
+}
+
+/// A snapshot was refused; every problem is listed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct SnapshotError {
+    pub problems: Vec<Inconsistency>,
+}
+
+impl fmt::Display for SnapshotError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "inconsistent snapshot ({} problems): ",
+            self.problems.len()
+        )?;
+        for (i, p) in self.problems.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Default for Snapshot {
+    fn default() -> Self {
+        Snapshot {
+            types: std::array::from_fn(|_| TypeResources::new(ResourceMap::new())),
+        }
+    }
+}
+
+impl Snapshot {
+    pub fn builder() -> SnapshotBuilder {
+        SnapshotBuilder::default()
+    }
+
+    pub fn of(&self, ty: ResourceType) -> &TypeResources {
+        &self.types[ty.index()]
+    }
+    pub fn version(&self, ty: ResourceType) -> &Arc<str> {
+        self.of(ty).version()
+    }
+    pub fn resources(&self, ty: ResourceType) -> &Arc<ResourceMap> {
+        self.of(ty).resources()
+    }
+    pub fn get(&self, ty: ResourceType, name: &str) -> Option<&Arc<Resource>> {
+        self.of(ty).get(name)
+    }
+    pub fn total(&self) -> usize {
+        self.types.iter().map(TypeResources::len).sum()
+    }
+}
+
+/// Collects resources and checks the result is consistent before it can be published.
+#[derive(Default)]
+pub struct SnapshotBuilder {
+    maps: [ResourceMap; 5],
+    problems: Vec<Inconsistency>,
+    reuse: Option<Arc<Snapshot>>,
+}
+
+impl SnapshotBuilder {
+    /// Shares the `Arc` of every resource whose version is unchanged from
+    /// `prev`, so a version lives in memory once however many snapshots hold it.
+    pub fn reuse_from(mut self, prev: Arc<Snapshot>) -> Self {
+        self.reuse = Some(prev);
+        self
+    }
+
+    /// Adds a resource; a second resource with the same type and name is
+    /// recorded as a problem and makes `build` fail.
+    pub fn add(&mut self, resource: Arc<Resource>) -> &mut Self {
+        let ty = resource.ty();
+        if self.maps[ty.index()].contains_key(resource.name()) {
+            self.problems.push(Inconsistency::Duplicate {
+                ty,
+                name: resource.name().to_string(),
+            });
+            return self;
+        }
+        let resource = match self.reuse.as_ref().and_then(|p| p.get(ty, resource.name())) {
+            Some(prev) if prev.version() == resource.version() => prev.clone(),
+            _ => resource,
+        };
+        self.maps[ty.index()].insert(resource.name_arc().clone(), resource);
+        self
+    }
+
+    /// Encodes and adds a typed Envoy message.
+    pub fn message<M: XdsResource>(&mut self, msg: &M) -> Result<&mut Self, ResourceError> {
+        let r = Resource::new(msg)?;
+        Ok(self.add(r))
+    }
+
+    pub fn with<M: XdsResource>(mut self, msg: &M) -> Result<Self, ResourceError> {
+        self.message(msg)?;
+        Ok(self)
+    }
+
+    /// Checks consistency: every reference resolves; every load assignment is
+    /// used by a cluster and every route configuration by a listener. Unused
+    /// secrets are allowed.
+    pub fn build(mut self) -> Result<Snapshot, SnapshotError> {
+        let mut problems = std::mem::take(&mut self.problems);
+        let mut referenced: [std::collections::BTreeSet<Arc<str>>; 5] = Default::default();
+        for map in &self.maps {
+            for res in map.values() {
+                for r in res.refs() {
+                    referenced[r.ty.index()].insert(r.name.clone());
+                    if !self.maps[r.ty.index()].contains_key(&r.name) {
+                        problems.push(Inconsistency::MissingRef {
+                            from_ty: res.ty(),
+                            from: res.name().to_string(),
+                            ty: r.ty,
+                            name: r.name.to_string(),
+                        });
+                    }
+                }
+            }
+        }
+        for ty in [
+            ResourceType::ClusterLoadAssignment,
+            ResourceType::RouteConfiguration,
+        ] {
+            for name in self.maps[ty.index()].keys() {
+                if !referenced[ty.index()].contains(name) {
+                    problems.push(Inconsistency::Unreferenced {
+                        ty,
+                        name: name.to_string(),
+                    });
+                }
+            }
+        }
+        if !problems.is_empty() {
+            return Err(SnapshotError { problems });
+        }
+        Ok(self.build_unchecked_inner())
+    }
+
+    /// Builds without the reference checks (duplicates are still refused).
+    /// For clients that resolve references themselves, e.g. tests of bad input.
+    pub fn build_unchecked(self) -> Result<Snapshot, SnapshotError> {
+        if !self.problems.is_empty() {
+            return Err(SnapshotError {
+                problems: self.problems,
+            });
+        }
+        Ok(self.build_unchecked_inner())
+    }
+
+    fn build_unchecked_inner(self) -> Snapshot {
+        let [a, b, c, d, e] = self.maps;
+        Snapshot {
+            types: [a, b, c, d, e].map(TypeResources::new),
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! Per-stream, per-type sync state, as shown by status pages, metrics and CSDS.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::resource::ResourceType;
+use crate::snapshot::ResourceMap;
+
+/// A rejected response, recorded with the client's message (DESIGN §3.7).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NackInfo {
+    pub version: Arc<str>,
+    pub nonce: Arc<str>,
+    pub message: String,
+}
+
+/// Where a client stands for one type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SyncState {
+    /// The last response was acknowledged.
+    Synced,
+    /// A response is in flight, not acknowledged yet.
+    Stale,
+    /// Nothing sent yet (not ready, or nothing subscribed exists).
+    NotSent,
+    /// The last response was rejected (NACK); the client keeps older config.
+    Error,
+}
+
+impl SyncState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SyncState::Synced => "SYNCED",
+            SyncState::Stale => "STALE",
+            SyncState::NotSent => "NOT_SENT",
+            SyncState::Error => "ERROR",
+        }
+    }
+}
+
+impl fmt::Display for SyncState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One type's state on one stream.
+#[derive(Clone, Debug)]
+pub struct TypeStatus {
+    pub ty: ResourceType,
+    pub wildcard: bool,
+    /// Explicitly subscribed names (beyond the wildcard).
+    pub subscribed: usize,
+    pub sent_version: Option<Arc<str>>,
+    pub sent_nonce: Option<Arc<str>>,
+    pub acked_version: Option<Arc<str>>,
+    /// What the client acknowledged holding (shared with snapshots; cheap).
+    pub acked: Arc<ResourceMap>,
+    pub nack: Option<NackInfo>,
+    pub state: SyncState,
+}
