@@ -208,13 +208,26 @@ fn parse_document(file: &Arc<str>, doc: DocText<'_>) -> Result<Option<Object>, V
         Ok(None) => return Ok(None),
         Err(e) => {
             // A type error at the root means the document is not a mapping at all.
-            let message = if e.field.is_none() && e.message.starts_with("invalid type") {
+            let not_a_mapping = e.field.is_none()
+                && (e.message.starts_with("invalid type") || e.message == "expected mapping start");
+            let message = if not_a_mapping {
                 "expected a Kubernetes-style object: a mapping with apiVersion, kind, metadata"
                     .to_owned()
             } else {
                 e.message
             };
-            return Err(vec![error(e.pos, None, e.field, message)]);
+            // The header is read as `Spanned<Header>`, whose wrapper adds a leading `value`.
+            let field = e.field.map(|f| {
+                f.strip_prefix("value")
+                    .map(|rest| rest.trim_start_matches('.').to_owned())
+                    .unwrap_or(f)
+            });
+            return Err(vec![error(
+                e.pos,
+                None,
+                field.filter(|f| !f.is_empty()),
+                message,
+            )]);
         }
     };
     let doc_pos = header.pos.or(first_line);
@@ -349,6 +362,710 @@ fn apply_route_defaults(spec: &mut HttpRouteSpec) {
     for rule in &mut spec.rules {
         if rule.matches.is_empty() {
             rule.matches.push(crate::kinds::HttpRouteMatch::default());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::*;
+    use proptest::prelude::*;
+    use std::net::IpAddr;
+    use std::time::Duration;
+
+    const CANONICAL: &str = include_str!("../testdata/canonical.yaml");
+
+    fn errors(text: &str) -> Vec<String> {
+        match parse_file("f.yaml", text) {
+            Ok(o) => panic!("expected errors, parsed {} objects", o.len()),
+            Err(es) => es.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    fn one_error(text: &str) -> String {
+        let es = errors(text);
+        assert_eq!(es.len(), 1, "{es:#?}");
+        es.into_iter().next().unwrap()
+    }
+
+    fn objects(text: &str) -> Vec<Object> {
+        parse_file("f.yaml", text).unwrap_or_else(|es| {
+            panic!(
+                "{}",
+                es.iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+        })
+    }
+
+    #[test]
+    fn canonical_example_parses_unchanged() {
+        let objs = objects(CANONICAL);
+        assert_eq!(objs.len(), 3);
+        let Object::Gateway(g) = &objs[0] else {
+            panic!()
+        };
+        assert_eq!(g.key(), ObjectKey::new("default", "edge"));
+        assert_eq!(g.source.pos, Pos::new(1, 1));
+        assert_eq!(g.spec.gateway_class_name, "ballast");
+        assert_eq!(
+            *g.spec.addresses[0].value,
+            "127.0.0.1".parse::<IpAddr>().unwrap()
+        );
+        let [http, https] = &g.spec.listeners[..] else {
+            panic!()
+        };
+        assert_eq!(
+            (http.name.as_str(), *http.port, *http.protocol),
+            ("http", 10000, ListenerProtocol::Http)
+        );
+        assert_eq!(http.hostname(), None);
+        assert_eq!(https.hostname(), Some("*.example.com"));
+        assert_eq!(*https.protocol, ListenerProtocol::Https);
+        let refs = &https.tls.as_ref().unwrap().certificate_refs;
+        assert_eq!(
+            (refs[0].name.as_str(), refs[0].is_secret()),
+            ("example-tls", true)
+        );
+        assert_eq!(https.allowed_routes.namespaces.from, FromNamespaces::Same);
+
+        let Object::HttpRoute(r) = &objs[1] else {
+            panic!()
+        };
+        assert_eq!(r.key(), ObjectKey::new("default", "web"));
+        assert_eq!(r.source.pos, Pos::new(15, 1));
+        assert_eq!(r.spec.parent_refs[0].name.as_str(), "edge");
+        assert!(r.spec.parent_refs[0].is_gateway());
+        assert_eq!(r.spec.hostnames[0].as_str(), "web.example.com");
+        let rule = &r.spec.rules[0];
+        assert_eq!(rule.matches[0].path.type_, PathMatchType::PathPrefix);
+        assert_eq!(rule.matches[0].path.value.as_str(), "/");
+        let b = &rule.backend_refs[0];
+        assert_eq!(
+            (b.name.as_str(), *b.weight, b.is_backend()),
+            ("web", 1, true)
+        );
+
+        let Object::Backend(be) = &objs[2] else {
+            panic!()
+        };
+        assert_eq!(be.key(), ObjectKey::new("default", "web"));
+        assert_eq!(be.spec.endpoints[0].address.to_string(), "127.0.0.1");
+        assert_eq!(*be.spec.endpoints[0].port, 8080);
+        assert_eq!(be.spec.endpoints[0].weight(), 1);
+        assert_eq!(be.spec.endpoints[0].health, HealthStatus::Healthy);
+        assert_eq!(be.spec.load_balancer.policy, LbPolicy::RoundRobin);
+        assert_eq!(
+            be.spec.connect_timeout.as_deref(),
+            Some(&Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn every_field_of_every_kind() {
+        let text = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata:
+  name: edge
+  namespace: infra
+  labels: { team: net }
+  annotations: { note: hi }
+spec:
+  gatewayClassName: ballast
+  addresses: [{ value: "::1" }]
+  listeners:
+  - name: https
+    port: 443
+    protocol: HTTPS
+    hostname: "*.example.com"
+    tls:
+      mode: Terminate
+      certificateRefs: [{ group: "", kind: Secret, name: tls, namespace: certs }]
+    allowedRoutes: { namespaces: { from: All } }
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: { name: api, namespace: apps }
+spec:
+  parentRefs:
+  - { group: gateway.networking.k8s.io, kind: Gateway, name: edge, namespace: infra, sectionName: https, port: 443 }
+  hostnames: [api.example.com]
+  rules:
+  - name: main
+    matches:
+    - path: { type: Exact, value: /v1/users }
+      headers: [{ name: X-Version, value: "2" }, { type: RegularExpression, name: x-id, value: "[0-9]+" }]
+      queryParams: [{ name: debug, value: "true" }]
+      method: POST
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier:
+        set: [{ name: x-env, value: prod }]
+        add: [{ name: x-trace, value: "1" }]
+        remove: [x-internal]
+    - type: ResponseHeaderModifier
+      responseHeaderModifier: { remove: [server] }
+    - type: URLRewrite
+      urlRewrite: { hostname: internal.example.com, path: { type: ReplaceFullPath, replaceFullPath: /users } }
+    backendRefs:
+    - { group: ballast.dev, kind: Backend, name: api, namespace: apps, port: 8080, weight: 90 }
+    - { name: api-canary, weight: 10 }
+    timeouts: { request: 10s, backendRequest: 2s }
+    retry: { attempts: 3, perTryTimeout: 500ms, retryOn: [5xx, reset] }
+  - matches: [{ path: { type: PathPrefix, value: /old } }]
+    filters:
+    - type: RequestRedirect
+      requestRedirect:
+        scheme: https
+        hostname: new.example.com
+        port: 8443
+        statusCode: 301
+        path: { type: ReplacePrefixMatch, replacePrefixMatch: /new }
+---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: { name: api, namespace: apps }
+spec:
+  endpoints:
+  - { address: 10.0.0.1, port: 8080, weight: 3, zone: us-east-1a, health: Draining }
+  - { address: "fd00::2", port: 8080 }
+  loadBalancer: { policy: Maglev }
+  connectTimeout: 250ms
+  healthCheck: { path: /healthz, interval: 10s, timeout: 2s, healthyThreshold: 2, unhealthyThreshold: 5 }
+"#;
+        let objs = objects(text);
+        let Object::Gateway(g) = &objs[0] else {
+            panic!()
+        };
+        assert_eq!(g.metadata.namespace, "infra");
+        assert_eq!(g.metadata.labels["team"], "net");
+        assert_eq!(g.metadata.annotations["note"], "hi");
+        assert_eq!(g.spec.addresses[0].type_, AddressType::IPAddress);
+        let l = &g.spec.listeners[0];
+        assert_eq!(l.allowed_routes.namespaces.from, FromNamespaces::All);
+        assert_eq!(
+            l.tls.as_ref().unwrap().certificate_refs[0]
+                .namespace
+                .as_deref(),
+            Some("certs")
+        );
+
+        let Object::HttpRoute(r) = &objs[1] else {
+            panic!()
+        };
+        let p = &r.spec.parent_refs[0];
+        assert_eq!(
+            (p.section_name.as_deref(), p.port.as_deref()),
+            (Some("https"), Some(&443))
+        );
+        let rule = &r.spec.rules[0];
+        assert_eq!(rule.name.as_deref(), Some("main"));
+        let m = &rule.matches[0];
+        assert_eq!(m.path.type_, PathMatchType::Exact);
+        assert_eq!(m.headers[1].type_, StringMatchType::RegularExpression);
+        assert_eq!(m.headers[0].value.as_str(), "2");
+        assert_eq!(m.query_params[0].value.as_str(), "true");
+        assert_eq!(m.method, Some(HttpMethod::Post));
+        let Some(FilterAction::RequestHeaderModifier(h)) = rule.filters[0].action() else {
+            panic!()
+        };
+        assert_eq!(
+            (
+                h.set[0].name.as_str(),
+                h.add[0].value.as_str(),
+                h.remove[0].as_str()
+            ),
+            ("x-env", "1", "x-internal")
+        );
+        let Some(FilterAction::UrlRewrite(u)) = rule.filters[2].action() else {
+            panic!()
+        };
+        assert_eq!(
+            u.path.as_ref().unwrap().rewrite(),
+            Some(PathRewrite::FullPath("/users"))
+        );
+        assert_eq!(*rule.backend_refs[1].weight, 10);
+        assert_eq!(rule.backend_refs[0].port.as_deref(), Some(&8080));
+        let t = rule.timeouts.as_ref().unwrap();
+        assert_eq!(
+            (t.request.as_deref(), t.backend_request.as_deref()),
+            (
+                Some(&Duration::from_secs(10)),
+                Some(&Duration::from_secs(2))
+            )
+        );
+        let retry = rule.retry.as_ref().unwrap();
+        assert_eq!(
+            (*retry.attempts, retry.per_try_timeout.as_deref()),
+            (3, Some(&Duration::from_millis(500)))
+        );
+        assert_eq!(retry.retry_on(), vec!["5xx", "reset"]);
+        let Some(FilterAction::RequestRedirect(rr)) = r.spec.rules[1].filters[0].action() else {
+            panic!()
+        };
+        assert_eq!(
+            (
+                rr.scheme.as_deref().map(String::as_str),
+                *rr.status_code,
+                rr.port.as_deref()
+            ),
+            (Some("https"), 301, Some(&8443))
+        );
+        assert_eq!(
+            rr.path.as_ref().unwrap().rewrite(),
+            Some(PathRewrite::PrefixMatch("/new"))
+        );
+
+        let Object::Backend(b) = &objs[2] else {
+            panic!()
+        };
+        let e = &b.spec.endpoints[0];
+        assert_eq!(
+            (e.weight(), e.zone.as_deref(), e.health),
+            (3, Some("us-east-1a"), HealthStatus::Draining)
+        );
+        assert!(b.spec.endpoints[1].address.is_ipv6());
+        assert_eq!(b.spec.load_balancer.policy, LbPolicy::Maglev);
+        let hc = b.spec.health_check.as_ref().unwrap();
+        assert_eq!(
+            (
+                hc.path.as_str(),
+                *hc.interval,
+                *hc.timeout,
+                *hc.healthy_threshold,
+                *hc.unhealthy_threshold
+            ),
+            (
+                "/healthz",
+                Duration::from_secs(10),
+                Duration::from_secs(2),
+                2,
+                5
+            )
+        );
+    }
+
+    #[test]
+    fn gateway_api_defaults_are_applied() {
+        let objs = objects(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\n\
+             spec:\n  rules:\n  - backendRefs: [{name: b}]\n  - matches: [{headers: [{name: x, value: y}]}]\n",
+        );
+        let Object::HttpRoute(r) = &objs[0] else {
+            panic!()
+        };
+        let m = &r.spec.rules[0].matches;
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            (m[0].path.type_, m[0].path.value.as_str()),
+            (PathMatchType::PathPrefix, "/")
+        );
+        assert_eq!(*r.spec.rules[0].backend_refs[0].weight, 1);
+        let m = &r.spec.rules[1].matches[0];
+        assert_eq!(
+            (m.path.type_, m.path.value.as_str()),
+            (PathMatchType::PathPrefix, "/")
+        );
+        assert_eq!(m.headers[0].type_, StringMatchType::Exact);
+
+        let objs = objects(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec: {}\n",
+        );
+        let Object::HttpRoute(r) = &objs[0] else {
+            panic!()
+        };
+        assert_eq!(r.spec.rules.len(), 1);
+        assert_eq!(r.spec.rules[0].matches, vec![HttpRouteMatch::default()]);
+        assert_eq!(r.spec.rules[0].retry, None);
+
+        let objs = objects(
+            "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec:\n  healthCheck: {path: /}\n",
+        );
+        let Object::Backend(b) = &objs[0] else {
+            panic!()
+        };
+        let hc = b.spec.health_check.as_ref().unwrap();
+        assert_eq!(
+            (
+                *hc.interval,
+                *hc.timeout,
+                *hc.healthy_threshold,
+                *hc.unhealthy_threshold
+            ),
+            (Duration::from_secs(5), Duration::from_secs(1), 1, 3)
+        );
+        assert_eq!(b.spec.connect_timeout, None);
+    }
+
+    #[test]
+    fn empty_documents_and_markers_are_skipped() {
+        assert!(objects("").is_empty());
+        assert!(objects("# nothing\n\n").is_empty());
+        assert!(objects("---\n---\n...\n").is_empty());
+        let text = format!("%YAML 1.2\n---\n# c\n{CANONICAL}\n...\n---\n\n---\n");
+        assert_eq!(objects(&text).len(), 3);
+    }
+
+    #[test]
+    fn split_keeps_line_offsets() {
+        let docs = split_documents("# c\na: 1\n---\nb: 2\n--- {c: 3}\n...\n%YAML 1.2\n---\nd: 4");
+        let got: Vec<(u32, &str)> = docs.iter().map(|d| (d.line_offset, d.text)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, "# c\na: 1\n"),
+                (2, "---\nb: 2\n"),
+                (4, "--- {c: 3}\n...\n"),
+                (6, "%YAML 1.2\n---\nd: 4"),
+            ]
+        );
+        // `----` and `---x` are content, not markers.
+        assert_eq!(split_documents("a: |\n  ----\n---x: 1\n").len(), 1);
+    }
+
+    // ---- error classes: exact file:line:col and message ----
+
+    const GW: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: edge }\nspec:\n  gatewayClassName: ballast\n  listeners:\n";
+
+    #[test]
+    fn yaml_syntax_error() {
+        assert_eq!(
+            one_error("a: [1, 2\n"),
+            "f.yaml:1:4: a: unclosed bracket '['"
+        );
+    }
+
+    #[test]
+    fn not_a_mapping() {
+        assert_eq!(
+            one_error("---\n- a\n"),
+            "f.yaml:2:1: expected a Kubernetes-style object: a mapping with apiVersion, kind, metadata"
+        );
+    }
+
+    #[test]
+    fn unknown_kind_and_api_version() {
+        assert_eq!(
+            one_error("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n"),
+            "f.yaml:2:7: kind: unknown kind \"ConfigMap\"; supported: Gateway, HTTPRoute \
+             (gateway.networking.k8s.io/v1), Backend (ballast.dev/v1alpha1), Secret (v1)"
+        );
+        assert_eq!(
+            one_error(
+                "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: HTTPRoute\nmetadata: {name: r, namespace: n}\nspec: {}\n"
+            ),
+            "f.yaml:1:13: HTTPRoute n/r: apiVersion: unsupported apiVersion \
+             \"gateway.networking.k8s.io/v1beta1\" for HTTPRoute; expected gateway.networking.k8s.io/v1"
+        );
+        assert_eq!(
+            one_error("\n\nkind: Backend\nmetadata: {name: b}\n"),
+            "f.yaml:3:1: Backend default/b: missing field `apiVersion`"
+        );
+        assert_eq!(
+            one_error("apiVersion: v1\n"),
+            "f.yaml:1:1: missing field `kind`"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        assert_eq!(
+            one_error(&format!(
+                "{GW}  - {{ name: a, port: 80, protocol: HTTP, hostnme: x }}\n"
+            )),
+            "f.yaml:7:42: Gateway default/edge: spec.listeners[0].hostnme: unknown field `hostnme`, \
+             expected one of name, hostname, port, protocol, tls, allowedRoutes"
+        );
+        assert_eq!(
+            one_error(
+                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b, uid: x}\nspec: {}\n"
+            ),
+            "f.yaml:3:21: Backend default/b: metadata.uid: unknown field `uid`, expected one of \
+             name, namespace, labels, annotations"
+        );
+        assert_eq!(
+            one_error(
+                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec: {}\nstatus: {}\n"
+            ),
+            "f.yaml:5:1: Backend default/b: status: unknown field `status`, expected one of \
+             apiVersion, kind, metadata, spec"
+        );
+    }
+
+    #[test]
+    fn missing_required_field() {
+        assert_eq!(
+            one_error(
+                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {namespace: x}\nspec: {}\n"
+            ),
+            "f.yaml:3:12: Backend: metadata: missing field `name`"
+        );
+    }
+
+    #[test]
+    fn bad_enum_value() {
+        assert_eq!(
+            one_error(&format!(
+                "{GW}  - name: a\n    port: 80\n    protocol: TCP\n"
+            )),
+            "f.yaml:9:15: Gateway default/edge: spec.listeners[0].protocol: unknown variant `TCP`, \
+             expected one of HTTP, HTTPS"
+        );
+    }
+
+    #[test]
+    fn bad_duration_is_reported_at_its_value() {
+        assert_eq!(
+            one_error(
+                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec:\n  connectTimeout: 1.5s\n"
+            ),
+            "f.yaml:5:19: Backend default/b: spec.connectTimeout: invalid duration \"1.5s\": expected \
+             up to 4 parts of a number (at most 5 digits) and a unit h, m, s or ms, e.g. \"1s\", \
+             \"250ms\", \"1m30s\""
+        );
+    }
+
+    #[test]
+    fn invalid_regex_in_a_later_document_has_file_coordinates() {
+        let text = format!(
+            "{CANONICAL}---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\n\
+             metadata: {{ name: re, namespace: apps }}\nspec:\n  rules:\n  - matches:\n    \
+             - path: {{ type: RegularExpression, value: \"/a(b\" }}\n      \
+             headers: [{{ type: RegularExpression, name: x, value: \"[z-a]\" }}]\n"
+        );
+        assert_eq!(
+            errors(&text),
+            vec![
+                "f.yaml:40:47: HTTPRoute apps/re: spec.rules[0].matches[0].path.value: invalid \
+                 regular expression \"/a(b\": unclosed group",
+                "f.yaml:41:60: HTTPRoute apps/re: spec.rules[0].matches[0].headers[0].value: \
+                 invalid regular expression \"[z-a]\": invalid character class range, the start \
+                 must be <= the end",
+            ]
+        );
+    }
+
+    #[test]
+    fn every_broken_document_is_reported() {
+        let text = format!(
+            "{GW}  - {{ name: a, port: 0, protocol: HTTP }}\n---\nkind: Nope\n---\n{CANONICAL}"
+        );
+        assert_eq!(
+            errors(&text),
+            vec![
+                "f.yaml:7:22: Gateway default/edge: spec.listeners[0].port: port 0 is out of range 1..=65535",
+                "f.yaml:9:7: kind: unknown kind \"Nope\"; supported: Gateway, HTTPRoute \
+                 (gateway.networking.k8s.io/v1), Backend (ballast.dev/v1alpha1), Secret (v1)",
+            ]
+        );
+    }
+
+    #[test]
+    fn gateway_semantic_errors() {
+        let text = format!(
+            "{GW}  - {{ name: a, port: 70000, protocol: HTTP }}\n  - {{ name: a, port: 80, protocol: HTTPS, hostname: \"*.Ex.com\" }}\n  \
+             - {{ name: Bad_Name, port: 80, protocol: HTTP, tls: {{ certificateRefs: [{{name: s}}] }} }}\n  \
+             - {{ name: d, port: 81, protocol: HTTP }}\n  - {{ name: e, port: 81, protocol: HTTP }}\n"
+        );
+        assert_eq!(
+            errors(&text),
+            vec![
+                "f.yaml:7:22: Gateway default/edge: spec.listeners[0].port: port 70000 is out of range 1..=65535",
+                "f.yaml:8:13: Gateway default/edge: spec.listeners[1].name: duplicate listener name \"a\" (also spec.listeners[0])",
+                "f.yaml:8:36: Gateway default/edge: spec.listeners[1].tls: an HTTPS listener needs tls.certificateRefs",
+                "f.yaml:8:53: Gateway default/edge: spec.listeners[1].hostname: invalid hostname \"*.Ex.com\": expected lowercase DNS labels (a-z, 0-9, '-'), optionally prefixed by \"*.\"",
+                "f.yaml:9:13: Gateway default/edge: spec.listeners[2].name: listener name \"Bad_Name\" is not a valid DNS label (lowercase a-z, 0-9, '-', at most 63 characters)",
+                "f.yaml:9:29: Gateway default/edge: spec.listeners[2].port: listeners \"a\" and \"Bad_Name\" share port 80 with different protocols",
+                "f.yaml:9:43: Gateway default/edge: spec.listeners[2].tls: tls is only allowed on HTTPS listeners",
+                "f.yaml:11:22: Gateway default/edge: spec.listeners[4].port: listeners \"d\" and \"e\" both serve hostname (any) on port 81",
+            ]
+        );
+    }
+
+    #[test]
+    fn route_semantic_errors() {
+        let text = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  \
+            parentRefs: [{name: edge, port: 0}]\n  hostnames: [\"*\"]\n  rules:\n  \
+            - matches: [{path: {type: Exact, value: a/b}, headers: [{name: X, value: 1}, {name: x, value: 2}], method: GET}]\n    \
+            filters:\n    - type: RequestRedirect\n      requestRedirect: {scheme: ftp, statusCode: 200, path: {type: ReplacePrefixMatch, replaceFullPath: /x}}\n    \
+            - type: URLRewrite\n      urlRewrite: {hostname: \"*.x.com\"}\n    \
+            - type: RequestHeaderModifier\n      requestHeaderModifier: {set: [{name: a, value: \"x\\ny\"}, {name: A, value: z}]}\n    \
+            timeouts: {request: 1s, backendRequest: 2s}\n    retry: {attempts: 1, retryOn: []}\n";
+        assert_eq!(
+            errors(text),
+            vec![
+                "f.yaml:1:1: HTTPRoute default/r: spec.rules[0].retry.retryOn: retryOn must not be empty (omit it for the default)",
+                "f.yaml:5:35: HTTPRoute default/r: spec.parentRefs[0].port: port 0 is out of range 1..=65535",
+                "f.yaml:6:15: HTTPRoute default/r: spec.hostnames[0]: invalid hostname \"*\": expected lowercase DNS labels (a-z, 0-9, '-'), optionally prefixed by \"*.\"",
+                "f.yaml:8:43: HTTPRoute default/r: spec.rules[0].matches[0].path.value: path \"a/b\" must start with '/'",
+                "f.yaml:8:87: HTTPRoute default/r: spec.rules[0].matches[0].headers[1].name: header \"x\" is matched twice",
+                "f.yaml:10:13: HTTPRoute default/r: spec.rules[0].filters: RequestRedirect and URLRewrite cannot be used in the same rule",
+                "f.yaml:11:33: HTTPRoute default/r: spec.rules[0].filters[0].requestRedirect.scheme: scheme must be http or https, not \"ftp\"",
+                "f.yaml:11:50: HTTPRoute default/r: spec.rules[0].filters[0].requestRedirect.statusCode: statusCode must be 301, 302, 303, 307 or 308, not 200",
+                "f.yaml:11:68: HTTPRoute default/r: spec.rules[0].filters[0].requestRedirect.path: ReplacePrefixMatch needs every match of the rule to be a PathPrefix match",
+                "f.yaml:11:68: HTTPRoute default/r: spec.rules[0].filters[0].requestRedirect.path.replaceFullPath: field replaceFullPath is not allowed with path type ReplacePrefixMatch",
+                "f.yaml:11:68: HTTPRoute default/r: spec.rules[0].filters[0].requestRedirect.path.replacePrefixMatch: path type ReplacePrefixMatch needs field replacePrefixMatch",
+                "f.yaml:13:30: HTTPRoute default/r: spec.rules[0].filters[1].urlRewrite.hostname: hostname \"*.x.com\" must not be a wildcard here",
+                "f.yaml:15:54: HTTPRoute default/r: spec.rules[0].filters[2].requestHeaderModifier.set[0].value: header value must not contain CR, LF or NUL",
+                "f.yaml:15:70: HTTPRoute default/r: spec.rules[0].filters[2].requestHeaderModifier.set[1].name: header \"A\" appears twice in set",
+                "f.yaml:16:45: HTTPRoute default/r: spec.rules[0].timeouts.backendRequest: backendRequest (2s) must not be longer than request (1s)",
+            ]
+        );
+    }
+
+    #[test]
+    fn filter_type_must_match_its_field() {
+        let text = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  \
+            - filters:\n    - type: ResponseHeaderModifier\n      requestHeaderModifier: {remove: [x]}\n    \
+            - type: ResponseHeaderModifier\n      responseHeaderModifier: {remove: [\"a b\"]}\n";
+        assert_eq!(
+            errors(text),
+            vec![
+                "f.yaml:7:13: HTTPRoute default/r: spec.rules[0].filters[0].requestHeaderModifier: field requestHeaderModifier is not allowed on a filter of type ResponseHeaderModifier",
+                "f.yaml:7:13: HTTPRoute default/r: spec.rules[0].filters[0].responseHeaderModifier: filter type ResponseHeaderModifier needs field responseHeaderModifier",
+                "f.yaml:9:13: HTTPRoute default/r: spec.rules[0].filters[1].type: filter ResponseHeaderModifier appears twice in one rule (also spec.rules[0].filters[0])",
+                "f.yaml:10:41: HTTPRoute default/r: spec.rules[0].filters[1].responseHeaderModifier.remove[0]: invalid header name \"a b\"",
+            ]
+        );
+    }
+
+    #[test]
+    fn backend_semantic_errors() {
+        let text = "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: B}\nspec:\n  endpoints:\n  \
+            - {address: 10.0.0.1, port: 80, weight: 0}\n  - {address: 10.0.0.1, port: 80, zone: \"\"}\n  \
+            connectTimeout: 0s\n  healthCheck: {path: health, interval: 0s, unhealthyThreshold: 0}\n";
+        assert_eq!(
+            errors(text),
+            vec![
+                "f.yaml:1:1: Backend default/B: metadata.name: name \"B\" is not a valid DNS subdomain (lowercase a-z, 0-9, '-', '.', at most 253 characters)",
+                "f.yaml:6:43: Backend default/B: spec.endpoints[0].weight: weight 0 is out of range 1..=1000000",
+                "f.yaml:7:15: Backend default/B: spec.endpoints[1].address: duplicate endpoint 10.0.0.1:80 (also spec.endpoints[0])",
+                "f.yaml:7:15: Backend default/B: spec.endpoints[1].zone: zone must not be empty",
+                "f.yaml:8:19: Backend default/B: spec.connectTimeout: connectTimeout must be greater than 0",
+                "f.yaml:9:23: Backend default/B: spec.healthCheck.path: path \"health\" must start with '/'",
+                "f.yaml:9:41: Backend default/B: spec.healthCheck.interval: interval must be greater than 0",
+                "f.yaml:9:65: Backend default/B: spec.healthCheck.unhealthyThreshold: unhealthyThreshold must be at least 1",
+            ]
+        );
+        assert_eq!(
+            one_error(
+                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec:\n  endpoints: [{address: web.local, port: 80}]\n"
+            ),
+            "f.yaml:5:25: Backend default/b: spec.endpoints[0].address: invalid IP address syntax"
+        );
+    }
+
+    const CERT: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    const KEY: &str = "-----BEGIN EC PRIVATE KEY-----\nMHcC\n-----END EC PRIVATE KEY-----\n";
+
+    fn b64(s: &str) -> String {
+        base64::engine::general_purpose::STANDARD.encode(s)
+    }
+    use base64::Engine as _;
+
+    #[test]
+    fn tls_secret_from_data_and_string_data() {
+        let text = format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: tls, namespace: certs}}\ntype: kubernetes.io/tls\n\
+             data:\n  tls.crt: {}\n  tls.key: {}\n---\napiVersion: v1\nkind: Secret\nmetadata: {{name: s2}}\n\
+             type: kubernetes.io/tls\ndata:\n  tls.key: {}\nstringData:\n  tls.key: |\n    {}\n  tls.crt: |\n    {}\n",
+            b64(CERT),
+            b64(KEY),
+            b64("garbage"),
+            KEY.trim_end().replace('\n', "\n    "),
+            CERT.trim_end().replace('\n', "\n    "),
+        );
+        let objs = objects(&text);
+        let Object::Secret(s) = &objs[0] else {
+            panic!()
+        };
+        assert_eq!(s.key(), ObjectKey::new("certs", "tls"));
+        assert_eq!(
+            (s.tls.certificate_chain.as_str(), s.tls.private_key.as_str()),
+            (CERT, KEY)
+        );
+        assert!(
+            !format!("{s:?}").contains("MHcC"),
+            "Debug must not print the key"
+        );
+        let Object::Secret(s2) = &objs[1] else {
+            panic!()
+        };
+        assert_eq!(s2.tls.private_key, KEY, "stringData wins over data");
+    }
+
+    #[test]
+    fn tls_secret_errors() {
+        let text = format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: s}}\ntype: Opaque\ndata:\n  tls.crt: \"%%%\"\n  \
+             tls.pem: x\nstringData:\n  ca.crt: hello\n---\napiVersion: v1\nkind: Secret\nmetadata: {{name: t}}\n\
+             stringData:\n  tls.crt: {:?}\n",
+            KEY
+        );
+        assert_eq!(
+            errors(&text),
+            vec![
+                "f.yaml:1:1: Secret default/s: data: missing tls.key (in data or stringData)",
+                "f.yaml:4:7: Secret default/s: type: unsupported Secret type \"Opaque\"; only kubernetes.io/tls is supported",
+                "f.yaml:6:12: Secret default/s: data.tls.crt: invalid base64: Invalid symbol 37, offset 0.",
+                "f.yaml:7:12: Secret default/s: data.tls.pem: unsupported key \"tls.pem\"; a TLS Secret has tls.crt, tls.key and optionally ca.crt",
+                "f.yaml:9:11: Secret default/s: stringData.ca.crt: ca.crt is not PEM (expected \"-----BEGIN ...CERTIFICATE-----\")",
+                "f.yaml:11:1: Secret default/t: data: missing tls.key (in data or stringData)",
+                "f.yaml:11:1: Secret default/t: type: missing field `type` (must be kubernetes.io/tls)",
+                "f.yaml:15:12: Secret default/t: stringData.tls.crt: tls.crt is not PEM (expected \"-----BEGIN ...CERTIFICATE-----\")",
+            ]
+        );
+    }
+
+    #[test]
+    fn field_path_drops_only_the_spanned_wrapper() {
+        // `port` is Spanned (wrapper dropped); `value` of a path match is a real field.
+        assert_eq!(
+            one_error(&format!(
+                "{GW}  - {{ name: a, port: -1, protocol: HTTP }}\n"
+            )),
+            "f.yaml:7:22: Gateway default/edge: spec.listeners[0].port: invalid u32"
+        );
+        assert!(
+            one_error("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules: [{matches: [{path: {value: [1]}}]}]\n")
+                .starts_with("f.yaml:5:37: HTTPRoute default/r: spec.rules[0].matches[0].path.value: ")
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// Fuzz-style: arbitrary text never panics and errors always carry a position.
+        #[test]
+        fn never_panics_on_arbitrary_text(text in "\\PC{0,200}") {
+            if let Err(es) = parse_file("fuzz.yaml", &text) {
+                for e in es {
+                    prop_assert!(e.pos.line >= 1);
+                }
+            }
+        }
+
+        /// Arbitrary bytes, as the file source would read them (lossy UTF-8).
+        #[test]
+        fn never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = parse_file("fuzz.yaml", &String::from_utf8_lossy(&bytes));
+        }
+
+        /// YAML-shaped noise: mutations of the canonical example.
+        #[test]
+        fn never_panics_on_mutated_config(cut in 0usize..CANONICAL.len(), insert in "[-:{}\\[\\],#&*!|>'\" \\n a-z0-9]{0,8}") {
+            let mut text = CANONICAL.to_owned();
+            let cut = (0..=cut).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+            text.insert_str(cut, &insert);
+            if let Err(es) = parse_file("fuzz.yaml", &text) {
+                for e in es {
+                    prop_assert!(e.pos.line >= 1 && e.pos.line as usize <= text.lines().count() + 1, "{e}");
+                }
+            }
         }
     }
 }

@@ -680,12 +680,15 @@ pub(crate) fn secret(ctx: &mut Ctx, d: SecretDoc, source: Source) -> Option<Secr
     }
     const KEYS: [&str; 3] = ["tls.crt", "tls.key", "ca.crt"];
     let mut values: BTreeMap<&str, (String, Pos, String)> = BTreeMap::new();
+    // Keys present but undecodable are reported as such, not also as missing.
+    let mut present: HashSet<&str> = HashSet::new();
     for (key, v) in &d.data {
         let field = format!("data.{key}");
-        if !KEYS.contains(&key.as_str()) {
+        let Some(k) = KEYS.iter().find(|k| *k == key) else {
             ctx.err(v.pos, field, unknown_key(key));
             continue;
-        }
+        };
+        present.insert(k);
         let compact: String = v.chars().filter(|c| !c.is_ascii_whitespace()).collect();
         match base64::engine::general_purpose::STANDARD.decode(compact) {
             Err(e) => ctx.err(v.pos, field, format!("invalid base64: {e}")),
@@ -716,7 +719,7 @@ pub(crate) fn secret(ctx: &mut Ctx, d: SecretDoc, source: Source) -> Option<Secr
         ("ca.crt", "CERTIFICATE-----"),
     ] {
         match values.get(key) {
-            None if key != "ca.crt" => ctx.err(
+            None if key != "ca.crt" && !present.contains(key) => ctx.err(
                 Pos::UNKNOWN,
                 "data",
                 format!("missing {key} (in data or stringData)"),
