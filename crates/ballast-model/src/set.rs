@@ -157,12 +157,7 @@ impl ConfigSet {
                         name: Some(key.name),
                     }),
                     field: None,
-                    message: format!(
-                        "duplicate {} {}: also defined at {}",
-                        o.kind(),
-                        o.key(),
-                        existing.source()
-                    ),
+                    message: format!("duplicate: also defined at {}", existing.source()),
                 });
                 continue;
             }
@@ -449,4 +444,171 @@ fn diff_map<T: PartialEq>(
         }
     }
     out.sort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn backend(name: &str, port: u16) -> String {
+        format!(
+            "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {{ name: {name} }}\nspec:\n  endpoints: [{{ address: 10.0.0.1, port: {port} }}]\n"
+        )
+    }
+
+    fn msgs(r: Result<ConfigSet, Vec<ConfigError>>) -> Vec<String> {
+        r.expect_err("expected errors")
+            .iter()
+            .map(|e| e.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn builds_from_many_files() {
+        let canonical = include_str!("../testdata/canonical.yaml");
+        let set = ConfigSet::build([
+            ("a.yaml", canonical.to_owned()),
+            ("b.yaml", backend("api", 81)),
+        ])
+        .unwrap();
+        assert_eq!(set.len(), 4);
+        assert_eq!(
+            set.backends
+                .keys()
+                .map(|k| k.to_string())
+                .collect::<Vec<_>>(),
+            vec!["default/api", "default/web"]
+        );
+        assert_eq!(
+            set.gateways[&ObjectKey::new("default", "edge")]
+                .source
+                .file
+                .as_ref(),
+            "a.yaml"
+        );
+        let clone = set.clone();
+        assert!(Arc::ptr_eq(
+            &clone.backends[&ObjectKey::new("default", "api")],
+            &set.backends[&ObjectKey::new("default", "api")]
+        ));
+    }
+
+    #[test]
+    fn duplicates_across_files_name_both_places() {
+        let r = ConfigSet::build([
+            ("b.yaml", format!("\n{}", backend("web", 80))),
+            ("a.yaml", backend("web", 81)),
+        ]);
+        assert_eq!(
+            msgs(r),
+            vec!["b.yaml:2:1: Backend default/web: duplicate: also defined at a.yaml:1:1"]
+        );
+        // Same name in another kind (the canonical HTTPRoute and Backend `web`) or namespace is
+        // no duplicate.
+        let other_ns = backend("web", 80).replace("name: web", "name: web, namespace: x");
+        let gw = include_str!("../testdata/canonical.yaml");
+        assert!(ConfigSet::build([("b.yaml", other_ns), ("c.yaml", gw.to_owned())]).is_ok());
+    }
+
+    #[test]
+    fn errors_of_all_files_are_reported() {
+        let r = ConfigSet::build([
+            ("b.yaml", "kind: X\n".to_owned()),
+            ("a.yaml", backend("web", 0)),
+            ("c.yaml", backend("ok", 80)),
+        ]);
+        assert_eq!(
+            msgs(r),
+            vec![
+                "a.yaml:5:42: Backend default/web: spec.endpoints[0].port: port 0 is out of range 1..=65535",
+                "b.yaml:1:7: kind: unknown kind \"X\"; supported: Gateway, HTTPRoute (gateway.networking.k8s.io/v1), Backend (ballast.dev/v1alpha1), Secret (v1)",
+            ]
+        );
+    }
+
+    #[test]
+    fn diff_reports_changes_per_object_and_ignores_moves() {
+        let old = ConfigSet::build([(
+            "a.yaml",
+            format!("{}---\n{}", backend("a", 80), backend("b", 80)),
+        )])
+        .unwrap();
+        // `a` moves to another file and line, `b` changes, `c` is new.
+        let new = ConfigSet::build([
+            ("z.yaml", format!("\n\n{}", backend("a", 80))),
+            (
+                "y.yaml",
+                format!("{}---\n{}", backend("b", 81), backend("c", 80)),
+            ),
+        ])
+        .unwrap();
+        let d = old.diff(&new);
+        let got: Vec<(String, ChangeKind)> =
+            d.iter().map(|c| (c.key.name.clone(), c.change)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("b".into(), ChangeKind::Modified),
+                ("c".into(), ChangeKind::Added)
+            ]
+        );
+        assert_eq!(
+            new.diff(&old).iter().map(|c| c.change).collect::<Vec<_>>(),
+            vec![ChangeKind::Modified, ChangeKind::Removed]
+        );
+        assert!(old.diff(&old.clone()).is_empty());
+        assert_ne!(old, new);
+    }
+
+    #[test]
+    fn insert_get_remove() {
+        let mut set = ConfigSet::build([("a.yaml", backend("a", 80))]).unwrap();
+        let key = ObjectKey::new("default", "a");
+        let o = set.get(Kind::Backend, &key).unwrap();
+        assert!(set.get(Kind::Gateway, &key).is_none());
+        assert_eq!(set.remove(Kind::Backend, &key), Some(o.clone()));
+        assert!(set.is_empty());
+        assert_eq!(set.insert(o.clone()), None);
+        assert_eq!(set.insert(o.clone()), Some(o));
+        assert_eq!(set.objects().count(), 1);
+    }
+
+    proptest! {
+        /// The set and the errors do not depend on the order files are given in.
+        #[test]
+        fn build_is_independent_of_file_order(
+            files in proptest::collection::vec(proptest::collection::vec((0u8..6, 1u16..3), 0..4), 1..5),
+            seed in any::<u64>(),
+        ) {
+            let files: Vec<(String, String)> = files
+                .iter()
+                .enumerate()
+                .map(|(i, objs)| {
+                    let text = objs
+                        .iter()
+                        .map(|(n, port)| backend(&format!("b{n}"), *port))
+                        .collect::<Vec<_>>()
+                        .join("---\n");
+                    (format!("f{i}.yaml"), text)
+                })
+                .collect();
+            let mut shuffled = files.clone();
+            // Deterministic shuffle from the seed.
+            let mut s = seed;
+            for i in (1..shuffled.len()).rev() {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                shuffled.swap(i, (s >> 33) as usize % (i + 1));
+            }
+            let a = ConfigSet::build(files);
+            let b = ConfigSet::build(shuffled);
+            prop_assert_eq!(&a, &b);
+            if let Ok(set) = a {
+                // Sources agree too, not just content.
+                let sa: Vec<_> = set.objects().map(|o| o.source().clone()).collect();
+                let sb: Vec<_> = b.unwrap().objects().map(|o| o.source().clone()).collect();
+                prop_assert_eq!(sa, sb);
+            }
+        }
+    }
 }

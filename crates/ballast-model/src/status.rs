@@ -348,3 +348,340 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
         unresolved_backend_refs: unresolved,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::set::ConfigSet;
+
+    const GATEWAY: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: { name: edge }
+spec:
+  gatewayClassName: ballast
+  listeners:
+  - { name: http, port: 80, protocol: HTTP }
+  - name: https
+    port: 443
+    protocol: HTTPS
+    hostname: "*.example.com"
+    tls: { certificateRefs: [{ name: example-tls }, { group: cert-manager.io, kind: Certificate, name: c }] }
+  - { name: open, port: 8080, protocol: HTTP, hostname: open.example.com, allowedRoutes: { namespaces: { from: All } } }
+---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: { name: web }
+spec: { endpoints: [{ address: 127.0.0.1, port: 8080 }] }
+"#;
+
+    const SECRET: &str = "apiVersion: v1\nkind: Secret\nmetadata: { name: example-tls }\ntype: kubernetes.io/tls\n\
+        stringData:\n  tls.crt: \"-----BEGIN CERTIFICATE-----\\nMII\\n-----END CERTIFICATE-----\"\n  \
+        tls.key: \"-----BEGIN PRIVATE KEY-----\\nMII\\n-----END PRIVATE KEY-----\"\n";
+
+    fn route(name: &str, ns: &str, parent: &str, hostnames: &str, backends: &str) -> String {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{ name: {name}, namespace: {ns} }}\n\
+             spec:\n  parentRefs: [{parent}]\n  hostnames: [{hostnames}]\n  rules:\n  - backendRefs: [{backends}]\n"
+        )
+    }
+
+    fn status_of(routes: &[String], with_secret: bool) -> (ConfigSet, ConfigStatus) {
+        let mut files = vec![("gw.yaml".to_owned(), GATEWAY.to_owned())];
+        for (i, r) in routes.iter().enumerate() {
+            files.push((format!("r{i}.yaml"), r.clone()));
+        }
+        if with_secret {
+            files.push(("secret.yaml".to_owned(), SECRET.to_owned()));
+        }
+        let set = ConfigSet::build(files).unwrap_or_else(|e| panic!("{e:?}"));
+        let status = compute(&set);
+        (set, status)
+    }
+
+    fn route_status<'a>(s: &'a ConfigStatus, name: &str) -> &'a RouteStatus {
+        s.http_routes.iter().find(|r| r.name == name).unwrap()
+    }
+
+    /// (type, status, reason) of each condition of each parent.
+    fn conds(r: &RouteStatus) -> Vec<Vec<(String, ConditionStatus, String)>> {
+        r.parents
+            .iter()
+            .map(|p| {
+                p.conditions
+                    .iter()
+                    .map(|c| (c.type_.clone(), c.status, c.reason.clone()))
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn c(t: &str, ok: bool, reason: &str) -> (String, ConditionStatus, String) {
+        let s = if ok {
+            ConditionStatus::True
+        } else {
+            ConditionStatus::False
+        };
+        (t.to_owned(), s, reason.to_owned())
+    }
+
+    #[test]
+    fn accepted_route_attaches_where_hostnames_intersect() {
+        let (set, s) = status_of(
+            &[route(
+                "web",
+                "default",
+                "{ name: edge }",
+                "web.example.com",
+                "{ name: web }",
+            )],
+            true,
+        );
+        let r = route_status(&s, "web");
+        assert_eq!(
+            conds(r),
+            vec![vec![
+                c("Accepted", true, "Accepted"),
+                c("ResolvedRefs", true, "ResolvedRefs")
+            ]]
+        );
+        assert_eq!(
+            r.parents[0].conditions[0].message,
+            "attached to listeners http, https"
+        );
+        let att = set.attached_routes(&ObjectKey::new("default", "edge"));
+        let got: Vec<(&str, Vec<String>)> = att
+            .iter()
+            .map(|a| (a.listener.as_str(), a.hostnames.clone()))
+            .collect();
+        // `open` only serves open.example.com, which does not intersect web.example.com.
+        assert_eq!(
+            got,
+            vec![
+                ("http", vec!["web.example.com".to_owned()]),
+                ("https", vec!["web.example.com".to_owned()])
+            ]
+        );
+        assert!(r.unresolved_backend_refs.is_empty());
+        let g = &s.gateways[0];
+        let attached: Vec<(&str, u32)> = g
+            .listeners
+            .iter()
+            .map(|l| (l.name.as_str(), l.attached_routes))
+            .collect();
+        assert_eq!(attached, vec![("http", 1), ("https", 1), ("open", 0)]);
+    }
+
+    #[test]
+    fn missing_gateway_or_section_is_no_matching_parent() {
+        let (_, s) = status_of(
+            &[
+                route(
+                    "a",
+                    "default",
+                    "{ name: nope }",
+                    "web.example.com",
+                    "{ name: web }",
+                ),
+                route(
+                    "b",
+                    "default",
+                    "{ name: edge, sectionName: nope }",
+                    "web.example.com",
+                    "{ name: web }",
+                ),
+                route(
+                    "c",
+                    "default",
+                    "{ name: edge, port: 9999 }",
+                    "web.example.com",
+                    "{ name: web }",
+                ),
+                route(
+                    "d",
+                    "default",
+                    "{ name: edge, kind: Service, group: \"\" }",
+                    "web.example.com",
+                    "{ name: web }",
+                ),
+            ],
+            true,
+        );
+        for (name, message) in [
+            ("a", "Gateway default/nope not found"),
+            ("b", "Gateway default/edge has no listener \"nope\""),
+            ("c", "Gateway default/edge has no listener with port 9999"),
+            (
+                "d",
+                "parent /Service is not a Gateway; only gateway.networking.k8s.io Gateway is supported",
+            ),
+        ] {
+            let r = route_status(&s, name);
+            assert_eq!(
+                conds(r)[0][0],
+                c("Accepted", false, "NoMatchingParent"),
+                "{name}"
+            );
+            assert_eq!(r.parents[0].conditions[0].message, message);
+        }
+    }
+
+    #[test]
+    fn hostname_and_namespace_mismatches() {
+        let (set, s) = status_of(
+            &[
+                route(
+                    "h",
+                    "default",
+                    "{ name: edge, sectionName: https }",
+                    "web.other.org",
+                    "{ name: web }",
+                ),
+                route(
+                    "n",
+                    "team",
+                    "{ name: edge, namespace: default, sectionName: http }",
+                    "web.example.com",
+                    "",
+                ),
+                route("o", "team", "{ name: edge, namespace: default }", "", ""),
+            ],
+            true,
+        );
+        assert_eq!(
+            conds(route_status(&s, "h"))[0][0],
+            c("Accepted", false, "NoMatchingListenerHostname")
+        );
+        assert_eq!(
+            conds(route_status(&s, "n"))[0][0],
+            c("Accepted", false, "NotAllowedByListeners")
+        );
+        // Without a sectionName the route reaches the listener that allows all namespaces, and
+        // without hostnames it takes the listener's.
+        let o = route_status(&s, "o");
+        assert_eq!(conds(o)[0][0], c("Accepted", true, "Accepted"));
+        let att = set.attached_routes(&ObjectKey::new("default", "edge"));
+        let got: Vec<(&str, &str, Vec<String>)> = att
+            .iter()
+            .map(|a| {
+                (
+                    a.route.metadata.name.as_str(),
+                    a.listener.as_str(),
+                    a.hostnames.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![("o", "open", vec!["open.example.com".to_owned()])]
+        );
+    }
+
+    #[test]
+    fn unresolved_backends_are_status_not_errors() {
+        let (set, s) = status_of(
+            &[route(
+                "r",
+                "default",
+                "{ name: edge }",
+                "web.example.com",
+                "{ name: web, weight: 3 }, { name: missing }, { group: \"\", kind: Service, name: svc }",
+            )],
+            true,
+        );
+        let r = route_status(&s, "r");
+        assert_eq!(
+            conds(r)[0],
+            vec![
+                c("Accepted", true, "Accepted"),
+                c("ResolvedRefs", false, "BackendNotFound")
+            ]
+        );
+        assert_eq!(
+            r.parents[0].conditions[1].message,
+            "rules[0].backendRefs[1]: Backend default/missing not found; rules[0].backendRefs[2]: unsupported kind /Service; \
+             only ballast.dev/Backend is supported (requests for these backends get 500)"
+        );
+        let refs: Vec<(usize, usize, &str)> = r
+            .unresolved_backend_refs
+            .iter()
+            .map(|u| (u.rule, u.backend_ref, u.reason.as_str()))
+            .collect();
+        assert_eq!(refs, vec![(0, 1, "BackendNotFound"), (0, 2, "InvalidKind")]);
+        let route = &set.http_routes[&ObjectKey::new("default", "r")];
+        let res: Vec<_> = route.spec.rules[0]
+            .backend_refs
+            .iter()
+            .map(|b| set.resolve_backend(route, b))
+            .collect();
+        assert!(
+            matches!(res[0], crate::set::BackendRefResolution::Resolved(ref b) if b.metadata.name == "web")
+        );
+        assert_eq!(res[1], crate::set::BackendRefResolution::NotFound);
+        assert_eq!(res[2], crate::set::BackendRefResolution::InvalidKind);
+    }
+
+    #[test]
+    fn missing_secret_makes_listener_unresolved_and_unprogrammed() {
+        let (_, without) = status_of(&[], false);
+        let https = &without.gateways[0].listeners[1];
+        let got: Vec<_> = https
+            .conditions
+            .iter()
+            .map(|c| (c.type_.as_str(), c.status, c.reason.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("Accepted", ConditionStatus::True, "Accepted"),
+                (
+                    "ResolvedRefs",
+                    ConditionStatus::False,
+                    "InvalidCertificateRef"
+                ),
+                ("Programmed", ConditionStatus::False, "Invalid"),
+            ]
+        );
+        assert_eq!(
+            https.conditions[1].message,
+            "Secret default/example-tls not found; certificateRef default/c has unsupported kind \"Certificate\" \
+             (group \"cert-manager.io\"); only core Secret is supported"
+        );
+        let (_, with) = status_of(&[], true);
+        let https = &with.gateways[0].listeners[1];
+        // The Certificate ref still does not resolve, but the listener has a usable certificate.
+        assert_eq!(https.conditions[1].status, ConditionStatus::False);
+        assert_eq!(https.conditions[2].status, ConditionStatus::True);
+        assert!(with.gateways[0].conditions.iter().all(Condition::is_true));
+    }
+
+    #[test]
+    fn problems_and_json_shape() {
+        let (_, s) = status_of(
+            &[route(
+                "a",
+                "default",
+                "{ name: nope, sectionName: x }",
+                "",
+                "{ name: web }",
+            )],
+            true,
+        );
+        assert_eq!(
+            s.problems(),
+            vec![
+                "gw.yaml:2:1: Gateway default/edge: listener https: ResolvedRefs=False InvalidCertificateRef: \
+                 certificateRef default/c has unsupported kind \"Certificate\" (group \"cert-manager.io\"); only core Secret is supported",
+                "r0.yaml:1:1: HTTPRoute default/a: parent default/nope/x: Accepted=False NoMatchingParent: Gateway default/nope not found",
+            ]
+        );
+        let json = serde_json::to_value(&s).unwrap();
+        let parent = &json["httpRoutes"][0]["parents"][0];
+        assert_eq!(parent["parentRef"]["sectionName"], "x");
+        assert_eq!(parent["parentRef"]["group"], "gateway.networking.k8s.io");
+        assert_eq!(parent["conditions"][0]["type"], "Accepted");
+        assert_eq!(parent["conditions"][0]["status"], "False");
+        assert_eq!(json["gateways"][0]["listeners"][0]["attachedRoutes"], 0);
+        assert!(parent["parentRef"].get("port").is_none());
+    }
+}
