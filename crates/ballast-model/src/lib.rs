@@ -29,3 +29,55 @@ pub use parse::parse_file;
 pub use set::ConfigSet;
 pub use spanned::{Pos, Spanned};
 pub use validate::MAX_WEIGHT;
+
+#[cfg(test)]
+mod docs_tests {
+    use super::*;
+
+    const DOCS: &str = include_str!("../../../docs/configuration.md");
+
+    fn yaml_blocks() -> Vec<(usize, &'static str)> {
+        let mut out = Vec::new();
+        let mut rest = DOCS;
+        while let Some(start) = rest.find("```yaml\n") {
+            let body = &rest[start + 8..];
+            let end = body.find("```").expect("unterminated yaml block");
+            let line = DOCS.len() - rest.len() + start;
+            out.push((DOCS[..line].lines().count() + 2, &body[..end]));
+            rest = &body[end..];
+        }
+        out
+    }
+
+    /// Every example in docs/configuration.md is valid, and together they form a valid set.
+    #[test]
+    fn documentation_examples_parse() {
+        let blocks = yaml_blocks();
+        assert!(blocks.len() >= 7, "found {} examples", blocks.len());
+        let files: Vec<(String, &str)> = blocks
+            .iter()
+            .map(|(line, text)| (format!("configuration.md@{line}"), *text))
+            .collect();
+        for (name, text) in &files {
+            if let Err(es) = parse_file(name, text) {
+                panic!(
+                    "{}",
+                    es.iter()
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+            }
+        }
+        let set = ConfigSet::build(files).expect("examples conflict");
+        assert_eq!(
+            (
+                set.gateways.len(),
+                set.http_routes.len(),
+                set.backends.len(),
+                set.secrets.len()
+            ),
+            (1, 3, 1, 2)
+        );
+    }
+}

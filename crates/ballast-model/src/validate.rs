@@ -724,16 +724,12 @@ pub(crate) fn secret(ctx: &mut Ctx, d: SecretDoc, source: Source) -> Option<Secr
                 "data",
                 format!("missing {key} (in data or stringData)"),
             ),
-            None => {}
-            Some((text, pos, field)) => {
-                if !looks_like_pem(text, marker) {
-                    ctx.err(
-                        *pos,
-                        field.clone(),
-                        format!("{key} is not PEM (expected \"-----BEGIN ...{marker}\")"),
-                    );
-                }
-            }
+            Some((text, pos, field)) if !looks_like_pem(text, marker) => ctx.err(
+                *pos,
+                field.clone(),
+                format!("{key} is not PEM (expected \"-----BEGIN ...{marker}\")"),
+            ),
+            _ => {}
         }
     }
     if !ctx.errors.is_empty() {
