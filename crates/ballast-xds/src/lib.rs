@@ -19,6 +19,7 @@ pub mod protocol;
 pub mod registry;
 pub mod resource;
 pub mod server;
+pub mod simple;
 pub mod snapshot;
 pub mod status;
 pub mod version;

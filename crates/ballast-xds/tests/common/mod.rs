@@ -1,0 +1,104 @@
+//! Shared helpers for ballast-xds integration tests.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ballast_xds::server::NodeGrouper;
+use ballast_xds::{Snapshot, SnapshotCache, XdsServer, simple};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// A running server on a loopback port; stops on drop.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub server: XdsServer,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+pub fn one_group() -> NodeGrouper {
+    Arc::new(|_| Ok("g".to_string()))
+}
+
+pub async fn start(cache: SnapshotCache, grace: Duration) -> Running {
+    start_with(cache, grace, Arc::new(ballast_xds::events::NoopObserver)).await
+}
+
+/// Logs to the test output when `RUST_LOG` is set.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+pub async fn start_with(
+    cache: SnapshotCache,
+    grace: Duration,
+    observer: Arc<dyn ballast_xds::XdsObserver>,
+) -> Running {
+    init_tracing();
+    let server = XdsServer::builder(cache)
+        .grouper(one_group())
+        .grace(grace)
+        .observer(observer)
+        .build();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = oneshot::channel();
+    let s = server.clone();
+    let task = tokio::spawn(async move {
+        s.serve_with_shutdown(listener, async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+    });
+    Running {
+        addr,
+        server,
+        stop: Some(tx),
+        task: Some(task),
+    }
+}
+
+/// Listener `http` on 127.0.0.1:0 (port chosen by Envoy) routing every host to
+/// `clusters` (weighted), each an EDS cluster with the given endpoints.
+pub fn http_snapshot(clusters: &[(&str, u32, &[SocketAddr])]) -> Snapshot {
+    let mut b = Snapshot::builder();
+    for (name, _, eps) in clusters {
+        let eps: Vec<(String, u16)> = eps.iter().map(|a| (a.ip().to_string(), a.port())).collect();
+        let eps: Vec<(&str, u16)> = eps.iter().map(|(i, p)| (i.as_str(), *p)).collect();
+        b.message(&simple::eds_cluster(name, Duration::from_millis(500)))
+            .unwrap();
+        b.message(&simple::load_assignment(name, &eps)).unwrap();
+    }
+    let weights: Vec<(&str, u32)> = clusters.iter().map(|(n, w, _)| (*n, *w)).collect();
+    b.message(&simple::http_listener("http", "127.0.0.1", 0, "routes"))
+        .unwrap();
+    b.message(&simple::route_config("routes", &[("*", &weights)]))
+        .unwrap();
+    b.build().unwrap()
+}
