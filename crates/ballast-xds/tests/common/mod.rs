@@ -10,6 +10,8 @@ use ballast_xds::{Snapshot, SnapshotCache, XdsServer, simple};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
+pub mod client;
+
 /// A running server on a loopback port; stops on drop.
 pub struct Running {
     pub addr: SocketAddr,
@@ -101,4 +103,32 @@ pub fn http_snapshot(clusters: &[(&str, u32, &[SocketAddr])]) -> Snapshot {
     b.message(&simple::route_config("routes", &[("*", &weights)]))
         .unwrap();
     b.build().unwrap()
+}
+
+/// Clusters `names` (EDS, endpoints on 127.0.0.1:`port`), listener `l1` with
+/// route configuration `r1` sending everything to `route_to`.
+pub fn fixture(names: &[&str], route_to: &str, port: u16) -> Snapshot {
+    let mut b = Snapshot::builder();
+    for n in names {
+        b.message(&simple::eds_cluster(n, Duration::from_secs(1)))
+            .unwrap();
+        b.message(&simple::load_assignment(n, &[("127.0.0.1", port)]))
+            .unwrap();
+    }
+    b.message(&simple::http_listener("l1", "127.0.0.1", 0, "r1"))
+        .unwrap();
+    b.message(&simple::route_config("r1", &[("*", &[(route_to, 1)])]))
+        .unwrap();
+    b.build().unwrap()
+}
+
+/// Names of the resources in a SotW response, in order.
+pub fn names(
+    resp: &ballast_xds::envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse,
+) -> Vec<String> {
+    use ballast_xds::Resource;
+    resp.resources
+        .iter()
+        .map(|a| Resource::from_any(a).unwrap().name().to_string())
+        .collect()
 }

@@ -1,0 +1,368 @@
+//! State-of-the-World conformance: each xDS protocol rule (DESIGN §4) checked
+//! with an in-process client over real gRPC.
+
+mod common;
+
+use std::time::Duration;
+
+use ballast_xds::ResourceType::{
+    Cluster as CDS, ClusterLoadAssignment as EDS, Listener as LDS, RouteConfiguration as RDS,
+};
+use ballast_xds::SnapshotCache;
+use common::client::Sotw;
+use common::{fixture, names};
+
+const GRACE: Duration = Duration::from_secs(30);
+
+async fn ready_server(snap: ballast_xds::Snapshot) -> (SnapshotCache, common::Running) {
+    let cache = SnapshotCache::new();
+    cache.set_snapshot("g", snap);
+    cache.set_ready(true);
+    let server = common::start(cache.clone(), GRACE).await;
+    (cache, server)
+}
+
+#[tokio::test]
+async fn legacy_wildcard_gets_full_state_and_nonces_are_per_response() {
+    let (_c, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(CDS, &[], "", "").await;
+    let r1 = c.recv().await;
+    assert_eq!(names(&r1), ["a", "b"]);
+    assert!(!r1.nonce.is_empty() && !r1.version_info.is_empty());
+    c.request(LDS, &[], "", "").await;
+    let r2 = c.recv().await;
+    assert_eq!(names(&r2), ["l1"]);
+    assert_ne!(r1.nonce, r2.nonce, "nonces are unique on a stream");
+}
+
+#[tokio::test]
+async fn explicit_wildcard_plus_names_and_named_only() {
+    let (_c, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(CDS, &["*", "zzz"], "", "").await;
+    assert_eq!(names(&c.recv().await), ["a", "b"]);
+    c.request(EDS, &["b"], "", "").await;
+    assert_eq!(
+        names(&c.recv().await),
+        ["b"],
+        "named types get only what is named"
+    );
+}
+
+#[tokio::test]
+async fn ack_is_not_answered_and_changes_are_pushed() {
+    let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(EDS, &["a"], "", "").await;
+    let r = c.recv().await;
+    c.ack(&r, &["a"]).await;
+    c.expect_quiet().await;
+    cache.set_snapshot("g", fixture(&["a"], "a", 2));
+    let r2 = c.recv().await;
+    assert_eq!(names(&r2), ["a"]);
+    assert_ne!(r2.version_info, r.version_info);
+}
+
+#[tokio::test]
+async fn stale_nonce_is_ignored() {
+    let (cache, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(EDS, &["a"], "", "").await;
+    let r1 = c.recv().await;
+    c.ack(&r1, &["a"]).await;
+    cache.set_snapshot("g", fixture(&["a", "b"], "a", 2));
+    let r2 = c.recv().await;
+    // A request carrying the older nonce asks for "b": it must be ignored.
+    c.request(EDS, &["a", "b"], &r1.version_info, &r1.nonce)
+        .await;
+    c.expect_quiet().await;
+    // With the latest nonce the same request is honoured.
+    c.request(EDS, &["a", "b"], &r2.version_info, &r2.nonce)
+        .await;
+    assert_eq!(names(&c.recv().await), ["a", "b"]);
+}
+
+#[tokio::test]
+async fn newly_subscribed_names_are_always_answered_even_if_absent() {
+    let (_c, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(EDS, &["a"], "", "").await;
+    let r1 = c.recv().await;
+    c.ack(&r1, &["a"]).await;
+    c.expect_quiet().await;
+    // "missing" does not exist: the client still gets an answer (same content).
+    c.request(EDS, &["a", "missing"], &r1.version_info, &r1.nonce)
+        .await;
+    let r2 = c.recv().await;
+    assert_eq!(names(&r2), ["a"]);
+    assert_ne!(r2.nonce, r1.nonce);
+}
+
+#[tokio::test]
+async fn named_then_empty_unsubscribes_everything() {
+    let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(EDS, &["a"], "", "").await;
+    let r1 = c.recv().await;
+    c.ack(&r1, &["a"]).await;
+    // An empty list after names unsubscribes (it is not wildcard): nothing to
+    // answer, and later changes are not pushed.
+    c.request(EDS, &[], &r1.version_info, &r1.nonce).await;
+    c.expect_quiet().await;
+    cache.set_snapshot("g", fixture(&["a"], "a", 3));
+    c.expect_quiet().await;
+    // Subscribing again is answered with the current content.
+    c.request(EDS, &["a"], &r1.version_info, &r1.nonce).await;
+    let r2 = c.recv().await;
+    assert_eq!(names(&r2), ["a"]);
+    assert_ne!(r2.version_info, r1.version_info);
+}
+
+#[tokio::test]
+async fn full_state_cds_drops_removed_clusters() {
+    let (cache, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(CDS, &[], "", "").await;
+    let r1 = c.recv().await;
+    c.ack(&r1, &[]).await;
+    cache.set_snapshot("g", fixture(&["a"], "a", 1));
+    let r2 = c.recv().await;
+    assert_eq!(names(&r2), ["a"], "a CDS response is the full state");
+}
+
+#[tokio::test]
+async fn nack_is_recorded_and_not_resent_next_version_is_sent() {
+    let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(EDS, &["a"], "", "").await;
+    let r1 = c.recv().await;
+    c.ack(&r1, &["a"]).await;
+    cache.set_snapshot("g", fixture(&["a"], "a", 2));
+    let bad = c.recv().await;
+    c.nack(&bad, &["a"], &r1.version_info).await;
+    c.expect_quiet().await;
+    let node = s.server.registry().node("n").unwrap();
+    let eds = node.types.iter().find(|t| t.ty == EDS).unwrap();
+    let nack = eds.nack.as_ref().expect("nack recorded");
+    assert_eq!(&*nack.version, bad.version_info.as_str());
+    assert_eq!(nack.message, "rejected by test");
+    assert_eq!(eds.state, ballast_xds::SyncState::Error);
+    // Re-publishing the same rejected content sends nothing...
+    cache.set_snapshot("g", fixture(&["a"], "a", 2));
+    c.expect_quiet().await;
+    // ...a different version is sent.
+    cache.set_snapshot("g", fixture(&["a"], "a", 3));
+    let good = c.recv().await;
+    assert_ne!(good.version_info, bad.version_info);
+    c.ack(&good, &["a"]).await;
+    c.expect_quiet().await;
+    let node = s.server.registry().node("n").unwrap();
+    let eds = node.types.iter().find(|t| t.ty == EDS).unwrap();
+    assert!(eds.nack.is_none());
+    assert_eq!(eds.state, ballast_xds::SyncState::Synced);
+}
+
+#[tokio::test]
+async fn nothing_is_answered_before_ready_then_everything_is() {
+    let cache = SnapshotCache::new();
+    cache.set_snapshot("g", fixture(&["a"], "a", 1));
+    let s = common::start(cache.clone(), GRACE).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(CDS, &[], "", "").await;
+    c.expect_quiet().await;
+    cache.set_ready(true);
+    assert_eq!(names(&c.recv().await), ["a"]);
+}
+
+#[tokio::test]
+async fn unknown_group_waits_until_its_snapshot_exists() {
+    let cache = SnapshotCache::new();
+    cache.set_ready(true);
+    let s = common::start(cache.clone(), GRACE).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(CDS, &[], "", "").await;
+    c.expect_quiet().await;
+    cache.set_snapshot("g", fixture(&["a"], "a", 1));
+    assert_eq!(names(&c.recv().await), ["a"]);
+}
+
+#[tokio::test]
+async fn resuming_client_with_current_version_gets_nothing() {
+    let (_c, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n1").await;
+    c.request(CDS, &[], "", "").await;
+    let r = c.recv().await;
+    // Another stream (a reconnect, or a failover to a replica) with that version.
+    let mut c2 = Sotw::connect(s.addr, "n2").await;
+    c2.request(CDS, &[], &r.version_info, "").await;
+    c2.expect_quiet().await;
+    // An outdated version gets the current state.
+    let mut c3 = Sotw::connect(s.addr, "n3").await;
+    c3.request(CDS, &[], "old", "").await;
+    assert_eq!(c3.recv().await.version_info, r.version_info);
+}
+
+#[tokio::test]
+async fn versions_are_identical_across_servers() {
+    let (_c1, s1) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let (_c2, s2) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut a = Sotw::connect(s1.addr, "n").await;
+    let mut b = Sotw::connect(s2.addr, "n").await;
+    for ty in [CDS, LDS] {
+        a.request(ty, &[], "", "").await;
+        b.request(ty, &[], "", "").await;
+        assert_eq!(a.recv().await.version_info, b.recv().await.version_info);
+    }
+}
+
+#[tokio::test]
+async fn make_before_break_on_ads() {
+    // Route moves from cluster a to b, and a is removed, in one publish.
+    let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(CDS, &[], "", "").await;
+    let cds = c.recv().await;
+    c.ack(&cds, &[]).await;
+    c.request(EDS, &["a"], "", "").await;
+    let eds = c.recv().await;
+    c.ack(&eds, &["a"]).await;
+    c.request(LDS, &[], "", "").await;
+    let lds = c.recv().await;
+    c.ack(&lds, &[]).await;
+    c.request(RDS, &["r1"], "", "").await;
+    let rds = c.recv().await;
+    c.ack(&rds, &["r1"]).await;
+    c.expect_quiet().await;
+
+    cache.set_snapshot("g", fixture(&["b"], "b", 1));
+    // 1. CDS adds b and keeps a: routes still use a.
+    let cds2 = c.recv().await;
+    assert_eq!(cds2.type_url, CDS.type_url());
+    assert_eq!(names(&cds2), ["a", "b"]);
+    c.ack(&cds2, &[]).await;
+    // Nothing else until the client asks for b's endpoints (RDS is held).
+    c.expect_quiet().await;
+    c.request(EDS, &["a", "b"], &eds.version_info, &eds.nonce)
+        .await;
+    let eds2 = c.recv().await;
+    assert_eq!(names(&eds2), ["b"]);
+    c.ack(&eds2, &["a", "b"]).await;
+    // 2. Now b is warm: the route moves.
+    let rds2 = c.recv().await;
+    assert_eq!(rds2.type_url, RDS.type_url());
+    c.ack(&rds2, &["r1"]).await;
+    // 3. Only then is a removed.
+    let cds3 = c.recv().await;
+    assert_eq!(names(&cds3), ["b"]);
+}
+
+#[tokio::test]
+async fn removal_is_held_while_the_client_rejects_the_route_update() {
+    let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(CDS, &[], "", "").await;
+    let cds = c.recv().await;
+    c.ack(&cds, &[]).await;
+    c.request(EDS, &["a"], "", "").await;
+    let eds = c.recv().await;
+    c.ack(&eds, &["a"]).await;
+    c.request(RDS, &["r1"], "", "").await;
+    let rds = c.recv().await;
+    c.ack(&rds, &["r1"]).await;
+    cache.set_snapshot("g", fixture(&["b"], "b", 1));
+    let cds2 = c.recv().await;
+    c.ack(&cds2, &[]).await;
+    c.request(EDS, &["a", "b"], &eds.version_info, &eds.nonce)
+        .await;
+    let eds2 = c.recv().await;
+    c.ack(&eds2, &["a", "b"]).await;
+    let rds2 = c.recv().await;
+    c.nack(&rds2, &["r1"], &rds.version_info).await;
+    // The client still routes to a: a must not be removed.
+    c.expect_quiet().await;
+}
+
+#[tokio::test]
+async fn per_type_service_ignores_other_types() {
+    use ballast_xds::envoy_types::pb::envoy::service::cluster::v3::cluster_discovery_service_client::ClusterDiscoveryServiceClient;
+    use ballast_xds::envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    let (_c, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut client = ClusterDiscoveryServiceClient::new(common::client::channel(s.addr).await);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(DiscoveryRequest {
+        node: Some(common::client::node("n")),
+        type_url: LDS.type_url().into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    tx.send(DiscoveryRequest {
+        type_url: CDS.type_url().into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut stream = client
+        .stream_clusters(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let r = tokio::time::timeout(common::client::RECV, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.type_url, CDS.type_url(), "only CDS is answered on CDS");
+    // Fetch on the same service.
+    let f = client
+        .fetch_clusters(DiscoveryRequest {
+            node: Some(common::client::node("f")),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(names(&f), ["a"]);
+}
+
+#[tokio::test]
+async fn rest_json_answers_and_says_not_modified() {
+    let (_c, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let body = r#"{"node":{"id":"rest-1"},"resourceNames":["b"]}"#;
+    let (status, text) = post(s.addr, "/v3/discovery:endpoints", body).await;
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["resources"][0]["clusterName"], "b");
+    assert_eq!(
+        v["resources"][0]["@type"],
+        "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+    );
+    let version = v["versionInfo"].as_str().unwrap().to_string();
+    let again =
+        format!(r#"{{"node":{{"id":"rest-1"}},"resourceNames":["b"],"versionInfo":"{version}"}}"#);
+    let (status, _) = post(s.addr, "/v3/discovery:endpoints", &again).await;
+    assert_eq!(status, 304);
+    let (status, text) = post(s.addr, "/v3/discovery:clusters", "{\"node\": {\"id\": 1").await;
+    assert_eq!(status, 400);
+    assert!(text.contains("line 1"), "{text}");
+}
+
+async fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(common::client::RECV, s.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status: u16 = text[9..12].parse().unwrap();
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
