@@ -193,6 +193,14 @@ fn field_path(path: &serde_path_to_error::Path) -> String {
 /// Parses and validates one document; `Ok(None)` for an empty one.
 fn parse_document(file: &Arc<str>, doc: DocText<'_>) -> Result<Option<Object>, Vec<ConfigError>> {
     let _offset = LineOffsetGuard::set(doc.line_offset);
+    if let Some(result) = parse_fast(file, doc) {
+        return result;
+    }
+    parse_two_pass(file, doc)
+}
+
+/// The general path: a lenient header read, then a strict read as the header's kind.
+fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Option<Object>, Vec<ConfigError>> {
     let first_line = Pos::new(doc.line_offset + 1, 1);
     let error =
         |pos: Pos, object: Option<ObjectRef>, field: Option<String>, message: String| ConfigError {
@@ -285,11 +293,6 @@ fn parse_document(file: &Arc<str>, doc: DocText<'_>) -> Result<Option<Object>, V
         Some(_) => {}
     }
 
-    let source = Source {
-        file: file.clone(),
-        pos: doc_pos,
-    };
-    let mut ctx = validate::Ctx::new(file.clone(), object.clone(), doc_pos);
     let strict_error = |e: DeError| {
         vec![error(
             e.pos.or(doc_pos),
@@ -298,52 +301,171 @@ fn parse_document(file: &Arc<str>, doc: DocText<'_>) -> Result<Option<Object>, V
             e.message,
         )]
     };
-    let parsed = match kind {
-        Kind::Gateway => {
-            let d: Doc<GatewaySpec> = deserialize(doc.text).map_err(strict_error)?;
+    let typed = match kind {
+        Kind::Gateway => deserialize::<Doc<GatewaySpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::Gateway(d.spec))),
+        Kind::HttpRoute => deserialize::<Doc<HttpRouteSpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::HttpRoute(d.spec))),
+        Kind::Backend => deserialize::<Doc<BackendSpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::Backend(d.spec))),
+        Kind::Secret => deserialize::<SecretDoc>(doc.text).map(Typed::Secret),
+    }
+    .map_err(strict_error)?;
+    finish(file, object, doc_pos, typed).map(Some)
+}
+
+/// A document deserialized as its kind, not yet validated.
+enum Typed {
+    Spec(Metadata, TypedSpec),
+    Secret(SecretDoc),
+}
+
+enum TypedSpec {
+    Gateway(GatewaySpec),
+    HttpRoute(HttpRouteSpec),
+    Backend(BackendSpec),
+}
+
+/// Applies defaults and validates; the one place both parse paths build objects.
+fn finish(
+    file: &Arc<str>,
+    object: ObjectRef,
+    doc_pos: Pos,
+    typed: Typed,
+) -> Result<Object, Vec<ConfigError>> {
+    let source = Source {
+        file: file.clone(),
+        pos: doc_pos,
+    };
+    let mut ctx = validate::Ctx::new(file.clone(), object, doc_pos);
+    let parsed = match typed {
+        Typed::Spec(metadata, TypedSpec::Gateway(spec)) => {
             let g = Gateway {
-                metadata: d.metadata,
-                spec: d.spec,
+                metadata,
+                spec,
                 source,
             };
             validate::gateway(&mut ctx, &g);
             Object::Gateway(Arc::new(g))
         }
-        Kind::HttpRoute => {
-            let d: Doc<HttpRouteSpec> = deserialize(doc.text).map_err(strict_error)?;
+        Typed::Spec(metadata, TypedSpec::HttpRoute(spec)) => {
             let mut r = HttpRoute {
-                metadata: d.metadata,
-                spec: d.spec,
+                metadata,
+                spec,
                 source,
             };
             apply_route_defaults(&mut r.spec);
             validate::http_route(&mut ctx, &r);
             Object::HttpRoute(Arc::new(r))
         }
-        Kind::Backend => {
-            let d: Doc<BackendSpec> = deserialize(doc.text).map_err(strict_error)?;
+        Typed::Spec(metadata, TypedSpec::Backend(spec)) => {
             let b = Backend {
-                metadata: d.metadata,
-                spec: d.spec,
+                metadata,
+                spec,
                 source,
             };
             validate::backend(&mut ctx, &b);
             Object::Backend(Arc::new(b))
         }
-        Kind::Secret => {
-            let d: SecretDoc = deserialize(doc.text).map_err(strict_error)?;
-            match validate::secret(&mut ctx, d, source) {
-                Some(s) => Object::Secret(Arc::new(s)),
-                None => return Err(ctx.into_errors()),
-            }
-        }
+        Typed::Secret(d) => match validate::secret(&mut ctx, d, source) {
+            Some(s) => Object::Secret(Arc::new(s)),
+            None => return Err(ctx.into_errors()),
+        },
     };
     let errors = ctx.into_errors();
     if errors.is_empty() {
-        Ok(Some(parsed))
+        Ok(parsed)
     } else {
         Err(errors)
     }
+}
+
+/// The fast path: one strict pass when `apiVersion` and `kind` precede `spec` (as in nearly all
+/// manifests), dispatching on `kind` while reading. YAML parsing dominates load time, and this
+/// halves it for large configs. Anything unusual (kind after spec, unknown key, Secret, any
+/// error) declines, and the two-pass path produces the object or the positioned errors.
+struct FastDoc {
+    kind: Kind,
+    metadata: Metadata,
+    spec: TypedSpec,
+}
+
+impl<'de> Deserialize<'de> for FastDoc {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = FastDoc;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<FastDoc, A::Error> {
+                use serde::de::Error;
+                let decline = || A::Error::custom("declined by the fast path");
+                let (mut api, mut kind, mut metadata, mut spec) = (None, None, None, None);
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    match key.as_ref() {
+                        "apiVersion" if api.is_none() => api = Some(map.next_value::<String>()?),
+                        "kind" if kind.is_none() => {
+                            let k = map.next_value::<String>()?;
+                            kind = Some(Kind::from_kind_str(&k).ok_or_else(decline)?);
+                        }
+                        "metadata" if metadata.is_none() => metadata = Some(map.next_value()?),
+                        "spec" if spec.is_none() => {
+                            spec = Some(match kind {
+                                Some(Kind::Gateway) => TypedSpec::Gateway(map.next_value()?),
+                                Some(Kind::HttpRoute) => TypedSpec::HttpRoute(map.next_value()?),
+                                Some(Kind::Backend) => TypedSpec::Backend(map.next_value()?),
+                                _ => return Err(decline()),
+                            })
+                        }
+                        _ => return Err(decline()),
+                    }
+                }
+                match (api, kind, metadata, spec) {
+                    (Some(api), Some(kind), Some(metadata), Some(spec))
+                        if api == kind.api_version() =>
+                    {
+                        Ok(FastDoc {
+                            kind,
+                            metadata,
+                            spec,
+                        })
+                    }
+                    _ => Err(decline()),
+                }
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// `Some` when the fast path produced a result (an object, no object for an empty document, or
+/// validation errors); `None` to take the two-pass path.
+fn parse_fast(
+    file: &Arc<str>,
+    doc: DocText<'_>,
+) -> Option<Result<Option<Object>, Vec<ConfigError>>> {
+    let parsed =
+        serde_saphyr::from_str_with_options::<Option<Spanned<FastDoc>>>(doc.text, options())
+            .ok()?;
+    let Some(fast) = parsed else {
+        return Some(Ok(None));
+    };
+    let doc_pos = fast.pos.or(Pos::new(doc.line_offset + 1, 1));
+    let FastDoc {
+        kind,
+        metadata,
+        spec,
+    } = fast.value;
+    let object = ObjectRef {
+        kind,
+        namespace: metadata.namespace.clone(),
+        name: Some(metadata.name.clone()),
+    };
+    Some(finish(file, object, doc_pos, Typed::Spec(metadata, spec)).map(Some))
 }
 
 /// Gateway API defaults that change meaning, made explicit so consumers need not know them:
@@ -699,6 +821,54 @@ spec:
             (Duration::from_secs(5), Duration::from_secs(1), 1, 3)
         );
         assert_eq!(b.spec.connect_timeout, None);
+    }
+
+    /// The single-pass fast path must produce exactly what the two-pass path does (content and
+    /// positions), and must actually be taken for ordinary documents.
+    #[test]
+    fn fast_path_agrees_with_two_pass_path() {
+        let file: Arc<str> = Arc::from("f.yaml");
+        let docs_md = include_str!("../../../docs/configuration.md");
+        let yaml: Vec<&str> = docs_md
+            .split("```yaml\n")
+            .skip(1)
+            .map(|b| b.split("```").next().unwrap())
+            .collect();
+        let broken_route = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\n\
+                            spec:\n  rules: [{matches: [{path: {type: RegularExpression, value: \"(\"}}]}]\n";
+        let mut fast_taken = 0;
+        for text in yaml.iter().copied().chain([CANONICAL, broken_route]) {
+            for doc in split_documents(text) {
+                let _g = LineOffsetGuard::set(doc.line_offset);
+                let slow = parse_two_pass(&file, doc);
+                let Some(fast) = parse_fast(&file, doc) else {
+                    continue;
+                };
+                fast_taken += 1;
+                assert_eq!(fast, slow, "{}", doc.text);
+                if let (Ok(Some(f)), Ok(Some(s))) = (&fast, &slow) {
+                    assert_eq!(f.source(), s.source());
+                }
+            }
+        }
+        assert!(fast_taken >= 8, "fast path taken only {fast_taken} times");
+        // Secrets, kind after spec and unknown keys decline to the two-pass path.
+        for text in [
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ntype: kubernetes.io/tls\n",
+            "spec: {}\nkind: Backend\napiVersion: ballast.dev/v1alpha1\nmetadata: {name: b}\n",
+            "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec: {}\nextra: 1\n",
+            "apiVersion: ballast.dev/v1\nkind: Backend\nmetadata: {name: b}\nspec: {}\n",
+        ] {
+            let doc = split_documents(text)[0];
+            assert!(parse_fast(&file, doc).is_none(), "{text}");
+        }
+        assert_eq!(
+            objects(
+                "spec: {}\nkind: Backend\napiVersion: ballast.dev/v1alpha1\nmetadata: {name: b}\n"
+            )
+            .len(),
+            1
+        );
     }
 
     #[test]
