@@ -400,24 +400,7 @@ impl XdsResource for Listener {
                     continue;
                 };
                 if any.type_url == HttpConnectionManager::type_url() {
-                    let Ok(hcm) = HttpConnectionManager::decode(any.value.as_slice()) else {
-                        continue;
-                    };
-                    match &hcm.route_specifier {
-                        Some(RouteSpecifier::Rds(rds)) => {
-                            let served_here = rds.config_source.as_ref().is_none_or(is_ads_config);
-                            if served_here {
-                                push_ref(
-                                    &mut refs,
-                                    ResourceType::RouteConfiguration,
-                                    &rds.route_config_name,
-                                    false,
-                                );
-                            }
-                        }
-                        Some(RouteSpecifier::RouteConfig(rc)) => route_config_refs(rc, &mut refs),
-                        _ => {}
-                    }
+                    hcm_refs(any, &mut refs);
                 } else if any.type_url == TcpProxy::type_url() {
                     let Ok(tcp) = TcpProxy::decode(any.value.as_slice()) else {
                         continue;
@@ -436,7 +419,40 @@ impl XdsResource for Listener {
                 }
             }
         }
+        // A proxyless gRPC client's listener: an HTTP connection manager with no filter chain.
+        if let Some(any) = self
+            .api_listener
+            .as_ref()
+            .and_then(|a| a.api_listener.as_ref())
+        {
+            if any.type_url == HttpConnectionManager::type_url() {
+                hcm_refs(any, &mut refs);
+            }
+        }
         refs
+    }
+}
+
+/// References of an HTTP connection manager: its RDS route configuration (when
+/// served here) or the clusters of its inline route configuration.
+fn hcm_refs(any: &Any, refs: &mut Vec<Ref>) {
+    let Ok(hcm) = HttpConnectionManager::decode(any.value.as_slice()) else {
+        return;
+    };
+    match &hcm.route_specifier {
+        Some(RouteSpecifier::Rds(rds)) => {
+            let served_here = rds.config_source.as_ref().is_none_or(is_ads_config);
+            if served_here {
+                push_ref(
+                    refs,
+                    ResourceType::RouteConfiguration,
+                    &rds.route_config_name,
+                    false,
+                );
+            }
+        }
+        Some(RouteSpecifier::RouteConfig(rc)) => route_config_refs(rc, refs),
+        _ => {}
     }
 }
 
@@ -541,6 +557,25 @@ mod tests {
                 hard: true
             }]
         );
+    }
+
+    #[test]
+    fn listeners_refer_to_their_route_configuration() {
+        let rds = |l: &Listener| {
+            Resource::new(l)
+                .unwrap()
+                .refs()
+                .iter()
+                .map(|r| (r.ty, r.name.to_string(), r.hard))
+                .collect::<Vec<_>>()
+        };
+        let want = vec![(ResourceType::RouteConfiguration, "rc".to_string(), false)];
+        assert_eq!(
+            rds(&crate::simple::http_listener("l", "127.0.0.1", 0, "rc")),
+            want
+        );
+        // A gRPC client's API listener has no filter chain.
+        assert_eq!(rds(&crate::simple::api_listener("greeter", "rc")), want);
     }
 
     #[test]

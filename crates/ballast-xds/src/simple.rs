@@ -20,7 +20,7 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
 };
 use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType as FilterConfig;
-use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener};
+use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Filter, FilterChain, Listener};
 use envoy_types::pb::envoy::config::route::v3::route::Action;
 use envoy_types::pb::envoy::config::route::v3::route_action::ClusterSpecifier;
 use envoy_types::pb::envoy::config::route::v3::route_match::PathSpecifier;
@@ -56,10 +56,11 @@ pub fn socket_address(ip: &str, port: u16) -> Address {
     }
 }
 
-/// An HTTP listener whose routes come from RDS `route_config`.
-pub fn http_listener(name: &str, ip: &str, port: u16, route_config: &str) -> Listener {
-    let hcm = HttpConnectionManager {
-        stat_prefix: name.to_string(),
+/// An HTTP connection manager with the router filter, its routes from RDS
+/// `route_config` over ADS.
+pub fn rds_http_connection_manager(stat_prefix: &str, route_config: &str) -> HttpConnectionManager {
+    HttpConnectionManager {
+        stat_prefix: stat_prefix.to_string(),
         route_specifier: Some(RouteSpecifier::Rds(Rds {
             config_source: Some(ads_source()),
             route_config_name: route_config.to_string(),
@@ -70,7 +71,12 @@ pub fn http_listener(name: &str, ip: &str, port: u16, route_config: &str) -> Lis
             ..Default::default()
         }],
         ..Default::default()
-    };
+    }
+}
+
+/// An HTTP listener whose routes come from RDS `route_config`.
+pub fn http_listener(name: &str, ip: &str, port: u16, route_config: &str) -> Listener {
+    let hcm = rds_http_connection_manager(name, route_config);
     Listener {
         name: name.to_string(),
         address: Some(socket_address(ip, port)),
@@ -81,6 +87,19 @@ pub fn http_listener(name: &str, ip: &str, port: u16, route_config: &str) -> Lis
             }],
             ..Default::default()
         }],
+        ..Default::default()
+    }
+}
+
+/// A listener for proxyless gRPC clients (`xds:///name` targets): no address
+/// or filter chains, only an `api_listener` holding an HTTP connection manager
+/// whose routes come from RDS `route_config`. Name it exactly like the target.
+pub fn api_listener(name: &str, route_config: &str) -> Listener {
+    Listener {
+        name: name.to_string(),
+        api_listener: Some(ApiListener {
+            api_listener: Some(pack_any(rds_http_connection_manager(name, route_config))),
+        }),
         ..Default::default()
     }
 }

@@ -16,6 +16,9 @@ pub mod delta;
 pub mod sotw;
 pub mod subscription;
 
+#[cfg(test)]
+mod sim;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -85,9 +88,12 @@ pub(crate) fn hard_refs_ready(res: &Resource, snap: &Snapshot, views: &impl Clie
         }
         if r.ty == ResourceType::Cluster {
             if let Some(cluster) = snap.get(ResourceType::Cluster, &r.name) {
+                // A client that takes this cluster from us needs its endpoints
+                // before traffic may go there, whether or not it has asked for
+                // them yet (Envoy subscribes right after it sees the cluster).
                 for soft in cluster.refs() {
                     if soft.ty == ResourceType::ClusterLoadAssignment
-                        && views.client_has(soft.ty, &soft.name) == Some(false)
+                        && views.client_has(soft.ty, &soft.name) != Some(true)
                     {
                         return false;
                     }

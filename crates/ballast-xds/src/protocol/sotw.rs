@@ -107,7 +107,20 @@ impl SotwMachine {
                     };
                     st.nack = Some(info);
                 } else {
-                    st.acked = f.resources;
+                    st.acked = if ty.is_full_state_in_sotw() {
+                        f.resources
+                    } else {
+                        // Absence from an EDS/RDS/SDS response removes nothing
+                        // at the client: it keeps what it had until it unsubscribes.
+                        let mut held = (*st.acked).clone();
+                        held.retain(|n, _| st.sub.covers(n));
+                        if held.is_empty() {
+                            f.resources
+                        } else {
+                            held.extend(f.resources.iter().map(|(n, r)| (n.clone(), r.clone())));
+                            Arc::new(held)
+                        }
+                    };
                     st.acked_version = Some(f.version.clone());
                     st.nack = None;
                     outcome = RequestOutcome::Ack {
@@ -120,6 +133,12 @@ impl SotwMachine {
         }
         if !st.sub.apply_sotw(&req.resource_names, first).is_empty() {
             st.must_answer = true;
+        }
+        if st.acked.keys().any(|n| !st.sub.covers(n)) {
+            // The client drops what it no longer subscribes to.
+            let mut held = (*st.acked).clone();
+            held.retain(|n, _| st.sub.covers(n));
+            st.acked = Arc::new(held);
         }
         outcome
     }

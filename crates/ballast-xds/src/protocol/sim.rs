@@ -1,0 +1,454 @@
+//! Property tests of the protocol machines against a simulated Envoy: for any
+//! sequence of snapshots and NACKs, (1) the client never holds a route to a
+//! cluster it lacks or that is not warm (make-before-break), and (2) once
+//! quiet, what the client holds equals the snapshot restricted to what it
+//! subscribes to (minus versions it rejected) — i.e. the incremental state
+//! equals a recomputation from scratch.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use proptest::prelude::*;
+
+use super::delta::DeltaMachine;
+use super::sotw::SotwMachine;
+use crate::resource::{Resource, ResourceType};
+use crate::simple;
+use crate::snapshot::Snapshot;
+
+const POOL: [&str; 5] = ["c0", "c1", "c2", "c3", "c4"];
+
+#[derive(Clone, Debug)]
+struct Spec {
+    clusters: Vec<(usize, u16)>,
+    route_to: Vec<usize>,
+    second_listener: bool,
+}
+
+fn spec() -> impl Strategy<Value = Spec> {
+    (
+        proptest::collection::btree_map(0usize..5, 1u16..4, 1..5),
+        proptest::collection::vec(any::<prop::sample::Index>(), 1..3),
+        any::<bool>(),
+    )
+        .prop_map(|(clusters, picks, second_listener)| {
+            let clusters: Vec<(usize, u16)> = clusters.into_iter().collect();
+            let mut route_to: Vec<usize> = picks
+                .iter()
+                .map(|i| clusters[i.index(clusters.len())].0)
+                .collect();
+            route_to.sort();
+            route_to.dedup();
+            Spec {
+                clusters,
+                route_to,
+                second_listener,
+            }
+        })
+}
+
+fn build(spec: &Spec) -> Arc<Snapshot> {
+    let mut b = Snapshot::builder();
+    for (c, port) in &spec.clusters {
+        b.message(&simple::eds_cluster(POOL[*c], Duration::from_secs(1)))
+            .unwrap();
+        b.message(&simple::load_assignment(POOL[*c], &[("127.0.0.1", *port)]))
+            .unwrap();
+    }
+    let targets: Vec<(&str, u32)> = spec.route_to.iter().map(|c| (POOL[*c], 1)).collect();
+    b.message(&simple::http_listener("l1", "127.0.0.1", 1, "r1"))
+        .unwrap();
+    b.message(&simple::route_config("r1", &[("*", &targets)]))
+        .unwrap();
+    if spec.second_listener {
+        b.message(&simple::http_listener("l2", "127.0.0.1", 2, "r2"))
+            .unwrap();
+        b.message(&simple::route_config("r2", &[("*", &targets[..1])]))
+            .unwrap();
+    }
+    Arc::new(b.build().unwrap())
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Publish(Spec),
+    /// Reject the next response of this type.
+    NackNext(usize),
+    /// Let the client and server exchange up to n messages.
+    Step(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => spec().prop_map(Op::Publish),
+        1 => (0usize..5).prop_map(Op::NackNext),
+        3 => (1u8..6).prop_map(Op::Step),
+    ]
+}
+
+type View = BTreeMap<String, Arc<Resource>>;
+
+/// What a simulated Envoy holds and wants.
+#[derive(Default)]
+struct Client {
+    views: [View; 5],
+    nack_next: [bool; 5],
+    rejected: BTreeSet<(ResourceType, String, String)>,
+    /// Highest named subscriptions sent, per type (EDS, RDS follow references).
+    subs: [BTreeSet<String>; 5],
+}
+
+impl Client {
+    fn wanted(&self, ty: ResourceType) -> BTreeSet<String> {
+        let from = match ty {
+            ResourceType::ClusterLoadAssignment => ResourceType::Cluster,
+            ResourceType::RouteConfiguration => ResourceType::Listener,
+            _ => return BTreeSet::new(),
+        };
+        self.views[from.index()]
+            .values()
+            .flat_map(|r| {
+                r.refs()
+                    .iter()
+                    .filter(|x| x.ty == ty)
+                    .map(|x| x.name.to_string())
+            })
+            .collect()
+    }
+
+    /// No route refers to a cluster the client lacks, or whose endpoints it lacks.
+    fn check_make_before_break(&self) -> Result<(), String> {
+        for ty in [ResourceType::RouteConfiguration, ResourceType::Listener] {
+            for r in self.views[ty.index()].values() {
+                for x in r.refs().iter().filter(|x| x.hard) {
+                    let Some(c) = self.views[ResourceType::Cluster.index()].get(&*x.name) else {
+                        return Err(format!("{} routes to missing cluster {}", r.name(), x.name));
+                    };
+                    for e in c
+                        .refs()
+                        .iter()
+                        .filter(|e| e.ty == ResourceType::ClusterLoadAssignment)
+                    {
+                        if !self.views[e.ty.index()].contains_key(&*e.name) {
+                            return Err(format!("{} routes to cold cluster {}", r.name(), x.name));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Expected view: the snapshot for what is subscribed, except rejected versions.
+    fn check_converged(&self, snap: &Snapshot) -> Result<(), String> {
+        for ty in ResourceType::ALL {
+            if ty == ResourceType::Secret {
+                continue;
+            }
+            let wanted = match ty {
+                ResourceType::Cluster | ResourceType::Listener => None,
+                _ => Some(self.wanted(ty)),
+            };
+            for (name, res) in snap.resources(ty).iter() {
+                if wanted.as_ref().is_some_and(|w| !w.contains(&**name)) {
+                    continue;
+                }
+                let key = (ty, name.to_string(), res.version().to_string());
+                let have = self.views[ty.index()].get(&**name);
+                if have.is_none_or(|h| h.version() != res.version())
+                    && !self.rejected.contains(&key)
+                {
+                    return Err(format!("{ty} {name} not converged"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A rejected update can leave old config at the client, so convergence is
+/// only asserted when nothing was rejected in the run.
+fn any_rejected(c: &Client) -> bool {
+    !c.rejected.is_empty()
+}
+
+fn run_sotw(ops: &[Op]) -> Result<(), String> {
+    let mut m = SotwMachine::new(None);
+    let mut c = Client::default();
+    let mut snap = build(
+        &ops.iter()
+            .find_map(|o| match o {
+                Op::Publish(s) => Some(s.clone()),
+                _ => None,
+            })
+            .unwrap_or(Spec {
+                clusters: vec![(0, 1)],
+                route_to: vec![0],
+                second_listener: false,
+            }),
+    );
+    m.set_snapshot(Some(snap.clone()));
+    let mut last: [Option<(String, String)>; 5] = Default::default();
+    let req = |ty: ResourceType, names: Vec<String>, last: &Option<(String, String)>, err: bool| {
+        DiscoveryRequest {
+            type_url: ty.type_url().into(),
+            resource_names: names,
+            version_info: last.as_ref().map(|l| l.0.clone()).unwrap_or_default(),
+            response_nonce: last.as_ref().map(|l| l.1.clone()).unwrap_or_default(),
+            error_detail: err.then(|| RpcStatus {
+                code: 3,
+                message: "no".into(),
+                details: vec![],
+            }),
+            ..Default::default()
+        }
+    };
+    m.handle_request(&req(ResourceType::Cluster, vec![], &None, false));
+    m.handle_request(&req(ResourceType::Listener, vec![], &None, false));
+    let step = |m: &mut SotwMachine,
+                c: &mut Client,
+                last: &mut [Option<(String, String)>; 5]|
+     -> Result<bool, String> {
+        let Some(resp) = m.next_response() else {
+            // Follow references like Envoy does.
+            for ty in [
+                ResourceType::ClusterLoadAssignment,
+                ResourceType::RouteConfiguration,
+            ] {
+                let w = c.wanted(ty);
+                if w != c.subs[ty.index()] {
+                    if std::env::var("SIM_DEBUG").is_ok() {
+                        eprintln!("subscribe {ty} {w:?}");
+                    }
+                    // Like Envoy, drop what nothing uses any more.
+                    c.views[ty.index()].retain(|n, _| w.contains(n));
+                    c.subs[ty.index()] = w.clone();
+                    m.handle_request(&req(ty, w.into_iter().collect(), &last[ty.index()], false));
+                    return Ok(true);
+                }
+            }
+            return Ok(false);
+        };
+        let ty = resp.ty;
+        let i = ty.index();
+        if std::env::var("SIM_DEBUG").is_ok() {
+            eprintln!("{ty}: {:?}", resp.resources.keys().collect::<Vec<_>>());
+        }
+        let reject = std::mem::take(&mut c.nack_next[i]);
+        let names: Vec<String> = c.subs[i].iter().cloned().collect();
+        if reject {
+            for r in resp.resources.values() {
+                if c.views[i]
+                    .get(r.name())
+                    .is_none_or(|h| h.version() != r.version())
+                {
+                    c.rejected
+                        .insert((ty, r.name().to_string(), r.version().to_string()));
+                }
+            }
+            let prev = last[i].clone().map(|l| l.0).unwrap_or_default();
+            last[i] = Some((prev, resp.nonce.to_string()));
+            m.handle_request(&req(ty, names, &last[i], true));
+            return Ok(true);
+        }
+        if ty.is_full_state_in_sotw() {
+            c.views[i] = resp
+                .resources
+                .iter()
+                .map(|(n, r)| (n.to_string(), r.clone()))
+                .collect();
+        } else {
+            for (n, r) in resp.resources.iter() {
+                c.views[i].insert(n.to_string(), r.clone());
+            }
+        }
+        c.check_make_before_break()?;
+        last[i] = Some((resp.version.to_string(), resp.nonce.to_string()));
+        m.handle_request(&req(ty, names, &last[i], false));
+        Ok(true)
+    };
+    for op in ops {
+        match op {
+            Op::Publish(s) => {
+                snap = build(s);
+                m.set_snapshot(Some(snap.clone()));
+            }
+            Op::NackNext(t) => c.nack_next[*t] = true,
+            Op::Step(n) => {
+                for _ in 0..*n {
+                    if !step(&mut m, &mut c, &mut last)? {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    c.nack_next = Default::default();
+    for _ in 0..200 {
+        if !step(&mut m, &mut c, &mut last)? {
+            break;
+        }
+    }
+    if !any_rejected(&c) {
+        c.check_converged(&snap)?;
+    }
+    Ok(())
+}
+
+fn run_delta(ops: &[Op]) -> Result<(), String> {
+    let mut m = DeltaMachine::new(None);
+    let mut c = Client::default();
+    let mut snap = build(
+        &ops.iter()
+            .find_map(|o| match o {
+                Op::Publish(s) => Some(s.clone()),
+                _ => None,
+            })
+            .unwrap_or(Spec {
+                clusters: vec![(0, 1)],
+                route_to: vec![0],
+                second_listener: false,
+            }),
+    );
+    m.set_snapshot(Some(snap.clone()));
+    let sub = |ty: ResourceType, s: Vec<String>, u: Vec<String>| DeltaDiscoveryRequest {
+        type_url: ty.type_url().into(),
+        resource_names_subscribe: s,
+        resource_names_unsubscribe: u,
+        ..Default::default()
+    };
+    m.handle_request(&sub(ResourceType::Cluster, vec![], vec![]));
+    m.handle_request(&sub(ResourceType::Listener, vec![], vec![]));
+    let step = |m: &mut DeltaMachine, c: &mut Client| -> Result<bool, String> {
+        let Some(resp) = m.next_response() else {
+            for ty in [
+                ResourceType::ClusterLoadAssignment,
+                ResourceType::RouteConfiguration,
+            ] {
+                let w = c.wanted(ty);
+                let have = &c.subs[ty.index()];
+                if w != *have {
+                    let s: Vec<String> = w.difference(have).cloned().collect();
+                    let u: Vec<String> = have.difference(&w).cloned().collect();
+                    for n in &u {
+                        c.views[ty.index()].remove(n);
+                    }
+                    c.subs[ty.index()] = w;
+                    m.handle_request(&sub(ty, s, u));
+                    return Ok(true);
+                }
+            }
+            return Ok(false);
+        };
+        let ty = resp.ty;
+        let i = ty.index();
+        if std::env::var("SIM_DEBUG").is_ok() {
+            eprintln!(
+                "{ty}: +{:?} -{:?}",
+                resp.resources.iter().map(|r| r.name()).collect::<Vec<_>>(),
+                resp.removed
+            );
+        }
+        let mut ack = DeltaDiscoveryRequest {
+            type_url: ty.type_url().into(),
+            response_nonce: resp.nonce.to_string(),
+            ..Default::default()
+        };
+        if std::mem::take(&mut c.nack_next[i]) {
+            for r in &resp.resources {
+                c.rejected
+                    .insert((ty, r.name().to_string(), r.version().to_string()));
+            }
+            for n in &resp.removed {
+                c.rejected.insert((ty, n.to_string(), "removal".into()));
+            }
+            ack.error_detail = Some(RpcStatus {
+                code: 3,
+                message: "no".into(),
+                details: vec![],
+            });
+            m.handle_request(&ack);
+            return Ok(true);
+        }
+        for r in &resp.resources {
+            c.views[i].insert(r.name().to_string(), r.clone());
+        }
+        for n in &resp.removed {
+            c.views[i].remove(&**n);
+        }
+        c.check_make_before_break()?;
+        m.handle_request(&ack);
+        Ok(true)
+    };
+    for op in ops {
+        match op {
+            Op::Publish(s) => {
+                snap = build(s);
+                m.set_snapshot(Some(snap.clone()));
+            }
+            Op::NackNext(t) => c.nack_next[*t] = true,
+            Op::Step(n) => {
+                for _ in 0..*n {
+                    if !step(&mut m, &mut c)? {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    c.nack_next = Default::default();
+    for _ in 0..200 {
+        if !step(&mut m, &mut c)? {
+            break;
+        }
+    }
+    if !any_rejected(&c) {
+        c.check_converged(&snap)?;
+        // Delta views hold exactly the snapshot (nothing stale left behind).
+        for ty in [ResourceType::Cluster, ResourceType::Listener] {
+            let want: BTreeSet<&str> = snap.resources(ty).keys().map(|k| &**k).collect();
+            let have: BTreeSet<&str> = c.views[ty.index()].keys().map(|k| k.as_str()).collect();
+            if want != have {
+                return Err(format!("{ty}: client has {have:?}, snapshot {want:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn sotw_never_breaks_routes_and_converges(ops in proptest::collection::vec(op(), 1..25)) {
+        run_sotw(&ops).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn delta_never_breaks_routes_and_converges(ops in proptest::collection::vec(op(), 1..25)) {
+        run_delta(&ops).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn insertion_order_does_not_change_versions(spec in spec(), seed in any::<u64>()) {
+        let a = build(&spec);
+        let mut all: Vec<Arc<Resource>> = ResourceType::ALL.iter().flat_map(|t| a.resources(*t).values().cloned()).collect();
+        // Deterministic shuffle from the seed.
+        let mut s = seed | 1;
+        for i in (1..all.len()).rev() {
+            s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+            all.swap(i, (s % (i as u64 + 1)) as usize);
+        }
+        let mut b = Snapshot::builder();
+        for r in all {
+            b.add(r);
+        }
+        let b = b.build().unwrap();
+        for t in ResourceType::ALL {
+            prop_assert_eq!(a.version(t), b.version(t));
+        }
+    }
+}
