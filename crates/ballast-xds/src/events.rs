@@ -44,6 +44,8 @@ pub enum XdsEvent {
     },
     ResponseSent {
         node: Arc<str>,
+        /// The group (snapshot) the node is served from.
+        group: Arc<str>,
         ty: ResourceType,
         version: Arc<str>,
         resources: usize,
@@ -52,6 +54,8 @@ pub enum XdsEvent {
     },
     Ack {
         node: Arc<str>,
+        /// The group (snapshot) the node is served from.
+        group: Arc<str>,
         ty: ResourceType,
         version: Arc<str>,
         /// From sending the response to its acknowledgement.
@@ -59,6 +63,8 @@ pub enum XdsEvent {
     },
     Nack {
         node: Arc<str>,
+        /// The group (snapshot) the node is served from.
+        group: Arc<str>,
         ty: ResourceType,
         version: Arc<str>,
         message: String,

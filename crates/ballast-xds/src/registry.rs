@@ -110,6 +110,7 @@ impl NodeRegistry {
             nodes.len()
         };
         self.inner.count.send_replace(count);
+        let group_for_handle = group.clone();
         self.inner.observer.on_event(&XdsEvent::StreamOpened {
             node: id.clone(),
             group,
@@ -118,6 +119,7 @@ impl NodeRegistry {
         StreamHandle {
             registry: self.clone(),
             node: id,
+            group: group_for_handle,
             stream,
             kind,
         }
@@ -249,6 +251,7 @@ fn status_of(id: &Arc<str>, e: &NodeEntry) -> NodeStatus {
 pub struct StreamHandle {
     registry: NodeRegistry,
     node: Arc<str>,
+    group: Arc<str>,
     stream: u64,
     kind: StreamKind,
 }
@@ -256,6 +259,9 @@ pub struct StreamHandle {
 impl StreamHandle {
     pub fn node(&self) -> &Arc<str> {
         &self.node
+    }
+    pub fn group(&self) -> &Arc<str> {
+        &self.group
     }
     pub fn update(&self, types: Vec<TypeStatus>) {
         self.registry.update(&self.node, self.stream, types);

@@ -56,6 +56,7 @@ pub async fn fetch(
     if let Some(r) = &resp {
         handle.observer().on_event(&XdsEvent::ResponseSent {
             node: handle.node().clone(),
+            group: handle.group().clone(),
             ty,
             version: r.version.clone(),
             resources: r.resources.len(),

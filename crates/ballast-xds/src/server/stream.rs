@@ -155,7 +155,7 @@ async fn run<M: Machine>(
     loop {
         if let Some(req) = pending.take() {
             let outcome = machine.handle(&req);
-            record(&*observer, &node_id, &outcome, &mut sent_at);
+            record(&*observer, &node_id, handle.group(), &outcome, &mut sent_at);
         }
         let current = if *ready_rx.borrow_and_update() {
             snap_rx.borrow_and_update().clone()
@@ -181,6 +181,7 @@ async fn run<M: Machine>(
             }
             observer.on_event(&XdsEvent::ResponseSent {
                 node: node_id.clone(),
+                group: handle.group().clone(),
                 ty,
                 version,
                 resources,
@@ -207,6 +208,7 @@ async fn run<M: Machine>(
 fn record(
     observer: &dyn crate::events::XdsObserver,
     node: &Arc<str>,
+    group: &Arc<str>,
     outcome: &RequestOutcome,
     sent_at: &mut [Option<(Arc<str>, Instant)>; 5],
 ) {
@@ -222,6 +224,7 @@ fn record(
             };
             observer.on_event(&XdsEvent::Ack {
                 node: node.clone(),
+                group: group.clone(),
                 ty: *ty,
                 version: version.clone(),
                 latency,
@@ -236,6 +239,7 @@ fn record(
             warn!(%ty, %version, %message, "NACK");
             observer.on_event(&XdsEvent::Nack {
                 node: node.clone(),
+                group: group.clone(),
                 ty: *ty,
                 version: version.clone(),
                 message: message.clone(),
