@@ -1,0 +1,261 @@
+//! The file source: config from files and directories, watched and reloaded atomically.
+//!
+//! Each reload reads *all* configured files and builds one [`ConfigSet`]; it is published only
+//! if everything read and validated, so a set of changed files is applied as one consistent
+//! config or not at all (last known good, DESIGN §3.8). Events are debounced (see
+//! [`FileSourceOptions`]) so that files written together — a route and its backend renamed in
+//! two files, a `git checkout`, a ConfigMap update — land in the same reload.
+
+mod walk;
+mod watch;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use ballast_model::{ConfigError, ConfigSet};
+use notify::{Config, PollWatcher, RecommendedWatcher, Watcher};
+use tokio::sync::{Notify, watch as tokio_watch};
+use tokio::time::{Instant, sleep, sleep_until};
+
+use crate::state::{Source, SourceState};
+pub use walk::{FileError, is_config_name};
+pub use watch::Debouncer;
+use watch::{Watches, is_relevant};
+
+/// How the file source times its reloads.
+#[derive(Clone, Debug)]
+pub struct FileSourceOptions {
+    /// Debounce quiet period: a reload happens once no event has arrived for this long.
+    pub quiet: Duration,
+    /// A reload happens at most this long after the first event of a burst, even if events keep
+    /// coming (a file appended to continuously must not starve the others).
+    pub max_delay: Duration,
+    /// Test hook: delay before the initial sync completes (to test that nothing is served
+    /// before it; DESIGN §3.1). The first load happens after it.
+    pub initial_delay: Duration,
+}
+
+impl Default for FileSourceOptions {
+    fn default() -> Self {
+        FileSourceOptions {
+            quiet: Duration::from_millis(100),
+            max_delay: Duration::from_secs(1),
+            initial_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// Config from files and directories (recursively, `*.yaml`/`*.yml`), watched with notify.
+///
+/// All paths form one config: one load reads them all, a file reachable through two paths is
+/// read once, and an object defined twice is an error. Give every `--config` path to one
+/// `FileSource` rather than one source each, so a change spanning paths is still atomic.
+#[derive(Clone, Debug)]
+pub struct FileSource {
+    paths: Vec<PathBuf>,
+    options: FileSourceOptions,
+    name: String,
+}
+
+impl FileSource {
+    pub fn new(paths: Vec<PathBuf>, options: FileSourceOptions) -> Self {
+        let name = format!(
+            "file:{}",
+            paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        FileSource {
+            paths,
+            options,
+            name,
+        }
+    }
+
+    /// `file:` and the paths, comma-separated (the name in [`SourceState`]).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn paths(&self) -> &[PathBuf] {
+        &self.paths
+    }
+}
+
+impl Source for FileSource {
+    /// Panics outside a tokio runtime. Watching starts before the first load, so nothing
+    /// written after the load can be missed.
+    fn start(self: Box<Self>) -> tokio_watch::Receiver<SourceState> {
+        let (tx, rx) = tokio_watch::channel(SourceState::new(self.name.clone()));
+        tokio::spawn(run(*self, tx));
+        rx
+    }
+}
+
+/// Loads once, synchronously (for `ballast validate` / `translate`): every error, with
+/// positions, sorted by file and position. Same discovery and rules as [`FileSource`].
+pub fn load_paths(paths: &[PathBuf]) -> Result<ConfigSet, Vec<ConfigError>> {
+    walk::load(paths).map(|l| l.set)
+}
+
+/// How long to wait before retrying watches that could not be set up (e.g. the inotify watch
+/// limit); meanwhile changes may go unseen, so this is also a reload.
+const WATCH_RETRY: Duration = Duration::from_secs(2);
+
+fn new_watcher(wake: Arc<Notify>) -> Box<dyn Watcher + Send> {
+    let handler = move |event: notify::Result<notify::Event>| {
+        if is_relevant(&event) {
+            // A permit, not a queue: a burst of a million events costs nothing but wakeups.
+            wake.notify_one();
+        }
+    };
+    match RecommendedWatcher::new(handler.clone(), Config::default()) {
+        Ok(w) => Box::new(w),
+        Err(e) => {
+            tracing::warn!(error = %e, "native file watching unavailable; polling every second");
+            match PollWatcher::new(
+                handler,
+                Config::default().with_poll_interval(Duration::from_secs(1)),
+            ) {
+                Ok(w) => Box::new(w),
+                Err(e) => {
+                    // Cannot happen with the poll backend in practice; keep the source alive
+                    // (periodic retries still reload) rather than panic the server.
+                    tracing::error!(error = %e, "no file watching at all");
+                    Box::new(notify::NullWatcher)
+                }
+            }
+        }
+    }
+}
+
+async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
+    let FileSource {
+        paths,
+        options,
+        name,
+    } = source;
+    let paths: Arc<[PathBuf]> = paths.into();
+    let wake = Arc::new(Notify::new());
+    let mut watches = Some(Watches::new(new_watcher(wake.clone())));
+    let mut debounce = Debouncer::new(options.quiet, options.max_delay);
+    let mut retry_at: Option<Instant> = None;
+    let mut first = true;
+
+    loop {
+        // One load: reconcile the watches first (so anything created after this point raises
+        // an event), then read everything. Blocking I/O and parsing run off the async threads.
+        if !first || options.initial_delay.is_zero() || {
+            tokio::select! {
+                _ = tx.closed() => return,
+                _ = sleep(options.initial_delay) => true,
+            }
+        } {
+            let mut w = watches
+                .take()
+                .expect("watches are returned after every load");
+            let p = paths.clone();
+            let joined = tokio::task::spawn_blocking(move || {
+                let complete = w.reconcile(&p);
+                let result = walk::load(&p);
+                (w, complete, result)
+            })
+            .await;
+            let (w, complete, result) = match joined {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(source = %name, error = %e, "config load task failed");
+                    return;
+                }
+            };
+            watches = Some(w);
+            retry_at = (!complete).then(|| Instant::now() + WATCH_RETRY);
+            publish(&tx, &name, result, first);
+            first = false;
+        }
+
+        // Wait for the next burst of events to settle (or a retry to fall due).
+        loop {
+            let deadline = match (debounce.deadline(), retry_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            tokio::select! {
+                _ = tx.closed() => {
+                    tracing::debug!(source = %name, "no receivers left; stopping");
+                    return;
+                }
+                _ = wake.notified() => debounce.event(Instant::now()),
+                _ = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                    let now = Instant::now();
+                    let due = debounce.take_due(now);
+                    if due || retry_at.is_some_and(|r| r <= now) {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn publish(
+    tx: &tokio_watch::Sender<SourceState>,
+    name: &str,
+    result: Result<walk::Loaded, Vec<ConfigError>>,
+    initial: bool,
+) {
+    let now = SystemTime::now();
+    match result {
+        Ok(loaded) => {
+            let objects = loaded.set.len();
+            let files = loaded.files;
+            let mut changes = None;
+            tx.send_if_modified(|s| {
+                let old = s.config.clone();
+                let before = s.generation;
+                let changed = s.apply_success(loaded.set, files, now);
+                if s.generation != before {
+                    changes = Some(match (&old, &s.config) {
+                        (Some(old), Some(new)) => old.diff(new).len(),
+                        _ => objects,
+                    });
+                }
+                changed
+            });
+            let state = tx.borrow();
+            match changes {
+                Some(changes) => tracing::info!(
+                    source = %name,
+                    generation = state.generation,
+                    files,
+                    objects,
+                    changes,
+                    initial,
+                    "config loaded"
+                ),
+                None => tracing::debug!(source = %name, files, "config reloaded, unchanged"),
+            }
+        }
+        Err(errors) => {
+            let text = errors
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n");
+            let count = errors.len();
+            tx.send_if_modified(|s| s.apply_failure(errors, now));
+            let state = tx.borrow();
+            tracing::warn!(
+                source = %name,
+                errors = count,
+                kept_generation = state.generation,
+                synced = state.synced,
+                initial,
+                "config rejected, keeping the last good config:\n{text}"
+            );
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! Finding and reading config files: the configured paths, directories walked recursively for
+//! `*.yaml`/`*.yml`, in a deterministic order.
+//!
+//! Every problem becomes a [`ConfigError`] naming the path, so a missing directory or an
+//! unreadable file is reported like a syntax error and rejects the load (last known good)
+//! instead of silently dropping that file's objects from the config.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use ballast_model::{ConfigError, ConfigSet, Pos};
+
+/// A file-level problem (the YAML inside is the model's business).
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("path does not exist")]
+    Missing,
+    #[error("cannot read: {0}")]
+    Unreadable(io::Error),
+    #[error("cannot list directory: {0}")]
+    UnreadableDir(io::Error),
+    #[error("symbolic link points to a missing file")]
+    BrokenSymlink,
+    #[error("file vanished while the config was being read")]
+    Vanished,
+    #[error("file changed while it was being read; it will be read again")]
+    ChangedWhileReading,
+    #[error("not valid UTF-8")]
+    NotUtf8,
+    #[error("directory symlink loop (already visited {0})")]
+    SymlinkLoop(String),
+    #[error("not a regular file or directory")]
+    NotAFile,
+}
+
+impl FileError {
+    fn at(self, path: &Path) -> ConfigError {
+        ConfigError {
+            file: path.display().to_string().into(),
+            // No line/column for a whole-file problem; the model's convention for "unknown".
+            pos: Pos::UNKNOWN,
+            object: None,
+            field: None,
+            message: self.to_string(),
+        }
+    }
+}
+
+/// Whether a directory entry is a config file candidate. Hidden names are skipped (dotfiles,
+/// editor swap and lock files like `.a.yaml.swp` and `.#a.yaml`, and Kubernetes ConfigMap
+/// internals `..data`/`..2024_...`, whose files are reached through the visible symlinks), as
+/// are backups ending in `~`; only `.yaml`/`.yml` count.
+pub fn is_config_name(name: &str) -> bool {
+    if name.starts_with('.') || name.ends_with('~') {
+        return false;
+    }
+    let lower = name.to_ascii_lowercase();
+    lower.ends_with(".yaml") || lower.ends_with(".yml")
+}
+
+/// Directories are entered only if not hidden (`.git`, ConfigMap `..2024_...` directories).
+fn is_walkable_dir_name(name: &str) -> bool {
+    !name.starts_with('.')
+}
+
+/// The files the configured paths name now, in order: paths in the order given, each directory
+/// sorted by name (byte order) and walked depth-first. A file reached twice (a directory and a
+/// file in it both configured, or two symlinks to one file) is read once, under the first name.
+#[derive(Debug, Default)]
+pub struct Discovered {
+    pub files: Vec<PathBuf>,
+    pub errors: Vec<ConfigError>,
+}
+
+pub fn discover(paths: &[PathBuf]) -> Discovered {
+    let mut out = Discovered::default();
+    let mut seen = BTreeSet::new();
+    for p in paths {
+        match fs::metadata(p) {
+            Ok(m) if m.is_dir() => {
+                let mut stack = Vec::new();
+                walk_dir(p, &mut stack, &mut seen, &mut out);
+            }
+            Ok(m) if m.is_file() => add_file(p, &mut seen, &mut out),
+            Ok(_) => out.errors.push(FileError::NotAFile.at(p)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let err = if fs::symlink_metadata(p).is_ok() {
+                    FileError::BrokenSymlink
+                } else {
+                    FileError::Missing
+                };
+                out.errors.push(err.at(p));
+            }
+            Err(e) => out.errors.push(FileError::Unreadable(e).at(p)),
+        }
+    }
+    out
+}
+
+fn add_file(p: &Path, seen: &mut BTreeSet<PathBuf>, out: &mut Discovered) {
+    let canonical = fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    if seen.insert(canonical) {
+        out.files.push(p.to_path_buf());
+    }
+}
+
+/// `stack` holds the canonical paths of the directories being walked, to stop symlink loops.
+fn walk_dir(
+    dir: &Path,
+    stack: &mut Vec<PathBuf>,
+    seen: &mut BTreeSet<PathBuf>,
+    out: &mut Discovered,
+) {
+    let canonical = fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    if stack.contains(&canonical) {
+        out.errors
+            .push(FileError::SymlinkLoop(canonical.display().to_string()).at(dir));
+        return;
+    }
+    let entries = match fs::read_dir(dir) {
+        Ok(rd) => rd.collect::<Result<Vec<_>, _>>(),
+        Err(e) => Err(e),
+    };
+    let mut entries = match entries {
+        Ok(e) => e,
+        // A directory deleted between listing its parent and here: the deletion's event will
+        // trigger another load, so this one is rejected rather than silently partial.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            out.errors.push(FileError::Vanished.at(dir));
+            return;
+        }
+        Err(e) => {
+            out.errors.push(FileError::UnreadableDir(e).at(dir));
+            return;
+        }
+    };
+    entries.sort_by_key(|e| e.file_name());
+    stack.push(canonical);
+    for entry in entries {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            continue; // Not UTF-8: cannot end in .yaml as far as we are concerned.
+        };
+        let path = entry.path();
+        // `fs::metadata` follows symlinks: a link to a file is that file, a link to a directory
+        // is walked (with loop protection).
+        match fs::metadata(&path) {
+            Ok(m) if m.is_dir() => {
+                if is_walkable_dir_name(name) {
+                    walk_dir(&path, stack, seen, out);
+                }
+            }
+            Ok(m) if m.is_file() => {
+                if is_config_name(name) {
+                    add_file(&path, seen, out);
+                }
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if is_config_name(name) {
+                    // The entry was listed, so it is either a dangling symlink or it was just
+                    // deleted; both make this load inconsistent.
+                    let err = if fs::symlink_metadata(&path).is_ok() {
+                        FileError::BrokenSymlink
+                    } else {
+                        FileError::Vanished
+                    };
+                    out.errors.push(err.at(&path));
+                }
+            }
+            Err(e) => {
+                if is_config_name(name) {
+                    out.errors.push(FileError::Unreadable(e).at(&path));
+                }
+            }
+        }
+    }
+    stack.pop();
+}
+
+/// What identifies a file's content cheaply: if this is the same before and after reading, the
+/// read was not torn by a concurrent write.
+fn stamp(p: &Path) -> io::Result<(u64, Option<SystemTime>)> {
+    let m = fs::metadata(p)?;
+    Ok((m.len(), m.modified().ok()))
+}
+
+fn read_one(p: &Path) -> Result<String, FileError> {
+    let not_found = |e: io::Error| {
+        if e.kind() == io::ErrorKind::NotFound {
+            FileError::Vanished
+        } else {
+            FileError::Unreadable(e)
+        }
+    };
+    let before = stamp(p).map_err(not_found)?;
+    let bytes = fs::read(p).map_err(not_found)?;
+    let after = stamp(p).map_err(not_found)?;
+    if before != after {
+        return Err(FileError::ChangedWhileReading);
+    }
+    String::from_utf8(bytes).map_err(|_| FileError::NotUtf8)
+}
+
+/// A good load: the set and how many files it came from.
+#[derive(Debug)]
+pub struct Loaded {
+    pub set: ConfigSet,
+    pub files: usize,
+}
+
+/// Discovers and reads every file and builds one set; any error anywhere rejects the whole load,
+/// and every error found is reported (file problems and YAML problems, sorted by file and
+/// position).
+pub fn load(paths: &[PathBuf]) -> Result<Loaded, Vec<ConfigError>> {
+    let Discovered { files, mut errors } = discover(paths);
+    let mut texts = Vec::with_capacity(files.len());
+    for f in &files {
+        match read_one(f) {
+            Ok(t) => texts.push((f.display().to_string(), t)),
+            Err(e) => errors.push(e.at(f)),
+        }
+    }
+    let n = texts.len();
+    match ConfigSet::build(texts) {
+        Ok(set) if errors.is_empty() => Ok(Loaded { set, files: n }),
+        Ok(_) => Err(sorted(errors)),
+        Err(mut more) => {
+            errors.append(&mut more);
+            Err(sorted(errors))
+        }
+    }
+}
+
+fn sorted(mut errors: Vec<ConfigError>) -> Vec<ConfigError> {
+    errors.sort();
+    errors.dedup();
+    errors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_names() {
+        for ok in ["a.yaml", "a.yml", "A.YAML", "x.y.yaml"] {
+            assert!(is_config_name(ok), "{ok}");
+        }
+        for no in [
+            ".a.yaml",
+            ".a.yaml.swp",
+            "a.yaml~",
+            ".#a.yaml",
+            "a.yaml.swp",
+            "a.json",
+            "..data",
+            "a.yaml.bak",
+        ] {
+            assert!(!is_config_name(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn walk_is_sorted_recursive_and_skips_hidden() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        for f in [
+            "b.yaml",
+            "a.yml",
+            "sub/c.yaml",
+            "sub/deeper/d.yaml",
+            ".hidden/e.yaml",
+            "notes.txt",
+            "a.yaml~",
+            ".a.yaml.swp",
+        ] {
+            let p = root.join(f);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, "").unwrap();
+        }
+        let got = discover(&[root.to_path_buf()]);
+        assert!(got.errors.is_empty(), "{:?}", got.errors);
+        let rel: Vec<String> = got
+            .files
+            .iter()
+            .map(|f| f.strip_prefix(root).unwrap().display().to_string())
+            .collect();
+        assert_eq!(rel, ["a.yml", "b.yaml", "sub/c.yaml", "sub/deeper/d.yaml"]);
+        // A file given twice (directly and through its directory) is read once.
+        let again = discover(&[root.join("b.yaml"), root.to_path_buf()]);
+        assert_eq!(again.files.len(), 4);
+        assert_eq!(again.files[0], root.join("b.yaml"));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn symlinks_followed_loops_and_dangling_reported() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        fs::create_dir(root.join("real")).unwrap();
+        fs::write(root.join("real/a.yaml"), "").unwrap();
+        std::os::unix::fs::symlink("real/a.yaml", root.join("link.yaml")).unwrap();
+        std::os::unix::fs::symlink(root, root.join("real/loop")).unwrap();
+        let got = discover(&[root.to_path_buf()]);
+        // link.yaml and real/a.yaml are one file: read once, under the first name in order.
+        assert_eq!(got.files, vec![root.join("link.yaml")]);
+        assert_eq!(got.errors.len(), 1);
+        assert!(
+            got.errors[0].message.contains("symlink loop"),
+            "{:?}",
+            got.errors
+        );
+
+        fs::remove_file(root.join("real/loop")).unwrap();
+        std::os::unix::fs::symlink("nowhere.yaml", root.join("dangling.yaml")).unwrap();
+        let got = discover(&[root.to_path_buf()]);
+        assert_eq!(
+            got.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+            vec![format!(
+                "{}:0:0: symbolic link points to a missing file",
+                root.join("dangling.yaml").display()
+            )]
+        );
+    }
+
+    #[test]
+    fn missing_path_is_an_error_with_its_name() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("nope");
+        let errs = load(std::slice::from_ref(&p)).unwrap_err();
+        assert_eq!(
+            errs[0].to_string(),
+            format!("{}:0:0: path does not exist", p.display())
+        );
+    }
+}

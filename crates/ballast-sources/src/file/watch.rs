@@ -1,0 +1,282 @@
+//! Filesystem watching: which directories to watch for the configured paths (reconciled as a
+//! keep-set, DESIGN §3.4), which notify events matter, and the debounce that groups a burst of
+//! events into one reload.
+//!
+//! Watching is deliberately coarse: any relevant event under a watched directory triggers a
+//! full reload, which reads every file again. That is what makes editor rename-over saves,
+//! Kubernetes ConfigMap `..data` symlink swaps and `git checkout` of many files simple and
+//! correct: we never try to work out from events *which* files changed, we just reload once
+//! things are quiet, and a reload that changes nothing publishes nothing.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use notify::event::{AccessKind, AccessMode};
+use notify::{Event, EventKind, RecursiveMode, Watcher};
+use tokio::time::Instant;
+
+/// Groups events into bursts: a burst ends after `quiet` without events, or `max_delay` after
+/// its first event, whichever comes first (so a steady trickle of writes cannot postpone a
+/// reload forever). Pure bookkeeping; the caller owns the clock.
+#[derive(Clone, Debug)]
+pub struct Debouncer {
+    quiet: Duration,
+    max_delay: Duration,
+    burst: Option<(Instant, Instant)>, // (first, last) event of the current burst
+}
+
+impl Debouncer {
+    pub fn new(quiet: Duration, max_delay: Duration) -> Self {
+        Debouncer {
+            quiet,
+            max_delay,
+            burst: None,
+        }
+    }
+
+    pub fn event(&mut self, now: Instant) {
+        match &mut self.burst {
+            Some((_, last)) => *last = now,
+            None => self.burst = Some((now, now)),
+        }
+    }
+
+    /// When the current burst is due, if there is one.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.burst
+            .map(|(first, last)| (last + self.quiet).min(first + self.max_delay))
+    }
+
+    /// Ends the burst if it is due at `now`.
+    pub fn take_due(&mut self, now: Instant) -> bool {
+        if self.deadline().is_some_and(|d| d <= now) {
+            self.burst = None;
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn pending(&self) -> bool {
+        self.burst.is_some()
+    }
+}
+
+/// Whether an event can mean config changed. Opening or closing a file for reading is not a
+/// change, and must not count: the reload itself opens every file, which would otherwise
+/// trigger the next reload, forever.
+pub fn is_relevant(event: &notify::Result<Event>) -> bool {
+    match event {
+        // An error may mean lost events (e.g. queue overflow): reload to be safe.
+        Err(_) => true,
+        Ok(e) if e.need_rescan() => true,
+        Ok(e) => match e.kind {
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+            EventKind::Access(_) => false,
+            _ => true,
+        },
+    }
+}
+
+/// The directories to watch for `paths` as they are on disk now.
+///
+/// - a directory: itself, recursively (and its parent if it is a symlink, to see it retargeted);
+/// - a file: its directory, non-recursively, so renames over it and ConfigMap-style `..data`
+///   swaps beside it are seen, plus the directory of its symlink target if it is a link;
+/// - a missing path: its nearest existing ancestor, non-recursively, so its creation is seen
+///   (the watch set is recomputed before every reload, and moves down as the path appears).
+pub fn desired(paths: &[PathBuf]) -> BTreeMap<PathBuf, RecursiveMode> {
+    let mut out: BTreeMap<PathBuf, RecursiveMode> = BTreeMap::new();
+    let mut add = |p: &Path, mode: RecursiveMode| {
+        let p = absolute(p);
+        let e = out.entry(p).or_insert(mode);
+        if mode == RecursiveMode::Recursive {
+            *e = RecursiveMode::Recursive;
+        }
+    };
+    for p in paths {
+        let is_link = fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink());
+        match fs::metadata(p) {
+            Ok(m) if m.is_dir() => {
+                add(p, RecursiveMode::Recursive);
+                if is_link && let Some(parent) = parent(p) {
+                    add(&parent, RecursiveMode::NonRecursive);
+                }
+            }
+            Ok(_) => {
+                if let Some(parent) = parent(p) {
+                    add(&parent, RecursiveMode::NonRecursive);
+                }
+                if is_link
+                    && let Ok(target) = fs::canonicalize(p)
+                    && let Some(parent) = target.parent()
+                {
+                    add(parent, RecursiveMode::NonRecursive);
+                }
+            }
+            Err(_) => {
+                let mut cur = parent(p);
+                while let Some(c) = cur {
+                    if fs::metadata(&c).is_ok_and(|m| m.is_dir()) {
+                        add(&c, RecursiveMode::NonRecursive);
+                        break;
+                    }
+                    cur = parent(&c);
+                }
+            }
+        }
+    }
+    // A directory inside one watched recursively needs no watch of its own.
+    let recursive: Vec<PathBuf> = out
+        .iter()
+        .filter(|(_, m)| **m == RecursiveMode::Recursive)
+        .map(|(p, _)| p.clone())
+        .collect();
+    out.retain(|p, _| !recursive.iter().any(|r| p != r && p.starts_with(r)));
+    out
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// The parent directory, treating a bare relative name as living in `.`.
+fn parent(p: &Path) -> Option<PathBuf> {
+    let p = absolute(p);
+    p.parent().map(Path::to_path_buf)
+}
+
+/// Identifies a directory on disk, so a watched directory that was deleted and recreated under
+/// the same name (the kernel drops the old watch) is noticed and watched again.
+#[cfg(unix)]
+fn identity(p: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+#[cfg(not(unix))]
+fn identity(p: &Path) -> Option<(u64, u64)> {
+    fs::metadata(p).ok().map(|_| (0, 0))
+}
+
+/// The watches in place, reconciled against [`desired`] before every load.
+pub struct Watches {
+    watcher: Box<dyn Watcher + Send>,
+    active: BTreeMap<PathBuf, (RecursiveMode, Option<(u64, u64)>)>,
+}
+
+impl Watches {
+    pub fn new(watcher: Box<dyn Watcher + Send>) -> Self {
+        Watches {
+            watcher,
+            active: BTreeMap::new(),
+        }
+    }
+
+    /// Brings the watches in line with the paths as they are now. Returns whether every desired
+    /// watch is in place (if not, the caller retries later: an event may be missed meanwhile).
+    pub fn reconcile(&mut self, paths: &[PathBuf]) -> bool {
+        let want = desired(paths);
+        let stale: Vec<PathBuf> = self
+            .active
+            .iter()
+            .filter(|(p, (mode, id))| want.get(*p) != Some(mode) || identity(p) != *id)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in stale {
+            self.active.remove(&p);
+            // Fails if the kernel already dropped the watch (directory deleted): fine.
+            let _ = self.watcher.unwatch(&p);
+        }
+        let mut complete = true;
+        for (p, mode) in want {
+            if self.active.contains_key(&p) {
+                continue;
+            }
+            let id = identity(&p);
+            match self.watcher.watch(&p, mode) {
+                Ok(()) => {
+                    tracing::debug!(path = %p.display(), ?mode, "watching");
+                    self.active.insert(p, (mode, id));
+                }
+                Err(e) => {
+                    tracing::warn!(path = %p.display(), error = %e, "cannot watch; will retry");
+                    complete = false;
+                }
+            }
+        }
+        complete
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debounce_quiet_and_max_delay() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut d = Debouncer::new(ms(100), ms(1000));
+        assert!(d.deadline().is_none() && !d.take_due(t0));
+        d.event(t0);
+        assert_eq!(d.deadline(), Some(t0 + ms(100)));
+        // Events keep pushing the deadline out by `quiet`...
+        for i in 1..=16 {
+            d.event(t0 + ms(i * 60));
+            assert!(!d.take_due(t0 + ms(i * 60)));
+        }
+        // ...but never past first + max_delay.
+        assert_eq!(d.deadline(), Some(t0 + ms(1000)));
+        assert!(d.take_due(t0 + ms(1000)));
+        assert!(!d.pending());
+        d.event(t0 + ms(2000));
+        assert!(!d.take_due(t0 + ms(2099)));
+        assert!(d.take_due(t0 + ms(2100)));
+    }
+
+    #[test]
+    fn reads_are_not_changes() {
+        use notify::event::{CreateKind, ModifyKind};
+        let ev = |k| Ok(Event::new(k));
+        assert!(!is_relevant(&ev(EventKind::Access(AccessKind::Open(
+            AccessMode::Any
+        )))));
+        assert!(!is_relevant(&ev(EventKind::Access(AccessKind::Close(
+            AccessMode::Read
+        )))));
+        assert!(is_relevant(&ev(EventKind::Access(AccessKind::Close(
+            AccessMode::Write
+        )))));
+        assert!(is_relevant(&ev(EventKind::Create(CreateKind::File))));
+        assert!(is_relevant(&ev(EventKind::Modify(ModifyKind::Any))));
+        assert!(is_relevant(&Err(notify::Error::generic("overflow"))));
+    }
+
+    #[test]
+    fn desired_watches() {
+        let d = tempfile::tempdir().unwrap();
+        let root = fs::canonicalize(d.path()).unwrap();
+        fs::create_dir_all(root.join("conf/sub")).unwrap();
+        fs::write(root.join("conf/sub/a.yaml"), "").unwrap();
+        fs::write(root.join("single.yaml"), "").unwrap();
+        let got = desired(&[
+            root.join("conf"),
+            root.join("conf/sub/a.yaml"),
+            root.join("single.yaml"),
+            root.join("missing/deeper/x"),
+        ]);
+        let got: Vec<(PathBuf, RecursiveMode)> = got.into_iter().collect();
+        assert_eq!(
+            got,
+            vec![
+                // `root` for single.yaml and for the missing path (nearest ancestor).
+                (root.clone(), RecursiveMode::NonRecursive),
+                // conf/sub is covered by the recursive watch of conf.
+                (root.join("conf"), RecursiveMode::Recursive),
+            ]
+        );
+    }
+}

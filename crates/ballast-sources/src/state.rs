@@ -1,0 +1,217 @@
+//! The state a source publishes, the [`Source`] trait, and merging several sources' states.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use ballast_model::{ConfigError, ConfigSet};
+use tokio::sync::watch;
+
+/// The state a source publishes: last known good config and sync status.
+///
+/// Consumers react to `generation` (a new good config) and to `synced`; the other fields are for
+/// humans (`/debug/sources`, logs, metrics). A rejected load changes `last_error` and
+/// `last_attempt` but never `config` or `generation`.
+#[derive(Clone, Debug)]
+pub struct SourceState {
+    /// Human-readable identity, e.g. `file:/etc/ballast`.
+    pub name: String,
+    /// The initial sync finished successfully (stays true afterwards, even if later loads fail:
+    /// the last known good config is still there to serve).
+    pub synced: bool,
+    /// Last known good config; `None` until the first good load.
+    pub config: Option<Arc<ConfigSet>>,
+    /// Bumps on every new good config (0 means none yet). Unchanged by rejected or no-op loads.
+    pub generation: u64,
+    /// Errors of the latest attempt, sorted by file and position; `None` if it succeeded.
+    pub last_error: Option<Arc<Vec<ConfigError>>>,
+    pub last_attempt: Option<SystemTime>,
+    pub last_success: Option<SystemTime>,
+    /// Files in the last good config.
+    pub files: usize,
+}
+
+impl SourceState {
+    /// The state before anything was loaded.
+    pub fn new(name: impl Into<String>) -> Self {
+        SourceState {
+            name: name.into(),
+            synced: false,
+            config: None,
+            generation: 0,
+            last_error: None,
+            last_attempt: None,
+            last_success: None,
+            files: 0,
+        }
+    }
+
+    /// Records a successful load of `set` from `files` files at `now`. Returns whether anything a
+    /// consumer acts on changed (a new generation, `synced`, or a cleared error); a load equal to
+    /// the current config only refreshes the timestamps, so it wakes no one (no churn).
+    ///
+    /// "Equal" includes each object's file and position, not just content: a moved object gets
+    /// a new generation (with an empty `ConfigSet::diff`) so status messages point at the
+    /// right line; an identical rewrite does not.
+    pub fn apply_success(&mut self, set: ConfigSet, files: usize, now: SystemTime) -> bool {
+        self.last_attempt = Some(now);
+        self.last_success = Some(now);
+        let mut changed = self.last_error.take().is_some();
+        if !self.synced {
+            self.synced = true;
+            changed = true;
+        }
+        let same = self
+            .config
+            .as_deref()
+            .is_some_and(|current| same_config(current, &set));
+        if !same {
+            self.config = Some(Arc::new(set));
+            self.generation += 1;
+            changed = true;
+        }
+        self.files = files;
+        changed
+    }
+
+    /// Records a rejected load: the config stays the last known good. Returns whether anything
+    /// visible changed (the errors differ from the previous attempt's).
+    pub fn apply_failure(&mut self, errors: Vec<ConfigError>, now: SystemTime) -> bool {
+        self.last_attempt = Some(now);
+        let changed = self.last_error.as_deref() != Some(&errors);
+        self.last_error = Some(Arc::new(errors));
+        changed
+    }
+}
+
+/// Content and positions equal (see [`SourceState::apply_success`]).
+fn same_config(a: &ConfigSet, b: &ConfigSet) -> bool {
+    a == b
+        && a.objects()
+            .map(|o| o.source().clone())
+            .eq(b.objects().map(|o| o.source().clone()))
+}
+
+/// A config source: files, later etcd or Kubernetes.
+pub trait Source: Send + 'static {
+    /// Starts the source on the current tokio runtime; the state is published through `watch`.
+    /// The source stops when every receiver is dropped.
+    fn start(self: Box<Self>) -> watch::Receiver<SourceState>;
+}
+
+/// A source with a fixed config, synced from the start (the built-in quickstart config, tests).
+#[derive(Clone, Debug)]
+pub struct StaticSource {
+    state: SourceState,
+}
+
+impl StaticSource {
+    pub fn new(name: impl Into<String>, set: ConfigSet, files: usize) -> Self {
+        let mut state = SourceState::new(name);
+        state.apply_success(set, files, SystemTime::now());
+        StaticSource { state }
+    }
+
+    /// Parses `(path for messages, text)` pairs, e.g. config compiled into the binary.
+    pub fn from_files<P: AsRef<str>, T: AsRef<str>>(
+        name: impl Into<String>,
+        files: impl IntoIterator<Item = (P, T)>,
+    ) -> Result<Self, Vec<ConfigError>> {
+        let files: Vec<(P, T)> = files.into_iter().collect();
+        let n = files.len();
+        Ok(StaticSource::new(name, ConfigSet::build(files)?, n))
+    }
+}
+
+impl Source for StaticSource {
+    fn start(self: Box<Self>) -> watch::Receiver<SourceState> {
+        // The sender is dropped at once: receivers keep the value, and `changed()` reports
+        // closure rather than hanging, which is right for a value that never changes.
+        watch::channel(self.state).1
+    }
+}
+
+/// Merges several sources' last good configs into one set.
+///
+/// `Ok(None)` while any source has no good config yet (the merged config would be partial, so
+/// nothing may be served from it). An object defined by two sources is an error, like a
+/// duplicate within one source; the caller keeps its previous merged set then (last known good).
+pub fn merge_states<'a>(
+    states: impl IntoIterator<Item = &'a SourceState>,
+) -> Result<Option<ConfigSet>, Vec<ConfigError>> {
+    let mut sets = Vec::new();
+    for s in states {
+        match &s.config {
+            Some(c) => sets.push(c.clone()),
+            None => return Ok(None),
+        }
+    }
+    if sets.len() == 1 {
+        return Ok(Some((*sets[0]).clone()));
+    }
+    ConfigSet::from_objects(sets.iter().flat_map(|s| s.objects())).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(file: &str, name: &str, port: u16) -> ConfigSet {
+        ConfigSet::build([(
+            file,
+            format!(
+                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {{ name: {name} }}\nspec:\n  endpoints: [{{ address: 10.0.0.1, port: {port} }}]\n"
+            ),
+        )])
+        .unwrap()
+    }
+
+    #[test]
+    fn success_failure_and_no_churn() {
+        let now = SystemTime::now();
+        let mut s = SourceState::new("t");
+        assert!(s.apply_success(backend("a.yaml", "a", 80), 1, now));
+        assert_eq!((s.synced, s.generation), (true, 1));
+        // Same content and positions: nothing to tell anyone.
+        assert!(!s.apply_success(backend("a.yaml", "a", 80), 1, now));
+        assert_eq!(s.generation, 1);
+        // Failure keeps the config; the same failure again is no news.
+        let err = ballast_model::parse_file("x.yaml", "kind: X\n").unwrap_err();
+        assert!(s.apply_failure(err.clone(), now));
+        assert!(!s.apply_failure(err, now));
+        assert_eq!(s.generation, 1);
+        assert!(s.config.is_some());
+        // Same config again clears the error (visible) without a new generation.
+        assert!(s.apply_success(backend("a.yaml", "a", 80), 1, now));
+        assert_eq!((s.generation, s.last_error.is_none()), (1, true));
+        // Moving the object to another file is a new generation (positions changed).
+        assert!(s.apply_success(backend("b.yaml", "a", 80), 1, now));
+        assert_eq!(s.generation, 2);
+        assert!(s.apply_success(backend("b.yaml", "a", 81), 1, now));
+        assert_eq!(s.generation, 3);
+    }
+
+    #[test]
+    fn merge_needs_all_sources_and_rejects_duplicates() {
+        let now = SystemTime::now();
+        let mut a = SourceState::new("a");
+        let mut b = SourceState::new("b");
+        a.apply_success(backend("a.yaml", "a", 80), 1, now);
+        assert!(merge_states([&a, &b]).unwrap().is_none());
+        b.apply_success(backend("b.yaml", "b", 80), 1, now);
+        assert_eq!(merge_states([&a, &b]).unwrap().unwrap().len(), 2);
+        b.apply_success(backend("b.yaml", "a", 80), 1, now);
+        let errs = merge_states([&a, &b]).unwrap_err();
+        assert_eq!(
+            errs[0].to_string(),
+            "b.yaml:1:1: Backend default/a: duplicate: also defined at a.yaml:1:1"
+        );
+    }
+
+    #[tokio::test]
+    async fn static_source_is_synced() {
+        let src = StaticSource::from_files("builtin", [("q.yaml", "")]).unwrap();
+        let rx = Box::new(src).start();
+        let s = rx.borrow();
+        assert!(s.synced && s.config.is_some() && s.generation == 1);
+    }
+}
