@@ -1,0 +1,173 @@
+//! The dependency index: which routes, Backends and Secrets each Gateway's resources depend on,
+//! and the reverse maps that tell which Gateways a changed object affects.
+//!
+//! Reconciled by keep-set (DESIGN §3.4): each rebuilt Gateway sets its complete new dependency
+//! set and the reverse maps are diffed against the old one, so the index always equals one
+//! computed from scratch ([`DependencyIndex::build`]) — property-tested.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ballast_model::{ConfigSet, ObjectKey};
+
+use crate::listener::certificate_refs;
+use crate::route::backend_refs;
+
+/// What one Gateway's resources depend on. Includes references that do not resolve (yet), so
+/// that adding the missing object finds the Gateway.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Deps {
+    /// Routes with a parentRef naming the Gateway (attached or not: a change may attach them).
+    pub routes: BTreeSet<ObjectKey>,
+    /// Backends named by the backendRefs of the routes attached to the Gateway.
+    pub backends: BTreeSet<ObjectKey>,
+    /// Secrets named by the Gateway's certificateRefs.
+    pub secrets: BTreeSet<ObjectKey>,
+}
+
+/// Routes whose parentRefs name `gateway` (the same pre-filter `ConfigSet::attached_routes` uses).
+pub(crate) fn routes_naming<'a>(
+    config: &'a ConfigSet,
+    gateway: &'a ObjectKey,
+) -> impl Iterator<Item = ObjectKey> + 'a {
+    config
+        .http_routes
+        .iter()
+        .filter(move |(_, r)| {
+            let ns = r.metadata.namespace.as_str();
+            r.spec.parent_refs.iter().any(|p| {
+                p.is_gateway() && p.namespace_or(ns) == gateway.namespace && *p.name == gateway.name
+            })
+        })
+        .map(|(k, _)| k.clone())
+}
+
+impl Deps {
+    /// The dependencies of `gateway` in `config`, from scratch; `None` if it does not exist.
+    pub fn compute(config: &ConfigSet, gateway: &ObjectKey) -> Option<Deps> {
+        let gw = config.gateways.get(gateway)?;
+        let mut backends = BTreeSet::new();
+        for a in config.attached_routes(gateway) {
+            backends.extend(backend_refs(&a.route));
+        }
+        Some(Deps {
+            routes: routes_naming(config, gateway).collect(),
+            backends,
+            secrets: certificate_refs(gw).collect(),
+        })
+    }
+}
+
+/// Gateway → dependencies, and object → Gateways.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DependencyIndex {
+    gateways: BTreeMap<ObjectKey, Deps>,
+    routes: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+    backends: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+    secrets: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+}
+
+fn reconcile(
+    map: &mut BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+    gateway: &ObjectKey,
+    old: Option<&BTreeSet<ObjectKey>>,
+    new: &BTreeSet<ObjectKey>,
+) {
+    let empty = BTreeSet::new();
+    let old = old.unwrap_or(&empty);
+    for gone in old.difference(new) {
+        if let Some(users) = map.get_mut(gone) {
+            users.remove(gateway);
+            if users.is_empty() {
+                map.remove(gone);
+            }
+        }
+    }
+    for added in new.difference(old) {
+        map.entry(added.clone())
+            .or_default()
+            .insert(gateway.clone());
+    }
+}
+
+impl DependencyIndex {
+    /// The index of every Gateway of `config`, from scratch.
+    pub fn build(config: &ConfigSet) -> Self {
+        let mut index = DependencyIndex::default();
+        for key in config.gateways.keys() {
+            if let Some(deps) = Deps::compute(config, key) {
+                index.set(key, deps);
+            }
+        }
+        index
+    }
+
+    /// Replaces the dependencies of `gateway` (keep-set reconcile of the reverse maps).
+    pub fn set(&mut self, gateway: &ObjectKey, deps: Deps) {
+        let old = self.gateways.get(gateway);
+        reconcile(
+            &mut self.routes,
+            gateway,
+            old.map(|d| &d.routes),
+            &deps.routes,
+        );
+        reconcile(
+            &mut self.backends,
+            gateway,
+            old.map(|d| &d.backends),
+            &deps.backends,
+        );
+        reconcile(
+            &mut self.secrets,
+            gateway,
+            old.map(|d| &d.secrets),
+            &deps.secrets,
+        );
+        self.gateways.insert(gateway.clone(), deps);
+    }
+
+    /// Forgets `gateway` (it was removed).
+    pub fn remove(&mut self, gateway: &ObjectKey) {
+        self.set(gateway, Deps::default());
+        self.gateways.remove(gateway);
+    }
+
+    pub fn deps(&self, gateway: &ObjectKey) -> Option<&Deps> {
+        self.gateways.get(gateway)
+    }
+
+    pub fn gateways(&self) -> impl Iterator<Item = &ObjectKey> {
+        self.gateways.keys()
+    }
+
+    fn users<'a>(
+        map: &'a BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+        key: &ObjectKey,
+    ) -> impl Iterator<Item = &'a ObjectKey> + 'a {
+        map.get(key).into_iter().flatten()
+    }
+
+    /// Gateways a change of this route may affect (besides those its new parentRefs name).
+    pub fn gateways_of_route(&self, route: &ObjectKey) -> impl Iterator<Item = &ObjectKey> {
+        Self::users(&self.routes, route)
+    }
+
+    pub fn gateways_of_backend(&self, backend: &ObjectKey) -> impl Iterator<Item = &ObjectKey> {
+        Self::users(&self.backends, backend)
+    }
+
+    pub fn gateways_of_secret(&self, secret: &ObjectKey) -> impl Iterator<Item = &ObjectKey> {
+        Self::users(&self.secrets, secret)
+    }
+
+    pub fn uses_route(&self, route: &ObjectKey) -> bool {
+        self.routes.contains_key(route)
+    }
+
+    pub fn uses_backend(&self, backend: &ObjectKey) -> bool {
+        self.backends.contains_key(backend)
+    }
+
+    pub fn uses_secret(&self, secret: &ObjectKey) -> bool {
+        self.secrets.contains_key(secret)
+    }
+}

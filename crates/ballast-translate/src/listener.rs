@@ -1,0 +1,231 @@
+//! Gateway listeners → Envoy listeners.
+//!
+//! One Envoy listener per Gateway port (every Gateway address binds it: the first as `address`,
+//! the others as `additional_addresses`, so the names do not depend on the addresses). HTTP
+//! ports have one filter chain whose HTTP connection manager takes its routes from RDS; HTTPS
+//! ports have one filter chain per Gateway listener, selected by SNI, terminating TLS with
+//! certificates from SDS, each with its own route configuration.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ballast_model::set::CertificateRefResolution;
+use ballast_model::{
+    ConfigSet, Gateway, Listener, ListenerProtocol, ObjectKey,
+};
+use ballast_xds::simple::{ads_source, rds_http_connection_manager, socket_address};
+use envoy_types::pb::envoy::config::core::v3::TransportSocket;
+use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType as TsConfig;
+use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType as FilterConfig;
+use envoy_types::pb::envoy::config::listener::v3::listener_filter::ConfigType as ListenerFilterConfig;
+use envoy_types::pb::envoy::config::listener::v3::{
+    AdditionalAddress, Filter, FilterChain, FilterChainMatch, Listener as EnvoyListener,
+    ListenerFilter,
+};
+use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::StripPortMode;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
+};
+use envoy_types::pb::google::protobuf::BoolValue;
+use envoy_types::util::pack_any;
+
+use crate::{Options, names};
+
+/// One filter chain of a port: which Gateway listeners' routes it serves, through which route
+/// configuration, and (HTTPS) for which SNI name with which certificates.
+pub(crate) struct ChainPlan<'a> {
+    pub listeners: Vec<&'a Listener>,
+    pub route_config: String,
+    /// HTTPS only: the SNI name (`None`: any, including no SNI).
+    pub server_name: Option<String>,
+    /// HTTPS only: the resolved certificate Secrets.
+    pub certificates: Vec<ObjectKey>,
+}
+
+pub(crate) struct PortPlan<'a> {
+    pub port: u32,
+    pub protocol: ListenerProtocol,
+    pub chains: Vec<ChainPlan<'a>>,
+}
+
+/// The ports of a Gateway and their filter chains. HTTPS listeners without any resolvable
+/// certificate are left out (status `Programmed=False`), and so is a port with no chain left.
+pub(crate) fn plan<'a>(config: &ConfigSet, gw: &'a Gateway) -> Vec<PortPlan<'a>> {
+    let key = gw.key();
+    let mut ports: BTreeMap<u32, Vec<&Listener>> = BTreeMap::new();
+    for l in &gw.spec.listeners {
+        ports.entry(l.port.value).or_default().push(l);
+    }
+    let mut out = Vec::new();
+    for (port, listeners) in ports {
+        let protocol = listeners[0].protocol.value;
+        let chains = match protocol {
+            ListenerProtocol::Http => vec![ChainPlan {
+                listeners,
+                route_config: names::listener(&key, port),
+                server_name: None,
+                certificates: Vec::new(),
+            }],
+            ListenerProtocol::Https => {
+                let mut chains: Vec<ChainPlan> = listeners
+                    .into_iter()
+                    .filter_map(|l| {
+                        let certificates: Vec<ObjectKey> = l
+                            .tls
+                            .iter()
+                            .flat_map(|t| &t.certificate_refs)
+                            .filter_map(|r| match config.resolve_certificate(gw, r) {
+                                CertificateRefResolution::Resolved(s) => Some(s.key()),
+                                _ => None,
+                            })
+                            .collect();
+                        (!certificates.is_empty()).then(|| ChainPlan {
+                            listeners: vec![l],
+                            route_config: names::https_route_config(&key, port, l.hostname()),
+                            server_name: l.hostname().map(str::to_owned),
+                            certificates,
+                        })
+                    })
+                    .collect();
+                chains.sort_by(|a, b| a.route_config.cmp(&b.route_config));
+                chains
+            }
+        };
+        if !chains.is_empty() {
+            out.push(PortPlan {
+                port,
+                protocol,
+                chains,
+            });
+        }
+    }
+    out
+}
+
+/// Certificate Secret keys of every listener of `gw` (resolvable or not): the Secrets whose
+/// changes can change this Gateway's resources.
+pub(crate) fn certificate_refs(gw: &Gateway) -> impl Iterator<Item = ObjectKey> + '_ {
+    gw.spec
+        .listeners
+        .iter()
+        .flat_map(|l| l.tls.iter().flat_map(|t| &t.certificate_refs))
+        .filter(|r| r.is_secret())
+        .map(|r| {
+            ObjectKey::new(
+                r.namespace.as_deref().unwrap_or(&gw.metadata.namespace),
+                r.name.as_str(),
+            )
+        })
+}
+
+fn stat_prefix(gw: &ObjectKey, port: u32, options: &Options) -> String {
+    let base = format!("{}_{}_{}", gw.namespace, gw.name, port).replace('.', "_");
+    if options.stat_prefix.is_empty() {
+        base
+    } else {
+        format!("{}_{}", options.stat_prefix, base)
+    }
+}
+
+fn hcm_filter(stat_prefix: &str, route_config: &str) -> Filter {
+    let mut hcm = rds_http_connection_manager(stat_prefix, route_config);
+    // Virtual hosts list bare hostnames; `Host: a.example.com:8443` must still match them.
+    hcm.strip_port_mode = Some(StripPortMode::StripAnyHostPort(true));
+    // Gateway API path matching assumes normalized paths (`/a/../b` must not dodge `/b` rules).
+    hcm.normalize_path = Some(BoolValue { value: true });
+    Filter {
+        name: "envoy.filters.network.http_connection_manager".into(),
+        config_type: Some(FilterConfig::TypedConfig(pack_any(hcm))),
+    }
+}
+
+fn tls_transport_socket(certificates: &[ObjectKey]) -> TransportSocket {
+    let ctx = DownstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_certificate_sds_secret_configs: certificates
+                .iter()
+                .map(|k| SdsSecretConfig {
+                    name: names::secret(k),
+                    sds_config: Some(ads_source()),
+                })
+                .collect(),
+            alpn_protocols: vec!["h2".into(), "http/1.1".into()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    TransportSocket {
+        name: "envoy.transport_sockets.tls".into(),
+        config_type: Some(TsConfig::TypedConfig(pack_any(ctx))),
+    }
+}
+
+fn addresses(gw: &Gateway, options: &Options) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = gw.spec.addresses.iter().map(|a| a.value.value).collect();
+    if out.is_empty() {
+        out.push(options.default_address);
+    }
+    // Keep the written order (the first is the listener's main address) but drop repeats.
+    let mut seen = Vec::new();
+    out.retain(|a| {
+        let new = !seen.contains(a);
+        seen.push(*a);
+        new
+    });
+    out
+}
+
+/// The Envoy listener of one port.
+pub(crate) fn envoy_listener(
+    gw: &Gateway,
+    port: &PortPlan<'_>,
+    options: &Options,
+) -> EnvoyListener {
+    let key = gw.key();
+    let stat_prefix = stat_prefix(&key, port.port, options);
+    let p = u16::try_from(port.port).unwrap_or(0);
+    let addrs = addresses(gw, options);
+    let https = port.protocol == ListenerProtocol::Https;
+    EnvoyListener {
+        name: names::listener(&key, port.port),
+        address: Some(socket_address(&addrs[0].to_string(), p)),
+        additional_addresses: addrs[1..]
+            .iter()
+            .map(|a| AdditionalAddress {
+                address: Some(socket_address(&a.to_string(), p)),
+                ..Default::default()
+            })
+            .collect(),
+        filter_chains: port
+            .chains
+            .iter()
+            .map(|c| FilterChain {
+                name: if https {
+                    c.server_name.clone().unwrap_or_else(|| "*".into())
+                } else {
+                    String::new()
+                },
+                filter_chain_match: c.server_name.as_ref().map(|s| FilterChainMatch {
+                    server_names: vec![s.clone()],
+                    ..Default::default()
+                }),
+                filters: vec![hcm_filter(&stat_prefix, &c.route_config)],
+                transport_socket: https.then(|| tls_transport_socket(&c.certificates)),
+                ..Default::default()
+            })
+            .collect(),
+        listener_filters: if https {
+            vec![ListenerFilter {
+                name: "envoy.filters.listener.tls_inspector".into(),
+                config_type: Some(ListenerFilterConfig::TypedConfig(pack_any(
+                    TlsInspector::default(),
+                ))),
+                ..Default::default()
+            }]
+        } else {
+            Vec::new()
+        },
+        ..Default::default()
+    }
+}

@@ -1,0 +1,126 @@
+//! [`GatewayResources`]: the Envoy resources of one Gateway, ready to become a snapshot.
+
+use std::sync::Arc;
+
+use ballast_model::ObjectKey;
+use ballast_xds::{Resource, ResourceType, Snapshot, SnapshotError};
+
+/// The full resource set of one Gateway, per type sorted by name. Resources are shared
+/// (`Arc`) with the translator's caches and with other gateways using the same Backend or
+/// Secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayResources {
+    pub gateway: ObjectKey,
+    pub secrets: Vec<Arc<Resource>>,
+    pub clusters: Vec<Arc<Resource>>,
+    pub load_assignments: Vec<Arc<Resource>>,
+    pub listeners: Vec<Arc<Resource>>,
+    pub route_configs: Vec<Arc<Resource>>,
+}
+
+impl GatewayResources {
+    /// No resources (yet) for `gateway`.
+    pub fn empty(gateway: ObjectKey) -> Self {
+        GatewayResources {
+            gateway,
+            secrets: Vec::new(),
+            clusters: Vec::new(),
+            load_assignments: Vec::new(),
+            listeners: Vec::new(),
+            route_configs: Vec::new(),
+        }
+    }
+
+    /// Every list, in make-before-break type order (SDS, CDS, EDS, LDS, RDS).
+    pub fn by_type(&self) -> [(ResourceType, &[Arc<Resource>]); 5] {
+        [
+            (ResourceType::Secret, &self.secrets),
+            (ResourceType::Cluster, &self.clusters),
+            (ResourceType::ClusterLoadAssignment, &self.load_assignments),
+            (ResourceType::Listener, &self.listeners),
+            (ResourceType::RouteConfiguration, &self.route_configs),
+        ]
+    }
+
+    /// All resources, in [`Self::by_type`] order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Resource>> {
+        self.secrets
+            .iter()
+            .chain(&self.clusters)
+            .chain(&self.load_assignments)
+            .chain(&self.listeners)
+            .chain(&self.route_configs)
+    }
+
+    pub fn len(&self) -> usize {
+        self.iter().count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn sort(&mut self) {
+        for list in [
+            &mut self.secrets,
+            &mut self.clusters,
+            &mut self.load_assignments,
+            &mut self.listeners,
+            &mut self.route_configs,
+        ] {
+            list.sort_by(|a, b| a.name().cmp(b.name()));
+        }
+    }
+
+    /// A consistent snapshot of these resources (the builder checks every reference), sharing
+    /// unchanged resources with `prev`.
+    pub fn snapshot(&self, prev: Option<Arc<Snapshot>>) -> Result<Snapshot, SnapshotError> {
+        let mut b = Snapshot::builder();
+        if let Some(prev) = prev {
+            b = b.reuse_from(prev);
+        }
+        for r in self.iter() {
+            b.add(r.clone());
+        }
+        b.build()
+    }
+
+    /// The resources as `---`-separated proto-JSON documents (JSON is YAML), each with its
+    /// `@type`, in [`Self::by_type`] order, for `ballast translate`. Private keys are redacted.
+    pub fn to_yaml(&self) -> String {
+        let mut out = String::new();
+        for r in self.iter() {
+            let url = r.ty().type_url();
+            let full_name = url.rsplit('/').next().unwrap_or(url);
+            let mut doc = match ballast_xds::json::bytes_to_json(full_name, &r.value_bytes()) {
+                Ok(serde_json::Value::Object(m)) => m,
+                Ok(other) => {
+                    let mut m = serde_json::Map::new();
+                    m.insert("value".into(), other);
+                    m
+                }
+                Err(e) => {
+                    let mut m = serde_json::Map::new();
+                    m.insert("name".into(), r.name().into());
+                    m.insert("error".into(), e.to_string().into());
+                    m
+                }
+            };
+            if r.ty() == ResourceType::Secret
+                && let Some(key) = doc
+                    .get_mut("tlsCertificate")
+                    .and_then(|t| t.get_mut("privateKey"))
+            {
+                *key = serde_json::json!({ "inlineString": "[redacted]" });
+            }
+            doc.insert("@type".into(), url.into());
+            out.push_str("---\n");
+            out.push_str(
+                &serde_json::to_string_pretty(&serde_json::Value::Object(doc))
+                    .expect("JSON values serialize"),
+            );
+            out.push('\n');
+        }
+        out
+    }
+}

@@ -1,0 +1,623 @@
+//! HTTPRoutes → Envoy routes, and routes → virtual hosts.
+//!
+//! An HTTPRoute's Envoy routes depend only on the route itself and on which of its backendRefs
+//! resolve (and their load-balancing policy, for hash policies), never on the Gateway or
+//! listener it is attached to. [`TranslatedRoute`] is therefore computed once per route and
+//! shared by every virtual host and Gateway that uses it.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use ballast_model::set::BackendRefResolution;
+use ballast_model::{
+    ConfigSet, HeaderMatch, HeaderModifier, HttpRoute, HttpRouteMatch, HttpRouteRule, LbPolicy,
+    Listener, ObjectKey, PathMatchType, PathRewrite, RequestRedirect, StringMatchType, UrlRewrite,
+    hostname_matches,
+};
+use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
+use envoy_types::pb::envoy::config::core::v3::{
+    HeaderValue, HeaderValueOption, RuntimeFractionalPercent,
+};
+use envoy_types::pb::envoy::config::route::v3::header_matcher::HeaderMatchSpecifier;
+use envoy_types::pb::envoy::config::route::v3::query_parameter_matcher::QueryParameterMatchSpecifier;
+use envoy_types::pb::envoy::config::route::v3::redirect_action::{
+    PathRewriteSpecifier, RedirectResponseCode, SchemeRewriteSpecifier,
+};
+use envoy_types::pb::envoy::config::route::v3::route::Action;
+use envoy_types::pb::envoy::config::route::v3::route_action::hash_policy::{
+    ConnectionProperties, PolicySpecifier,
+};
+use envoy_types::pb::envoy::config::route::v3::route_action::{
+    ClusterSpecifier, HashPolicy, HostRewriteSpecifier,
+};
+use envoy_types::pb::envoy::config::route::v3::route_match::PathSpecifier;
+use envoy_types::pb::envoy::config::route::v3::weighted_cluster::ClusterWeight;
+use envoy_types::pb::envoy::config::route::v3::{
+    DirectResponseAction, HeaderMatcher, QueryParameterMatcher, RedirectAction, RetryPolicy, Route,
+    RouteAction, RouteMatch, VirtualHost, WeightedCluster,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
+use envoy_types::pb::envoy::r#type::matcher::v3::{
+    RegexMatchAndSubstitute, RegexMatcher, StringMatcher,
+};
+use envoy_types::pb::envoy::r#type::v3::FractionalPercent;
+use envoy_types::pb::envoy::r#type::v3::fractional_percent::DenominatorType;
+use envoy_types::pb::google::protobuf::UInt32Value;
+
+use crate::cluster::needs_hash;
+use crate::{names, pb_duration};
+
+/// Gateway API match precedence, as a sort key (smaller sorts first, i.e. wins in Envoy).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Precedence {
+    /// 0 exact, 1 regex, 2 prefix.
+    path_class: u8,
+    path_len: Reverse<usize>,
+    method: Reverse<bool>,
+    headers: Reverse<usize>,
+    query: Reverse<usize>,
+    route: ObjectKey,
+    rule: usize,
+    matcher: usize,
+}
+
+/// The Envoy routes of one match of one rule (two when part of the rule's weight is
+/// unresolvable: the 500 share first), with their precedence.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct RouteEntry {
+    pub precedence: Precedence,
+    pub routes: Vec<Route>,
+}
+
+/// An HTTPRoute translated to Envoy routes, valid while the route and the resolution of its
+/// backendRefs ([`backend_signature`]) are unchanged.
+#[derive(Debug)]
+pub(crate) struct TranslatedRoute {
+    pub route: Arc<HttpRoute>,
+    pub signature: Vec<Option<LbPolicy>>,
+    pub entries: Vec<RouteEntry>,
+    /// Backends the Envoy routes send traffic to.
+    pub clusters: BTreeSet<ObjectKey>,
+    /// Every Backend any backendRef names, resolvable or not: adding, removing or changing one
+    /// of them may change these routes.
+    pub backend_refs: BTreeSet<ObjectKey>,
+}
+
+/// What the Envoy routes of `route` depend on besides the route: per backendRef, the policy of
+/// the Backend it resolves to, or `None`.
+pub(crate) fn backend_signature(config: &ConfigSet, route: &HttpRoute) -> Vec<Option<LbPolicy>> {
+    route
+        .spec
+        .rules
+        .iter()
+        .flat_map(|rule| &rule.backend_refs)
+        .map(|r| match config.resolve_backend(route, r) {
+            BackendRefResolution::Resolved(b) => Some(b.spec.load_balancer.policy),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every Backend key the backendRefs of `route` name.
+pub(crate) fn backend_refs(route: &HttpRoute) -> impl Iterator<Item = ObjectKey> + '_ {
+    let ns = route.metadata.namespace.as_str();
+    route
+        .spec
+        .rules
+        .iter()
+        .flat_map(|rule| &rule.backend_refs)
+        .filter(|r| r.is_backend())
+        .map(move |r| ObjectKey::new(r.namespace_or(ns), r.name.as_str()))
+}
+
+pub(crate) fn translate_route(config: &ConfigSet, route: &Arc<HttpRoute>) -> TranslatedRoute {
+    let key = route.key();
+    let mut out = TranslatedRoute {
+        route: route.clone(),
+        signature: backend_signature(config, route),
+        entries: Vec::new(),
+        clusters: BTreeSet::new(),
+        backend_refs: backend_refs(route).collect(),
+    };
+    for (ri, rule) in route.spec.rules.iter().enumerate() {
+        let parts = RuleParts::new(config, route, rule);
+        if parts.redirect.is_none() {
+            out.clusters
+                .extend(parts.clusters.iter().map(|(k, _)| k.clone()));
+        }
+        for (mi, m) in rule.matches.iter().enumerate() {
+            out.entries.push(RouteEntry {
+                precedence: precedence(m, &key, ri, mi),
+                routes: parts.routes(&key, ri, mi, m),
+            });
+        }
+    }
+    out
+}
+
+fn precedence(m: &HttpRouteMatch, route: &ObjectKey, rule: usize, matcher: usize) -> Precedence {
+    let (path_class, len) = match m.path.type_ {
+        PathMatchType::Exact => (0, m.path.value.len()),
+        PathMatchType::RegularExpression => (1, m.path.value.len()),
+        PathMatchType::PathPrefix => (2, trim_prefix(&m.path.value).len()),
+    };
+    Precedence {
+        path_class,
+        path_len: Reverse(len),
+        method: Reverse(m.method.is_some()),
+        headers: Reverse(m.headers.len()),
+        query: Reverse(m.query_params.len()),
+        route: route.clone(),
+        rule,
+        matcher,
+    }
+}
+
+/// A `PathPrefix` value without trailing slashes (`/` → ``): Gateway API prefixes match whole
+/// segments and ignore a trailing slash.
+fn trim_prefix(value: &str) -> &str {
+    value.trim_end_matches('/')
+}
+
+/// What a rule does, computed once for all its matches.
+struct RuleParts<'a> {
+    rule: &'a HttpRouteRule,
+    redirect: Option<&'a RequestRedirect>,
+    rewrite: Option<&'a UrlRewrite>,
+    request_headers: Option<&'a HeaderModifier>,
+    response_headers: Option<&'a HeaderModifier>,
+    /// Resolvable backends with weight > 0, merged per Backend, in first-reference order.
+    clusters: Vec<(ObjectKey, u32)>,
+    resolved_weight: u64,
+    unresolved_weight: u64,
+    hash: bool,
+}
+
+impl<'a> RuleParts<'a> {
+    fn new(config: &ConfigSet, route: &HttpRoute, rule: &'a HttpRouteRule) -> Self {
+        use ballast_model::FilterAction as F;
+        let mut parts = RuleParts {
+            rule,
+            redirect: None,
+            rewrite: None,
+            request_headers: None,
+            response_headers: None,
+            clusters: Vec::new(),
+            resolved_weight: 0,
+            unresolved_weight: 0,
+            hash: false,
+        };
+        for f in &rule.filters {
+            match f.action() {
+                Some(F::RequestHeaderModifier(m)) => parts.request_headers = Some(m),
+                Some(F::ResponseHeaderModifier(m)) => parts.response_headers = Some(m),
+                Some(F::RequestRedirect(r)) => parts.redirect = Some(r),
+                Some(F::UrlRewrite(r)) => parts.rewrite = Some(r),
+                None => {}
+            }
+        }
+        for r in &rule.backend_refs {
+            let weight = r.weight.value;
+            match config.resolve_backend(route, r) {
+                BackendRefResolution::Resolved(b) => {
+                    if weight == 0 {
+                        continue;
+                    }
+                    parts.resolved_weight += u64::from(weight);
+                    parts.hash |= needs_hash(b.spec.load_balancer.policy);
+                    let key = b.key();
+                    match parts.clusters.iter_mut().find(|(k, _)| *k == key) {
+                        Some((_, w)) => *w = w.saturating_add(weight),
+                        None => parts.clusters.push((key, weight)),
+                    }
+                }
+                _ => parts.unresolved_weight += u64::from(weight),
+            }
+        }
+        parts
+    }
+
+    fn routes(&self, route: &ObjectKey, ri: usize, mi: usize, m: &HttpRouteMatch) -> Vec<Route> {
+        let name = format!("{}/{}/{}/{}", route.namespace, route.name, ri, mi);
+        let mut base = Route {
+            name,
+            r#match: Some(route_match(m)),
+            ..Default::default()
+        };
+        if let Some(h) = self.request_headers {
+            base.request_headers_to_add = headers_to_add(h);
+            base.request_headers_to_remove = h.remove.iter().map(|s| s.value.clone()).collect();
+        }
+        if let Some(h) = self.response_headers {
+            base.response_headers_to_add = headers_to_add(h);
+            base.response_headers_to_remove = h.remove.iter().map(|s| s.value.clone()).collect();
+        }
+        if let Some(r) = self.redirect {
+            base.action = Some(Action::Redirect(redirect_action(r, m)));
+            return vec![base];
+        }
+        if self.resolved_weight == 0 {
+            base.action = Some(internal_error());
+            return vec![base];
+        }
+        let mut out = Vec::new();
+        if self.unresolved_weight > 0 {
+            // The unresolvable share answers 500 (Gateway API); the rest falls through to the
+            // next route with the same match.
+            let total = self.unresolved_weight + self.resolved_weight;
+            let numerator = u32::try_from(self.unresolved_weight * 1_000_000 / total)
+                .expect("a share is at most a million");
+            let mut fail = base.clone();
+            fail.name.push_str("/unresolved");
+            if let Some(rm) = fail.r#match.as_mut() {
+                rm.runtime_fraction = Some(RuntimeFractionalPercent {
+                    default_value: Some(FractionalPercent {
+                        numerator,
+                        denominator: DenominatorType::Million as i32,
+                    }),
+                    runtime_key: format!(
+                        "ballast.unresolved_backends.{}.{}.{}",
+                        route.namespace, route.name, ri
+                    ),
+                });
+            }
+            fail.action = Some(internal_error());
+            out.push(fail);
+        }
+        base.action = Some(Action::Route(self.route_action(m)));
+        out.push(base);
+        out
+    }
+
+    fn route_action(&self, m: &HttpRouteMatch) -> RouteAction {
+        let cluster_specifier = match self.clusters.as_slice() {
+            [(one, _)] => ClusterSpecifier::Cluster(names::cluster(one)),
+            many => ClusterSpecifier::WeightedClusters(WeightedCluster {
+                clusters: many
+                    .iter()
+                    .map(|(k, w)| ClusterWeight {
+                        name: names::cluster(k),
+                        weight: Some(UInt32Value { value: *w }),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+        };
+        let mut action = RouteAction {
+            cluster_specifier: Some(cluster_specifier),
+            ..Default::default()
+        };
+        if let Some(rw) = self.rewrite {
+            if let Some(host) = &rw.hostname {
+                action.host_rewrite_specifier =
+                    Some(HostRewriteSpecifier::HostRewriteLiteral(host.value.clone()));
+            }
+            match rw.path.as_ref().and_then(|p| p.rewrite()) {
+                Some(PathRewrite::FullPath(p)) => action.regex_rewrite = Some(full_path_regex(p)),
+                Some(PathRewrite::PrefixMatch(r)) => match prefix_rewrite(&m.path.value, r) {
+                    Some(PrefixRewrite::Prefix(p)) => action.prefix_rewrite = p,
+                    Some(PrefixRewrite::Regex(re)) => action.regex_rewrite = Some(re),
+                    None => {}
+                },
+                None => {}
+            }
+        }
+        let timeouts = self.rule.timeouts.as_ref();
+        if let Some(t) = timeouts.and_then(|t| t.request.as_ref()) {
+            action.timeout = Some(pb_duration(t.value));
+        }
+        let per_try = self
+            .rule
+            .retry
+            .as_ref()
+            .and_then(|r| r.per_try_timeout.as_ref())
+            .or(timeouts.and_then(|t| t.backend_request.as_ref()));
+        if self.rule.retry.is_some() || per_try.is_some() {
+            let retry = self.rule.retry.as_ref();
+            action.retry_policy = Some(RetryPolicy {
+                retry_on: retry.map(|r| r.retry_on().join(",")).unwrap_or_default(),
+                // Explicit: Envoy's default for an unset `num_retries` is 1.
+                num_retries: Some(UInt32Value {
+                    value: retry.map_or(0, |r| r.attempts.value),
+                }),
+                per_try_timeout: per_try.map(|d| pb_duration(d.value)),
+                ..Default::default()
+            });
+        }
+        if self.hash {
+            action.hash_policy = vec![HashPolicy {
+                policy_specifier: Some(PolicySpecifier::ConnectionProperties(
+                    ConnectionProperties { source_ip: true },
+                )),
+                terminal: false,
+            }];
+        }
+        action
+    }
+}
+
+fn internal_error() -> Action {
+    Action::DirectResponse(DirectResponseAction {
+        status: 500,
+        ..Default::default()
+    })
+}
+
+fn string_matcher(type_: StringMatchType, value: &str) -> StringMatcher {
+    StringMatcher {
+        match_pattern: Some(match type_ {
+            StringMatchType::Exact => MatchPattern::Exact(value.to_owned()),
+            StringMatchType::RegularExpression => MatchPattern::SafeRegex(regex(value)),
+        }),
+        ..Default::default()
+    }
+}
+
+fn regex(value: &str) -> RegexMatcher {
+    RegexMatcher {
+        regex: value.to_owned(),
+        ..Default::default()
+    }
+}
+
+fn header_matcher(h: &HeaderMatch) -> HeaderMatcher {
+    HeaderMatcher {
+        name: h.name.value.to_ascii_lowercase(),
+        header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(string_matcher(
+            h.type_,
+            &h.value.value,
+        ))),
+        ..Default::default()
+    }
+}
+
+pub(crate) fn route_match(m: &HttpRouteMatch) -> RouteMatch {
+    let value = m.path.value.as_str();
+    let path_specifier = match m.path.type_ {
+        PathMatchType::Exact => PathSpecifier::Path(value.to_owned()),
+        PathMatchType::RegularExpression => PathSpecifier::SafeRegex(regex(value)),
+        PathMatchType::PathPrefix => match trim_prefix(value) {
+            "" => PathSpecifier::Prefix("/".to_owned()),
+            p => PathSpecifier::PathSeparatedPrefix(p.to_owned()),
+        },
+    };
+    let mut headers: Vec<HeaderMatcher> = m.headers.iter().map(header_matcher).collect();
+    if let Some(method) = m.method {
+        headers.push(HeaderMatcher {
+            name: ":method".to_owned(),
+            header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(string_matcher(
+                StringMatchType::Exact,
+                method.as_str(),
+            ))),
+            ..Default::default()
+        });
+    }
+    RouteMatch {
+        path_specifier: Some(path_specifier),
+        headers,
+        query_parameters: m
+            .query_params
+            .iter()
+            .map(|q| QueryParameterMatcher {
+                name: q.name.value.clone(),
+                query_parameter_match_specifier: Some(QueryParameterMatchSpecifier::StringMatch(
+                    string_matcher(q.type_, &q.value.value),
+                )),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// `set` overwrites (or adds), `add` appends.
+fn headers_to_add(h: &HeaderModifier) -> Vec<HeaderValueOption> {
+    let opt = |name: &str, value: &str, action: HeaderAppendAction| HeaderValueOption {
+        header: Some(HeaderValue {
+            key: name.to_owned(),
+            value: value.to_owned(),
+            ..Default::default()
+        }),
+        append_action: action as i32,
+        ..Default::default()
+    };
+    h.set
+        .iter()
+        .map(|x| {
+            opt(
+                &x.name,
+                &x.value,
+                HeaderAppendAction::OverwriteIfExistsOrAdd,
+            )
+        })
+        .chain(
+            h.add
+                .iter()
+                .map(|x| opt(&x.name, &x.value, HeaderAppendAction::AppendIfExistsOrAdd)),
+        )
+        .collect()
+}
+
+fn redirect_action(r: &RequestRedirect, m: &HttpRouteMatch) -> RedirectAction {
+    let response_code = match r.status_code.value {
+        301 => RedirectResponseCode::MovedPermanently,
+        303 => RedirectResponseCode::SeeOther,
+        307 => RedirectResponseCode::TemporaryRedirect,
+        308 => RedirectResponseCode::PermanentRedirect,
+        _ => RedirectResponseCode::Found,
+    };
+    RedirectAction {
+        scheme_rewrite_specifier: r
+            .scheme
+            .as_ref()
+            .map(|s| SchemeRewriteSpecifier::SchemeRedirect(s.value.clone())),
+        host_redirect: r
+            .hostname
+            .as_ref()
+            .map(|h| h.value.clone())
+            .unwrap_or_default(),
+        port_redirect: r.port.as_ref().map_or(0, |p| p.value),
+        response_code: response_code as i32,
+        path_rewrite_specifier: match r.path.as_ref().and_then(|p| p.rewrite()) {
+            Some(PathRewrite::FullPath(p)) => Some(PathRewriteSpecifier::PathRedirect(p.into())),
+            Some(PathRewrite::PrefixMatch(rep)) => match prefix_rewrite(&m.path.value, rep) {
+                Some(PrefixRewrite::Prefix(p)) => Some(PathRewriteSpecifier::PrefixRewrite(p)),
+                Some(PrefixRewrite::Regex(re)) => Some(PathRewriteSpecifier::RegexRewrite(re)),
+                None => None,
+            },
+            None => None,
+        },
+        ..Default::default()
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum PrefixRewrite {
+    Prefix(String),
+    Regex(RegexMatchAndSubstitute),
+}
+
+/// `ReplacePrefixMatch` of the segment prefix `matched` by `replacement`, without doubling or
+/// losing the `/` between the replaced prefix and the rest of the path:
+/// `/foo` → `/bar`: `/foo/x` → `/bar/x`; `/foo` → `/`: `/foo/x` → `/x`, `/foo` → `/`;
+/// `/` → `/bar`: `/x` → `/bar/x`.
+fn prefix_rewrite(matched: &str, replacement: &str) -> Option<PrefixRewrite> {
+    let p = trim_prefix(matched);
+    let r = replacement.trim_end_matches('/');
+    match (p.is_empty(), r.is_empty()) {
+        (true, true) => None,
+        (true, false) => Some(PrefixRewrite::Prefix(format!("{r}/"))),
+        (false, true) => Some(PrefixRewrite::Regex(RegexMatchAndSubstitute {
+            pattern: Some(regex(&format!("^{}/*", regex_escape(p)))),
+            substitution: "/".to_owned(),
+        })),
+        (false, false) => Some(PrefixRewrite::Prefix(r.to_owned())),
+    }
+}
+
+/// `ReplaceFullPath`: the whole path (Envoy keeps the query string).
+fn full_path_regex(path: &str) -> RegexMatchAndSubstitute {
+    RegexMatchAndSubstitute {
+        pattern: Some(regex("^/.*$")),
+        substitution: path.replace('\\', "\\\\"),
+    }
+}
+
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 4);
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Specificity of a Gateway listener hostname for picking the listener of a request host:
+/// exact names beat wildcards, longer wildcards beat shorter ones, and no hostname comes last.
+fn specificity(l: &Listener) -> (u8, usize) {
+    match l.hostname() {
+        None => (0, 0),
+        Some(h) if h.starts_with('*') => (1, h.len()),
+        Some(h) => (2, h.len()),
+    }
+}
+
+fn listener_matches(l: &Listener, host: &str) -> bool {
+    match l.hostname() {
+        None => true,
+        Some(lh) => lh == host || hostname_matches(lh, host),
+    }
+}
+
+/// One attached route as the virtual-host builder sees it.
+pub(crate) struct Attached<'a> {
+    pub listener: &'a str,
+    pub hostnames: &'a [String],
+    pub translated: &'a TranslatedRoute,
+}
+
+/// The virtual hosts of one route configuration, built from the routes attached to `listeners`
+/// (the Gateway listeners whose traffic it serves). Also returns the Backends used.
+pub(crate) fn virtual_hosts(
+    listeners: &[&Listener],
+    attached: &[Attached<'_>],
+) -> (Vec<VirtualHost>, BTreeSet<ObjectKey>) {
+    let mut hosts: BTreeMap<&str, Vec<&RouteEntry>> = BTreeMap::new();
+    let mut clusters = BTreeSet::new();
+    let shared = listeners.len() > 1;
+    for a in attached {
+        let mut used = false;
+        for h in a.hostnames {
+            if shared {
+                // Gateway API: a request belongs to the most specific listener matching its host.
+                let best = listeners
+                    .iter()
+                    .filter(|l| listener_matches(l, h))
+                    .max_by_key(|l| specificity(l));
+                if best.is_none_or(|l| *l.name != a.listener) {
+                    continue;
+                }
+            }
+            used = true;
+            hosts.entry(h).or_default().extend(&a.translated.entries);
+        }
+        if used {
+            clusters.extend(a.translated.clusters.iter().cloned());
+        }
+    }
+    if shared {
+        for l in listeners {
+            if let Some(h) = l.hostname() {
+                hosts.entry(h).or_default();
+            }
+        }
+    }
+    let vhosts = hosts
+        .into_iter()
+        .map(|(host, mut entries)| {
+            entries.sort_by(|a, b| a.precedence.cmp(&b.precedence));
+            VirtualHost {
+                name: host.to_owned(),
+                domains: vec![host.to_owned()],
+                routes: entries
+                    .into_iter()
+                    .flat_map(|e| e.routes.iter().cloned())
+                    .collect(),
+                ..Default::default()
+            }
+        })
+        .collect();
+    (vhosts, clusters)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_rewrites_keep_one_slash() {
+        assert_eq!(
+            prefix_rewrite("/foo", "/bar"),
+            Some(PrefixRewrite::Prefix("/bar".into()))
+        );
+        assert_eq!(
+            prefix_rewrite("/foo/", "/bar/"),
+            Some(PrefixRewrite::Prefix("/bar".into()))
+        );
+        assert_eq!(
+            prefix_rewrite("/", "/bar"),
+            Some(PrefixRewrite::Prefix("/bar/".into()))
+        );
+        assert_eq!(prefix_rewrite("/", "/"), None);
+        assert_eq!(
+            prefix_rewrite("/a.b", "/"),
+            Some(PrefixRewrite::Regex(RegexMatchAndSubstitute {
+                pattern: Some(regex("^/a\\.b/*")),
+                substitution: "/".into()
+            }))
+        );
+    }
+}
