@@ -1,7 +1,127 @@
-//! `ballast-bench`: a fleet of simulated xDS clients and benchmark scenarios.
+//! `ballast-bench`: fleet benchmarks for Ballast's xDS server.
+//!
+//! ```sh
+//! ballast-bench --smoke                         # correctness check, seconds
+//! ballast-bench cold-start --proxies 1000       # W1
+//! ballast-bench churn --rate 100 --duration-s 60  # W2 (SotW and Delta)
+//! ballast-bench idle-memory --proxies 1000,5000,10000  # W8
+//! ```
 #![forbid(unsafe_code)]
 
-fn main() {
-    eprintln!("ballast-bench: no scenarios yet");
-    std::process::exit(2);
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use ballast_bench::report::Report;
+use ballast_bench::scenarios::{
+    self, churn::ChurnArgs, cold_start::ColdStartArgs, idle_memory::IdleMemoryArgs,
+};
+use ballast_bench::server::{ServerMode, ServerOptions, serve_snapshot};
+use ballast_bench::workload::WorkloadSpec;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ballast-bench",
+    about = "Fleet benchmarks for the Ballast xDS server"
+)]
+struct Cli {
+    /// Tiny correctness run (W1 + W2 over SotW, Delta, REST); exits non-zero on failure.
+    #[arg(long)]
+    smoke: bool,
+    /// Where the server under test runs. Report numbers from `child`.
+    #[arg(long, value_enum, global = true, default_value_t = ServerMode::Child)]
+    server: ServerMode,
+    /// Worker threads of the server runtime.
+    #[arg(long, global = true, default_value_t = 2)]
+    server_threads: usize,
+    /// Worker threads of the client fleet runtime (default: all cores).
+    #[arg(long, global = true)]
+    client_threads: Option<usize>,
+    /// Directory for the JSON results.
+    #[arg(long, global = true, default_value = "bench-results")]
+    out: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// W1: N proxies connect at once; time until all ACKed the full config.
+    ColdStart(ColdStartArgs),
+    /// W2: endpoint churn; convergence per proxy from publish to ACK.
+    Churn(ChurnArgs),
+    /// W8: server memory per idle proxy at several fleet sizes.
+    IdleMemory(IdleMemoryArgs),
+    /// Internal: the server alone, driven over stdin (used by `--server child`).
+    ServeSnapshot {
+        #[arg(long, default_value_t = 1000)]
+        clusters: usize,
+        #[arg(long, default_value_t = 10)]
+        endpoints: usize,
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+    },
+}
+
+fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if let Some(t) = threads {
+        b.worker_threads(t.max(1));
+    }
+    Ok(b.enable_all().build()?)
+}
+
+fn emit(report: &Report, out: &std::path::Path) -> Result<()> {
+    let path = report.write_json(out)?;
+    println!("{}", report.markdown());
+    eprintln!("results: {}", path.display());
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    if let Some(Command::ServeSnapshot {
+        clusters,
+        endpoints,
+        threads,
+        listen,
+    }) = cli.command
+    {
+        let spec = WorkloadSpec {
+            clusters,
+            endpoints,
+        };
+        return runtime(Some(threads))?.block_on(serve_snapshot(spec, listen));
+    }
+    let server = ServerOptions {
+        mode: cli.server,
+        threads: cli.server_threads,
+        exe: None,
+    };
+    let rt = runtime(cli.client_threads)?;
+    rt.block_on(async {
+        if cli.smoke {
+            let opts = scenarios::smoke::SmokeOptions {
+                server,
+                ..Default::default()
+            };
+            let report = scenarios::smoke::run(&opts).await?;
+            println!("{}", report.markdown());
+            eprintln!("smoke: ok");
+            return Ok(());
+        }
+        let report = match &cli.command {
+            Some(Command::ColdStart(a)) => scenarios::cold_start::run(&server, a).await?,
+            Some(Command::Churn(a)) => scenarios::churn::run(&server, a).await?,
+            Some(Command::IdleMemory(a)) => scenarios::idle_memory::run(&server, a).await?,
+            Some(Command::ServeSnapshot { .. }) => unreachable!("handled above"),
+            None => {
+                bail!("give a scenario (cold-start, churn, idle-memory) or --smoke; see --help")
+            }
+        };
+        emit(&report, &cli.out)
+    })
 }

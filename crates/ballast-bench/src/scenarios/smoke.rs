@@ -1,0 +1,141 @@
+//! `--smoke`: a tiny fleet (5 proxies, 10 clusters, 2 s of churn) over SotW,
+//! Delta and REST, checking correctness only — every client converges to the
+//! expected config, no NACK, every change reaches every client — never timing.
+//! `scripts/test` and `cargo test` run it so the tool keeps working.
+
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+
+use super::{FleetParams, churn, cold_start};
+use crate::client::Protocol;
+use crate::report::Report;
+use crate::row;
+use crate::server::ServerOptions;
+use crate::workload::WorkloadSpec;
+
+#[derive(Clone, Debug)]
+pub struct SmokeOptions {
+    pub server: ServerOptions,
+    pub proxies: usize,
+    pub clusters: usize,
+    pub endpoints: usize,
+    pub churn_rate: f64,
+    pub churn_duration: Duration,
+    pub protocols: Vec<Protocol>,
+    /// Bound on each wait; generous, it is not a timing assertion.
+    pub timeout: Duration,
+}
+
+impl Default for SmokeOptions {
+    fn default() -> Self {
+        SmokeOptions {
+            server: ServerOptions::default(),
+            proxies: 5,
+            clusters: 10,
+            endpoints: 2,
+            churn_rate: 20.0,
+            churn_duration: Duration::from_secs(2),
+            protocols: vec![Protocol::Sotw, Protocol::Delta, Protocol::Rest],
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Runs W1 then W2 for each protocol; `Err` lists every failed check.
+pub async fn run(opts: &SmokeOptions) -> Result<Report> {
+    let spec = WorkloadSpec {
+        clusters: opts.clusters,
+        endpoints: opts.endpoints,
+    };
+    let mut report = Report::new(
+        "smoke",
+        serde_json::json!({
+            "proxies": opts.proxies, "clusters": opts.clusters, "endpoints": opts.endpoints,
+            "churn_rate": opts.churn_rate, "churn_s": opts.churn_duration.as_secs_f64(),
+            "server_mode": opts.server.mode,
+        }),
+    );
+    let mut failures = Vec::new();
+    for &protocol in &opts.protocols {
+        let params = FleetParams {
+            proxies: opts.proxies,
+            protocol,
+            rest_poll_ms: 100,
+            connect_concurrency: 0,
+            nack: None,
+        };
+        let mut r = cold_start(&opts.server, &spec, &params, opts.timeout).await?;
+        let mut fail = |what: String| failures.push(format!("{protocol}: {what}"));
+        let c = &r.cold;
+        if c.all_acked_s.is_none() {
+            fail(format!(
+                "cold start: {}/{} converged: {:?}",
+                c.converged, opts.proxies, c.failures
+            ));
+        }
+        if c.totals.nacks > 0 {
+            fail(format!("cold start: {} NACKs", c.totals.nacks));
+        }
+        if c.totals.version_mismatches > 0 {
+            fail(format!(
+                "cold start: {} Delta versions are not the content hash",
+                c.totals.version_mismatches
+            ));
+        }
+        let cold_ok = c.all_acked_s.is_some();
+        let cold_responses = c.totals.responses;
+        let ch = if cold_ok {
+            Some(
+                churn(
+                    &mut r,
+                    opts.churn_rate,
+                    opts.churn_duration,
+                    opts.timeout,
+                    7,
+                )
+                .await?,
+            )
+        } else {
+            None
+        };
+        if let Some(ch) = &ch {
+            if !ch.settled {
+                fail(format!("churn: not converged: {:?}", ch.failures));
+            }
+            if ch.convergence.count != ch.expected_samples {
+                fail(format!(
+                    "churn: {} convergence samples, expected {} ({} changes × {} proxies)",
+                    ch.convergence.count, ch.expected_samples, ch.changes, opts.proxies
+                ));
+            }
+            if ch.totals.nacks > 0 || ch.totals.unmatched_versions > 0 {
+                fail(format!(
+                    "churn: {} NACKs, {} versions matching no published change",
+                    ch.totals.nacks, ch.totals.unmatched_versions
+                ));
+            }
+            if ch.totals.version_mismatches > 0 {
+                fail(format!(
+                    "churn: {} Delta versions are not the content hash",
+                    ch.totals.version_mismatches
+                ));
+            }
+        }
+        report.rows.push(row!(
+            "protocol" => protocol.to_string(),
+            "cold_converged" => format!("{}/{}", r.cold.converged, opts.proxies),
+            "cold_responses" => cold_responses,
+            "cold_by_type" => format!("{:?}", r.cold.totals.responses_by_type),
+            "changes" => ch.as_ref().map(|c| c.changes),
+            "samples" => ch.as_ref().map(|c| c.convergence.count),
+            "settled" => ch.as_ref().map(|c| c.settled),
+            "nacks" => r.cold.totals.nacks + ch.as_ref().map_or(0, |c| c.totals.nacks),
+        ));
+        r.stop().await;
+    }
+    if !failures.is_empty() {
+        bail!("smoke failed:\n  {}", failures.join("\n  "));
+    }
+    Ok(report)
+}
