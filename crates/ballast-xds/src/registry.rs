@@ -164,11 +164,11 @@ impl NodeRegistry {
             let mut nodes = self.inner.nodes.lock();
             match nodes.get_mut(node) {
                 Some(e) => {
-                    if let Some(last) = e.streams.remove(&stream) {
-                        if e.streams.is_empty() {
-                            // Kept for status during the grace period.
-                            e.last_types = last.types;
-                        }
+                    if let Some(last) = e.streams.remove(&stream)
+                        && e.streams.is_empty()
+                    {
+                        // Kept for status during the grace period.
+                        e.last_types = last.types;
                     }
                     if e.streams.is_empty() {
                         e.disconnected_at = Some(Instant::now());

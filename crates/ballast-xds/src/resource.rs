@@ -279,10 +279,10 @@ fn common_tls_refs(ctx: Option<&CommonTlsContext>, refs: &mut Vec<Ref>) {
             push_ref(refs, ResourceType::Secret, &sds.name, false);
         }
         Some(ValidationContextType::CombinedValidationContext(c)) => {
-            if let Some(sds) = &c.validation_context_sds_secret_config {
-                if sds.sds_config.as_ref().is_some_and(is_ads_config) {
-                    push_ref(refs, ResourceType::Secret, &sds.name, false);
-                }
+            if let Some(sds) = &c.validation_context_sds_secret_config
+                && sds.sds_config.as_ref().is_some_and(is_ads_config)
+            {
+                push_ref(refs, ResourceType::Secret, &sds.name, false);
             }
         }
         _ => {}
@@ -312,10 +312,11 @@ fn transport_socket_refs(ts: Option<&TransportSocket>, upstream: bool, refs: &mu
         if let Ok(ctx) = UpstreamTlsContext::decode(any.value.as_slice()) {
             common_tls_refs(ctx.common_tls_context.as_ref(), refs);
         }
-    } else if !upstream && any.type_url == DownstreamTlsContext::type_url() {
-        if let Ok(ctx) = DownstreamTlsContext::decode(any.value.as_slice()) {
-            common_tls_refs(ctx.common_tls_context.as_ref(), refs);
-        }
+    } else if !upstream
+        && any.type_url == DownstreamTlsContext::type_url()
+        && let Ok(ctx) = DownstreamTlsContext::decode(any.value.as_slice())
+    {
+        common_tls_refs(ctx.common_tls_context.as_ref(), refs);
     }
 }
 
@@ -424,10 +425,9 @@ impl XdsResource for Listener {
             .api_listener
             .as_ref()
             .and_then(|a| a.api_listener.as_ref())
+            && any.type_url == HttpConnectionManager::type_url()
         {
-            if any.type_url == HttpConnectionManager::type_url() {
-                hcm_refs(any, &mut refs);
-            }
+            hcm_refs(any, &mut refs);
         }
         refs
     }

@@ -119,29 +119,29 @@ impl Csds {
                 });
             }
             // Resources the client should have but does not hold yet.
-            if let Some(current) = &current {
-                if t.wildcard {
-                    for (name, res) in current.iter() {
-                        if !t.acked.contains_key(name) {
-                            let status = match t.state {
-                                SyncState::Error => ConfigStatus::Error,
-                                SyncState::Stale => ConfigStatus::Stale,
-                                _ => ConfigStatus::NotSent,
-                            };
-                            configs.push(GenericXdsConfig {
-                                type_url: t.ty.type_url().to_string(),
-                                name: name.to_string(),
-                                version_info: res.version().to_string(),
-                                config_status: status as i32,
-                                client_status: ClientResourceStatus::Requested as i32,
-                                error_state: t.nack.as_ref().map(|nack| UpdateFailureState {
-                                    details: nack.message.clone(),
-                                    version_info: nack.version.to_string(),
-                                    ..Default::default()
-                                }),
+            if let Some(current) = &current
+                && t.wildcard
+            {
+                for (name, res) in current.iter() {
+                    if !t.acked.contains_key(name) {
+                        let status = match t.state {
+                            SyncState::Error => ConfigStatus::Error,
+                            SyncState::Stale => ConfigStatus::Stale,
+                            _ => ConfigStatus::NotSent,
+                        };
+                        configs.push(GenericXdsConfig {
+                            type_url: t.ty.type_url().to_string(),
+                            name: name.to_string(),
+                            version_info: res.version().to_string(),
+                            config_status: status as i32,
+                            client_status: ClientResourceStatus::Requested as i32,
+                            error_state: t.nack.as_ref().map(|nack| UpdateFailureState {
+                                details: nack.message.clone(),
+                                version_info: nack.version.to_string(),
                                 ..Default::default()
-                            });
-                        }
+                            }),
+                            ..Default::default()
+                        });
                     }
                 }
             }

@@ -132,3 +132,72 @@ pub fn names(
         .map(|a| Resource::from_any(a).unwrap().name().to_string())
         .collect()
 }
+
+/// Records every event, for assertions on what a server did.
+#[derive(Clone, Default)]
+pub struct EventLog(Arc<std::sync::Mutex<Vec<ballast_xds::XdsEvent>>>);
+
+impl EventLog {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn observer(&self) -> Arc<dyn ballast_xds::XdsObserver> {
+        let log = self.0.clone();
+        Arc::new(move |e: &ballast_xds::XdsEvent| log.lock().unwrap().push(e.clone()))
+    }
+
+    pub fn events(&self) -> Vec<ballast_xds::XdsEvent> {
+        self.0.lock().unwrap().clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    /// `ResponseSent` events of type `ty` (any type if `None`) from index `from` on.
+    pub fn responses_since(&self, from: usize, ty: Option<ballast_xds::ResourceType>) -> usize {
+        self.0.lock().unwrap()[from..]
+            .iter()
+            .filter(|e| {
+                matches!(e, ballast_xds::XdsEvent::ResponseSent { ty: t, .. } if ty.is_none_or(|ty| ty == *t))
+            })
+            .count()
+    }
+}
+
+/// The bound address of Envoy listener `name` once it is active.
+pub async fn listener_addr(envoy: &ballast_testkit::Envoy, name: &str) -> SocketAddr {
+    ballast_testkit::wait_for(
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || async {
+            envoy
+                .listener_addrs()
+                .await?
+                .get(name)
+                .copied()
+                .ok_or_else(|| anyhow::anyhow!("listener {name} not there yet"))
+        },
+    )
+    .await
+    .expect("listener appears")
+}
+
+/// Like [`http_snapshot`], but every host routes to `route_to` alone while
+/// `clusters` (each an EDS cluster with its endpoints) may hold more.
+pub fn routed_snapshot(route_to: &str, clusters: &[(&str, &[SocketAddr])]) -> Snapshot {
+    let mut b = Snapshot::builder();
+    for (name, eps) in clusters {
+        let eps: Vec<(String, u16)> = eps.iter().map(|a| (a.ip().to_string(), a.port())).collect();
+        let eps: Vec<(&str, u16)> = eps.iter().map(|(i, p)| (i.as_str(), *p)).collect();
+        b.message(&simple::eds_cluster(name, Duration::from_millis(500)))
+            .unwrap();
+        b.message(&simple::load_assignment(name, &eps)).unwrap();
+    }
+    b.message(&simple::http_listener("http", "127.0.0.1", 0, "routes"))
+        .unwrap();
+    b.message(&simple::route_config("routes", &[("*", &[(route_to, 1)])]))
+        .unwrap();
+    b.build().unwrap()
+}
