@@ -192,12 +192,13 @@ async fn files_changed_together_apply_together() {
     write(&d.path().join("gateway.yaml"), GATEWAY);
     write(&routes, &route("web", "old"));
     write(&backends, &backend("old", 8080));
-    // A generous quiet period, so a slow shared machine pausing between the two writes still
-    // falls inside it; the test fails without the debounce (quiet = 0 reloads on the first
-    // event, publishing the half state as its own generation).
+    // The two files are written 100 ms apart, as a person or a slow tool would; a quiet period
+    // of 1 s keeps them in one burst even on a slow shared machine. Without the debounce
+    // (quiet = 0) the first write is reloaded alone and the half state is published as its own
+    // generation, which fails this test.
     let options = FileSourceOptions {
-        quiet: Duration::from_millis(500),
-        max_delay: Duration::from_secs(5),
+        quiet: Duration::from_secs(1),
+        max_delay: Duration::from_secs(10),
         initial_delay: Duration::ZERO,
     };
     let mut rx = start(vec![d.path().to_path_buf()], options);
@@ -217,6 +218,7 @@ async fn files_changed_together_apply_together() {
     });
 
     write(&routes, &route("web", "new"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
     write(&backends, &backend("new", 8080));
     let after = until(&mut rx, "renamed backend", |s| port_of(s, "new").is_some()).await;
     assert_eq!(
@@ -434,4 +436,87 @@ fn load_paths_reports_every_error_with_positions() {
     write(&a, &backend("web", 80));
     fs::remove_file(d.path().join("dup2.yaml")).unwrap();
     assert_eq!(load_paths(&[d.path().to_path_buf()]).unwrap().len(), 4);
+}
+
+/// A config file symlinked from elsewhere: editing the target (outside every watched tree)
+/// reloads.
+#[cfg(unix)]
+#[tokio::test]
+async fn edits_of_a_symlink_target_outside_the_tree_reload() {
+    let d = tempfile::tempdir().unwrap();
+    let conf = d.path().join("conf");
+    let elsewhere = d.path().join("elsewhere/backends.yaml");
+    write(&conf.join("gateway.yaml"), GATEWAY);
+    write(&elsewhere, &backend("web", 1));
+    std::os::unix::fs::symlink(&elsewhere, conf.join("backends.yaml")).unwrap();
+    let mut rx = start(vec![conf.clone()], fast());
+    let s = until(&mut rx, "initial sync", |s| s.synced).await;
+    assert_eq!((s.files, port_of(&s, "web")), (2, Some(1)));
+    write(&elsewhere, &backend("web", 2));
+    until(&mut rx, "target edit", |s| port_of(s, "web") == Some(2)).await;
+}
+
+/// The configured directory deleted and created again: the load in between fails (last known
+/// good), and the new directory is watched.
+#[tokio::test]
+async fn directory_deleted_and_recreated() {
+    let d = tempfile::tempdir().unwrap();
+    let conf = d.path().join("conf");
+    three_files(&conf);
+    let mut rx = start(vec![conf.clone()], fast());
+    until(&mut rx, "initial sync", |s| s.synced).await;
+    fs::remove_dir_all(&conf).unwrap();
+    let s = until(&mut rx, "missing error", |s| {
+        errors(s).iter().any(|e| e.ends_with("path does not exist"))
+    })
+    .await;
+    assert_eq!((s.generation, port_of(&s, "web")), (1, Some(8080)));
+    three_files(&conf);
+    write(&conf.join("backends/web.yml"), &backend("web", 8081));
+    let s = until(&mut rx, "recreated", |s| port_of(s, "web") == Some(8081)).await;
+    assert!(s.last_error.is_none());
+    write(&conf.join("backends/web.yml"), &backend("web", 8082));
+    until(&mut rx, "edit in recreated", |s| {
+        port_of(s, "web") == Some(8082)
+    })
+    .await;
+}
+
+/// Writes that never pause for `quiet` still reload, `max_delay` after the burst began.
+#[tokio::test]
+async fn a_steady_trickle_still_reloads() {
+    let d = tempfile::tempdir().unwrap();
+    three_files(d.path());
+    let options = FileSourceOptions {
+        quiet: Duration::from_millis(300),
+        max_delay: Duration::from_millis(600),
+        initial_delay: Duration::ZERO,
+    };
+    let mut rx = start(vec![d.path().to_path_buf()], options);
+    until(&mut rx, "initial sync", |s| s.synced).await;
+    let file = d.path().join("backends/api.yaml");
+    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writer = {
+        let writing = writing.clone();
+        tokio::spawn(async move {
+            // Every 50 ms, well inside the quiet period, for at most 30 s.
+            for i in 0..600u16 {
+                if !writing.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                write(&file, &backend("api", 1000 + i));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            writing.store(false, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    until(&mut rx, "a reload during the trickle", |s| {
+        s.generation >= 2
+    })
+    .await;
+    assert!(
+        writing.swap(false, std::sync::atomic::Ordering::SeqCst),
+        "the reload only came after the writes stopped"
+    );
+    writer.await.unwrap();
 }

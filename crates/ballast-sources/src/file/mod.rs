@@ -144,6 +144,7 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
     let mut debounce = Debouncer::new(options.quiet, options.max_delay);
     let mut retry_at: Option<Instant> = None;
     let mut first = true;
+    let mut link_dirs: Vec<PathBuf> = Vec::new();
 
     loop {
         // One load: reconcile the watches first (so anything created after this point raises
@@ -158,13 +159,21 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
                 .take()
                 .expect("watches are returned after every load");
             let p = paths.clone();
+            let previous_links = std::mem::take(&mut link_dirs);
             let joined = tokio::task::spawn_blocking(move || {
-                let complete = w.reconcile(&p);
-                let result = walk::load(&p);
-                (w, complete, result)
+                // Watch first, then look: anything that changes after the watch is in place
+                // raises an event, anything before it is seen by the walk.
+                let mut complete = w.reconcile(&p, &previous_links);
+                let discovered = walk::discover(&p);
+                let links = walk::link_target_dirs(&discovered.files);
+                if links != previous_links {
+                    complete &= w.reconcile(&p, &links);
+                }
+                let result = walk::read(discovered);
+                (w, complete, links, result)
             })
             .await;
-            let (w, complete, result) = match joined {
+            let (w, complete, links, result) = match joined {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!(source = %name, error = %e, "config load task failed");
@@ -172,6 +181,7 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
                 }
             };
             watches = Some(w);
+            link_dirs = links;
             retry_at = (!complete).then(|| Instant::now() + WATCH_RETRY);
             publish(&tx, &name, result, first);
             first = false;

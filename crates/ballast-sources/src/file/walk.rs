@@ -205,6 +205,21 @@ fn read_one(p: &Path) -> Result<String, FileError> {
     String::from_utf8(bytes).map_err(|_| FileError::NotUtf8)
 }
 
+/// The directories that symlinked files among `files` point into (to be watched too: a change
+/// of the link's target does not touch the directory the link is in).
+pub fn link_target_dirs(files: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs = BTreeSet::new();
+    for f in files {
+        if fs::symlink_metadata(f).is_ok_and(|m| m.file_type().is_symlink())
+            && let Ok(target) = fs::canonicalize(f)
+            && let Some(parent) = target.parent()
+        {
+            dirs.insert(parent.to_path_buf());
+        }
+    }
+    dirs.into_iter().collect()
+}
+
 /// A good load: the set and how many files it came from.
 #[derive(Debug)]
 pub struct Loaded {
@@ -216,7 +231,12 @@ pub struct Loaded {
 /// and every error found is reported (file problems and YAML problems, sorted by file and
 /// position).
 pub fn load(paths: &[PathBuf]) -> Result<Loaded, Vec<ConfigError>> {
-    let Discovered { files, mut errors } = discover(paths);
+    read(discover(paths))
+}
+
+/// Reads the discovered files and builds one set (see [`load`]).
+pub fn read(discovered: Discovered) -> Result<Loaded, Vec<ConfigError>> {
+    let Discovered { files, mut errors } = discovered;
     let mut texts = Vec::with_capacity(files.len());
     for f in &files {
         match read_one(f) {

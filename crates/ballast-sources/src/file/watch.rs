@@ -80,17 +80,23 @@ pub fn is_relevant(event: &notify::Result<Event>) -> bool {
     }
 }
 
-/// The directories to watch for `paths` as they are on disk now.
+/// The directories to watch for `paths` as they are on disk now, plus `link_dirs`.
 ///
 /// - a directory: itself, recursively (and its parent if it is a symlink, to see it retargeted);
 /// - a file: its directory, non-recursively, so renames over it and ConfigMap-style `..data`
 ///   swaps beside it are seen, plus the directory of its symlink target if it is a link;
 /// - a missing path: its nearest existing ancestor, non-recursively, so its creation is seen
-///   (the watch set is recomputed before every reload, and moves down as the path appears).
-pub fn desired(paths: &[PathBuf]) -> BTreeMap<PathBuf, RecursiveMode> {
+///   (the watch set is recomputed before every reload, and moves down as the path appears);
+/// - `link_dirs`: the directories that files found by the walk link to (a `*.yaml` symlink
+///   pointing out of the tree), non-recursively, so edits of the target are seen.
+///
+/// Paths are canonical, and a directory inside one watched recursively gets no watch of its
+/// own: inotify shares one watch per inode, so removing a second watch of the same directory
+/// would silently remove the first.
+pub fn desired(paths: &[PathBuf], link_dirs: &[PathBuf]) -> BTreeMap<PathBuf, RecursiveMode> {
     let mut out: BTreeMap<PathBuf, RecursiveMode> = BTreeMap::new();
     let mut add = |p: &Path, mode: RecursiveMode| {
-        let p = absolute(p);
+        let p = fs::canonicalize(p).unwrap_or_else(|_| absolute(p));
         let e = out.entry(p).or_insert(mode);
         if mode == RecursiveMode::Recursive {
             *e = RecursiveMode::Recursive;
@@ -127,6 +133,9 @@ pub fn desired(paths: &[PathBuf]) -> BTreeMap<PathBuf, RecursiveMode> {
                 }
             }
         }
+    }
+    for d in link_dirs {
+        add(d, RecursiveMode::NonRecursive);
     }
     // A directory inside one watched recursively needs no watch of its own.
     let recursive: Vec<PathBuf> = out
@@ -177,8 +186,8 @@ impl Watches {
 
     /// Brings the watches in line with the paths as they are now. Returns whether every desired
     /// watch is in place (if not, the caller retries later: an event may be missed meanwhile).
-    pub fn reconcile(&mut self, paths: &[PathBuf]) -> bool {
-        let want = desired(paths);
+    pub fn reconcile(&mut self, paths: &[PathBuf], link_dirs: &[PathBuf]) -> bool {
+        let want = desired(paths, link_dirs);
         let stale: Vec<PathBuf> = self
             .active
             .iter()
@@ -262,12 +271,16 @@ mod tests {
         fs::create_dir_all(root.join("conf/sub")).unwrap();
         fs::write(root.join("conf/sub/a.yaml"), "").unwrap();
         fs::write(root.join("single.yaml"), "").unwrap();
-        let got = desired(&[
-            root.join("conf"),
-            root.join("conf/sub/a.yaml"),
-            root.join("single.yaml"),
-            root.join("missing/deeper/x"),
-        ]);
+        fs::create_dir_all(root.join("elsewhere")).unwrap();
+        let got = desired(
+            &[
+                root.join("conf"),
+                root.join("conf/sub/a.yaml"),
+                root.join("single.yaml"),
+                root.join("missing/deeper/x"),
+            ],
+            &[root.join("elsewhere"), root.join("conf/sub")],
+        );
         let got: Vec<(PathBuf, RecursiveMode)> = got.into_iter().collect();
         assert_eq!(
             got,
@@ -276,6 +289,7 @@ mod tests {
                 (root.clone(), RecursiveMode::NonRecursive),
                 // conf/sub is covered by the recursive watch of conf.
                 (root.join("conf"), RecursiveMode::Recursive),
+                (root.join("elsewhere"), RecursiveMode::NonRecursive),
             ]
         );
     }
