@@ -123,10 +123,13 @@ impl StaticSource {
 }
 
 impl Source for StaticSource {
+    /// Panics outside a tokio runtime, like every source.
     fn start(self: Box<Self>) -> watch::Receiver<SourceState> {
-        // The sender is dropped at once: receivers keep the value, and `changed()` reports
-        // closure rather than hanging, which is right for a value that never changes.
-        watch::channel(self.state).1
+        // The sender lives as long as any receiver: consumers treat a closed channel as the
+        // source having stopped, and this one never stops, it just never changes.
+        let (tx, rx) = watch::channel(self.state);
+        tokio::spawn(async move { tx.closed().await });
+        rx
     }
 }
 
@@ -210,8 +213,13 @@ mod tests {
     #[tokio::test]
     async fn static_source_is_synced() {
         let src = StaticSource::from_files("builtin", [("q.yaml", "")]).unwrap();
-        let rx = Box::new(src).start();
-        let s = rx.borrow();
-        assert!(s.synced && s.config.is_some() && s.generation == 1);
+        let mut rx = Box::new(src).start();
+        {
+            let s = rx.borrow();
+            assert!(s.synced && s.config.is_some() && s.generation == 1);
+        }
+        // Still open: a consumer waiting for changes waits, it is not told the source stopped.
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(50), rx.changed()).await;
+        assert!(waited.is_err());
     }
 }

@@ -101,6 +101,31 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<ConfigSet, Vec<ConfigError>> {
     walk::load(paths).map(|l| l.set)
 }
 
+/// The blocking half of the source: the watches and the parse cache, moved to a blocking
+/// thread for each load and back.
+struct Worker {
+    watches: Watches,
+    loader: walk::Loader,
+    /// Directories that symlinked files pointed into at the last load (watched too).
+    link_dirs: Vec<PathBuf>,
+}
+
+impl Worker {
+    /// One load. Watch first, then look: anything that changes after the watch is in place
+    /// raises an event, anything before it is seen by the walk. Returns whether every watch is
+    /// in place.
+    fn load(&mut self, paths: &[PathBuf]) -> (bool, Result<walk::Loaded, Vec<ConfigError>>) {
+        let mut complete = self.watches.reconcile(paths, &self.link_dirs);
+        let discovered = walk::discover(paths);
+        let links = walk::link_target_dirs(&discovered.files);
+        if links != self.link_dirs {
+            complete &= self.watches.reconcile(paths, &links);
+            self.link_dirs = links;
+        }
+        (complete, self.loader.read(discovered))
+    }
+}
+
 /// How long to wait before retrying watches that could not be set up (e.g. the inotify watch
 /// limit); meanwhile changes may go unseen, so this is also a reload.
 const WATCH_RETRY: Duration = Duration::from_secs(2);
@@ -140,11 +165,14 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
     } = source;
     let paths: Arc<[PathBuf]> = paths.into();
     let wake = Arc::new(Notify::new());
-    let mut watches = Some(Watches::new(new_watcher(wake.clone())));
+    let mut worker = Some(Worker {
+        watches: Watches::new(new_watcher(wake.clone())),
+        loader: walk::Loader::default(),
+        link_dirs: Vec::new(),
+    });
     let mut debounce = Debouncer::new(options.quiet, options.max_delay);
     let mut retry_at: Option<Instant> = None;
     let mut first = true;
-    let mut link_dirs: Vec<PathBuf> = Vec::new();
 
     loop {
         // One load: reconcile the watches first (so anything created after this point raises
@@ -155,33 +183,23 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
                 _ = sleep(options.initial_delay) => true,
             }
         } {
-            let mut w = watches
+            let mut w = worker
                 .take()
-                .expect("watches are returned after every load");
+                .expect("the worker is returned after every load");
             let p = paths.clone();
-            let previous_links = std::mem::take(&mut link_dirs);
             let joined = tokio::task::spawn_blocking(move || {
-                // Watch first, then look: anything that changes after the watch is in place
-                // raises an event, anything before it is seen by the walk.
-                let mut complete = w.reconcile(&p, &previous_links);
-                let discovered = walk::discover(&p);
-                let links = walk::link_target_dirs(&discovered.files);
-                if links != previous_links {
-                    complete &= w.reconcile(&p, &links);
-                }
-                let result = walk::read(discovered);
-                (w, complete, links, result)
+                let (complete, result) = w.load(&p);
+                (w, complete, result)
             })
             .await;
-            let (w, complete, links, result) = match joined {
+            let (w, complete, result) = match joined {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!(source = %name, error = %e, "config load task failed");
                     return;
                 }
             };
-            watches = Some(w);
-            link_dirs = links;
+            worker = Some(w);
             retry_at = (!complete).then(|| Instant::now() + WATCH_RETRY);
             publish(&tx, &name, result, first);
             first = false;

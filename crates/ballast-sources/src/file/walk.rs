@@ -5,13 +5,13 @@
 //! unreadable file is reported like a syntax error and rejects the load (last known good)
 //! instead of silently dropping that file's objects from the config.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use ballast_model::{ConfigError, ConfigSet, Pos};
+use ballast_model::{ConfigError, ConfigSet, Object, Pos, parse_file};
 
 /// A file-level problem (the YAML inside is the model's business).
 #[derive(Debug, thiserror::Error)]
@@ -231,26 +231,60 @@ pub struct Loaded {
 /// and every error found is reported (file problems and YAML problems, sorted by file and
 /// position).
 pub fn load(paths: &[PathBuf]) -> Result<Loaded, Vec<ConfigError>> {
-    read(discover(paths))
+    Loader::default().read(discover(paths))
 }
 
-/// Reads the discovered files and builds one set (see [`load`]).
-pub fn read(discovered: Discovered) -> Result<Loaded, Vec<ConfigError>> {
-    let Discovered { files, mut errors } = discovered;
-    let mut texts = Vec::with_capacity(files.len());
-    for f in &files {
-        match read_one(f) {
-            Ok(t) => texts.push((f.display().to_string(), t)),
-            Err(e) => errors.push(e.at(f)),
+/// Reads config files, remembering each file's parse from the previous load.
+///
+/// Every load still reads every file (that is what makes it atomic and simple), but only a file
+/// whose text changed is parsed again: editing one route among thousands costs one file's
+/// parse, and the unchanged files' objects keep their `Arc`s, so `ConfigSet::diff` downstream
+/// sees them as pointer-equal. The result is the same as `ConfigSet::build` of all the texts.
+#[derive(Debug, Default)]
+pub struct Loader {
+    /// Display path → (text, parsed objects) of files that parsed cleanly last time.
+    cache: HashMap<String, (String, Vec<Object>)>,
+}
+
+impl Loader {
+    /// Reads the discovered files and builds one set (see [`load`]).
+    pub fn read(&mut self, discovered: Discovered) -> Result<Loaded, Vec<ConfigError>> {
+        let Discovered { files, mut errors } = discovered;
+        let mut objects = Vec::new();
+        let mut cache = HashMap::with_capacity(files.len());
+        for f in &files {
+            let text = match read_one(f) {
+                Ok(t) => t,
+                Err(e) => {
+                    errors.push(e.at(f));
+                    continue;
+                }
+            };
+            let name = f.display().to_string();
+            let parsed = match self.cache.remove(&name) {
+                Some((old, parsed)) if old == text => Ok(parsed),
+                _ => parse_file(&name, &text),
+            };
+            match parsed {
+                Ok(parsed) => {
+                    objects.extend(parsed.iter().cloned());
+                    cache.insert(name, (text, parsed));
+                }
+                Err(mut e) => errors.append(&mut e),
+            }
         }
-    }
-    let n = texts.len();
-    match ConfigSet::build(texts) {
-        Ok(set) if errors.is_empty() => Ok(Loaded { set, files: n }),
-        Ok(_) => Err(sorted(errors)),
-        Err(mut more) => {
-            errors.append(&mut more);
-            Err(sorted(errors))
+        // Only files seen in this load are remembered: the cache never outgrows the config.
+        self.cache = cache;
+        match ConfigSet::from_objects(objects) {
+            Ok(set) if errors.is_empty() => Ok(Loaded {
+                set,
+                files: files.len(),
+            }),
+            Ok(_) => Err(sorted(errors)),
+            Err(mut more) => {
+                errors.append(&mut more);
+                Err(sorted(errors))
+            }
         }
     }
 }
@@ -356,5 +390,78 @@ mod tests {
             errs[0].to_string(),
             format!("{}:0:0: path does not exist", p.display())
         );
+    }
+
+    fn backend(name: &str, port: u16) -> String {
+        format!(
+            "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {{ name: {name} }}\nspec:\n  endpoints: [{{ address: 10.0.0.1, port: {port} }}]\n"
+        )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 32, ..Default::default() })]
+
+        /// Over any sequence of edits (files written, changed, broken, deleted), a loader that
+        /// remembers earlier parses gives exactly what `ConfigSet::build` of all the texts gives: same set, same
+        /// positions, same errors.
+        #[test]
+        fn cached_loads_equal_fresh_loads(
+            // Each step: for files f0..f3, None = absent, Some((name, port)); port 0 is invalid.
+            steps in proptest::collection::vec(
+                proptest::collection::vec(proptest::option::of((0u8..4, 0u16..3)), 4),
+                1..6,
+            ),
+        ) {
+            let d = tempfile::tempdir().unwrap();
+            let paths = vec![d.path().to_path_buf()];
+            let mut loader = Loader::default();
+            for step in steps {
+                for (i, file) in step.iter().enumerate() {
+                    let p = d.path().join(format!("f{i}.yaml"));
+                    match file {
+                        Some((n, port)) => fs::write(&p, backend(&format!("b{n}"), *port)).unwrap(),
+                        None => { let _ = fs::remove_file(&p); }
+                    }
+                }
+                let cached = loader.read(discover(&paths));
+                // The reference: the model's own all-at-once build of every file's text.
+                let found = discover(&paths);
+                proptest::prop_assert!(found.errors.is_empty());
+                let n = found.files.len();
+                let fresh = ConfigSet::build(found.files.iter().map(|f| {
+                    (f.display().to_string(), fs::read_to_string(f).unwrap())
+                }))
+                .map(|set| Loaded { set, files: n });
+                match (cached, fresh) {
+                    (Ok(a), Ok(b)) => {
+                        proptest::prop_assert_eq!(&a.set, &b.set);
+                        proptest::prop_assert_eq!(a.files, b.files);
+                        let sa: Vec<_> = a.set.objects().map(|o| o.source().clone()).collect();
+                        let sb: Vec<_> = b.set.objects().map(|o| o.source().clone()).collect();
+                        proptest::prop_assert_eq!(sa, sb);
+                    }
+                    (Err(a), Err(b)) => proptest::prop_assert_eq!(a, b),
+                    (a, b) => proptest::prop_assert!(false, "cached {a:?} vs fresh {b:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unchanged_files_keep_their_objects() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("a.yaml"), backend("a", 1)).unwrap();
+        fs::write(d.path().join("b.yaml"), backend("b", 1)).unwrap();
+        let paths = vec![d.path().to_path_buf()];
+        let mut loader = Loader::default();
+        let first = loader.read(discover(&paths)).unwrap().set;
+        fs::write(d.path().join("b.yaml"), backend("b", 2)).unwrap();
+        let second = loader.read(discover(&paths)).unwrap().set;
+        let k = |n: &str| ballast_model::ObjectKey::new("default", n);
+        assert!(std::sync::Arc::ptr_eq(
+            &first.backends[&k("a")],
+            &second.backends[&k("a")]
+        ));
+        assert_ne!(first.backends[&k("b")], second.backends[&k("b")]);
     }
 }
