@@ -146,4 +146,6 @@ pub(crate) fn encode<M: ballast_xds::XdsResource>(msg: &M) -> std::sync::Arc<Res
 }
 
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;

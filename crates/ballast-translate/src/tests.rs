@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use ballast_model::{ConfigSet, ObjectKey};
-use ballast_xds::{Resource, Snapshot};
+use ballast_xds::Resource;
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::listener::v3::Listener;
@@ -128,6 +128,985 @@ fn translator_first_update_matches_scratch_and_prints_yaml() {
     assert!(out.changed.is_empty() && out.removed.is_empty());
     let empty = t.update(&Arc::new(ConfigSet::default()));
     assert_eq!(empty.removed, vec![gw("edge")]);
-    let _: Option<(EnvoySecret, Snapshot)> = None;
-    let _ = find;
+}
+
+use envoy_types::pb::envoy::config::core::v3::HealthStatus;
+use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
+use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType as TsConfig;
+use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType as FilterConfig;
+use envoy_types::pb::envoy::config::route::v3::header_matcher::HeaderMatchSpecifier;
+use envoy_types::pb::envoy::config::route::v3::redirect_action::{
+    PathRewriteSpecifier, RedirectResponseCode, SchemeRewriteSpecifier,
+};
+use envoy_types::pb::envoy::config::route::v3::route::Action;
+use envoy_types::pb::envoy::config::route::v3::route_action::{
+    ClusterSpecifier, HostRewriteSpecifier,
+};
+use envoy_types::pb::envoy::config::route::v3::route_match::PathSpecifier;
+use envoy_types::pb::envoy::config::route::v3::{Route, RouteAction, VirtualHost};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::StripPortMode;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
+use envoy_types::pb::google::protobuf::{BoolValue, Duration as PbDuration, UInt32Value};
+
+fn hcm(l: &Listener, chain: usize) -> HttpConnectionManager {
+    let Some(FilterConfig::TypedConfig(any)) = &l.filter_chains[chain].filters[0].config_type
+    else {
+        panic!("no typed config")
+    };
+    HttpConnectionManager::decode(any.value.as_slice()).unwrap()
+}
+
+fn route_yaml(name: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{ name: {name} }}\nspec:\n  parentRefs: [{{ name: edge }}]\n{extra}"
+    )
+}
+
+fn backend_yaml(name: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {{ name: {name} }}\nspec:\n{spec}"
+    )
+}
+
+fn docs(parts: &[&str]) -> String {
+    parts.join("\n---\n")
+}
+
+/// The routes of the only virtual host of the only route configuration.
+fn only_vhost(res: &GatewayResources) -> VirtualHost {
+    let rc: RouteConfiguration = decode(&res.route_configs[0]);
+    assert_eq!(rc.virtual_hosts.len(), 1, "{:?}", rc.virtual_hosts);
+    rc.virtual_hosts.into_iter().next().unwrap()
+}
+
+fn route_action(r: &Route) -> &RouteAction {
+    match &r.action {
+        Some(Action::Route(a)) => a,
+        other => panic!("not a route action: {other:?}"),
+    }
+}
+
+const WEB: &str = "  endpoints: [{ address: 10.0.0.1, port: 80 }]\n";
+
+#[test]
+fn http_connection_manager_settings() {
+    let res = translate(GATEWAY_HTTP, "edge");
+    let l: Listener = decode(&res.listeners[0]);
+    assert!(l.listener_filters.is_empty());
+    assert_eq!(l.filter_chains.len(), 1);
+    assert_eq!(l.filter_chains[0].filter_chain_match, None);
+    assert_eq!(l.filter_chains[0].transport_socket, None);
+    let mut want = ballast_xds::simple::rds_http_connection_manager(
+        "default_edge_10000",
+        "default/edge/10000",
+    );
+    want.strip_port_mode = Some(StripPortMode::StripAnyHostPort(true));
+    want.normalize_path = Some(BoolValue { value: true });
+    assert_eq!(hcm(&l, 0), want);
+    // No routes: an empty route configuration, still referenced by the listener.
+    let rc: RouteConfiguration = decode(&res.route_configs[0]);
+    assert!(rc.virtual_hosts.is_empty());
+    // Stat prefix option.
+    let opts = Options {
+        stat_prefix: "edge".into(),
+        ..Default::default()
+    };
+    let res = translate_gateway(&config(GATEWAY_HTTP), &gw("edge"), &opts).unwrap();
+    assert_eq!(
+        hcm(&decode(&res.listeners[0]), 0).stat_prefix,
+        "edge_default_edge_10000"
+    );
+}
+
+#[test]
+fn gateway_addresses_bind_one_listener_per_port() {
+    let yaml = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: { name: edge, namespace: infra }
+spec:
+  gatewayClassName: ballast
+  addresses: [{ value: 127.0.0.1 }, { value: "::1" }]
+  listeners:
+  - { name: a, port: 80, protocol: HTTP }
+  - { name: b, port: 81, protocol: HTTP }
+"#;
+    let set = config(yaml);
+    let res =
+        translate_gateway(&set, &ObjectKey::new("infra", "edge"), &Options::default()).unwrap();
+    assert_eq!(names(&res.listeners), ["infra/edge/80", "infra/edge/81"]);
+    let l: Listener = decode(&res.listeners[1]);
+    assert_eq!(
+        l.address,
+        Some(ballast_xds::simple::socket_address("127.0.0.1", 81))
+    );
+    assert_eq!(l.additional_addresses.len(), 1);
+    assert_eq!(
+        l.additional_addresses[0].address,
+        Some(ballast_xds::simple::socket_address("::1", 81))
+    );
+    // Default address option.
+    let res = translate_gateway(
+        &config(GATEWAY_HTTP),
+        &gw("edge"),
+        &Options {
+            default_address: "127.0.0.2".parse().unwrap(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let l: Listener = decode(&res.listeners[0]);
+    assert_eq!(
+        l.address,
+        Some(ballast_xds::simple::socket_address("127.0.0.2", 10000))
+    );
+}
+
+#[test]
+fn path_header_query_and_method_matches() {
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - matches:
+    - path: { type: Exact, value: /exact }
+    - path: { type: PathPrefix, value: /api/ }
+      method: POST
+      headers: [{ name: X-Version, value: "2" }, { type: RegularExpression, name: x-tenant, value: "[a-z]+" }]
+      queryParams: [{ name: Debug, value: "true" }]
+    - path: { type: RegularExpression, value: "/r/[0-9]+" }
+    - path: { type: PathPrefix, value: / }
+    backendRefs: [{ name: web }]
+"#,
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &route]), "edge");
+    let vh = only_vhost(&res);
+    assert_eq!(vh.name, "*");
+    assert_eq!(vh.domains, ["*"]);
+    let paths: Vec<_> = vh
+        .routes
+        .iter()
+        .map(|r| r.r#match.as_ref().unwrap().path_specifier.clone().unwrap())
+        .collect();
+    use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
+    use envoy_types::pb::envoy::r#type::matcher::v3::{RegexMatcher, StringMatcher};
+    let regex = |r: &str| RegexMatcher {
+        regex: r.into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        paths,
+        [
+            PathSpecifier::Path("/exact".into()),
+            PathSpecifier::SafeRegex(regex("/r/[0-9]+")),
+            PathSpecifier::PathSeparatedPrefix("/api".into()),
+            PathSpecifier::Prefix("/".into()),
+        ]
+    );
+    // Route names keep the rule and match index (the regex was match 2).
+    let route_names: Vec<&str> = vh.routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(
+        route_names,
+        [
+            "default/web/0/0",
+            "default/web/0/2",
+            "default/web/0/1",
+            "default/web/0/3"
+        ]
+    );
+    let m = vh.routes[2].r#match.as_ref().unwrap();
+    let sm = |p| {
+        Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
+            match_pattern: Some(p),
+            ..Default::default()
+        }))
+    };
+    let headers: Vec<(String, Option<HeaderMatchSpecifier>)> = m
+        .headers
+        .iter()
+        .map(|h| (h.name.clone(), h.header_match_specifier.clone()))
+        .collect();
+    assert_eq!(
+        headers,
+        [
+            ("x-version".into(), sm(MatchPattern::Exact("2".into()))),
+            (
+                "x-tenant".into(),
+                sm(MatchPattern::SafeRegex(regex("[a-z]+")))
+            ),
+            (":method".into(), sm(MatchPattern::Exact("POST".into()))),
+        ]
+    );
+    assert_eq!(m.query_parameters.len(), 1);
+    assert_eq!(m.query_parameters[0].name, "Debug");
+    // Every route forwards to the one backend.
+    for r in &vh.routes {
+        assert_eq!(
+            route_action(r).cluster_specifier,
+            Some(ClusterSpecifier::Cluster("default/web".into()))
+        );
+    }
+}
+
+#[test]
+fn match_precedence_across_routes() {
+    // Declared in the opposite order of precedence, spread over routes whose keys sort
+    // against the precedence too.
+    let a = route_yaml(
+        "a",
+        "  rules:\n  - matches: [{ path: { type: PathPrefix, value: / } }]\n    backendRefs: [{ name: web }]\n",
+    );
+    let b = route_yaml(
+        "b",
+        "  rules:\n  - matches: [{ path: { type: PathPrefix, value: /foo } }]\n    backendRefs: [{ name: web }]\n  - matches: [{ path: { type: PathPrefix, value: /foo }, method: GET }]\n    backendRefs: [{ name: web }]\n",
+    );
+    let c = route_yaml(
+        "c",
+        "  rules:\n  - matches: [{ path: { type: PathPrefix, value: /foo }, headers: [{ name: a, value: b }] }]\n    backendRefs: [{ name: web }]\n  - matches: [{ path: { type: PathPrefix, value: /foo }, headers: [{ name: a, value: b }], queryParams: [{ name: q, value: v }] }]\n    backendRefs: [{ name: web }]\n",
+    );
+    let d = route_yaml(
+        "d",
+        "  rules:\n  - matches: [{ path: { type: PathPrefix, value: /foo/bar } }]\n    backendRefs: [{ name: web }]\n  - matches: [{ path: { type: Exact, value: /x } }]\n    backendRefs: [{ name: web }]\n",
+    );
+    // Identical match in two routes: the smaller key (`e0`) wins.
+    let e1 = route_yaml(
+        "e1",
+        "  rules:\n  - matches: [{ path: { type: Exact, value: /same } }]\n    backendRefs: [{ name: web }]\n",
+    );
+    let e0 = e1.replace("name: e1", "name: e0");
+    let res = translate(
+        &docs(&[GATEWAY_HTTP, BACKEND_WEB, &a, &b, &c, &d, &e1, &e0]),
+        "edge",
+    );
+    let vh = only_vhost(&res);
+    let got: Vec<&str> = vh.routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(
+        got,
+        [
+            "default/e0/0/0", // exact, longer
+            "default/e1/0/0",
+            "default/d/1/0", // exact
+            "default/d/0/0", // longest prefix
+            "default/b/1/0", // method
+            "default/c/1/0", // headers + query
+            "default/c/0/0", // headers
+            "default/b/0/0", // plain /foo
+            "default/a/0/0", // catch-all
+        ]
+    );
+}
+
+#[test]
+fn header_modifiers() {
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier:
+        set: [{ name: x-env, value: prod }]
+        add: [{ name: x-via, value: ballast }]
+        remove: [x-internal]
+    - type: ResponseHeaderModifier
+      responseHeaderModifier:
+        add: [{ name: x-served-by, value: ballast }]
+        remove: [server]
+    backendRefs: [{ name: web }]
+"#,
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &route]), "edge");
+    let r = &only_vhost(&res).routes[0];
+    let h = |opts: &[envoy_types::pb::envoy::config::core::v3::HeaderValueOption]| {
+        opts.iter()
+            .map(|o| {
+                let hv = o.header.as_ref().unwrap();
+                (hv.key.clone(), hv.value.clone(), o.append_action)
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        h(&r.request_headers_to_add),
+        [
+            (
+                "x-env".into(),
+                "prod".into(),
+                HeaderAppendAction::OverwriteIfExistsOrAdd as i32
+            ),
+            (
+                "x-via".into(),
+                "ballast".into(),
+                HeaderAppendAction::AppendIfExistsOrAdd as i32
+            )
+        ]
+    );
+    assert_eq!(r.request_headers_to_remove, ["x-internal"]);
+    assert_eq!(
+        h(&r.response_headers_to_add),
+        [(
+            "x-served-by".into(),
+            "ballast".into(),
+            HeaderAppendAction::AppendIfExistsOrAdd as i32
+        )]
+    );
+    assert_eq!(r.response_headers_to_remove, ["server"]);
+}
+
+#[test]
+fn redirects() {
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - matches: [{ path: { type: PathPrefix, value: /old } }]
+    filters:
+    - type: RequestRedirect
+      requestRedirect:
+        scheme: https
+        hostname: www.example.com
+        port: 8443
+        statusCode: 301
+        path: { type: ReplaceFullPath, replaceFullPath: /new }
+  - matches: [{ path: { type: PathPrefix, value: /moved } }]
+    filters:
+    - type: RequestRedirect
+      requestRedirect:
+        path: { type: ReplacePrefixMatch, replacePrefixMatch: /here }
+    backendRefs: [{ name: web }]
+"#,
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &route]), "edge");
+    // A redirecting rule sends no traffic to its backendRefs: no cluster.
+    assert!(res.clusters.is_empty());
+    let vh = only_vhost(&res);
+    let redirect = |r: &Route| match &r.action {
+        Some(Action::Redirect(a)) => a.clone(),
+        other => panic!("not a redirect: {other:?}"),
+    };
+    // `/moved` is the longer prefix, so it comes first.
+    assert_eq!(vh.routes[1].name, "default/web/0/0");
+    let a = redirect(&vh.routes[1]);
+    assert_eq!(
+        a.scheme_rewrite_specifier,
+        Some(SchemeRewriteSpecifier::SchemeRedirect("https".into()))
+    );
+    assert_eq!(a.host_redirect, "www.example.com");
+    assert_eq!(a.port_redirect, 8443);
+    assert_eq!(
+        a.response_code,
+        RedirectResponseCode::MovedPermanently as i32
+    );
+    assert_eq!(
+        a.path_rewrite_specifier,
+        Some(PathRewriteSpecifier::PathRedirect("/new".into()))
+    );
+    let b = redirect(&vh.routes[0]);
+    assert_eq!(b.response_code, RedirectResponseCode::Found as i32);
+    assert_eq!(b.host_redirect, "");
+    assert_eq!(b.scheme_rewrite_specifier, None);
+    assert_eq!(
+        b.path_rewrite_specifier,
+        Some(PathRewriteSpecifier::PrefixRewrite("/here".into()))
+    );
+}
+
+#[test]
+fn url_rewrites() {
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - matches: [{ path: { type: PathPrefix, value: /app } }]
+    filters:
+    - type: URLRewrite
+      urlRewrite:
+        hostname: app.internal
+        path: { type: ReplacePrefixMatch, replacePrefixMatch: / }
+    backendRefs: [{ name: web }]
+  - matches: [{ path: { type: Exact, value: /full } }]
+    filters:
+    - type: URLRewrite
+      urlRewrite:
+        path: { type: ReplaceFullPath, replaceFullPath: /other }
+    backendRefs: [{ name: web }]
+  - matches: [{ path: { type: PathPrefix, value: /v1 } }]
+    filters:
+    - type: URLRewrite
+      urlRewrite:
+        path: { type: ReplacePrefixMatch, replacePrefixMatch: /v2 }
+    backendRefs: [{ name: web }]
+"#,
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &route]), "edge");
+    let vh = only_vhost(&res);
+    use envoy_types::pb::envoy::r#type::matcher::v3::{RegexMatchAndSubstitute, RegexMatcher};
+    let rms = |p: &str, s: &str| {
+        Some(RegexMatchAndSubstitute {
+            pattern: Some(RegexMatcher {
+                regex: p.into(),
+                ..Default::default()
+            }),
+            substitution: s.into(),
+        })
+    };
+    let full = route_action(&vh.routes[0]);
+    assert_eq!(vh.routes[0].name, "default/web/1/0");
+    assert_eq!(full.regex_rewrite, rms("^/.*$", "/other"));
+    let app = route_action(&vh.routes[1]);
+    assert_eq!(vh.routes[1].name, "default/web/0/0");
+    assert_eq!(
+        app.host_rewrite_specifier,
+        Some(HostRewriteSpecifier::HostRewriteLiteral(
+            "app.internal".into()
+        ))
+    );
+    assert_eq!(app.regex_rewrite, rms("^/app/*", "/"));
+    assert_eq!(app.prefix_rewrite, "");
+    let v1 = route_action(&vh.routes[2]);
+    assert_eq!(v1.prefix_rewrite, "/v2");
+    assert_eq!(v1.regex_rewrite, None);
+}
+
+#[test]
+fn weighted_and_unresolvable_backends() {
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - matches: [{ path: { value: /split } }]
+    backendRefs: [{ name: web, weight: 90 }, { name: canary, weight: 10 }, { name: zero, weight: 0 }]
+  - matches: [{ path: { value: /partial } }]
+    backendRefs: [{ name: web, weight: 3 }, { name: missing, weight: 1 }]
+  - matches: [{ path: { value: /missing } }]
+    backendRefs: [{ name: missing }, { kind: Service, name: web }]
+  - matches: [{ path: { value: /none } }]
+  - matches: [{ path: { value: /allzero } }]
+    backendRefs: [{ name: web, weight: 0 }]
+"#,
+    );
+    let canary = backend_yaml("canary", WEB);
+    let zero = backend_yaml("zero", WEB);
+    let unused = backend_yaml("unused", WEB);
+    let res = translate(
+        &docs(&[GATEWAY_HTTP, BACKEND_WEB, &canary, &zero, &unused, &route]),
+        "edge",
+    );
+    // Only backends that receive traffic become clusters.
+    assert_eq!(names(&res.clusters), ["default/canary", "default/web"]);
+    assert_eq!(
+        names(&res.load_assignments),
+        ["default/canary", "default/web"]
+    );
+    let vh = only_vhost(&res);
+    let by_name = |n: &str| {
+        vh.routes
+            .iter()
+            .find(|r| r.name == n)
+            .unwrap_or_else(|| panic!("no route {n}"))
+    };
+    let ClusterSpecifier::WeightedClusters(w) = route_action(by_name("default/web/0/0"))
+        .cluster_specifier
+        .clone()
+        .unwrap()
+    else {
+        panic!("not weighted")
+    };
+    let got: Vec<(String, u32)> = w
+        .clusters
+        .iter()
+        .map(|c| (c.name.clone(), c.weight.unwrap().value))
+        .collect();
+    assert_eq!(
+        got,
+        [("default/web".into(), 90), ("default/canary".into(), 10)]
+    );
+    // Partial: a 25% 500 route first, then the resolvable backend.
+    let i = vh
+        .routes
+        .iter()
+        .position(|r| r.name == "default/web/1/0/unresolved")
+        .unwrap();
+    assert_eq!(vh.routes[i + 1].name, "default/web/1/0");
+    let frac = vh.routes[i]
+        .r#match
+        .as_ref()
+        .unwrap()
+        .runtime_fraction
+        .clone()
+        .unwrap()
+        .default_value
+        .unwrap();
+    assert_eq!(frac.numerator, 250_000);
+    let direct_500 = |r: &Route| matches!(&r.action, Some(Action::DirectResponse(d)) if d.status == 500 && d.body.is_none());
+    assert!(direct_500(&vh.routes[i]));
+    assert_eq!(
+        route_action(&vh.routes[i + 1]).cluster_specifier,
+        Some(ClusterSpecifier::Cluster("default/web".into()))
+    );
+    for n in ["default/web/2/0", "default/web/3/0", "default/web/4/0"] {
+        assert!(direct_500(by_name(n)), "{n}");
+    }
+}
+
+#[test]
+fn timeouts_and_retries() {
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - matches: [{ path: { value: /a } }]
+    timeouts: { request: 10s, backendRequest: 3s }
+    backendRefs: [{ name: web }]
+  - matches: [{ path: { value: /b } }]
+    retry: { attempts: 2, perTryTimeout: 1s, retryOn: [connect-failure, 5xx] }
+    backendRefs: [{ name: web }]
+  - matches: [{ path: { value: /c } }]
+    retry: { attempts: 1 }
+    timeouts: { request: 0s }
+    backendRefs: [{ name: web }]
+  - matches: [{ path: { value: /d } }]
+    backendRefs: [{ name: web }]
+"#,
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &route]), "edge");
+    let vh = only_vhost(&res);
+    let secs = |s: i64| {
+        Some(PbDuration {
+            seconds: s,
+            nanos: 0,
+        })
+    };
+    let action = |n: &str| route_action(vh.routes.iter().find(|r| r.name == n).unwrap()).clone();
+    let a = action("default/web/0/0");
+    assert_eq!(a.timeout, secs(10));
+    let rp = a.retry_policy.unwrap();
+    assert_eq!(rp.per_try_timeout, secs(3));
+    assert_eq!(rp.num_retries, Some(UInt32Value { value: 0 }));
+    assert_eq!(rp.retry_on, "");
+    let b = action("default/web/1/0");
+    assert_eq!(b.timeout, None);
+    let rp = b.retry_policy.unwrap();
+    assert_eq!(rp.retry_on, "connect-failure,5xx");
+    assert_eq!(rp.num_retries, Some(UInt32Value { value: 2 }));
+    assert_eq!(rp.per_try_timeout, secs(1));
+    let c = action("default/web/2/0");
+    assert_eq!(c.timeout, secs(0));
+    let rp = c.retry_policy.unwrap();
+    assert_eq!(rp.retry_on, "connect-failure,refused-stream,unavailable");
+    assert_eq!(rp.per_try_timeout, None);
+    let d = action("default/web/3/0");
+    assert_eq!((d.timeout, d.retry_policy), (None, None));
+}
+
+#[test]
+fn backend_cluster_and_endpoints() {
+    use envoy_types::pb::envoy::config::cluster::v3::cluster::{
+        ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy,
+    };
+    use envoy_types::pb::envoy::config::core::v3::HealthCheck;
+    use envoy_types::pb::envoy::config::core::v3::health_check::{HealthChecker, HttpHealthCheck};
+    let users = backend_yaml(
+        "users",
+        r#"  endpoints:
+  - { address: 10.0.0.1, port: 8080 }
+  - { address: 10.0.0.2, port: 8080, weight: 2, zone: us-east-1b }
+  - { address: "fd00::3", port: 8080, health: Draining, zone: us-east-1a }
+  - { address: 10.0.0.4, port: 8081, health: Unhealthy, zone: us-east-1b }
+  loadBalancer: { policy: LeastRequest }
+  connectTimeout: 1s
+  healthCheck: { path: /healthz, interval: 5s, timeout: 1s, healthyThreshold: 1, unhealthyThreshold: 3 }
+"#,
+    );
+    let route = route_yaml("web", "  rules:\n  - backendRefs: [{ name: users }]\n");
+    let res = translate(&docs(&[GATEWAY_HTTP, &users, &route]), "edge");
+    let c: Cluster = decode(find(&res.clusters, "default/users"));
+    let secs = |s: i64| {
+        Some(PbDuration {
+            seconds: s,
+            nanos: 0,
+        })
+    };
+    let want = Cluster {
+        name: "default/users".into(),
+        connect_timeout: secs(1),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
+        eds_cluster_config: Some(EdsClusterConfig {
+            eds_config: Some(ballast_xds::simple::ads_source()),
+            service_name: String::new(),
+        }),
+        lb_policy: LbPolicy::LeastRequest as i32,
+        health_checks: vec![HealthCheck {
+            timeout: secs(1),
+            interval: secs(5),
+            healthy_threshold: Some(UInt32Value { value: 1 }),
+            unhealthy_threshold: Some(UInt32Value { value: 3 }),
+            health_checker: Some(HealthChecker::HttpHealthCheck(HttpHealthCheck {
+                path: "/healthz".into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    assert_eq!(c, want);
+    let cla: ClusterLoadAssignment = decode(find(&res.load_assignments, "default/users"));
+    type Zone = (String, Vec<(String, u32, i32)>);
+    let got: Vec<Zone> = cla
+        .endpoints
+        .iter()
+        .map(|l| {
+            (
+                l.locality.as_ref().map(|l| l.zone.clone()).unwrap_or_default(),
+                l.lb_endpoints
+                    .iter()
+                    .map(|e| {
+                        let Some(
+                            envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier::Endpoint(ep),
+                        ) = &e.host_identifier
+                        else {
+                            panic!()
+                        };
+                        let Some(envoy_types::pb::envoy::config::core::v3::address::Address::SocketAddress(sa)) =
+                            &ep.address.as_ref().unwrap().address
+                        else {
+                            panic!()
+                        };
+                        (
+                            sa.address.clone(),
+                            e.load_balancing_weight.unwrap().value,
+                            e.health_status,
+                        )
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    let healthy = HealthStatus::Healthy as i32;
+    assert_eq!(
+        got,
+        [
+            ("".into(), vec![("10.0.0.1".into(), 1, healthy)]),
+            (
+                "us-east-1a".into(),
+                vec![("fd00::3".into(), 1, HealthStatus::Draining as i32)]
+            ),
+            (
+                "us-east-1b".into(),
+                vec![
+                    ("10.0.0.2".into(), 2, healthy),
+                    ("10.0.0.4".into(), 1, HealthStatus::Unhealthy as i32)
+                ]
+            ),
+        ]
+    );
+    assert!(cla.endpoints[0].locality.is_none());
+}
+
+#[test]
+fn lb_policies_and_hash_policy() {
+    use envoy_types::pb::envoy::config::cluster::v3::cluster::LbPolicy;
+    let mut parts = vec![GATEWAY_HTTP.to_owned()];
+    let policies = [
+        ("RoundRobin", LbPolicy::RoundRobin, false),
+        ("LeastRequest", LbPolicy::LeastRequest, false),
+        ("Random", LbPolicy::Random, false),
+        ("RingHash", LbPolicy::RingHash, true),
+        ("Maglev", LbPolicy::Maglev, true),
+    ];
+    for (i, (p, _, _)) in policies.iter().enumerate() {
+        parts.push(backend_yaml(
+            &format!("b{i}"),
+            &format!("{WEB}  loadBalancer: {{ policy: {p} }}\n"),
+        ));
+        parts.push(route_yaml(
+            &format!("r{i}"),
+            &format!(
+                "  rules:\n  - matches: [{{ path: {{ value: /{i} }} }}]\n    backendRefs: [{{ name: b{i} }}]\n"
+            ),
+        ));
+    }
+    let parts: Vec<&str> = parts.iter().map(|s| s.as_str()).collect();
+    let res = translate(&docs(&parts), "edge");
+    let vh = only_vhost(&res);
+    for (i, (_, want, hash)) in policies.iter().enumerate() {
+        let c: Cluster = decode(find(&res.clusters, &format!("default/b{i}")));
+        assert_eq!(c.lb_policy, *want as i32);
+        let r = vh
+            .routes
+            .iter()
+            .find(|r| r.name == format!("default/r{i}/0/0"))
+            .unwrap();
+        assert_eq!(!route_action(r).hash_policy.is_empty(), *hash, "{i}");
+    }
+}
+
+const CERT: &str = "-----BEGIN CERTIFICATE-----\\nMIIB\\n-----END CERTIFICATE-----\\n";
+const KEY: &str = "-----BEGIN PRIVATE KEY-----\\nMIGH\\n-----END PRIVATE KEY-----\\n";
+
+fn secret_yaml(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{ name: {name} }}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: \"{CERT}\"\n  tls.key: \"{KEY}\"\n"
+    )
+}
+
+const GATEWAY_HTTPS: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: { name: edge }
+spec:
+  gatewayClassName: ballast
+  listeners:
+  - name: a
+    port: 443
+    protocol: HTTPS
+    hostname: a.example.com
+    tls: { certificateRefs: [{ name: cert-a }] }
+  - name: b
+    port: 443
+    protocol: HTTPS
+    hostname: "*.example.com"
+    tls: { certificateRefs: [{ name: cert-b }, { name: cert-missing }] }
+  - name: broken
+    port: 443
+    protocol: HTTPS
+    hostname: broken.example.org
+    tls: { certificateRefs: [{ name: cert-missing }] }
+  - name: any
+    port: 443
+    protocol: HTTPS
+    tls: { certificateRefs: [{ name: cert-b }] }
+"#;
+
+#[test]
+fn https_sni_filter_chains_with_sds_certificates() {
+    let web = route_yaml(
+        "web",
+        "  hostnames: [a.example.com, b.example.com]\n  rules:\n  - backendRefs: [{ name: web }]\n",
+    );
+    let other = route_yaml("other", "  rules:\n  - backendRefs: [{ name: web }]\n");
+    let yaml = docs(&[
+        GATEWAY_HTTPS,
+        BACKEND_WEB,
+        &secret_yaml("cert-a"),
+        &secret_yaml("cert-b"),
+        &secret_yaml("cert-unused"),
+        &web,
+        &other,
+    ]);
+    let res = translate(&yaml, "edge");
+    assert_eq!(names(&res.secrets), ["default/cert-a", "default/cert-b"]);
+    assert_eq!(names(&res.listeners), ["default/edge/443"]);
+    assert_eq!(
+        names(&res.route_configs),
+        [
+            "default/edge/443/*",
+            "default/edge/443/*.example.com",
+            "default/edge/443/a.example.com"
+        ]
+    );
+    let l: Listener = decode(&res.listeners[0]);
+    assert_eq!(
+        l.listener_filters
+            .iter()
+            .map(|f| f.name.as_str())
+            .collect::<Vec<_>>(),
+        ["envoy.filters.listener.tls_inspector"]
+    );
+    // One chain per served listener (not `broken`, whose certificate is missing).
+    let chains: Vec<(Vec<String>, Vec<String>, String)> = l
+        .filter_chains
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let Some(TsConfig::TypedConfig(any)) =
+                &c.transport_socket.as_ref().unwrap().config_type
+            else {
+                panic!()
+            };
+            let tls = DownstreamTlsContext::decode(any.value.as_slice()).unwrap();
+            let ctx = tls.common_tls_context.unwrap();
+            assert_eq!(ctx.alpn_protocols, ["h2", "http/1.1"]);
+            let sds: Vec<String> = ctx
+                .tls_certificate_sds_secret_configs
+                .iter()
+                .map(|s| {
+                    assert_eq!(s.sds_config, Some(ballast_xds::simple::ads_source()));
+                    s.name.clone()
+                })
+                .collect();
+            let rds = match hcm(&l, i).route_specifier {
+                Some(envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::RouteSpecifier::Rds(r)) => r.route_config_name,
+                other => panic!("{other:?}"),
+            };
+            (
+                c.filter_chain_match
+                    .as_ref()
+                    .map(|m| m.server_names.clone())
+                    .unwrap_or_default(),
+                sds,
+                rds,
+            )
+        })
+        .collect();
+    assert_eq!(
+        chains,
+        [
+            (
+                vec![],
+                vec!["default/cert-b".into()],
+                "default/edge/443/*".into()
+            ),
+            (
+                vec!["*.example.com".into()],
+                vec!["default/cert-b".into()],
+                "default/edge/443/*.example.com".into()
+            ),
+            (
+                vec!["a.example.com".into()],
+                vec!["default/cert-a".into()],
+                "default/edge/443/a.example.com".into()
+            ),
+        ]
+    );
+    // Each chain's routes only hold the hostnames of its own listener.
+    let domains = |name: &str| {
+        let rc: RouteConfiguration = decode(find(&res.route_configs, name));
+        rc.virtual_hosts
+            .iter()
+            .map(|v| v.name.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(domains("default/edge/443/a.example.com"), ["a.example.com"]);
+    assert_eq!(
+        domains("default/edge/443/*.example.com"),
+        ["*.example.com", "a.example.com", "b.example.com"]
+    );
+    assert_eq!(
+        domains("default/edge/443/*"),
+        ["*", "a.example.com", "b.example.com"]
+    );
+    // The secret carries the PEM inline; to_yaml redacts the key.
+    let s: EnvoySecret = decode(&res.secrets[0]);
+    let Some(envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::secret::Type::TlsCertificate(tc)) = s.r#type else { panic!() };
+    use envoy_types::pb::envoy::config::core::v3::data_source::Specifier;
+    assert_eq!(
+        tc.certificate_chain.unwrap().specifier,
+        Some(Specifier::InlineBytes(
+            CERT.replace("\\n", "\n").into_bytes()
+        ))
+    );
+    assert_eq!(
+        tc.private_key.unwrap().specifier,
+        Some(Specifier::InlineBytes(
+            KEY.replace("\\n", "\n").into_bytes()
+        ))
+    );
+    let y = res.to_yaml();
+    assert!(
+        !y.contains("PRIVATE KEY") && !y.contains("LS0tLS1CRUdJTiBQUklW"),
+        "{y}"
+    );
+    assert!(y.contains("[redacted]"));
+}
+
+#[test]
+fn shared_http_port_picks_the_most_specific_listener() {
+    let gateway = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: { name: edge }
+spec:
+  gatewayClassName: ballast
+  listeners:
+  - { name: any, port: 80, protocol: HTTP }
+  - { name: wild, port: 80, protocol: HTTP, hostname: "*.example.com" }
+  - { name: exact, port: 80, protocol: HTTP, hostname: only.example.com }
+"#;
+    // `everywhere` attaches to every listener; `specific` names a host the wildcard listener
+    // serves; `catchall` attaches only to `any` (sectionName).
+    let everywhere = route_yaml("everywhere", "  rules:\n  - backendRefs: [{ name: web }]\n");
+    let specific = route_yaml(
+        "specific",
+        "  hostnames: [x.example.com]\n  rules:\n  - backendRefs: [{ name: web }]\n",
+    );
+    let catchall = route_yaml("catchall", "  rules:\n  - backendRefs: [{ name: web }]\n")
+        .replace("[{ name: edge }]", "[{ name: edge, sectionName: any }]")
+        .replace(
+            "  rules:",
+            "  hostnames: [y.example.com, other.org]\n  rules:",
+        );
+    let res = translate(
+        &docs(&[gateway, BACKEND_WEB, &everywhere, &specific, &catchall]),
+        "edge",
+    );
+    let rc: RouteConfiguration = decode(&res.route_configs[0]);
+    let vhosts: Vec<(String, Vec<String>)> = rc
+        .virtual_hosts
+        .iter()
+        .map(|v| {
+            (
+                v.name.clone(),
+                v.routes.iter().map(|r| r.name.clone()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        vhosts,
+        [
+            ("*".into(), vec!["default/everywhere/0/0".into()]),
+            (
+                "*.example.com".into(),
+                vec!["default/everywhere/0/0".into()]
+            ),
+            (
+                "only.example.com".into(),
+                vec!["default/everywhere/0/0".into()]
+            ),
+            ("other.org".into(), vec!["default/catchall/0/0".into()]),
+            // x.example.com belongs to the wildcard listener, where `specific` attached.
+            ("x.example.com".into(), vec!["default/specific/0/0".into()]),
+            // y.example.com also belongs to the wildcard listener, where `catchall` did not
+            // attach: the host is not served by `catchall`'s rules (and falls to `*.example.com`).
+        ]
+    );
+}
+
+#[test]
+fn routes_not_accepted_are_not_translated() {
+    let wrong_section = route_yaml("a", "  rules:\n  - backendRefs: [{ name: web }]\n")
+        .replace("[{ name: edge }]", "[{ name: edge, sectionName: nope }]");
+    let other_ns = route_yaml("b", "  rules:\n  - backendRefs: [{ name: web }]\n")
+        .replace(
+            "metadata: { name: b }",
+            "metadata: { name: b, namespace: apps }",
+        )
+        .replace("[{ name: edge }]", "[{ name: edge, namespace: default }]");
+    let res = translate(
+        &docs(&[GATEWAY_HTTP, BACKEND_WEB, &wrong_section, &other_ns]),
+        "edge",
+    );
+    let rc: RouteConfiguration = decode(&res.route_configs[0]);
+    assert!(rc.virtual_hosts.is_empty());
+    assert!(res.clusters.is_empty());
+    assert_eq!(
+        translate_gateway(&config(GATEWAY_HTTP), &gw("nope"), &Options::default()),
+        Err(crate::TranslateError::GatewayNotFound(gw("nope")))
+    );
+}
+
+/// Every Gateway of the documentation's examples translates to a consistent snapshot.
+#[test]
+fn documentation_examples_give_consistent_snapshots() {
+    const DOCS: &str = include_str!("../../../docs/configuration.md");
+    let mut files = Vec::new();
+    let mut rest = DOCS;
+    while let Some(start) = rest.find("```yaml\n") {
+        let body = &rest[start + 8..];
+        let end = body.find("```").unwrap();
+        files.push((format!("doc{}.yaml", files.len()), body[..end].to_owned()));
+        rest = &body[end..];
+    }
+    let set = ConfigSet::build(files).unwrap();
+    assert!(!set.gateways.is_empty());
+    for key in set.gateways.keys() {
+        let res = translate_gateway(&set, key, &Options::default()).unwrap();
+        res.snapshot(None)
+            .unwrap_or_else(|e| panic!("gateway {key}: {e}"));
+        assert!(!res.listeners.is_empty());
+    }
 }

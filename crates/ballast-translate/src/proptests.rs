@@ -1,0 +1,314 @@
+//! Incremental translation against recomputation from scratch.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ballast_model::{ConfigSet, ObjectKey};
+use proptest::prelude::*;
+
+use crate::tests::{config, gw};
+use crate::{DependencyIndex, GatewayResources, Options, Translator, translate_gateway};
+
+const CERT: &str = "-----BEGIN CERTIFICATE-----\\nMII{}\\n-----END CERTIFICATE-----\\n";
+const KEY: &str = "-----BEGIN PRIVATE KEY-----\\nMIG{}\\n-----END PRIVATE KEY-----\\n";
+
+type GwSpec = (bool, u8, u8);
+type RouteSpec = (bool, u8, u8, Vec<(u8, u32)>, u8);
+type BackendSpec = (bool, u8, bool, u8);
+type SecretSpec = (bool, bool);
+
+fn render(
+    gateways: &[GwSpec],
+    routes: &[RouteSpec],
+    backends: &[BackendSpec],
+    secrets: &[SecretSpec],
+) -> String {
+    let mut docs = Vec::new();
+    for (i, (present, host, https)) in gateways.iter().enumerate() {
+        if !present {
+            continue;
+        }
+        let mut listeners = String::from("  - { name: http, port: 80, protocol: HTTP }\n");
+        match host % 4 {
+            1 => listeners.push_str(
+                "  - { name: wild, port: 80, protocol: HTTP, hostname: \"*.example.com\" }\n",
+            ),
+            2 => listeners
+                .push_str("  - { name: a, port: 80, protocol: HTTP, hostname: a.example.com }\n"),
+            3 => listeners.push_str("  - { name: other, port: 81, protocol: HTTP }\n"),
+            _ => {}
+        }
+        if https & 1 == 1 {
+            listeners.push_str(&format!(
+                "  - {{ name: tls, port: 443, protocol: HTTPS, hostname: \"*.example.com\", tls: {{ certificateRefs: [{{ name: s{} }}] }} }}\n",
+                (https >> 1) & 1
+            ));
+        }
+        if https & 4 == 4 {
+            listeners.push_str(
+                "  - { name: tls-any, port: 443, protocol: HTTPS, tls: { certificateRefs: [{ name: s1 }] } }\n",
+            );
+        }
+        docs.push(format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{ name: g{i} }}\nspec:\n  gatewayClassName: ballast\n  listeners:\n{listeners}"
+        ));
+    }
+    for (i, (present, parents, hosts, refs, path)) in routes.iter().enumerate() {
+        if !present {
+            continue;
+        }
+        let mut parent_refs = Vec::new();
+        if parents & 1 == 1 {
+            parent_refs.push("{ name: g0 }".to_owned());
+        }
+        if parents & 2 == 2 {
+            parent_refs.push("{ name: g1 }".to_owned());
+        }
+        if parents & 4 == 4 {
+            parent_refs.push("{ name: g0, sectionName: tls }".to_owned());
+        }
+        let hostnames: Vec<&str> = ["a.example.com", "b.example.com", "\"*.example.com\""]
+            .iter()
+            .enumerate()
+            .filter(|(b, _)| hosts & (1 << b) != 0)
+            .map(|(_, h)| *h)
+            .collect();
+        let backend_refs: Vec<String> = refs
+            .iter()
+            .map(|(b, w)| format!("{{ name: b{b}, weight: {w} }}"))
+            .collect();
+        let path = ["/", "/api", "/api/v1"][*path as usize % 3];
+        docs.push(format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{ name: r{i} }}\nspec:\n  parentRefs: [{}]\n  hostnames: [{}]\n  rules:\n  - matches: [{{ path: {{ value: {path} }} }}]\n    backendRefs: [{}]\n  - matches: [{{ path: {{ type: Exact, value: /r{i} }} }}]\n    backendRefs: [{{ name: b{i} }}]\n",
+            parent_refs.join(", "),
+            hostnames.join(", "),
+            backend_refs.join(", ")
+        ));
+    }
+    for (i, (present, endpoints, ring, zone)) in backends.iter().enumerate() {
+        if !present {
+            continue;
+        }
+        let eps: Vec<String> = (0..*endpoints)
+            .map(|e| {
+                let zone = if *zone == 1 && e % 2 == 0 {
+                    ", zone: z1"
+                } else {
+                    ""
+                };
+                format!("{{ address: 10.0.{i}.{e}, port: 80{zone} }}")
+            })
+            .collect();
+        let policy = if *ring { "RingHash" } else { "RoundRobin" };
+        let timeout = if *zone == 2 {
+            "  connectTimeout: 2s\n"
+        } else {
+            ""
+        };
+        docs.push(format!(
+            "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {{ name: b{i} }}\nspec:\n  endpoints: [{}]\n  loadBalancer: {{ policy: {policy} }}\n{timeout}",
+            eps.join(", ")
+        ));
+    }
+    for (i, (present, variant)) in secrets.iter().enumerate() {
+        if !present {
+            continue;
+        }
+        let v = if *variant { "B" } else { "A" };
+        docs.push(format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{ name: s{i} }}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: \"{}\"\n  tls.key: \"{}\"\n",
+            CERT.replace("{}", v),
+            KEY.replace("{}", v)
+        ));
+    }
+    docs.join("---\n")
+}
+
+type Spec = (
+    Vec<GwSpec>,
+    Vec<RouteSpec>,
+    Vec<BackendSpec>,
+    Vec<SecretSpec>,
+);
+
+fn render_spec(s: &Spec) -> String {
+    render(&s.0, &s.1, &s.2, &s.3)
+}
+
+fn arb_config() -> impl Strategy<Value = String> {
+    arb_spec().prop_map(|s| render_spec(&s))
+}
+
+/// A base spec followed by single-object edits (one slot of the next random spec copied in),
+/// so most steps change one object, as real config edits do.
+fn arb_edits() -> impl Strategy<Value = Vec<String>> {
+    (
+        arb_spec(),
+        prop::collection::vec((arb_spec(), 0u8..4, 0usize..5, 0u8..4), 0..10),
+    )
+        .prop_map(|(base, edits)| {
+            let mut cur = base;
+            let mut out = vec![render_spec(&cur)];
+            for (next, kind, i, extra) in edits {
+                match kind {
+                    0 => cur.0[i % 2] = next.0[i % 2],
+                    1 => cur.1[i] = next.1[i].clone(),
+                    2 => {
+                        // Mostly endpoint-only edits of an existing backend.
+                        if extra < 3 && cur.2[i].0 {
+                            cur.2[i].1 = next.2[i].1;
+                            cur.2[i].3 = next.2[i].3;
+                        } else {
+                            cur.2[i] = next.2[i];
+                        }
+                    }
+                    _ => cur.3[i % 2] = next.3[i % 2],
+                }
+                out.push(render_spec(&cur));
+            }
+            out
+        })
+}
+
+fn arb_spec() -> impl Strategy<Value = Spec> {
+    (
+        prop::collection::vec((prop::bool::weighted(0.8), 0u8..4, 0u8..8), 2),
+        prop::collection::vec(
+            (
+                prop::bool::weighted(0.7),
+                0u8..8,
+                0u8..8,
+                prop::collection::vec((0u8..5, 0u32..3), 0..3),
+                0u8..3,
+            ),
+            5,
+        ),
+        prop::collection::vec(
+            (prop::bool::weighted(0.7), 0u8..3, any::<bool>(), 0u8..3),
+            5,
+        ),
+        prop::collection::vec((prop::bool::weighted(0.7), any::<bool>()), 2),
+    )
+}
+
+/// Names and versions of every resource, for comparisons and messages.
+fn summary(r: &GatewayResources) -> Vec<(String, String)> {
+    r.iter()
+        .map(|r| (r.name().to_owned(), r.version().to_owned()))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// After any sequence of configs: the index equals one built from scratch, every gateway's
+    /// resources equal a from-scratch translation (same versions), every snapshot is
+    /// consistent, and `changed`/`removed` report exactly the gateways that differ.
+    #[test]
+    fn incremental_equals_from_scratch(configs in arb_edits()) {
+        let options = Options::default();
+        let mut t = Translator::new(options.clone());
+        let mut prev: BTreeMap<ObjectKey, Vec<(String, String)>> = BTreeMap::new();
+        for yaml in &configs {
+            let set: Arc<ConfigSet> = Arc::new(config(yaml));
+            let out = t.update(&set);
+            prop_assert_eq!(t.index(), &DependencyIndex::build(&set));
+            let mut now = BTreeMap::new();
+            for key in set.gateways.keys() {
+                let scratch = translate_gateway(&set, key, &options).unwrap();
+                let inc = t.gateway(key).expect("every gateway is translated");
+                prop_assert_eq!(summary(&inc), summary(&scratch), "gateway {}", key);
+                inc.snapshot(None).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                now.insert(key.clone(), summary(&scratch));
+            }
+            let changed: Vec<&ObjectKey> = now
+                .iter()
+                .filter(|(k, v)| prev.get(*k) != Some(*v))
+                .map(|(k, _)| k)
+                .collect();
+            prop_assert_eq!(out.changed.keys().collect::<Vec<_>>(), changed);
+            for (k, r) in &out.changed {
+                prop_assert_eq!(&summary(r), &now[k]);
+            }
+            let removed: Vec<ObjectKey> =
+                prev.keys().filter(|k| !now.contains_key(*k)).cloned().collect();
+            prop_assert_eq!(&out.removed, &removed);
+            prop_assert_eq!(t.gateways().count(), set.gateways.len());
+            prev = now;
+        }
+    }
+
+    /// Translation is deterministic: the same config parsed twice (fresh `Arc`s) gives
+    /// byte-identical resources.
+    #[test]
+    fn deterministic(yaml in arb_config()) {
+        let a = config(&yaml);
+        let b = config(&yaml);
+        for key in a.gateways.keys() {
+            let ra = translate_gateway(&a, key, &Options::default()).unwrap();
+            let rb = translate_gateway(&b, key, &Options::default()).unwrap();
+            let bytes = |r: &GatewayResources| r.iter().map(|x| x.any_bytes().clone()).collect::<Vec<_>>();
+            prop_assert_eq!(bytes(&ra), bytes(&rb));
+        }
+    }
+}
+
+#[test]
+fn endpoint_change_reencodes_one_load_assignment_shared_by_gateways() {
+    let backend = |port: u32| {
+        format!(
+            "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {{ name: shared }}\nspec:\n  endpoints: [{{ address: 10.0.0.1, port: {port} }}]\n"
+        )
+    };
+    let base = |port: u32| {
+        let mut docs = vec![backend(port)];
+        for g in ["g0", "g1"] {
+            docs.push(format!("apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{ name: {g} }}\nspec:\n  gatewayClassName: ballast\n  listeners:\n  - {{ name: http, port: 80, protocol: HTTP }}\n"));
+            docs.push(format!("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{ name: r-{g} }}\nspec:\n  parentRefs: [{{ name: {g} }}]\n  rules:\n  - backendRefs: [{{ name: shared }}]\n"));
+        }
+        docs.join("---\n")
+    };
+    let mut t = Translator::new(Options::default());
+    let first = t.update(&Arc::new(config(&base(80))));
+    assert_eq!(first.changed.len(), 2);
+    assert_eq!(first.stats.routes_translated, 2);
+    // The backend was encoded once for both gateways.
+    assert_eq!(
+        first.stats.resources_encoded,
+        2 /* cluster + CLA */ + 2 * 2 /* listener + route config per gateway */
+    );
+    let old_cluster = t.gateway(&gw("g0")).unwrap().clusters[0].clone();
+
+    let out = t.update(&Arc::new(config(&base(81))));
+    assert_eq!(out.changed.len(), 2);
+    assert_eq!(out.stats.gateways_translated, 0);
+    assert_eq!(out.stats.gateways_patched, 2);
+    assert_eq!(out.stats.routes_translated, 0);
+    assert_eq!(out.stats.resources_encoded, 1, "{:?}", out.stats);
+    let g0 = t.gateway(&gw("g0")).unwrap();
+    let g1 = t.gateway(&gw("g1")).unwrap();
+    assert!(Arc::ptr_eq(
+        &g0.load_assignments[0],
+        &g1.load_assignments[0]
+    ));
+    assert!(Arc::ptr_eq(&g0.clusters[0], &old_cluster));
+    assert!(Arc::ptr_eq(
+        &g0.listeners[0],
+        &first.changed[&gw("g0")].listeners[0]
+    ));
+    assert!(Arc::ptr_eq(
+        &g0.route_configs[0],
+        &first.changed[&gw("g0")].route_configs[0]
+    ));
+
+    // A route change rebuilds only its gateway, re-encoding only its route configuration.
+    let edited = base(81).replace(
+        "parentRefs: [{ name: g1 }]\n  rules:\n  - backendRefs",
+        "parentRefs: [{ name: g1 }]\n  hostnames: [x.example.com]\n  rules:\n  - backendRefs",
+    );
+    let out = t.update(&Arc::new(config(&edited)));
+    assert_eq!(out.changed.keys().collect::<Vec<_>>(), [&gw("g1")]);
+    assert_eq!(out.stats.gateways_translated, 1);
+    assert_eq!(out.stats.routes_translated, 1);
+    assert_eq!(out.stats.resources_encoded, 1, "{:?}", out.stats);
+}
