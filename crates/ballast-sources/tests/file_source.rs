@@ -290,6 +290,23 @@ async fn identical_rewrite_publishes_nothing() {
         !rx.has_changed().unwrap(),
         "a no-op reload notified receivers"
     );
+
+    // The reload's own reads raise no events that trigger another reload (a feedback loop
+    // would reload every `quiet` period forever). Tolerates one straggler event.
+    let mut attempts = 0;
+    let mut last = rx.borrow().last_attempt;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = rx.borrow().last_attempt;
+        if now != last {
+            attempts += 1;
+            last = now;
+        }
+    }
+    assert!(
+        attempts <= 1,
+        "{attempts} reloads without any change: a feedback loop"
+    );
 }
 
 /// Kubernetes mounts a ConfigMap as `name -> ..data/name`, `..data -> ..<timestamp>`, and
