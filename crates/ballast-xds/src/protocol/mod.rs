@@ -86,8 +86,10 @@ pub(crate) fn hard_refs_ready(res: &Resource, snap: &Snapshot, views: &impl Clie
             Some(false) => return false,
             Some(true) => {}
         }
-        if r.ty == ResourceType::Cluster {
-            if let Some(cluster) = snap.get(ResourceType::Cluster, &r.name) {
+        if r.ty == ResourceType::Cluster
+            && let Some(cluster) = snap.get(ResourceType::Cluster, &r.name)
+        {
+            {
                 // A client that takes this cluster from us needs its endpoints
                 // before traffic may go there, whether or not it has asked for
                 // them yet (Envoy subscribes right after it sees the cluster).

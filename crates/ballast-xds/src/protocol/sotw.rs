@@ -172,10 +172,9 @@ impl SotwMachine {
             let rejected = st.nack.as_ref().is_some_and(|n| n.version == version);
             let changed = st.last_sent_version.as_ref() != Some(&version);
             // For EDS/RDS/SDS, absence from a SotW response does not remove
-            // anything at the client: a change that only drops resources is not
-            // worth a push.
+            // anything at the client: when the client already holds everything
+            // in the plan, a push would tell it nothing.
             let only_drops = !ty.is_full_state_in_sotw()
-                && plan.len() < st.acked.len()
                 && plan
                     .iter()
                     .all(|(n, r)| st.acked.get(n).is_some_and(|a| a.version() == r.version()));
