@@ -50,7 +50,12 @@ pub struct ColdStats {
     pub converged: usize,
     pub all_acked_s: Option<f64>,
     pub per_proxy: Percentiles,
+    /// From the start to each client's connection, and to its first response.
+    pub connected: Percentiles,
+    pub first_response: Percentiles,
     pub server_cpu_s: f64,
+    /// CPU-seconds of the bench process minus the server's (the clients).
+    pub client_cpu_s: f64,
     pub memory_before: Memory,
     pub memory_after: Memory,
     pub totals: FleetTotals,
@@ -64,6 +69,15 @@ impl ColdStats {
     }
     pub fn peak_mb(&self) -> f64 {
         self.memory_after.peak as f64 / MB
+    }
+}
+
+/// CPU-seconds of this process that are not the in-process server's.
+fn own_cpu(server: &BenchServer) -> f64 {
+    let own = measure::process_cpu_seconds(std::process::id());
+    match server.mode() {
+        crate::server::ServerMode::InProcess => own - server.cpu_seconds(),
+        crate::server::ServerMode::Child => own,
     }
 }
 
@@ -81,6 +95,7 @@ pub async fn cold_start(
     shared.set_expected(workload.snapshot().clone());
     let memory_before = server.memory();
     let cpu0 = server.cpu_seconds();
+    let own0 = own_cpu(&server);
     let cfg = FleetConfig {
         rest_poll: Duration::from_millis(params.rest_poll_ms),
         connect_concurrency: params.connect_concurrency,
@@ -92,6 +107,7 @@ pub async fn cold_start(
     let all = shared.wait_converged(params.proxies, timeout).await;
     let elapsed = t0.elapsed();
     let server_cpu_s = server.cpu_seconds() - cpu0;
+    let client_cpu_s = own_cpu(&server) - own0;
     let memory_after = server.memory();
     let mut times: Vec<u32> = fleet.per_client(|c| {
         c.converged_at
@@ -99,6 +115,16 @@ pub async fn cold_start(
             .unwrap_or(u32::MAX)
     });
     times.retain(|&t| t != u32::MAX);
+    let since = |f: fn(&crate::client::ClientState) -> Option<Instant>| {
+        let mut v: Vec<u32> = fleet
+            .per_client(|c| f(c).map(|t| t.saturating_duration_since(t0).as_micros() as u32))
+            .into_iter()
+            .flatten()
+            .collect();
+        measure::percentiles_us(&mut v)
+    };
+    let connected = since(|c| c.stats.connected_at);
+    let first_response = since(|c| c.stats.first_response_at);
     let failures = if all {
         Vec::new()
     } else {
@@ -113,7 +139,10 @@ pub async fn cold_start(
         converged: shared.converged(),
         all_acked_s: all.then_some(elapsed.as_secs_f64()),
         per_proxy: measure::percentiles_us(&mut times),
+        connected,
+        first_response,
         server_cpu_s,
+        client_cpu_s,
         memory_before,
         memory_after,
         totals: fleet.totals(),
