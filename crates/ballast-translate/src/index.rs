@@ -66,11 +66,21 @@ pub struct DependencyIndex {
     secrets: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
 }
 
+/// Objects that no Gateway depends on any more after [`DependencyIndex::set`] (so caches
+/// holding their translations can drop them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Orphans {
+    pub routes: Vec<ObjectKey>,
+    pub backends: Vec<ObjectKey>,
+    pub secrets: Vec<ObjectKey>,
+}
+
 fn reconcile(
     map: &mut BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
     gateway: &ObjectKey,
     old: Option<&BTreeSet<ObjectKey>>,
     new: &BTreeSet<ObjectKey>,
+    orphans: &mut Vec<ObjectKey>,
 ) {
     let empty = BTreeSet::new();
     let old = old.unwrap_or(&empty);
@@ -79,6 +89,7 @@ fn reconcile(
             users.remove(gateway);
             if users.is_empty() {
                 map.remove(gone);
+                orphans.push(gone.clone());
             }
         }
     }
@@ -102,33 +113,43 @@ impl DependencyIndex {
     }
 
     /// Replaces the dependencies of `gateway` (keep-set reconcile of the reverse maps).
-    pub fn set(&mut self, gateway: &ObjectKey, deps: Deps) {
+    /// Returns the objects no Gateway depends on any more.
+    pub fn set(&mut self, gateway: &ObjectKey, deps: Deps) -> Orphans {
+        let mut orphans = Orphans::default();
+        if self.gateways.get(gateway) == Some(&deps) {
+            return orphans;
+        }
         let old = self.gateways.get(gateway);
         reconcile(
             &mut self.routes,
             gateway,
             old.map(|d| &d.routes),
             &deps.routes,
+            &mut orphans.routes,
         );
         reconcile(
             &mut self.backends,
             gateway,
             old.map(|d| &d.backends),
             &deps.backends,
+            &mut orphans.backends,
         );
         reconcile(
             &mut self.secrets,
             gateway,
             old.map(|d| &d.secrets),
             &deps.secrets,
+            &mut orphans.secrets,
         );
         self.gateways.insert(gateway.clone(), deps);
+        orphans
     }
 
-    /// Forgets `gateway` (it was removed).
-    pub fn remove(&mut self, gateway: &ObjectKey) {
-        self.set(gateway, Deps::default());
+    /// Forgets `gateway` (it was removed). Returns the objects no Gateway depends on any more.
+    pub fn remove(&mut self, gateway: &ObjectKey) -> Orphans {
+        let orphans = self.set(gateway, Deps::default());
         self.gateways.remove(gateway);
+        orphans
     }
 
     pub fn deps(&self, gateway: &ObjectKey) -> Option<&Deps> {

@@ -53,7 +53,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use ballast_model::ObjectKey;
 
-pub use index::{DependencyIndex, Deps};
+pub use index::{DependencyIndex, Deps, Orphans};
 pub use resources::GatewayResources;
 pub use translator::{TranslateOutput, TranslateStats, Translator};
 

@@ -10,11 +10,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use ballast_model::set::ChangeKind;
+use ballast_model::set::{Change, ChangeKind};
 use ballast_model::{ConfigSet, Kind, ObjectKey};
 
 use crate::gateway::{Caches, Encoded, build_gateway};
-use crate::index::DependencyIndex;
+use crate::index::{DependencyIndex, Orphans};
 use crate::{GatewayResources, Options, names};
 
 /// Counts of work done by one [`Translator::update`] (or a from-scratch translation).
@@ -101,7 +101,8 @@ impl Translator {
         let mut out = TranslateOutput::default();
         let mut rebuild: BTreeSet<ObjectKey> = BTreeSet::new();
         let mut patch: BTreeMap<ObjectKey, BTreeSet<ObjectKey>> = BTreeMap::new();
-        for c in old.diff(config) {
+        let changes = diff(&old, config);
+        for c in &changes {
             match c.kind {
                 Kind::Gateway => {
                     rebuild.insert(c.key.clone());
@@ -139,6 +140,12 @@ impl Translator {
         }
 
         let stats = &mut out.stats;
+        let mut orphans = Orphans::default();
+        let mut orphaned = |o: Orphans| {
+            orphans.routes.extend(o.routes);
+            orphans.backends.extend(o.backends);
+            orphans.secrets.extend(o.secrets);
+        };
         for key in &rebuild {
             let prev = self.gateways.remove(key);
             match build_gateway(
@@ -150,10 +157,10 @@ impl Translator {
                 stats,
             ) {
                 Some(built) => {
-                    self.index.set(key, built.deps);
+                    orphaned(self.index.set(key, built.deps));
                     let changed = prev
                         .as_ref()
-                        .is_none_or(|p| *p.resources != built.resources);
+                        .is_none_or(|p| !same_resources(&p.resources, &built.resources));
                     let resources = match prev {
                         Some(p) if !changed => p.resources,
                         _ => Arc::new(built.resources),
@@ -170,7 +177,7 @@ impl Translator {
                     );
                 }
                 None => {
-                    self.index.remove(key);
+                    orphaned(self.index.remove(key));
                     if prev.is_some() {
                         out.removed.push(key.clone());
                     }
@@ -209,17 +216,153 @@ impl Translator {
             }
         }
 
-        // Keep-set garbage collection: cache only what some gateway still depends on.
-        let index = &self.index;
+        // Keep-set garbage collection: cache only what some gateway still depends on. An entry
+        // can only become garbage by leaving the config (a change) or the index (an orphan), so
+        // only those keys are checked, never the whole cache.
+        for c in changes.iter().filter(|c| c.change == ChangeKind::Removed) {
+            match c.kind {
+                Kind::HttpRoute => orphans.routes.push(c.key.clone()),
+                Kind::Backend => orphans.backends.push(c.key.clone()),
+                Kind::Secret => orphans.secrets.push(c.key.clone()),
+                Kind::Gateway => {}
+            }
+        }
+        for k in orphans.routes {
+            if !self.index.uses_route(&k) || !config.http_routes.contains_key(&k) {
+                self.caches.routes.remove(&k);
+            }
+        }
+        for k in orphans.backends {
+            if !self.index.uses_backend(&k) || !config.backends.contains_key(&k) {
+                self.caches.backends.remove(&k);
+            }
+        }
+        for k in orphans.secrets {
+            if !self.index.uses_secret(&k) || !config.secrets.contains_key(&k) {
+                self.caches.secrets.remove(&k);
+            }
+        }
+        debug_assert!(self.caches_are_minimal());
+        out
+    }
+
+    /// Every cache entry is for an object in the config that some gateway depends on.
+    fn caches_are_minimal(&self) -> bool {
+        let c = &self.config;
         self.caches
             .routes
-            .retain(|k, _| index.uses_route(k) && config.http_routes.contains_key(k));
-        self.caches
-            .backends
-            .retain(|k, _| index.uses_backend(k) && config.backends.contains_key(k));
-        self.caches
-            .secrets
-            .retain(|k, _| index.uses_secret(k) && config.secrets.contains_key(k));
-        out
+            .keys()
+            .all(|k| self.index.uses_route(k) && c.http_routes.contains_key(k))
+            && self
+                .caches
+                .backends
+                .keys()
+                .all(|k| self.index.uses_backend(k) && c.backends.contains_key(k))
+            && self
+                .caches
+                .secrets
+                .keys()
+                .all(|k| self.index.uses_secret(k) && c.secrets.contains_key(k))
+    }
+}
+
+/// Whether two resource sets hold the same versions (pointer checks first: unchanged resources
+/// are shared).
+fn same_resources(a: &GatewayResources, b: &GatewayResources) -> bool {
+    a.by_type()
+        .iter()
+        .zip(b.by_type().iter())
+        .all(|((_, x), (_, y))| {
+            x.len() == y.len()
+                && x.iter()
+                    .zip(y.iter())
+                    .all(|(p, q)| Arc::ptr_eq(p, q) || **p == **q)
+        })
+}
+
+/// `ConfigSet::diff` as a merge of the sorted maps: no per-key lookups, and unchanged objects
+/// (shared `Arc`s) cost a pointer comparison.
+fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
+    let mut out = Vec::new();
+    diff_map(Kind::Gateway, &old.gateways, &new.gateways, &mut out);
+    diff_map(
+        Kind::HttpRoute,
+        &old.http_routes,
+        &new.http_routes,
+        &mut out,
+    );
+    diff_map(Kind::Backend, &old.backends, &new.backends, &mut out);
+    diff_map(Kind::Secret, &old.secrets, &new.secrets, &mut out);
+    out
+}
+
+fn diff_map<T: PartialEq>(
+    kind: Kind,
+    old: &BTreeMap<ObjectKey, Arc<T>>,
+    new: &BTreeMap<ObjectKey, Arc<T>>,
+    out: &mut Vec<Change>,
+) {
+    let mut push = |key: &ObjectKey, change| {
+        out.push(Change {
+            kind,
+            key: key.clone(),
+            change,
+        })
+    };
+    let mut a = old.iter().peekable();
+    let mut b = new.iter().peekable();
+    loop {
+        match (a.peek(), b.peek()) {
+            (None, None) => break,
+            (Some((k, _)), None) => {
+                push(k, ChangeKind::Removed);
+                a.next();
+            }
+            (None, Some((k, _))) => {
+                push(k, ChangeKind::Added);
+                b.next();
+            }
+            (Some((ka, va)), Some((kb, vb))) => match ka.cmp(kb) {
+                std::cmp::Ordering::Less => {
+                    push(ka, ChangeKind::Removed);
+                    a.next();
+                }
+                std::cmp::Ordering::Greater => {
+                    push(kb, ChangeKind::Added);
+                    b.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    if !Arc::ptr_eq(va, vb) && ***va != ***vb {
+                        push(ka, ChangeKind::Modified);
+                    }
+                    a.next();
+                    b.next();
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The merge diff agrees with `ConfigSet::diff`.
+        #[test]
+        fn merge_diff_equals_model_diff(a in prop::collection::btree_map(0u8..12, 0u8..3, 0..8), b in prop::collection::btree_map(0u8..12, 0u8..3, 0..8)) {
+            let render = |m: &BTreeMap<u8, u8>| {
+                m.iter()
+                    .map(|(k, v)| format!("apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {{ name: b{k} }}\nspec:\n  endpoints: [{{ address: 10.0.0.1, port: {} }}]\n", 80 + u32::from(*v)))
+                    .collect::<Vec<_>>()
+                    .join("---\n")
+            };
+            let x = ConfigSet::build([("a.yaml", render(&a))]).unwrap();
+            let y = ConfigSet::build([("b.yaml", render(&b))]).unwrap();
+            let mut got = diff(&x, &y);
+            got.sort();
+            prop_assert_eq!(got, x.diff(&y));
+        }
     }
 }
