@@ -366,3 +366,22 @@ async fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, Strin
     let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
     (status, body)
 }
+
+#[tokio::test]
+async fn held_route_is_not_answered_empty() {
+    // RDS is requested before the endpoints of its cluster were delivered:
+    // an empty RDS answer would make Envoy warm the listener with no routes.
+    let (_c, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(CDS, &[], "", "").await;
+    let cds = c.recv().await;
+    c.ack(&cds, &[]).await;
+    c.request(RDS, &["r1"], "", "").await;
+    c.expect_quiet().await;
+    c.request(EDS, &["a"], "", "").await;
+    let eds = c.recv().await;
+    assert_eq!(eds.type_url, EDS.type_url());
+    c.ack(&eds, &["a"]).await;
+    let rds = c.recv().await;
+    assert_eq!(names(&rds), ["r1"]);
+}

@@ -1,6 +1,265 @@
-//! The `ballast` binary: CLI, wiring of sources → translate → cache → xDS server, admin HTTP.
+//! The `ballast` binary: CLI, wiring of sources → translate → cache → xDS
+//! server, admin HTTP and metrics.
 #![forbid(unsafe_code)]
 
-fn main() -> anyhow::Result<()> {
-    anyhow::bail!("ballast: not wired yet")
+mod admin;
+mod bootstrap;
+mod grouping;
+mod guard;
+mod metrics;
+mod serve;
+mod status_cmd;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ballast", version, about = "An Envoy xDS control plane")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    ballast_model::duration::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn share(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|e| format!("{s:?}: {e}"))?;
+    let v = if s.ends_with('%') { v / 100.0 } else { v };
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{s:?} is not a share between 0 and 1 (or 0% and 100%)"
+        ))
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve xDS. With no --config, serves the built-in quickstart config.
+    Serve {
+        /// A YAML file or directory (recursively, *.yaml/*.yml). Repeatable.
+        #[arg(long = "config", value_name = "PATH")]
+        configs: Vec<PathBuf>,
+        #[arg(long, default_value = "127.0.0.1:18000")]
+        xds_addr: SocketAddr,
+        #[arg(long, default_value = "127.0.0.1:18001")]
+        admin_addr: SocketAddr,
+        /// Share of a gateway's listeners, routes or clusters one publish may remove
+        /// before the blast-radius guard holds it (e.g. 0.5 or 50%).
+        #[arg(long, default_value = "0.5", value_parser = share)]
+        guard_max_removal: f64,
+        /// How long a held publish waits before it is applied if still wanted.
+        #[arg(long, default_value = "10s", value_parser = duration)]
+        guard_settle: Duration,
+        /// Turn the blast-radius guard off.
+        #[arg(long)]
+        no_guard: bool,
+        /// How long a disconnected proxy's state is kept.
+        #[arg(long, default_value = "30s", value_parser = duration)]
+        node_grace: Duration,
+        /// Config changes are applied after this quiet period...
+        #[arg(long, default_value = "100ms", value_parser = duration)]
+        debounce_quiet: Duration,
+        /// ...but no later than this after the first change.
+        #[arg(long, default_value = "1s", value_parser = duration)]
+        debounce_max: Duration,
+        /// Test hook: delay the end of the initial sync.
+        #[arg(long, default_value = "0s", value_parser = duration, hide = true)]
+        initial_sync_delay: Duration,
+    },
+    /// Check config: exit 0, or print every error with file:line:col and exit 1.
+    Validate {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Print the Envoy resources for a gateway.
+    Translate {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// `namespace/name` or `name` (namespace `default`).
+        #[arg(long)]
+        gateway: String,
+    },
+    /// Print an Envoy bootstrap that connects to this server.
+    Bootstrap {
+        #[arg(long)]
+        gateway: String,
+        #[arg(long, default_value = "127.0.0.1:18000")]
+        xds_addr: SocketAddr,
+        #[arg(long)]
+        node_id: Option<String>,
+        /// Use Delta xDS (DELTA_GRPC) instead of State-of-the-World.
+        #[arg(long)]
+        delta: bool,
+        #[arg(long, default_value = "9901")]
+        envoy_admin_port: u16,
+    },
+    /// Connected proxies and their per-type sync state.
+    Status {
+        #[arg(long, default_value = "127.0.0.1:18001")]
+        admin_addr: SocketAddr,
+        /// Print the raw JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn gateway_key(s: &str) -> ballast_model::ObjectKey {
+    match s.split_once('/') {
+        Some((ns, n)) => ballast_model::ObjectKey::new(ns, n),
+        None => ballast_model::ObjectKey::new("default", s),
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,h2=warn,tower=warn,hyper=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Serve {
+            configs,
+            xds_addr,
+            admin_addr,
+            guard_max_removal,
+            guard_settle,
+            no_guard,
+            node_grace,
+            debounce_quiet,
+            debounce_max,
+            initial_sync_delay,
+        } => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(serve::serve(serve::ServeOptions {
+                configs,
+                xds_addr,
+                admin_addr,
+                guard: guard::GuardConfig {
+                    enabled: !no_guard,
+                    max_removal: guard_max_removal,
+                    settle: guard_settle,
+                },
+                grace: node_grace,
+                debounce_quiet,
+                debounce_max,
+                initial_sync_delay,
+            }))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Validate { paths } => match ballast_sources::load_paths(&paths) {
+            Err(errors) => {
+                for e in &errors {
+                    println!("{e}");
+                }
+                println!("{} error(s)", errors.len());
+                Ok(ExitCode::from(1))
+            }
+            Ok(config) => {
+                let status = ballast_model::status::compute(&config);
+                let problems = status.problems();
+                for p in &problems {
+                    println!("warning: {p}");
+                }
+                let mut failed = false;
+                for key in config.gateways.keys() {
+                    if let Err(e) = ballast_translate::translate_gateway(
+                        &config,
+                        key,
+                        &ballast_translate::Options::default(),
+                    ) {
+                        println!("gateway {key}: {e}");
+                        failed = true;
+                    }
+                }
+                println!(
+                    "{} gateway(s), {} route(s), {} backend(s), {} secret(s): {}",
+                    config.gateways.len(),
+                    config.http_routes.len(),
+                    config.backends.len(),
+                    config.secrets.len(),
+                    if failed { "translation failed" } else { "ok" }
+                );
+                Ok(if failed {
+                    ExitCode::from(1)
+                } else {
+                    ExitCode::SUCCESS
+                })
+            }
+        },
+        Command::Translate { paths, gateway } => {
+            let config = match ballast_sources::load_paths(&paths) {
+                Ok(c) => c,
+                Err(errors) => {
+                    for e in &errors {
+                        eprintln!("{e}");
+                    }
+                    return Ok(ExitCode::from(1));
+                }
+            };
+            let key = gateway_key(&gateway);
+            if !config.gateways.contains_key(&key) {
+                anyhow::bail!("no Gateway {key} in the config");
+            }
+            let resources = ballast_translate::translate_gateway(
+                &config,
+                &key,
+                &ballast_translate::Options::default(),
+            )?;
+            print!("{}", resources.to_yaml());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bootstrap {
+            gateway,
+            xds_addr,
+            node_id,
+            delta,
+            envoy_admin_port,
+        } => {
+            let key = gateway_key(&gateway);
+            print!(
+                "{}",
+                bootstrap::render(&bootstrap::BootstrapOptions {
+                    gateway: key.to_string(),
+                    node_id,
+                    xds_addr,
+                    delta,
+                    envoy_admin_port,
+                })
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { admin_addr, json } => {
+            let body = status_cmd::admin_get(admin_addr, "/debug/proxies")?;
+            if json {
+                print!("{body}");
+            } else {
+                let v: serde_json::Value = serde_json::from_str(&body)?;
+                print!("{}", status_cmd::render(&v));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }

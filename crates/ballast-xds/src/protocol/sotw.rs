@@ -153,7 +153,14 @@ impl SotwMachine {
             if !ready {
                 continue;
             }
-            let plan = self.plan(ty, &snap);
+            let (plan, held_missing) = self.plan(ty, &snap);
+            if held_missing && !ty.is_full_state_in_sotw() {
+                // A subscribed resource the client lacks is held back (its
+                // clusters are not warm yet). Answering without it would tell
+                // the client it does not exist — Envoy would warm a listener
+                // with no routes. Wait until it can be sent.
+                continue;
+            }
             let version: Arc<str> = if Arc::ptr_eq(&plan, snap.resources(ty)) {
                 snap.version(ty).clone()
             } else {
@@ -202,10 +209,12 @@ impl SotwMachine {
     }
 
     /// The resources to send for `ty` now, after the ordering holds.
-    fn plan(&self, ty: ResourceType, snap: &Snapshot) -> Arc<ResourceMap> {
+    /// Also says whether a resource the client lacks was held back.
+    fn plan(&self, ty: ResourceType, snap: &Snapshot) -> (Arc<ResourceMap>, bool) {
         let st = self.types[ty.index()].as_ref().expect("requested");
         let whole = snap.resources(ty);
         let mut plan = ResourceMap::new();
+        let mut held_missing = false;
         let mut consider = |name: &Arc<str>, res: &Arc<Resource>| {
             let held = st.acked.get(name);
             let unchanged = held.is_some_and(|h| h.version() == res.version());
@@ -216,6 +225,8 @@ impl SotwMachine {
                 );
             } else if let Some(old) = held {
                 plan.insert(name.clone(), old.clone());
+            } else {
+                held_missing = true;
             }
         };
         if st.sub.is_wildcard() {
@@ -244,7 +255,7 @@ impl SotwMachine {
                 }
             }
         }
-        share_if_whole(plan, whole)
+        (share_if_whole(plan, whole), held_missing)
     }
 
     pub fn status(&self) -> Vec<TypeStatus> {

@@ -1,0 +1,215 @@
+//! Admin HTTP (DESIGN §5): health, readiness, metrics and debug views.
+//! Loopback by default; read-only.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use ballast_sources::SourceState;
+use ballast_xds::{ResourceType, XdsServer};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+use crate::serve::pipeline::PipelineStatus;
+
+#[derive(Clone)]
+pub struct AdminState {
+    pub server: XdsServer,
+    pub status: watch::Receiver<PipelineStatus>,
+    pub source: watch::Receiver<SourceState>,
+    pub metrics: Arc<Metrics>,
+}
+
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/debug/proxies", get(proxies))
+        .route("/debug/config_dump", get(config_dump))
+        .route("/debug/sources", get(sources))
+        .route("/debug/pipeline", get(pipeline))
+        .with_state(state)
+}
+
+fn json_response(status: StatusCode, v: Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::to_string_pretty(&v).unwrap_or_default() + "\n",
+    )
+        .into_response()
+}
+
+fn time(t: Option<SystemTime>) -> Value {
+    t.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map(|d| json!(d.as_secs_f64()))
+        .unwrap_or(Value::Null)
+}
+
+async fn readyz(State(s): State<AdminState>) -> Response {
+    let ready = s.status.borrow().ready;
+    if ready {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        let src = s.source.borrow();
+        let why = if !src.synced {
+            match &src.last_error {
+                Some(e) => format!(
+                    "source {} has not synced: {} error(s), first: {}\n",
+                    src.name,
+                    e.len(),
+                    e.first().map(|e| e.to_string()).unwrap_or_default()
+                ),
+                None => format!("source {} has not finished its initial sync\n", src.name),
+            }
+        } else {
+            "translating the initial config\n".to_string()
+        };
+        (StatusCode::SERVICE_UNAVAILABLE, why).into_response()
+    }
+}
+
+async fn metrics(State(s): State<AdminState>) -> Response {
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn proxies(State(s): State<AdminState>) -> Response {
+    let nodes = s.server.registry().nodes();
+    let cache = s.server.cache();
+    let list: Vec<Value> = nodes
+        .iter()
+        .map(|n| {
+            let snapshot = cache.snapshot(&n.group);
+            let types: Vec<Value> = n
+                .types
+                .iter()
+                .map(|t| {
+                    json!({
+                        "type": t.ty.short_name(),
+                        "state": t.state.as_str(),
+                        "sent_version": t.sent_version.as_deref(),
+                        "acked_version": t.acked_version.as_deref(),
+                        "nonce": t.sent_nonce.as_deref(),
+                        "resources": t.acked.len(),
+                        "wildcard": t.wildcard,
+                        "nack": t.nack.as_ref().map(|k| json!({
+                            "version": &*k.version, "nonce": &*k.nonce, "message": k.message,
+                        })),
+                    })
+                })
+                .collect();
+            json!({
+                "node": &*n.id,
+                "gateway": &*n.group,
+                "gateway_known": snapshot.is_some(),
+                "waiting": if snapshot.is_none() { Some(format!("no gateway {} in the config", n.group)) } else { None },
+                "connected": n.connected,
+                "streams": n.streams.iter().map(|(id, k)| json!({"id": id, "kind": k.label()})).collect::<Vec<_>>(),
+                "types": types,
+            })
+        })
+        .collect();
+    json_response(StatusCode::OK, json!({ "proxies": list }))
+}
+
+#[derive(Deserialize)]
+struct DumpQuery {
+    gateway: Option<String>,
+}
+
+async fn config_dump(State(s): State<AdminState>, Query(q): Query<DumpQuery>) -> Response {
+    let Some(gw) = q.gateway else {
+        let groups: Vec<String> = s
+            .server
+            .cache()
+            .groups()
+            .iter()
+            .map(|g| g.to_string())
+            .collect();
+        return json_response(
+            StatusCode::BAD_REQUEST,
+            json!({"error": "pass ?gateway=NAME", "gateways": groups}),
+        );
+    };
+    let group = if gw.contains('/') {
+        gw.clone()
+    } else {
+        format!("default/{gw}")
+    };
+    let Some(snap) = s.server.cache().snapshot(&group) else {
+        return json_response(
+            StatusCode::NOT_FOUND,
+            json!({"error": format!("no snapshot for gateway {group}")}),
+        );
+    };
+    let mut out = BTreeMap::new();
+    for ty in ResourceType::ALL {
+        let list: Vec<Value> = snap
+            .resources(ty)
+            .values()
+            .map(|r| {
+                let full = ty.type_url().rsplit('/').next().unwrap_or_default();
+                let mut v =
+                    ballast_xds::json::bytes_to_json(full, &r.value_bytes()).unwrap_or(Value::Null);
+                if ty == ResourceType::Secret {
+                    v = json!({"name": r.name(), "redacted": true});
+                }
+                json!({"name": r.name(), "version": r.version(), "resource": v})
+            })
+            .collect();
+        out.insert(
+            ty.short_name(),
+            json!({"version": &**snap.version(ty), "resources": list}),
+        );
+    }
+    json_response(StatusCode::OK, json!({"gateway": group, "config": out}))
+}
+
+async fn sources(State(s): State<AdminState>) -> Response {
+    let src = s.source.borrow().clone();
+    let status = src
+        .config
+        .as_ref()
+        .map(|c| serde_json::to_value(ballast_model::status::compute(c)).unwrap_or(Value::Null));
+    let errors: Vec<String> = src
+        .last_error
+        .as_ref()
+        .map(|e| e.iter().map(|e| e.to_string()).collect())
+        .unwrap_or_default();
+    json_response(
+        StatusCode::OK,
+        json!({
+            "sources": [{
+                "name": src.name,
+                "synced": src.synced,
+                "generation": src.generation,
+                "files": src.files,
+                "last_attempt": time(src.last_attempt),
+                "last_success": time(src.last_success),
+                "errors": errors,
+            }],
+            "status": status,
+        }),
+    )
+}
+
+async fn pipeline(State(s): State<AdminState>) -> Response {
+    let v = serde_json::to_value(&*s.status.borrow()).unwrap_or(Value::Null);
+    json_response(StatusCode::OK, v)
+}

@@ -1,0 +1,171 @@
+//! The blast-radius guard (DESIGN §3.9): a new snapshot that would remove more
+//! than a configured share of a gateway's listeners, routes or clusters is held
+//! for a settle period and published only if the source still says so.
+//!
+//! A mass deletion is more often an accident (a half-synced directory, a bad
+//! template, a truncated file) than an intent; holding it costs a few seconds
+//! when it is intended and saves an outage when it is not.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use ballast_xds::ResourceType;
+use ballast_xds::envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use ballast_xds::snapshot::Snapshot;
+use prost::Message;
+
+#[derive(Clone, Debug)]
+pub struct GuardConfig {
+    pub enabled: bool,
+    /// Share (0..=1) of a kind that may be removed in one publish.
+    pub max_removal: f64,
+    pub settle: Duration,
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        GuardConfig {
+            enabled: true,
+            max_removal: 0.5,
+            settle: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The identities the guard counts in a snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Inventory {
+    pub listeners: BTreeSet<String>,
+    pub clusters: BTreeSet<String>,
+    /// Routes by (route configuration, virtual host, encoded match).
+    pub routes: BTreeSet<(String, String, Vec<u8>)>,
+}
+
+impl Inventory {
+    pub fn of(snapshot: &Snapshot) -> Inventory {
+        let names = |ty| {
+            snapshot
+                .resources(ty)
+                .keys()
+                .map(|k| k.to_string())
+                .collect::<BTreeSet<_>>()
+        };
+        let mut routes = BTreeSet::new();
+        for (name, res) in snapshot.resources(ResourceType::RouteConfiguration).iter() {
+            let Ok(rc) = RouteConfiguration::decode(res.value_bytes()) else {
+                continue;
+            };
+            for vh in rc.virtual_hosts {
+                for r in vh.routes {
+                    let m = r.r#match.map(|m| m.encode_to_vec()).unwrap_or_default();
+                    routes.insert((name.to_string(), vh.name.clone(), m));
+                }
+            }
+        }
+        Inventory {
+            listeners: names(ResourceType::Listener),
+            clusters: names(ResourceType::Cluster),
+            routes,
+        }
+    }
+}
+
+/// What would be removed, per kind, as (removed, of total).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Removal {
+    pub listeners: (usize, usize),
+    pub routes: (usize, usize),
+    pub clusters: (usize, usize),
+}
+
+impl Removal {
+    pub fn between(current: &Inventory, next: &Inventory) -> Removal {
+        fn count<T: Ord>(cur: &BTreeSet<T>, next: &BTreeSet<T>) -> (usize, usize) {
+            (cur.difference(next).count(), cur.len())
+        }
+        Removal {
+            listeners: count(&current.listeners, &next.listeners),
+            routes: count(&current.routes, &next.routes),
+            clusters: count(&current.clusters, &next.clusters),
+        }
+    }
+
+    /// The first kind whose removed share exceeds `max`, described for status and logs.
+    pub fn exceeds(&self, max: f64) -> Option<String> {
+        for (kind, (removed, total)) in [
+            ("listeners", self.listeners),
+            ("routes", self.routes),
+            ("clusters", self.clusters),
+        ] {
+            if total > 0 && removed as f64 / total as f64 > max {
+                return Some(format!(
+                    "would remove {removed} of {total} {kind} ({:.0}% > {:.0}%)",
+                    100.0 * removed as f64 / total as f64,
+                    100.0 * max
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// Decides whether a new snapshot may be published now.
+pub fn judge(cfg: &GuardConfig, current: Option<&Inventory>, next: &Inventory) -> Option<String> {
+    if !cfg.enabled {
+        return None;
+    }
+    let current = current?;
+    Removal::between(current, next).exceeds(cfg.max_removal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inv(listeners: usize, clusters: usize, routes: usize) -> Inventory {
+        Inventory {
+            listeners: (0..listeners).map(|i| format!("l{i}")).collect(),
+            clusters: (0..clusters).map(|i| format!("c{i}")).collect(),
+            routes: (0..routes)
+                .map(|i| ("rc".to_string(), format!("vh{i}"), vec![]))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn holds_large_removals_only() {
+        let cfg = GuardConfig::default();
+        let cur = inv(2, 10, 100);
+        assert_eq!(
+            judge(&cfg, Some(&cur), &inv(2, 10, 60)),
+            None,
+            "40% is allowed"
+        );
+        let held = judge(&cfg, Some(&cur), &inv(2, 10, 20)).unwrap();
+        assert!(held.contains("80 of 100 routes"), "{held}");
+        assert!(judge(&cfg, Some(&cur), &inv(0, 10, 100)).is_some());
+        assert!(judge(&cfg, Some(&cur), &inv(2, 4, 100)).is_some());
+        // Additions and first publishes are never held.
+        assert_eq!(judge(&cfg, Some(&cur), &inv(5, 50, 500)), None);
+        assert_eq!(judge(&cfg, None, &inv(0, 0, 0)), None);
+    }
+
+    #[test]
+    fn replacing_most_routes_counts_as_removal() {
+        let cur = inv(1, 1, 10);
+        let mut next = inv(1, 1, 0);
+        next.routes = (100..110)
+            .map(|i| ("rc".to_string(), format!("vh{i}"), vec![]))
+            .collect();
+        assert!(judge(&GuardConfig::default(), Some(&cur), &next).is_some());
+    }
+
+    #[test]
+    fn disabled_guard_never_holds() {
+        let cfg = GuardConfig {
+            enabled: false,
+            ..GuardConfig::default()
+        };
+        assert_eq!(judge(&cfg, Some(&inv(5, 5, 5)), &inv(0, 0, 0)), None);
+    }
+}

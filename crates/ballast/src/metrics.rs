@@ -1,0 +1,273 @@
+//! Prometheus metrics: the xDS event stream and the pipeline turned into
+//! counters, gauges and histograms, served at `/metrics`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ballast_xds::events::{StreamKind, XdsEvent, XdsObserver};
+use parking_lot::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TypeLabel {
+    pub r#type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GatewayLabel {
+    pub gateway: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    pub source: String,
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub connected_proxies: Gauge,
+    pub streams: Family<KindLabel, Gauge>,
+    pub responses: Family<TypeLabel, Counter>,
+    pub response_bytes: Family<TypeLabel, Counter>,
+    pub acks: Family<TypeLabel, Counter>,
+    pub nacks: Family<TypeLabel, Counter>,
+    pub oversized: Family<TypeLabel, Counter>,
+    pub evictions: Counter,
+    /// Publish of a gateway's snapshot → ACK by a proxy of that gateway.
+    pub convergence: Histogram,
+    /// Response sent → its ACK.
+    pub ack_latency: Histogram,
+    pub translate_seconds: Histogram,
+    pub publishes: Family<GatewayLabel, Counter>,
+    pub guard_holds: Family<GatewayLabel, Counter>,
+    pub guard_held: Family<GatewayLabel, Gauge>,
+    pub source_synced: Family<SourceLabel, Gauge>,
+    pub source_errors: Family<SourceLabel, Counter>,
+    pub source_generation: Family<SourceLabel, Gauge>,
+    pub ready: Gauge,
+    /// Last publish instant per gateway, for the convergence histogram.
+    published_at: Mutex<HashMap<Arc<str>, Instant>>,
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Metrics> {
+        let mut registry = Registry::with_prefix("ballast");
+        let latency = || Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+        let m = Metrics {
+            connected_proxies: Gauge::default(),
+            streams: Family::default(),
+            responses: Family::default(),
+            response_bytes: Family::default(),
+            acks: Family::default(),
+            nacks: Family::default(),
+            oversized: Family::default(),
+            evictions: Counter::default(),
+            convergence: latency(),
+            ack_latency: latency(),
+            translate_seconds: latency(),
+            publishes: Family::default(),
+            guard_holds: Family::default(),
+            guard_held: Family::default(),
+            source_synced: Family::default(),
+            source_errors: Family::default(),
+            source_generation: Family::default(),
+            ready: Gauge::default(),
+            published_at: Mutex::new(HashMap::new()),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "connected_proxies",
+            "Proxies with at least one open xDS stream",
+            m.connected_proxies.clone(),
+        );
+        registry.register("xds_streams", "Open xDS streams by kind", m.streams.clone());
+        registry.register(
+            "xds_responses",
+            "xDS responses sent, by type",
+            m.responses.clone(),
+        );
+        registry.register(
+            "xds_response_bytes",
+            "Bytes of xDS responses sent, by type",
+            m.response_bytes.clone(),
+        );
+        registry.register("xds_acks", "ACKs received, by type", m.acks.clone());
+        registry.register("xds_nacks", "NACKs received, by type", m.nacks.clone());
+        registry.register(
+            "xds_oversized_responses",
+            "Responses over 4 MiB, by type",
+            m.oversized.clone(),
+        );
+        registry.register(
+            "node_evictions",
+            "Node states evicted after the grace period",
+            m.evictions.clone(),
+        );
+        registry.register(
+            "convergence_seconds",
+            "Snapshot publish to ACK by a proxy of that gateway",
+            m.convergence.clone(),
+        );
+        registry.register(
+            "xds_ack_latency_seconds",
+            "Response sent to its ACK",
+            m.ack_latency.clone(),
+        );
+        registry.register(
+            "translate_seconds",
+            "Time to translate a config change",
+            m.translate_seconds.clone(),
+        );
+        registry.register(
+            "snapshot_publishes",
+            "Snapshots published, by gateway",
+            m.publishes.clone(),
+        );
+        registry.register(
+            "guard_holds",
+            "Snapshots held by the blast-radius guard, by gateway",
+            m.guard_holds.clone(),
+        );
+        registry.register(
+            "guard_held",
+            "1 while a gateway's snapshot is held by the guard",
+            m.guard_held.clone(),
+        );
+        registry.register(
+            "source_synced",
+            "1 once a source finished its initial sync",
+            m.source_synced.clone(),
+        );
+        registry.register(
+            "source_errors",
+            "Rejected source reloads (config errors)",
+            m.source_errors.clone(),
+        );
+        registry.register(
+            "source_generation",
+            "Generation of a source's last good config",
+            m.source_generation.clone(),
+        );
+        registry.register(
+            "ready",
+            "1 once every source synced and every gateway has a snapshot",
+            m.ready.clone(),
+        );
+        let mut m = m;
+        m.registry = registry;
+        Arc::new(m)
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("encode to String");
+        out
+    }
+
+    pub fn published(&self, gateway: &str) {
+        self.published_at
+            .lock()
+            .insert(gateway.into(), Instant::now());
+        self.publishes
+            .get_or_create(&GatewayLabel {
+                gateway: gateway.to_string(),
+            })
+            .inc();
+    }
+}
+
+fn ty(t: ballast_xds::ResourceType) -> TypeLabel {
+    TypeLabel {
+        r#type: t.short_name().to_string(),
+    }
+}
+
+fn kind(k: &StreamKind) -> KindLabel {
+    KindLabel {
+        kind: k.label().to_string(),
+    }
+}
+
+/// Turns xDS events into metrics; cheap and non-blocking.
+pub struct MetricsObserver {
+    pub metrics: Arc<Metrics>,
+    /// Open streams per node: a node is connected while it has one.
+    streams_per_node: Mutex<HashMap<Arc<str>, u32>>,
+}
+
+impl XdsObserver for MetricsObserver {
+    fn on_event(&self, e: &XdsEvent) {
+        let m = &self.metrics;
+        match e {
+            XdsEvent::StreamOpened { kind: k, node, .. } => {
+                m.streams.get_or_create(&kind(k)).inc();
+                let mut per = self.streams_per_node.lock();
+                let n = per.entry(node.clone()).or_default();
+                *n += 1;
+                if *n == 1 {
+                    m.connected_proxies.inc();
+                }
+            }
+            XdsEvent::StreamClosed { kind: k, node } => {
+                m.streams.get_or_create(&kind(k)).dec();
+                let mut per = self.streams_per_node.lock();
+                if let Some(n) = per.get_mut(node) {
+                    *n -= 1;
+                    if *n == 0 {
+                        per.remove(node);
+                        m.connected_proxies.dec();
+                    }
+                }
+            }
+            XdsEvent::Request { .. } => {}
+            XdsEvent::ResponseSent { ty: t, bytes, .. } => {
+                m.responses.get_or_create(&ty(*t)).inc();
+                m.response_bytes
+                    .get_or_create(&ty(*t))
+                    .inc_by(*bytes as u64);
+            }
+            XdsEvent::Ack {
+                ty: t,
+                group,
+                latency,
+                ..
+            } => {
+                m.acks.get_or_create(&ty(*t)).inc();
+                m.ack_latency.observe(latency.as_secs_f64());
+                if let Some(at) = m.published_at.lock().get(group).copied() {
+                    m.convergence.observe(at.elapsed().as_secs_f64());
+                }
+            }
+            XdsEvent::Nack { ty: t, .. } => {
+                m.nacks.get_or_create(&ty(*t)).inc();
+            }
+            XdsEvent::OversizedResponse { ty: t, .. } => {
+                m.oversized.get_or_create(&ty(*t)).inc();
+            }
+            XdsEvent::Evicted { .. } => {
+                m.evictions.inc();
+            }
+        }
+    }
+}
+
+impl MetricsObserver {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        MetricsObserver {
+            metrics,
+            streams_per_node: Mutex::new(HashMap::new()),
+        }
+    }
+}

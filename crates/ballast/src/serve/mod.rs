@@ -1,0 +1,119 @@
+//! `ballast serve`: wires source → pipeline (translate, guard) → cache → xDS
+//! server, plus the admin server.
+
+pub mod pipeline;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use ballast_sources::{FileSource, FileSourceOptions, Source, StaticSource};
+use ballast_xds::{SnapshotCache, XdsServer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::info;
+
+use crate::guard::GuardConfig;
+use crate::metrics::{Metrics, MetricsObserver};
+use pipeline::{Pipeline, PipelineStatus};
+
+pub const QUICKSTART: &str = include_str!("../quickstart.yaml");
+
+pub struct ServeOptions {
+    pub configs: Vec<PathBuf>,
+    pub xds_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub guard: GuardConfig,
+    pub grace: Duration,
+    pub debounce_quiet: Duration,
+    pub debounce_max: Duration,
+    pub initial_sync_delay: Duration,
+}
+
+pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
+    let source: Box<dyn Source> = if opts.configs.is_empty() {
+        let source = StaticSource::from_files(
+            "builtin:quickstart",
+            [("builtin:quickstart.yaml", QUICKSTART)],
+        )
+        .map_err(|errs| {
+            anyhow::anyhow!(
+                "built-in quickstart config is invalid: {}",
+                errs.iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )
+        })?;
+        info!("no --config given: serving the built-in quickstart config");
+        Box::new(source)
+    } else {
+        Box::new(FileSource::new(
+            opts.configs.clone(),
+            FileSourceOptions {
+                quiet: opts.debounce_quiet,
+                max_delay: opts.debounce_max,
+                initial_delay: opts.initial_sync_delay,
+            },
+        ))
+    };
+
+    let metrics = Metrics::new();
+    let cache = SnapshotCache::new();
+    let observer = Arc::new(MetricsObserver::new(metrics.clone()));
+    let server = XdsServer::builder(cache.clone())
+        .grouper(Arc::new(crate::grouping::gateway_of))
+        .observer(observer)
+        .grace(opts.grace)
+        .build();
+
+    let xds_listener = TcpListener::bind(opts.xds_addr)
+        .await
+        .with_context(|| format!("binding xDS address {}", opts.xds_addr))?;
+    let admin_listener = TcpListener::bind(opts.admin_addr)
+        .await
+        .with_context(|| format!("binding admin address {}", opts.admin_addr))?;
+    // Printed for tests and scripts that bind port 0.
+    println!("xds listening on {}", xds_listener.local_addr()?);
+    println!("admin listening on {}", admin_listener.local_addr()?);
+
+    let source_rx = source.start();
+    let (status_tx, status_rx) = watch::channel(PipelineStatus::default());
+    let pipeline = Pipeline {
+        cache: cache.clone(),
+        metrics: metrics.clone(),
+        guard: opts.guard,
+        options: ballast_translate::Options::default(),
+        status: status_tx,
+    };
+    let pipeline_task = tokio::spawn(pipeline.run(source_rx.clone()));
+
+    let admin = crate::admin::router(crate::admin::AdminState {
+        server: server.clone(),
+        status: status_rx,
+        source: source_rx,
+        metrics,
+    });
+    let admin_task = tokio::spawn(async move { axum::serve(admin_listener, admin).await });
+    let xds_task = tokio::spawn(server.serve_with_shutdown(xds_listener, shutdown_signal()));
+
+    tokio::select! {
+        r = xds_task => { r??; }
+        r = admin_task => { r??; anyhow::bail!("admin server stopped"); }
+        r = pipeline_task => { r?; anyhow::bail!("pipeline stopped"); }
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term.recv() => {},
+    }
+    info!("shutting down");
+}

@@ -1,0 +1,273 @@
+//! The pipeline: source state → incremental translation → blast-radius guard →
+//! snapshot cache. One task, so publishes for a gateway are strictly ordered;
+//! everything it knows is published through `watch` for the admin API.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use ballast_model::ObjectKey;
+use ballast_sources::SourceState;
+use ballast_translate::{Options, Translator};
+use ballast_xds::ResourceType;
+use ballast_xds::SnapshotCache;
+use ballast_xds::snapshot::Snapshot;
+use serde::Serialize;
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use crate::guard::{GuardConfig, Inventory, judge};
+use crate::metrics::{GatewayLabel, Metrics, SourceLabel};
+
+/// What the pipeline knows, for `/readyz`, `/debug/*` and `ballast status`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PipelineStatus {
+    pub ready: bool,
+    /// Generation of the source config last translated.
+    pub generation: Option<u64>,
+    pub gateways: BTreeMap<String, GatewayStatus>,
+    pub last_translate_ms: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GatewayStatus {
+    pub published: bool,
+    pub published_at: Option<SystemTime>,
+    pub versions: BTreeMap<&'static str, String>,
+    pub listeners: usize,
+    pub routes: usize,
+    pub clusters: usize,
+    pub held: Option<HeldStatus>,
+    pub removed: bool,
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct HeldStatus {
+    pub reason: String,
+    pub since: SystemTime,
+    pub settle_ms: u128,
+}
+
+struct Held {
+    /// `None`: the gateway itself was removed.
+    snapshot: Option<Arc<Snapshot>>,
+    inventory: Inventory,
+    deadline: tokio::time::Instant,
+    status: HeldStatus,
+}
+
+pub struct Pipeline {
+    pub cache: SnapshotCache,
+    pub metrics: Arc<Metrics>,
+    pub guard: GuardConfig,
+    pub options: Options,
+    pub status: watch::Sender<PipelineStatus>,
+}
+
+fn group_of(key: &ObjectKey) -> String {
+    format!("{}/{}", key.namespace, key.name)
+}
+
+impl Pipeline {
+    pub async fn run(self, mut source: watch::Receiver<SourceState>) {
+        let mut translator = Translator::new(self.options.clone());
+        let mut published: BTreeMap<ObjectKey, (Arc<Snapshot>, Inventory)> = BTreeMap::new();
+        let mut held: BTreeMap<ObjectKey, Held> = BTreeMap::new();
+        let mut last_generation: Option<u64> = None;
+        let mut last_error_seen: Option<usize> = None;
+        loop {
+            let state = source.borrow_and_update().clone();
+            self.source_metrics(&state, &mut last_error_seen);
+            #[allow(clippy::collapsible_if)]
+            if let Some(config) = state.config.as_ref() {
+                if last_generation != Some(state.generation) {
+                    last_generation = Some(state.generation);
+                    let started = Instant::now();
+                    let out = translator.update(config);
+                    let took = started.elapsed();
+                    self.metrics.translate_seconds.observe(took.as_secs_f64());
+                    self.status.send_modify(|s| {
+                        s.generation = Some(state.generation);
+                        s.last_translate_ms = Some(took.as_secs_f64() * 1000.0);
+                    });
+                    info!(
+                        generation = state.generation,
+                        changed = out.changed.len(),
+                        removed = out.removed.len(),
+                        ms = took.as_secs_f64() * 1000.0,
+                        "translated"
+                    );
+                    for (key, resources) in &out.changed {
+                        let prev = published.get(key).map(|p| p.0.clone());
+                        match resources.snapshot(prev) {
+                            Ok(snap) => {
+                                self.offer(key, Some(Arc::new(snap)), &mut published, &mut held)
+                            }
+                            Err(e) => {
+                                error!(gateway = %key, error = %e, "translation produced an inconsistent snapshot; keeping the last one");
+                                self.status.send_modify(|s| {
+                                    s.gateways.entry(group_of(key)).or_default().error =
+                                        Some(e.to_string());
+                                });
+                            }
+                        }
+                    }
+                    for key in &out.removed {
+                        self.offer(key, None, &mut published, &mut held);
+                    }
+                }
+            }
+            if state.synced && !self.status.borrow().ready {
+                // Every gateway of the initial config is published (above, synchronously).
+                self.cache.set_ready(true);
+                self.metrics.ready.set(1);
+                self.status.send_modify(|s| s.ready = true);
+                info!(
+                    gateways = published.len(),
+                    "ready: initial sync done and snapshots published"
+                );
+            }
+            let next_deadline = held.values().map(|h| h.deadline).min();
+            tokio::select! {
+                r = source.changed() => if r.is_err() { return; },
+                _ = sleep_until(next_deadline) => {
+                    let now = tokio::time::Instant::now();
+                    let due: Vec<ObjectKey> = held.iter().filter(|(_, h)| h.deadline <= now).map(|(k, _)| k.clone()).collect();
+                    for key in due {
+                        let h = held.remove(&key).expect("due");
+                        warn!(gateway = %key, reason = %h.status.reason, "guard: settle period over and the source still says so; applying");
+                        self.publish(&key, h.snapshot, h.inventory, &mut published);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A new snapshot (or removal) for a gateway: publish now, or hold it.
+    fn offer(
+        &self,
+        key: &ObjectKey,
+        snapshot: Option<Arc<Snapshot>>,
+        published: &mut BTreeMap<ObjectKey, (Arc<Snapshot>, Inventory)>,
+        held: &mut BTreeMap<ObjectKey, Held>,
+    ) {
+        let inventory = snapshot.as_deref().map(Inventory::of).unwrap_or_default();
+        let current = published.get(key).map(|p| &p.1);
+        match judge(&self.guard, current, &inventory) {
+            None => {
+                if held.remove(key).is_some() {
+                    info!(gateway = %key, "guard: the source changed its mind; hold released");
+                }
+                self.publish(key, snapshot, inventory, published);
+            }
+            Some(reason) => {
+                let label = GatewayLabel {
+                    gateway: group_of(key),
+                };
+                match held.get_mut(key) {
+                    Some(h) => {
+                        // Still a mass removal: keep the original deadline, hold the latest.
+                        h.snapshot = snapshot;
+                        h.inventory = inventory;
+                        h.status.reason = reason;
+                    }
+                    None => {
+                        warn!(gateway = %key, %reason, settle = ?self.guard.settle, "guard: holding snapshot");
+                        self.metrics.guard_holds.get_or_create(&label).inc();
+                        held.insert(
+                            key.clone(),
+                            Held {
+                                snapshot,
+                                inventory,
+                                deadline: tokio::time::Instant::now() + self.guard.settle,
+                                status: HeldStatus {
+                                    reason,
+                                    since: SystemTime::now(),
+                                    settle_ms: self.guard.settle.as_millis(),
+                                },
+                            },
+                        );
+                    }
+                }
+                self.metrics.guard_held.get_or_create(&label).set(1);
+                let status = held.get(key).map(|h| h.status.clone());
+                self.status
+                    .send_modify(|s| s.gateways.entry(group_of(key)).or_default().held = status);
+            }
+        }
+    }
+
+    fn publish(
+        &self,
+        key: &ObjectKey,
+        snapshot: Option<Arc<Snapshot>>,
+        inventory: Inventory,
+        published: &mut BTreeMap<ObjectKey, (Arc<Snapshot>, Inventory)>,
+    ) {
+        let group = group_of(key);
+        // A removed gateway's proxies get an empty snapshot: the deletion was
+        // deliberate (and passed the guard), not an accident of the control plane.
+        let snap = snapshot
+            .clone()
+            .unwrap_or_else(|| Arc::new(Snapshot::default()));
+        self.cache.set_snapshot(&group, snap.clone());
+        self.metrics.published(&group);
+        self.metrics
+            .guard_held
+            .get_or_create(&GatewayLabel {
+                gateway: group.clone(),
+            })
+            .set(0);
+        let gs = GatewayStatus {
+            published: true,
+            published_at: Some(SystemTime::now()),
+            versions: ResourceType::ALL
+                .iter()
+                .map(|t| (t.short_name(), snap.version(*t).to_string()))
+                .collect(),
+            listeners: inventory.listeners.len(),
+            routes: inventory.routes.len(),
+            clusters: inventory.clusters.len(),
+            held: None,
+            removed: snapshot.is_none(),
+            error: None,
+        };
+        self.status.send_modify(|s| {
+            s.gateways.insert(group.clone(), gs);
+        });
+        if snapshot.is_some() {
+            published.insert(key.clone(), (snap, inventory));
+        } else {
+            published.remove(key);
+        }
+    }
+
+    fn source_metrics(&self, state: &SourceState, last_error_seen: &mut Option<usize>) {
+        let label = SourceLabel {
+            source: state.name.clone(),
+        };
+        self.metrics
+            .source_synced
+            .get_or_create(&label)
+            .set(state.synced as i64);
+        self.metrics
+            .source_generation
+            .get_or_create(&label)
+            .set(state.generation as i64);
+        if let Some(errors) = &state.last_error {
+            let id = Arc::as_ptr(errors) as *const () as usize;
+            if *last_error_seen != Some(id) {
+                *last_error_seen = Some(id);
+                self.metrics.source_errors.get_or_create(&label).inc();
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,109 @@
+//! `ballast status`: the connected proxies and their per-type sync state, as a
+//! table, from the admin API.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+/// GET `path` from the admin server (plain HTTP/1.0; no client dependency).
+pub fn admin_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).with_context(|| {
+        format!("connecting to the admin server at {addr} (is `ballast serve` running?)")
+    })?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        bail!("{path}: {}", head.lines().next().unwrap_or(""));
+    }
+    Ok(body.to_string())
+}
+
+pub fn render(proxies: &Value) -> String {
+    let types = ["SDS", "CDS", "EDS", "LDS", "RDS"];
+    let mut rows = vec![{
+        let mut h = vec!["NODE".to_string(), "GATEWAY".into(), "CONNECTED".into()];
+        h.extend(types.iter().map(|t| t.to_string()));
+        h
+    }];
+    let mut notes = Vec::new();
+    for p in proxies["proxies"].as_array().into_iter().flatten() {
+        let node = p["node"].as_str().unwrap_or("?").to_string();
+        let mut row = vec![
+            node.clone(),
+            p["gateway"].as_str().unwrap_or("?").to_string(),
+            if p["connected"].as_bool() == Some(true) {
+                "yes".into()
+            } else {
+                "no (grace)".into()
+            },
+        ];
+        for t in types {
+            let st = p["types"]
+                .as_array()
+                .and_then(|a| a.iter().find(|x| x["type"] == t));
+            row.push(match st {
+                Some(x) => x["state"].as_str().unwrap_or("?").to_string(),
+                None => "-".to_string(),
+            });
+            if let Some(nack) = st.and_then(|x| x.get("nack")).filter(|n| !n.is_null()) {
+                notes.push(format!(
+                    "{node} {t} NACK of {}: {}",
+                    nack["version"].as_str().unwrap_or(""),
+                    nack["message"].as_str().unwrap_or("")
+                ));
+            }
+        }
+        if let Some(w) = p["waiting"].as_str() {
+            notes.push(format!("{node}: waiting: {w}"));
+        }
+        rows.push(row);
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in &rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    for n in notes {
+        out.push_str(&n);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_table_with_nacks() {
+        let v = serde_json::json!({"proxies": [{
+            "node": "envoy-1", "gateway": "default/edge", "connected": true, "waiting": null,
+            "types": [{"type": "CDS", "state": "SYNCED"}, {"type": "LDS", "state": "ERROR",
+                       "nack": {"version": "v2", "message": "bad listener"}}]
+        }]});
+        let t = render(&v);
+        assert!(
+            t.starts_with("NODE     GATEWAY       CONNECTED  SDS  CDS     EDS  LDS    RDS"),
+            "{t}"
+        );
+        assert!(
+            t.contains("envoy-1  default/edge  yes        -    SYNCED  -    ERROR  -"),
+            "{t}"
+        );
+        assert!(t.contains("envoy-1 LDS NACK of v2: bad listener"), "{t}");
+    }
+}

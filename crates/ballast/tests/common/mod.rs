@@ -1,0 +1,198 @@
+//! Shared helpers for `ballast` end-to-end tests: the real binary as a child
+//! process, generated configs, real Envoy and traffic from ballast-testkit.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+pub const T: Duration = Duration::from_secs(90);
+pub const POLL: Duration = Duration::from_millis(50);
+
+/// A running `ballast serve` process; killed (SIGKILL) on drop.
+pub struct Ballast {
+    child: Child,
+    pub xds: SocketAddr,
+    pub admin: SocketAddr,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Ballast {
+    /// Starts `ballast serve` with fixed ports (so a restart reuses them).
+    pub fn start(xds: SocketAddr, admin: SocketAddr, args: &[&str]) -> Result<Ballast> {
+        let dir = tempfile::tempdir()?;
+        let log = dir.path().join("ballast.log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
+            .arg("serve")
+            .arg("--xds-addr")
+            .arg(xds.to_string())
+            .arg("--admin-addr")
+            .arg(admin.to_string())
+            .args(args)
+            .env(
+                "RUST_LOG",
+                std::env::var("BALLAST_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("spawning ballast")?;
+        // Wait for both "listening" lines (bounded by the child's lifetime).
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let mut seen = 0;
+        while seen < 2 {
+            match lines.next() {
+                Some(Ok(l)) if l.contains("listening on") => seen += 1,
+                Some(Ok(_)) => {}
+                _ => bail!(
+                    "ballast exited early: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                ),
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        Ok(Ballast {
+            child,
+            xds,
+            admin,
+            log,
+            _dir: dir,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    pub async fn get(&self, path: &str) -> Result<(u16, String)> {
+        ballast_testkit::http_get(self.admin, path).await
+    }
+
+    pub async fn wait_ready(&self) -> Result<()> {
+        ballast_testkit::wait_until(T, POLL, || async {
+            matches!(self.get("/readyz").await, Ok((200, _)))
+        })
+        .await
+        .with_context(|| format!("ballast ready; log:\n{}", self.log_tail()))
+    }
+
+    /// A metric's value (sum over label sets) from /metrics.
+    pub async fn metric(&self, name: &str) -> Result<f64> {
+        let (_, body) = self.get("/metrics").await?;
+        Ok(body
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+}
+
+impl Drop for Ballast {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- ballast log tail ---\n{}", self.log_tail());
+        }
+        self.kill();
+    }
+}
+
+pub fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+pub fn free_addr() -> SocketAddr {
+    loopback(ballast_testkit::free_port())
+}
+
+/// A gateway `default/edge` on 127.0.0.1:`port` (HTTP), and `n` HTTPRoutes with
+/// distinct hostnames `h{i}.example.com`, each to its own Backend `b{i}` whose
+/// endpoint is one of `upstreams` (round-robin).
+pub fn many_routes(port: u16, n: usize, upstreams: &[SocketAddr]) -> String {
+    let mut s = gateway(port);
+    for i in 0..n {
+        s.push_str(&route(
+            &format!("r{i}"),
+            &format!("h{i}.example.com"),
+            &format!("b{i}"),
+        ));
+        s.push_str(&backend(
+            &format!("b{i}"),
+            &[upstreams[i % upstreams.len()]],
+        ));
+    }
+    s
+}
+
+pub fn gateway(port: u16) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: edge }}
+spec:
+  gatewayClassName: ballast
+  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
+  listeners:
+  - {{ name: http, port: {port}, protocol: HTTP }}
+"
+    )
+}
+
+pub fn route(name: &str, host: &str, backend: &str) -> String {
+    format!(
+        "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: {name} }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [{host}]
+  rules:
+  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}]
+"
+    )
+}
+
+pub fn backend(name: &str, endpoints: &[SocketAddr]) -> String {
+    let eps: Vec<String> = endpoints
+        .iter()
+        .map(|a| format!("  - {{ address: {}, port: {} }}\n", a.ip(), a.port()))
+        .collect();
+    format!(
+        "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: {name} }}
+spec:
+  connectTimeout: 1s
+  endpoints:
+{}",
+        eps.concat()
+    )
+}
+
+/// Writes `text` to `path` atomically (write + rename), as editors and
+/// config-management tools do.
+pub fn write_atomic(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp~");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
