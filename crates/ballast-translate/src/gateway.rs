@@ -14,7 +14,10 @@ use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
 
 use crate::index::{Deps, routes_naming};
 use crate::listener::{certificate_refs, envoy_listener, plan};
-use crate::route::{Attached, TranslatedRoute, backend_signature, translate_route, virtual_hosts};
+use crate::route::{
+    Attached, Contributors, PrevHosts, TranslatedRoute, backend_signature, translate_route,
+    virtual_hosts,
+};
 use crate::{GatewayResources, Options, TranslateStats, cluster, encode, secret};
 
 /// Encoded cluster and load assignment of one Backend version.
@@ -130,7 +133,14 @@ impl Caches {
 #[derive(Default)]
 pub(crate) struct Encoded {
     listeners: BTreeMap<String, (EnvoyListener, Arc<Resource>)>,
-    route_configs: BTreeMap<String, (RouteConfiguration, Arc<Resource>)>,
+    route_configs: BTreeMap<String, RouteConfigState>,
+}
+
+/// A route configuration as last built, with what each virtual host was built from.
+pub(crate) struct RouteConfigState {
+    message: RouteConfiguration,
+    contributors: Contributors,
+    resource: Arc<Resource>,
 }
 
 fn encode_reusing<M: XdsResource + PartialEq + Clone>(
@@ -166,9 +176,10 @@ pub(crate) fn build_gateway(
     key: &ObjectKey,
     options: &Options,
     caches: &mut Caches,
-    prev: Option<&Encoded>,
+    prev: Option<Encoded>,
     stats: &mut TranslateStats,
 ) -> Option<Built> {
+    let mut prev = prev;
     let gw = config.gateways.get(key)?;
     stats.gateways_translated += 1;
     let attachments = config.attached_routes(key);
@@ -203,24 +214,54 @@ pub(crate) fn build_gateway(
                     translated: t,
                 })
                 .collect();
-            let (virtual_hosts, clusters) = virtual_hosts(&chain.listeners, &attached);
-            used_backends.extend(clusters);
+            let old = prev
+                .as_mut()
+                .and_then(|p| p.route_configs.remove(&chain.route_config));
+            let (old_hosts, old_resource) = match old {
+                Some(o) => (
+                    Some(PrevHosts {
+                        vhosts: o.message.virtual_hosts,
+                        contributors: o.contributors,
+                    }),
+                    Some(o.resource),
+                ),
+                None => (None, None),
+            };
+            let hosts = virtual_hosts(&chain.listeners, &attached, old_hosts);
+            used_backends.extend(hosts.clusters);
             used_secrets.extend(chain.certificates.iter().cloned());
-            let rc = RouteConfiguration {
+            let message = RouteConfiguration {
                 name: chain.route_config.clone(),
-                virtual_hosts,
+                virtual_hosts: hosts.vhosts,
                 ..Default::default()
             };
-            let r = encode_reusing(
-                prev.map(|p| &p.route_configs),
-                &mut encoded.route_configs,
-                rc,
-                stats,
+            let resource = match old_resource {
+                Some(r) if hosts.unchanged => {
+                    stats.resources_reused += 1;
+                    r
+                }
+                _ => {
+                    stats.resources_encoded += 1;
+                    encode(&message)
+                }
+            };
+            resources.route_configs.push(resource.clone());
+            encoded.route_configs.insert(
+                chain.route_config.clone(),
+                RouteConfigState {
+                    message,
+                    contributors: hosts.contributors,
+                    resource,
+                },
             );
-            resources.route_configs.push(r);
         }
         let l = envoy_listener(gw, &port, options);
-        let r = encode_reusing(prev.map(|p| &p.listeners), &mut encoded.listeners, l, stats);
+        let r = encode_reusing(
+            prev.as_ref().map(|p| &p.listeners),
+            &mut encoded.listeners,
+            l,
+            stats,
+        );
         resources.listeners.push(r);
     }
     for b in &used_backends {

@@ -536,7 +536,27 @@ fn listener_matches(l: &Listener, host: &str) -> bool {
 pub(crate) struct Attached<'a> {
     pub listener: &'a str,
     pub hostnames: &'a [String],
-    pub translated: &'a TranslatedRoute,
+    pub translated: &'a Arc<TranslatedRoute>,
+}
+
+/// The translated routes a virtual host was built from, in order. Holding the `Arc`s (not
+/// just addresses) makes pointer equality a sound "unchanged" test.
+pub(crate) type Contributors = Vec<(String, Vec<Arc<TranslatedRoute>>)>;
+
+/// The virtual hosts of a route configuration as last built: reused when a virtual host's
+/// contributors are the same `Arc`s, so a rebuild only re-sorts the hosts that changed.
+#[derive(Default)]
+pub(crate) struct PrevHosts {
+    pub vhosts: Vec<VirtualHost>,
+    pub contributors: Contributors,
+}
+
+pub(crate) struct Hosts {
+    pub vhosts: Vec<VirtualHost>,
+    pub contributors: Contributors,
+    pub clusters: BTreeSet<ObjectKey>,
+    /// Every virtual host was reused and none was added or removed.
+    pub unchanged: bool,
 }
 
 /// The virtual hosts of one route configuration, built from the routes attached to `listeners`
@@ -544,8 +564,9 @@ pub(crate) struct Attached<'a> {
 pub(crate) fn virtual_hosts(
     listeners: &[&Listener],
     attached: &[Attached<'_>],
-) -> (Vec<VirtualHost>, BTreeSet<ObjectKey>) {
-    let mut hosts: BTreeMap<&str, Vec<&RouteEntry>> = BTreeMap::new();
+    prev: Option<PrevHosts>,
+) -> Hosts {
+    let mut hosts: BTreeMap<&str, Vec<&Arc<TranslatedRoute>>> = BTreeMap::new();
     let mut clusters = BTreeSet::new();
     let shared = listeners.len() > 1;
     for a in attached {
@@ -562,7 +583,7 @@ pub(crate) fn virtual_hosts(
                 }
             }
             used = true;
-            hosts.entry(h).or_default().extend(&a.translated.entries);
+            hosts.entry(h).or_default().push(a.translated);
         }
         if used {
             clusters.extend(a.translated.clusters.iter().cloned());
@@ -575,9 +596,33 @@ pub(crate) fn virtual_hosts(
             }
         }
     }
-    let vhosts = hosts
-        .into_iter()
-        .map(|(host, mut entries)| {
+    let mut prev = prev.unwrap_or_default();
+    let mut unchanged = hosts.len() == prev.contributors.len();
+    // Both lists are sorted by hostname: walk them together.
+    let mut old = prev
+        .contributors
+        .iter()
+        .zip(prev.vhosts.iter_mut())
+        .peekable();
+    let mut vhosts = Vec::with_capacity(hosts.len());
+    let mut contributors = Vec::with_capacity(hosts.len());
+    for (host, routes) in hosts {
+        while old.peek().is_some_and(|((h, _), _)| h.as_str() < host) {
+            old.next();
+        }
+        let reused = match old.peek_mut() {
+            Some(((h, c), vh))
+                if h == host
+                    && c.len() == routes.len()
+                    && c.iter().zip(&routes).all(|(x, y)| Arc::ptr_eq(x, y)) =>
+            {
+                Some(std::mem::take(*vh))
+            }
+            _ => None,
+        };
+        let vh = reused.unwrap_or_else(|| {
+            unchanged = false;
+            let mut entries: Vec<&RouteEntry> = routes.iter().flat_map(|t| &t.entries).collect();
             entries.sort_by(|a, b| a.precedence.cmp(&b.precedence));
             VirtualHost {
                 name: host.to_owned(),
@@ -588,9 +633,16 @@ pub(crate) fn virtual_hosts(
                     .collect(),
                 ..Default::default()
             }
-        })
-        .collect();
-    (vhosts, clusters)
+        });
+        vhosts.push(vh);
+        contributors.push((host.to_owned(), routes.into_iter().cloned().collect()));
+    }
+    Hosts {
+        vhosts,
+        contributors,
+        clusters,
+        unchanged,
+    }
 }
 
 #[cfg(test)]

@@ -147,13 +147,13 @@ impl Translator {
             orphans.secrets.extend(o.secrets);
         };
         for key in &rebuild {
-            let prev = self.gateways.remove(key);
+            let mut prev = self.gateways.remove(key);
             match build_gateway(
                 config,
                 key,
                 &self.options,
                 &mut self.caches,
-                prev.as_ref().map(|p| &p.encoded),
+                prev.as_mut().map(|p| std::mem::take(&mut p.encoded)),
                 stats,
             ) {
                 Some(built) => {
