@@ -63,12 +63,15 @@ async fn broken_file_changes_nothing_and_fix_applies() {
     let broken =
         backend("web", &[b.addr()]).replace("connectTimeout: 1s", "connectTimeout: 1parsec");
     write_atomic(&web, &broken);
-    let mut errors = String::new();
-    wait_until(T, POLL, || async {
-        let (_, body) = ballast.get("/debug/sources").await.unwrap();
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        errors = v["sources"][0]["errors"].to_string();
-        errors.contains("web.yaml:")
+    let errors = ballast_testkit::wait_for(T, POLL, || async {
+        let (_, body) = ballast.get("/debug/sources").await?;
+        let v: serde_json::Value = serde_json::from_str(&body)?;
+        let errors = v["sources"][0]["errors"].to_string();
+        if errors.contains("web.yaml:") {
+            Ok(errors)
+        } else {
+            anyhow::bail!("no error yet")
+        }
     })
     .await
     .unwrap();
