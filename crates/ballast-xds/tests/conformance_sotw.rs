@@ -385,3 +385,42 @@ async fn held_route_is_not_answered_empty() {
     let rds = c.recv().await;
     assert_eq!(names(&rds), ["r1"]);
 }
+
+#[tokio::test]
+async fn responses_over_4_mib_are_reported() {
+    use ballast_xds::XdsEvent;
+    use ballast_xds::envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let big = Cluster {
+        name: "big".into(),
+        alt_stat_name: "x".repeat(5 * 1024 * 1024),
+        ..Default::default()
+    };
+    let snap = ballast_xds::Snapshot::builder()
+        .with(&big)
+        .unwrap()
+        .build()
+        .unwrap();
+    let cache = SnapshotCache::new();
+    cache.set_snapshot("g", snap);
+    cache.set_ready(true);
+    let oversized = Arc::new(AtomicUsize::new(0));
+    let seen = oversized.clone();
+    let observer = move |e: &XdsEvent| {
+        if let XdsEvent::OversizedResponse { bytes, .. } = e {
+            assert!(*bytes > 4 * 1024 * 1024);
+            seen.fetch_add(1, Ordering::SeqCst);
+        }
+    };
+    let s = common::start_with(cache, GRACE, Arc::new(observer)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(CDS, &[], "", "").await;
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["big"]);
+    assert_eq!(oversized.load(Ordering::SeqCst), 1);
+    // A small response is not reported.
+    c.request(LDS, &[], "", "").await;
+    assert!(names(&c.recv().await).is_empty());
+    assert_eq!(oversized.load(Ordering::SeqCst), 1);
+}

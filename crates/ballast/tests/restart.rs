@@ -83,7 +83,10 @@ async fn scenario(mode: AdsMode) {
             let (code, _) = ballast.get("/readyz").await.unwrap();
             assert_eq!(code, 503, "still in the slow initial sync");
             // Connected, but nothing was sent while not ready.
-            assert_eq!(ballast.metric("ballast_xds_responses_total").await.unwrap(), 0.0);
+            assert_eq!(
+                ballast.metric("ballast_xds_responses_total").await.unwrap(),
+                0.0
+            );
         }
         ballast.wait_ready().await.unwrap();
         wait_until(T, POLL, || async {

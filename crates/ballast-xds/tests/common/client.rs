@@ -43,7 +43,9 @@ pub struct Sotw {
 
 impl Sotw {
     pub async fn connect(addr: std::net::SocketAddr, node_id: &str) -> Sotw {
-        let mut client = AggregatedDiscoveryServiceClient::new(channel(addr).await);
+        // Accepts responses beyond gRPC's default 4 MiB, to observe them.
+        let mut client = AggregatedDiscoveryServiceClient::new(channel(addr).await)
+            .max_decoding_message_size(64 * 1024 * 1024);
         let (tx, rx) = mpsc::channel(16);
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
         let resp = client.stream_aggregated_resources(stream);
