@@ -76,6 +76,9 @@ enum Command {
         /// Test hook: delay the end of the initial sync.
         #[arg(long, default_value = "0s", value_parser = duration, hide = true)]
         initial_sync_delay: Duration,
+        /// Test hook: the port of the built-in quickstart Gateway.
+        #[arg(long, default_value = "10000", hide = true)]
+        quickstart_port: u16,
     },
     /// Check config: exit 0, or print every error with file:line:col and exit 1.
     Validate {
@@ -151,6 +154,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             debounce_quiet,
             debounce_max,
             initial_sync_delay,
+            quickstart_port,
         } => {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(serve::serve(serve::ServeOptions {
@@ -166,6 +170,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 debounce_quiet,
                 debounce_max,
                 initial_sync_delay,
+                quickstart_port,
             }))?;
             Ok(ExitCode::SUCCESS)
         }

@@ -21,6 +21,30 @@ use pipeline::{Pipeline, PipelineStatus};
 
 pub const QUICKSTART: &str = include_str!("../quickstart.yaml");
 
+/// The quickstart config for this server: its Backend is this server's own
+/// admin address (so `curl <gateway>/healthz` works whatever `--admin-addr`
+/// is), and its Gateway listens on `listen_port` (default 10000).
+pub fn quickstart(admin_addr: SocketAddr, listen_port: u16) -> String {
+    let ip = if admin_addr.ip().is_unspecified() {
+        std::net::IpAddr::from([127, 0, 0, 1])
+    } else {
+        admin_addr.ip()
+    };
+    let ip = match ip {
+        std::net::IpAddr::V6(v6) => format!("\"{v6}\""),
+        v4 => v4.to_string(),
+    };
+    QUICKSTART
+        .replace(
+            "{ address: 127.0.0.1, port: 18001 }",
+            &format!("{{ address: {ip}, port: {} }}", admin_addr.port()),
+        )
+        .replace(
+            "{ name: http, port: 10000, protocol: HTTP }",
+            &format!("{{ name: http, port: {listen_port}, protocol: HTTP }}"),
+        )
+}
+
 pub struct ServeOptions {
     pub configs: Vec<PathBuf>,
     pub xds_addr: SocketAddr,
@@ -30,13 +54,22 @@ pub struct ServeOptions {
     pub debounce_quiet: Duration,
     pub debounce_max: Duration,
     pub initial_sync_delay: Duration,
+    pub quickstart_port: u16,
 }
 
 pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
+    // Bound first: the quickstart config routes to the actual admin address.
+    let xds_listener = TcpListener::bind(opts.xds_addr)
+        .await
+        .with_context(|| format!("binding xDS address {}", opts.xds_addr))?;
+    let admin_listener = TcpListener::bind(opts.admin_addr)
+        .await
+        .with_context(|| format!("binding admin address {}", opts.admin_addr))?;
     let source: Box<dyn Source> = if opts.configs.is_empty() {
+        let text = quickstart(admin_listener.local_addr()?, opts.quickstart_port);
         let source = StaticSource::from_files(
             "builtin:quickstart",
-            [("builtin:quickstart.yaml", QUICKSTART)],
+            [("builtin:quickstart.yaml", text.as_str())],
         )
         .map_err(|errs| {
             anyhow::anyhow!(
@@ -69,12 +102,6 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         .grace(opts.grace)
         .build();
 
-    let xds_listener = TcpListener::bind(opts.xds_addr)
-        .await
-        .with_context(|| format!("binding xDS address {}", opts.xds_addr))?;
-    let admin_listener = TcpListener::bind(opts.admin_addr)
-        .await
-        .with_context(|| format!("binding admin address {}", opts.admin_addr))?;
     // Printed for tests and scripts that bind port 0.
     println!("xds listening on {}", xds_listener.local_addr()?);
     println!("admin listening on {}", admin_listener.local_addr()?);
@@ -116,4 +143,29 @@ async fn shutdown_signal() {
         _ = term.recv() => {},
     }
     info!("shutting down");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quickstart_follows_the_admin_address() {
+        let default = quickstart("127.0.0.1:18001".parse().unwrap(), 10000);
+        assert_eq!(default, QUICKSTART);
+        let moved = quickstart("0.0.0.0:19001".parse().unwrap(), 10080);
+        assert!(
+            moved.contains("{ address: 127.0.0.1, port: 19001 }"),
+            "{moved}"
+        );
+        assert!(
+            moved.contains("{ name: http, port: 10080, protocol: HTTP }"),
+            "{moved}"
+        );
+        let v6 = quickstart("[::1]:19001".parse().unwrap(), 10000);
+        assert!(v6.contains(r#"{ address: "::1", port: 19001 }"#), "{v6}");
+        for text in [moved, v6] {
+            StaticSource::from_files("t", [("q.yaml", text.as_str())]).expect("valid config");
+        }
+    }
 }
