@@ -6,17 +6,19 @@ use std::convert::Infallible;
 use std::marker::PhantomData;
 use std::task::{Context, Poll};
 
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use tonic::body::Body;
-use tonic::server::{Grpc, NamedService, StreamingService, UnaryService};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::server::{Grpc, NamedService, UnaryService};
+use tonic::{Request, Response, Status};
 
 use super::XdsServer;
-use super::codec::XdsCodec;
+use super::body::{RequestStream, ResponseBody};
+use super::codec::{ChunkedMessage, XdsCodec};
+use super::stream::Machine;
 use crate::events::StreamKind;
+use crate::protocol::SotwResponse;
 use crate::protocol::delta::DeltaMachine;
 use crate::protocol::sotw::SotwMachine;
-use crate::protocol::{DeltaResponse, SotwResponse};
 use crate::resource::ResourceType;
 
 /// A gRPC xDS service: its name and the one type it serves (`None` = ADS).
@@ -125,23 +127,19 @@ where
         Box::pin(async move {
             let is_ads = S::TYPE.is_none();
             let resp = if method.starts_with("Stream") {
-                let svc = SotwSvc {
+                streaming(
                     server,
-                    only: S::TYPE,
-                };
-                Grpc::new(XdsCodec::<SotwResponse, DiscoveryRequest>::default())
-                    .max_decoding_message_size(MAX_REQUEST)
-                    .streaming(svc, req)
-                    .await
+                    SotwMachine::new(S::TYPE),
+                    StreamKind::Sotw(S::TYPE),
+                    req,
+                )
             } else if method.starts_with("Delta") {
-                let svc = DeltaSvc {
+                streaming(
                     server,
-                    only: S::TYPE,
-                };
-                Grpc::new(XdsCodec::<DeltaResponse, DeltaDiscoveryRequest>::default())
-                    .max_decoding_message_size(MAX_REQUEST)
-                    .streaming(svc, req)
-                    .await
+                    DeltaMachine::new(S::TYPE),
+                    StreamKind::Delta(S::TYPE),
+                    req,
+                )
             } else if method.starts_with("Fetch") && !is_ads {
                 let svc = FetchSvc {
                     server,
@@ -161,54 +159,35 @@ where
 
 type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
-struct SotwSvc {
+/// Serves a bidirectional xDS stream: requests decoded by [`RequestStream`],
+/// responses written by [`ResponseBody`] around the resources' shared bytes.
+fn streaming<M, B>(
     server: XdsServer,
-    only: Option<ResourceType>,
-}
-
-impl StreamingService<DiscoveryRequest> for SotwSvc {
-    type Response = SotwResponse;
-    type ResponseStream = tokio_stream::wrappers::ReceiverStream<Result<SotwResponse, Status>>;
-    type Future = BoxFuture<Result<Response<Self::ResponseStream>, Status>>;
-
-    fn call(&mut self, request: Request<Streaming<DiscoveryRequest>>) -> Self::Future {
-        let rx = super::stream::spawn(
-            self.server.clone(),
-            SotwMachine::new(self.only),
-            StreamKind::Sotw(self.only),
-            request.into_inner(),
-        );
-        Box::pin(async move {
-            Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
-                rx,
-            )))
-        })
+    machine: M,
+    kind: StreamKind,
+    req: http::Request<B>,
+) -> http::Response<Body>
+where
+    M: Machine,
+    M::Req: prost::Message + Default,
+    M::Resp: ChunkedMessage + Unpin,
+    B: http_body::Body + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
+    if let Some(enc) = req.headers().get("grpc-encoding")
+        && enc.as_bytes() != b"identity"
+    {
+        return Status::unimplemented(format!("request compression {enc:?} is not supported"))
+            .into_http();
     }
-}
-
-struct DeltaSvc {
-    server: XdsServer,
-    only: Option<ResourceType>,
-}
-
-impl StreamingService<DeltaDiscoveryRequest> for DeltaSvc {
-    type Response = DeltaResponse;
-    type ResponseStream = tokio_stream::wrappers::ReceiverStream<Result<DeltaResponse, Status>>;
-    type Future = BoxFuture<Result<Response<Self::ResponseStream>, Status>>;
-
-    fn call(&mut self, request: Request<Streaming<DeltaDiscoveryRequest>>) -> Self::Future {
-        let rx = super::stream::spawn(
-            self.server.clone(),
-            DeltaMachine::new(self.only),
-            StreamKind::Delta(self.only),
-            request.into_inner(),
-        );
-        Box::pin(async move {
-            Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
-                rx,
-            )))
-        })
-    }
+    let requests = RequestStream::<M::Req>::new(req.into_body(), MAX_REQUEST);
+    let rx = super::stream::spawn(server, machine, kind, requests);
+    let mut resp = http::Response::new(Body::new(ResponseBody::new(rx)));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    resp
 }
 
 struct FetchSvc {

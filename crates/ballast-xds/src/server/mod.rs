@@ -4,6 +4,7 @@
 //! Where a `DiscoveryRequest` is handled: `stream.rs` (gRPC streams),
 //! `fetch.rs` (unary Fetch and REST-JSON), `csds.rs` (client status).
 
+mod body;
 pub mod codec;
 pub mod csds;
 pub mod fetch;

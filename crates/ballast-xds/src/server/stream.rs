@@ -10,9 +10,10 @@ use std::time::Instant;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use tokio::sync::mpsc;
-use tonic::{Status, Streaming};
+use tonic::Status;
 use tracing::{Instrument, debug, info_span, warn};
 
+use super::body::RequestStream;
 use super::codec::WireMessage;
 use super::{Shared, XdsServer};
 use crate::events::{StreamKind, XdsEvent};
@@ -28,7 +29,7 @@ pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
 /// What the driver needs from a protocol machine.
 pub(crate) trait Machine: Send + 'static {
-    type Req: Send + 'static;
+    type Req: prost::Message + Default + Send + 'static;
     type Resp: WireMessage + Send + 'static;
     fn handle(&mut self, req: &Self::Req) -> RequestOutcome;
     fn set_snapshot(&mut self, snap: Option<Arc<Snapshot>>);
@@ -103,11 +104,8 @@ pub(crate) fn spawn<M: Machine>(
     server: XdsServer,
     machine: M,
     kind: StreamKind,
-    requests: Streaming<M::Req>,
-) -> mpsc::Receiver<Result<M::Resp, Status>>
-where
-    Streaming<M::Req>: Send,
-{
+    requests: RequestStream<M::Req>,
+) -> mpsc::Receiver<Result<M::Resp, Status>> {
     let (tx, rx) = mpsc::channel(1);
     let span = info_span!(
         "xds_stream",
@@ -129,7 +127,7 @@ async fn run<M: Machine>(
     shared: &Shared,
     mut machine: M,
     kind: StreamKind,
-    mut requests: Streaming<M::Req>,
+    mut requests: RequestStream<M::Req>,
     tx: &RespTx<M::Resp>,
 ) -> Result<(), Status> {
     // The first request names the node; nothing is sent before we know it.

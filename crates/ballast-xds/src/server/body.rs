@@ -1,0 +1,217 @@
+//! gRPC streaming without tonic's per-stream codec buffers.
+//!
+//! tonic's encoder writes each message into a per-stream `BytesMut` and
+//! splits it off; the allocation of the largest message ever sent stays alive
+//! for the life of the stream (hundreds of KiB per idle proxy on a large
+//! config). [`ResponseBody`] instead yields each response as a chain of chunks
+//! around the resources' shared bytes ([`super::codec::Chunks`]), created only
+//! as the transport asks for them, and ends with the `grpc-status` trailers.
+//! [`RequestStream`] decodes requests and frees its buffer whenever it is
+//! empty, so an idle stream holds no buffer at all.
+
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::HeaderMap;
+use http_body::{Body, Frame};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use super::codec::{ChunkedMessage, Chunks, WritePos};
+
+/// The response body of one streaming call: messages from `rx`, then trailers
+/// (`grpc-status: 0` when the channel closes, or the error sent on it).
+pub(crate) struct ResponseBody<R> {
+    rx: mpsc::Receiver<Result<R, Status>>,
+    current: Option<Writing<R>>,
+    done: bool,
+}
+
+/// The message being written.
+struct Writing<R> {
+    msg: R,
+    pos: WritePos,
+    chunks: Chunks,
+    complete: bool,
+}
+
+impl<R> ResponseBody<R> {
+    pub(crate) fn new(rx: mpsc::Receiver<Result<R, Status>>) -> Self {
+        ResponseBody {
+            rx,
+            current: None,
+            done: false,
+        }
+    }
+}
+
+fn trailers(status: &Status) -> HeaderMap {
+    let mut map = HeaderMap::with_capacity(2);
+    if status.add_header(&mut map).is_err() {
+        // A message that cannot be a header value: keep the code.
+        let _ = Status::new(status.code(), "").add_header(&mut map);
+    }
+    map
+}
+
+impl<R: ChunkedMessage + Unpin> Body for ResponseBody<R> {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = self.get_mut();
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            if let Some(cur) = &mut this.current {
+                if let Some(chunk) = cur.chunks.pop() {
+                    return Poll::Ready(Some(Ok(Frame::data(chunk))));
+                }
+                if cur.complete {
+                    this.current = None;
+                } else {
+                    cur.complete = cur.msg.write_chunks(&mut cur.pos, &mut cur.chunks);
+                }
+                continue;
+            }
+            match ready!(this.rx.poll_recv(cx)) {
+                Some(Ok(msg)) => {
+                    this.current = Some(Writing {
+                        chunks: Chunks::new(msg.encoded_len()),
+                        msg,
+                        pos: WritePos::default(),
+                        complete: false,
+                    });
+                }
+                Some(Err(status)) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))));
+                }
+                None => {
+                    this.done = true;
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers(&Status::ok(""))))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
+
+type BoxBody = Pin<Box<dyn Body<Data = Bytes, Error = Status> + Send>>;
+
+/// Length-prefixed gRPC messages decoded from a request body with prost.
+pub(crate) struct RequestStream<T> {
+    body: BoxBody,
+    buf: BytesMut,
+    max: usize,
+    ended: bool,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T: prost::Message + Default> RequestStream<T> {
+    pub(crate) fn new<B>(body: B, max: usize) -> Self
+    where
+        B: Body + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let body = MapBody(Box::pin(body));
+        RequestStream {
+            body: Box::pin(body),
+            buf: BytesMut::new(),
+            max,
+            ended: false,
+            _t: PhantomData,
+        }
+    }
+
+    /// The next message, `None` at the end of the stream.
+    pub(crate) async fn message(&mut self) -> Result<Option<T>, Status> {
+        loop {
+            if let Some(msg) = self.decode()? {
+                return Ok(Some(msg));
+            }
+            if self.ended {
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                return Err(Status::internal("request stream ended inside a message"));
+            }
+            let frame = std::future::poll_fn(|cx| self.body.as_mut().poll_frame(cx)).await;
+            match frame {
+                None => self.ended = true,
+                Some(Err(status)) => return Err(status),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+    }
+
+    fn decode(&mut self) -> Result<Option<T>, Status> {
+        if self.buf.len() < 5 {
+            return Ok(None);
+        }
+        let compressed = self.buf[0];
+        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        if compressed != 0 {
+            return Err(Status::unimplemented(
+                "compressed requests are not supported",
+            ));
+        }
+        if len > self.max {
+            return Err(Status::resource_exhausted(format!(
+                "request of {len} bytes exceeds the limit of {} bytes",
+                self.max
+            )));
+        }
+        if self.buf.len() < 5 + len {
+            self.buf.reserve(5 + len - self.buf.len());
+            return Ok(None);
+        }
+        self.buf.advance(5);
+        let msg = T::decode(&self.buf[..len])
+            .map_err(|e| Status::internal(format!("cannot decode request: {e}")))?;
+        self.buf.advance(len);
+        if self.buf.is_empty() {
+            // Idle streams hold no buffer.
+            self.buf = BytesMut::new();
+        }
+        Ok(Some(msg))
+    }
+}
+
+/// Adapts any request body to `Bytes` data and `Status` errors.
+struct MapBody<B>(Pin<Box<B>>);
+
+impl<B> Body for MapBody<B>
+where
+    B: Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        match ready!(self.get_mut().0.as_mut().poll_frame(cx)) {
+            None => Poll::Ready(None),
+            Some(Err(e)) => Poll::Ready(Some(Err(Status::from_error(e.into())))),
+            Some(Ok(frame)) => Poll::Ready(Some(Ok(
+                frame.map_data(|mut d| d.copy_to_bytes(d.remaining()))
+            ))),
+        }
+    }
+}
