@@ -164,6 +164,19 @@ impl Metrics {
             "1 once every source synced and every gateway has a snapshot",
             m.ready.clone(),
         );
+        // Counters that may stay at zero for a long time are exported as 0 from
+        // the start (an absent series is not "no NACKs" to an alert rule).
+        for t in ballast_xds::ResourceType::ALL {
+            for f in [
+                &m.responses,
+                &m.response_bytes,
+                &m.acks,
+                &m.nacks,
+                &m.oversized,
+            ] {
+                f.get_or_create(&ty(t)).inc_by(0);
+            }
+        }
         let mut m = m;
         m.registry = registry;
         Arc::new(m)

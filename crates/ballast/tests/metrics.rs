@@ -112,6 +112,13 @@ async fn scenario(mode: AdsMode) {
         ballast.metric("ballast_connected_proxies").await.unwrap(),
         1.0
     );
+    // Zero-valued counters are exported, not absent.
+    assert!(
+        text.contains("ballast_xds_nacks_total{type=\"RDS\"} 0"),
+        "{text}"
+    );
+    assert!(text.contains("ballast_guard_holds_total{gateway=\"default/edge\"} 0"));
+    assert!(text.contains("ballast_source_errors_total{source="));
     assert_eq!(
         ballast.metric("ballast_xds_nacks_total").await.unwrap(),
         0.0

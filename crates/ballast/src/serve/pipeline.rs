@@ -213,12 +213,11 @@ impl Pipeline {
             .unwrap_or_else(|| Arc::new(Snapshot::default()));
         self.cache.set_snapshot(&group, snap.clone());
         self.metrics.published(&group);
-        self.metrics
-            .guard_held
-            .get_or_create(&GatewayLabel {
-                gateway: group.clone(),
-            })
-            .set(0);
+        let label = GatewayLabel {
+            gateway: group.clone(),
+        };
+        self.metrics.guard_held.get_or_create(&label).set(0);
+        self.metrics.guard_holds.get_or_create(&label).inc_by(0);
         let gs = GatewayStatus {
             published: true,
             published_at: Some(SystemTime::now()),
@@ -255,6 +254,7 @@ impl Pipeline {
             .source_generation
             .get_or_create(&label)
             .set(state.generation as i64);
+        self.metrics.source_errors.get_or_create(&label).inc_by(0);
         if let Some(errors) = &state.last_error {
             let id = Arc::as_ptr(errors) as *const () as usize;
             if *last_error_seen != Some(id) {
