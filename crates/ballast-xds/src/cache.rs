@@ -71,6 +71,12 @@ impl SnapshotCache {
     pub fn set_snapshot(&self, group: &str, snapshot: impl Into<Arc<Snapshot>>) -> Arc<Snapshot> {
         let snapshot = snapshot.into();
         let slot = self.slot(group);
+        if let Some(prev) = slot.borrow().as_ref()
+            && !Arc::ptr_eq(prev, &snapshot)
+        {
+            // Once per publish, so streams need only look at what changed.
+            snapshot.record_changes_from(prev);
+        }
         // Sent outside the lock (DESIGN §1).
         slot.send_replace(Some(snapshot.clone()));
         snapshot

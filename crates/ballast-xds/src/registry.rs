@@ -42,10 +42,24 @@ struct NodeEntry {
     last_types: Vec<TypeStatus>,
 }
 
+/// Computes a stream's current status on demand (status pages and CSDS are
+/// rare; streams do not publish their state on every message).
+pub type StatusSource = Arc<dyn Fn() -> Vec<TypeStatus> + Send + Sync>;
+
 #[derive(Clone)]
 struct StreamEntry {
     kind: StreamKind,
     types: Vec<TypeStatus>,
+    source: Option<StatusSource>,
+}
+
+impl StreamEntry {
+    fn types(&self) -> Vec<TypeStatus> {
+        match &self.source {
+            Some(f) => f(),
+            None => self.types.clone(),
+        }
+    }
 }
 
 /// A snapshot of one node's state, for status pages and CSDS.
@@ -105,6 +119,7 @@ impl NodeRegistry {
                 StreamEntry {
                     kind,
                     types: Vec::new(),
+                    source: None,
                 },
             );
             nodes.len()
@@ -159,6 +174,13 @@ impl NodeRegistry {
         }
     }
 
+    fn set_source(&self, node: &str, stream: u64, source: StatusSource) {
+        let mut nodes = self.inner.nodes.lock();
+        if let Some(s) = nodes.get_mut(node).and_then(|e| e.streams.get_mut(&stream)) {
+            s.source = Some(source);
+        }
+    }
+
     fn close(&self, node: &Arc<str>, stream: u64, kind: StreamKind) {
         let schedule = {
             let mut nodes = self.inner.nodes.lock();
@@ -168,7 +190,7 @@ impl NodeRegistry {
                         && e.streams.is_empty()
                     {
                         // Kept for status during the grace period.
-                        e.last_types = last.types;
+                        e.last_types = last.types();
                     }
                     if e.streams.is_empty() {
                         e.disconnected_at = Some(Instant::now());
@@ -225,11 +247,11 @@ fn status_of(id: &Arc<str>, e: &NodeEntry) -> NodeStatus {
         types = e.last_types.clone();
     }
     for s in e.streams.values() {
-        for t in &s.types {
+        for t in s.types() {
             // A per-type service has one stream per type; on ADS the stream has all.
             match types.iter_mut().find(|x| x.ty == t.ty) {
-                Some(x) => *x = t.clone(),
-                None => types.push(t.clone()),
+                Some(x) => *x = t,
+                None => types.push(t),
             }
         }
     }
@@ -265,6 +287,10 @@ impl StreamHandle {
     }
     pub fn update(&self, types: Vec<TypeStatus>) {
         self.registry.update(&self.node, self.stream, types);
+    }
+    /// Status is read from `source` whenever asked, instead of [`StreamHandle::update`].
+    pub fn set_status_source(&self, source: StatusSource) {
+        self.registry.set_source(&self.node, self.stream, source);
     }
     pub fn observer(&self) -> &Arc<dyn XdsObserver> {
         &self.registry.inner.observer

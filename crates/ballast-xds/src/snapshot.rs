@@ -1,9 +1,10 @@
 //! Snapshots: an immutable, internally consistent set of resources for one
 //! group of proxies, with deterministic per-type versions.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use crate::resource::{Resource, ResourceError, ResourceType, XdsResource};
 use crate::version::set_version;
@@ -47,6 +48,81 @@ impl TypeResources {
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     types: [TypeResources; 5],
+    /// What changed since the snapshot this one replaced, recorded once when it
+    /// is published ([`crate::SnapshotCache::set_snapshot`]), so every stream
+    /// planned against the predecessor only looks at what changed.
+    changes: OnceLock<Arc<[TypeChanges; 5]>>,
+}
+
+/// The names of one type whose resource differs between two maps.
+#[derive(Debug)]
+pub struct TypeChanges {
+    /// The map these changes are relative to. A `Weak` keeps the allocation,
+    /// so comparing its address with a live map's is sound.
+    base: Weak<ResourceMap>,
+    /// Added, removed, or with another version; sorted.
+    names: Vec<Arc<str>>,
+    /// Some name was added or removed (not only new versions).
+    keys_changed: bool,
+}
+
+impl TypeChanges {
+    /// Compares two maps by walking them in order (pointer comparisons first).
+    pub fn between(base: &Arc<ResourceMap>, new: &Arc<ResourceMap>) -> TypeChanges {
+        let mut names = Vec::new();
+        let mut keys_changed = false;
+        if !Arc::ptr_eq(base, new) {
+            let mut a = base.iter().peekable();
+            let mut b = new.iter().peekable();
+            loop {
+                let ord = match (a.peek(), b.peek()) {
+                    (None, None) => break,
+                    (Some(_), None) => Ordering::Less,
+                    (None, Some(_)) => Ordering::Greater,
+                    (Some((ka, _)), Some((kb, _))) => {
+                        if Arc::ptr_eq(ka, kb) {
+                            Ordering::Equal
+                        } else {
+                            ka.cmp(kb)
+                        }
+                    }
+                };
+                match ord {
+                    Ordering::Less => {
+                        names.push(a.next().expect("peeked").0.clone());
+                        keys_changed = true;
+                    }
+                    Ordering::Greater => {
+                        names.push(b.next().expect("peeked").0.clone());
+                        keys_changed = true;
+                    }
+                    Ordering::Equal => {
+                        let (_, ra) = a.next().expect("peeked");
+                        let (kb, rb) = b.next().expect("peeked");
+                        if !Arc::ptr_eq(ra, rb) && ra.version() != rb.version() {
+                            names.push(kb.clone());
+                        }
+                    }
+                }
+            }
+        }
+        TypeChanges {
+            base: Arc::downgrade(base),
+            names,
+            keys_changed,
+        }
+    }
+
+    /// Whether these changes are relative to `map`.
+    pub fn is_from(&self, map: &Arc<ResourceMap>) -> bool {
+        std::ptr::eq(self.base.as_ptr(), Arc::as_ptr(map))
+    }
+    pub fn names(&self) -> &[Arc<str>] {
+        &self.names
+    }
+    pub fn keys_changed(&self) -> bool {
+        self.keys_changed
+    }
 }
 
 /// One problem that makes a snapshot inconsistent.
@@ -116,6 +192,7 @@ impl Default for Snapshot {
     fn default() -> Self {
         Snapshot {
             types: std::array::from_fn(|_| TypeResources::new(ResourceMap::new())),
+            changes: OnceLock::new(),
         }
     }
 }
@@ -139,6 +216,35 @@ impl Snapshot {
     }
     pub fn total(&self) -> usize {
         self.types.iter().map(TypeResources::len).sum()
+    }
+
+    /// Records what changed since `prev` (once; later calls are ignored).
+    /// Called when the snapshot replaces `prev` in the cache.
+    pub fn record_changes_from(&self, prev: &Snapshot) {
+        if self.changes.get().is_some() {
+            return;
+        }
+        let changes = std::array::from_fn(|i| {
+            TypeChanges::between(&prev.types[i].resources, &self.types[i].resources)
+        });
+        let _ = self.changes.set(Arc::new(changes));
+    }
+
+    /// What changed for `ty` since the predecessor this snapshot replaced, if recorded.
+    pub fn changes(&self, ty: ResourceType) -> Option<&TypeChanges> {
+        self.changes.get().map(|c| &c[ty.index()])
+    }
+
+    /// The names of `ty` that changed since `base` (a map of an earlier
+    /// snapshot), if known without walking the maps: empty when `base` is this
+    /// snapshot's map, the recorded changes when `base` is the predecessor's.
+    pub fn changed_since(&self, ty: ResourceType, base: &Arc<ResourceMap>) -> Option<&[Arc<str>]> {
+        if Arc::ptr_eq(base, self.resources(ty)) {
+            return Some(&[]);
+        }
+        self.changes(ty)
+            .filter(|c| c.is_from(base))
+            .map(|c| c.names())
     }
 }
 
@@ -243,6 +349,7 @@ impl SnapshotBuilder {
         let [a, b, c, d, e] = self.maps;
         Snapshot {
             types: [a, b, c, d, e].map(TypeResources::new),
+            changes: OnceLock::new(),
         }
     }
 }

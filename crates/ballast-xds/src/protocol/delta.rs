@@ -12,7 +12,7 @@ use super::{
     share_if_whole,
 };
 use crate::resource::{Resource, ResourceType};
-use crate::snapshot::{ResourceMap, Snapshot};
+use crate::snapshot::{ResourceMap, Snapshot, TypeChanges};
 use crate::status::{NackInfo, SyncState, TypeStatus};
 
 /// Marks a rejected removal in `rejected`: not retried until the name reappears.
@@ -35,6 +35,10 @@ struct DeltaType {
     sent_version: Option<Arc<str>>,
     acked_version: Option<Arc<str>>,
     nack: Option<NackInfo>,
+    /// The snapshot map this type was last fully reconciled against: a plan
+    /// against it sends nothing and holds nothing back. A later snapshot then
+    /// only needs its changed names considered.
+    clean: Option<Arc<ResourceMap>>,
 }
 
 #[derive(Debug)]
@@ -43,6 +47,79 @@ struct InFlight {
     version: Arc<str>,
     upserts: Vec<Arc<Resource>>,
     removed: Vec<Arc<str>>,
+    /// Once acknowledged, the type is clean against this map (nothing was
+    /// held back when the response was planned).
+    clean_after: Option<Arc<ResourceMap>>,
+}
+
+/// Which names a plan considers.
+enum Scope<'a> {
+    /// Everything subscribed (and everything the client holds).
+    All,
+    /// Only these (sorted) names: the state was clean against an earlier map
+    /// and these are the names that changed since.
+    Names(&'a [Arc<str>]),
+}
+
+/// A computed plan for one type.
+#[derive(Debug, Default, PartialEq)]
+struct Plan {
+    upserts: Vec<Arc<Resource>>,
+    removed: Vec<Arc<str>>,
+    absent: Vec<Arc<str>>,
+    /// Something was held back (ordering) and may be sendable later without
+    /// any change to this type.
+    held: bool,
+}
+
+impl Plan {
+    fn is_empty(&self) -> bool {
+        self.upserts.is_empty() && self.removed.is_empty() && self.absent.is_empty()
+    }
+}
+
+impl DeltaType {
+    /// The client holds what `f` sent. In place (no copy of the map), or the
+    /// snapshot's own map when the client now holds exactly that.
+    fn apply_ack(&mut self, f: &InFlight) {
+        for r in &f.upserts {
+            self.rejected.remove(r.name());
+            self.unknown.remove(r.name());
+        }
+        for n in &f.removed {
+            self.unknown.remove(n);
+            self.rejected.remove(n);
+        }
+        self.clean = f.clean_after.clone();
+        if let Some(whole) = &f.clean_after
+            && self.rejected.is_empty()
+            && self.unknown.is_empty()
+        {
+            // Clean against `whole` with nothing rejected: the client holds a
+            // subset of `whole` at its versions, so equal sizes mean equal maps.
+            let added = f
+                .upserts
+                .iter()
+                .filter(|r| !self.acked.contains_key(r.name()))
+                .count();
+            let removed = f
+                .removed
+                .iter()
+                .filter(|n| self.acked.contains_key(*n))
+                .count();
+            if self.acked.len() + added - removed == whole.len() {
+                self.acked = whole.clone();
+                return;
+            }
+        }
+        let acked = Arc::make_mut(&mut self.acked);
+        for r in &f.upserts {
+            acked.insert(r.name_arc().clone(), r.clone());
+        }
+        for n in &f.removed {
+            acked.remove(n);
+        }
+    }
 }
 
 /// The Delta protocol for one stream (ADS or a per-type service).
@@ -52,6 +129,9 @@ pub struct DeltaMachine {
     types: [Option<DeltaType>; 5],
     nonces: Nonces,
     snapshot: Option<Arc<Snapshot>>,
+    /// Plans computed over changed names only (tests check them against full plans).
+    #[cfg(test)]
+    pub(crate) scoped_plans: usize,
 }
 
 impl DeltaMachine {
@@ -61,6 +141,8 @@ impl DeltaMachine {
             types: Default::default(),
             nonces: Nonces::default(),
             snapshot: None,
+            #[cfg(test)]
+            scoped_plans: 0,
         }
     }
 
@@ -80,6 +162,7 @@ impl DeltaMachine {
             };
         }
         let first = self.types[ty.index()].is_none();
+        let known = self.snapshot.as_ref().map(|s| s.resources(ty).clone());
         let st = self.types[ty.index()].get_or_insert_with(DeltaType::default);
         let mut outcome = RequestOutcome::Subscribed { ty };
         if first {
@@ -101,6 +184,7 @@ impl DeltaMachine {
                         st.rejected.insert(n.clone(), REMOVAL.into());
                     }
                 }
+                st.clean = None;
                 st.nack = Some(NackInfo {
                     version: f.version.clone(),
                     nonce: f.nonce.clone(),
@@ -113,21 +197,7 @@ impl DeltaMachine {
                     message: err.message.clone(),
                 };
             } else {
-                let mut acked = (*st.acked).clone();
-                for r in &f.upserts {
-                    st.rejected.remove(r.name());
-                    st.unknown.remove(r.name());
-                    acked.insert(r.name_arc().clone(), r.clone());
-                }
-                for n in &f.removed {
-                    st.unknown.remove(n);
-                    st.rejected.remove(n);
-                    acked.remove(n);
-                }
-                st.acked = match &self.snapshot {
-                    Some(s) => share_if_whole(acked, s.resources(ty)),
-                    None => Arc::new(acked),
-                };
+                st.apply_ack(&f);
                 st.acked_version = Some(f.version.clone());
                 st.nack = None;
                 outcome = RequestOutcome::Ack {
@@ -137,46 +207,45 @@ impl DeltaMachine {
                 };
             }
         }
-        st.sub.apply_delta(
+        if first
+            || !req.resource_names_subscribe.is_empty()
+            || !req.resource_names_unsubscribe.is_empty()
+        {
+            // Subscription changes are planned in full.
+            st.clean = None;
+            if let Some(f) = &mut st.in_flight {
+                f.clean_after = None;
+            }
+        }
+        st.sub.apply_delta_with(
             &req.resource_names_subscribe,
             &req.resource_names_unsubscribe,
             first,
+            known.as_ref(),
         );
         for name in &req.resource_names_subscribe {
             // Always answer a (re)subscription to a name we said is absent.
             st.told_absent.remove(name.as_str());
         }
-        let dropped: Vec<Arc<str>> = req
-            .resource_names_unsubscribe
-            .iter()
-            .filter(|n| !st.sub.covers(n))
-            .map(|n| Arc::from(n.as_str()))
-            .collect();
-        if !dropped.is_empty() {
-            // The client forgets what it unsubscribed from.
-            let mut acked = (*st.acked).clone();
-            for n in &dropped {
-                acked.remove(n);
-                st.unknown.remove(n);
-                st.told_absent.remove(n);
-                st.rejected.remove(n);
-            }
-            st.acked = Arc::new(acked);
-        }
-        {
-            // Wildcard removed: drop what is no longer covered.
-            let uncovered: Vec<Arc<str>> = st
-                .acked
-                .keys()
+        if !req.resource_names_unsubscribe.is_empty() {
+            let dropped: Vec<&String> = req
+                .resource_names_unsubscribe
+                .iter()
                 .filter(|n| !st.sub.covers(n))
-                .cloned()
                 .collect();
-            if !uncovered.is_empty() {
-                let mut acked = (*st.acked).clone();
-                for n in &uncovered {
-                    acked.remove(n);
+            for n in dropped {
+                // The client forgets what it unsubscribed from.
+                if st.acked.contains_key(n.as_str()) {
+                    Arc::make_mut(&mut st.acked).remove(n.as_str());
                 }
-                st.acked = Arc::new(acked);
+                st.unknown.remove(n.as_str());
+                st.told_absent.remove(n.as_str());
+                st.rejected.remove(n.as_str());
+            }
+            // Wildcard removed: drop what is no longer covered.
+            if st.acked.keys().any(|n| !st.sub.covers(n)) {
+                let sub = &st.sub;
+                Arc::make_mut(&mut st.acked).retain(|n, _| sub.covers(n));
             }
         }
         outcome
@@ -191,14 +260,57 @@ impl DeltaMachine {
                 continue;
             }
             self.resolve_unknown(ty, &snap);
-            let (upserts, removed, absent) = self.plan(ty, &snap);
-            if upserts.is_empty() && removed.is_empty() && absent.is_empty() {
+            let whole = snap.resources(ty);
+            let st = self.types[ty.index()].as_mut().expect("checked");
+            // Shared subscription names move to the new map when its keys are
+            // the same, so old maps are not kept alive.
+            st.sub.follow(whole, |m| {
+                snap.changes(ty)
+                    .is_some_and(|c| c.is_from(m) && !c.keys_changed())
+            });
+            let st = self.types[ty.index()].as_ref().expect("checked");
+            let walked;
+            let scope = match &st.clean {
+                None => Scope::All,
+                Some(base) => match snap.changed_since(ty, base) {
+                    Some([]) => continue,
+                    Some(names) => Scope::Names(names),
+                    None => {
+                        walked = TypeChanges::between(base, whole);
+                        Scope::Names(walked.names())
+                    }
+                },
+            };
+            let scoped = matches!(scope, Scope::Names(_));
+            let plan = self.plan(ty, &snap, scope);
+            #[cfg(test)]
+            if scoped {
+                self.scoped_plans += 1;
+                let full = self.plan(ty, &snap, Scope::All);
+                assert_eq!(
+                    plan, full,
+                    "{ty}: incremental plan differs from the full plan"
+                );
+            }
+            let _ = scoped;
+            let st = self.types[ty.index()].as_mut().expect("checked");
+            if plan.is_empty() {
+                st.clean = (!plan.held).then(|| whole.clone());
                 continue;
             }
+            st.clean = None;
             let nonce = self.nonces.next();
-            let st = self.types[ty.index()].as_mut().expect("checked");
             let version = snap.version(ty).clone();
+            let Plan {
+                upserts,
+                removed,
+                absent,
+                held,
+            } = plan;
             st.told_absent.extend(absent.iter().cloned());
+            // Removed names the client subscribed to explicitly are answered.
+            st.told_absent
+                .extend(removed.iter().filter(|n| st.sub.contains(n)).cloned());
             let mut all_removed = removed;
             all_removed.extend(absent);
             st.last_nonce = Some(nonce.clone());
@@ -208,6 +320,7 @@ impl DeltaMachine {
                 version: version.clone(),
                 upserts: upserts.clone(),
                 removed: all_removed.clone(),
+                clean_after: (!held).then(|| whole.clone()),
             });
             return Some(DeltaResponse {
                 ty,
@@ -226,8 +339,9 @@ impl DeltaMachine {
         if st.unknown.is_empty() {
             return;
         }
+        st.clean = None;
         let whole = snap.resources(ty);
-        let mut acked = (*st.acked).clone();
+        let acked = Arc::make_mut(&mut st.acked);
         st.unknown.retain(|name, version| match whole.get(name) {
             Some(res) if res.version() == version => {
                 acked.insert(name.clone(), res.clone());
@@ -235,19 +349,19 @@ impl DeltaMachine {
             }
             _ => true,
         });
-        st.acked = share_if_whole(acked, whole);
+        if st.acked.len() == whole.len() {
+            st.acked = share_if_whole((*st.acked).clone(), whole);
+        }
     }
 
-    #[allow(clippy::type_complexity)]
-    fn plan(
-        &self,
-        ty: ResourceType,
-        snap: &Snapshot,
-    ) -> (Vec<Arc<Resource>>, Vec<Arc<str>>, Vec<Arc<str>>) {
+    /// What to send for `ty`: the full plan, or (`Scope::Names`) the plan over
+    /// the names that changed since a map the type was clean against — which
+    /// is the same, since every other name would plan to nothing.
+    fn plan(&self, ty: ResourceType, snap: &Snapshot, scope: Scope<'_>) -> Plan {
         let st = self.types[ty.index()].as_ref().expect("requested");
         let whole = snap.resources(ty);
-        let mut upserts = Vec::new();
-        let mut consider = |res: &Arc<Resource>| {
+        let mut plan = Plan::default();
+        let consider = |res: &Arc<Resource>, plan: &mut Plan| {
             if st
                 .acked
                 .get(res.name())
@@ -263,49 +377,77 @@ impl DeltaMachine {
                 return;
             }
             if hard_refs_ready(res, snap, self) {
-                upserts.push(res.clone());
+                plan.upserts.push(res.clone());
+            } else {
+                plan.held = true;
             }
         };
-        if st.sub.is_wildcard() {
-            whole.values().for_each(&mut consider);
-        } else {
-            for name in st.sub.names() {
-                if let Some(res) = whole.get(name) {
-                    consider(res);
+        let removable = |n: &Arc<str>| {
+            !whole.contains_key(n)
+                && st.sub.covers(n)
+                && st.rejected.get(n).is_none_or(|v| &**v != REMOVAL)
+        };
+        let is_absent = |n: &Arc<str>| {
+            !whole.contains_key(n)
+                && !st.acked.contains_key(n)
+                && !st.unknown.contains_key(n)
+                && !st.told_absent.contains(n)
+        };
+        let mut gone: Vec<&Arc<str>> = Vec::new();
+        match scope {
+            Scope::All => {
+                if st.sub.is_wildcard() {
+                    whole.values().for_each(|r| consider(r, &mut plan));
+                } else {
+                    for name in st.sub.iter() {
+                        if let Some(res) = whole.get(name) {
+                            consider(res, &mut plan);
+                        }
+                    }
+                }
+                gone.extend(
+                    st.acked
+                        .keys()
+                        .chain(st.unknown.keys())
+                        .filter(|n| removable(n)),
+                );
+                plan.absent = st.sub.iter().filter(|n| is_absent(n)).cloned().collect();
+            }
+            Scope::Names(names) => {
+                for name in names {
+                    match whole.get(name) {
+                        Some(res) => {
+                            if st.sub.covers(name) {
+                                consider(res, &mut plan);
+                            }
+                        }
+                        None => {
+                            if (st.acked.contains_key(name) || st.unknown.contains_key(name))
+                                && removable(name)
+                            {
+                                gone.push(name);
+                            }
+                            if st.sub.contains(name) && is_absent(name) {
+                                plan.absent.push(name.clone());
+                            }
+                        }
+                    }
                 }
             }
         }
-        let mut removed = Vec::new();
-        let gone: Vec<&Arc<str>> = st
-            .acked
-            .keys()
-            .chain(st.unknown.keys())
-            .filter(|n| !whole.contains_key(*n) && st.sub.covers(n))
-            .filter(|n| st.rejected.get(*n).is_none_or(|v| &**v != REMOVAL))
-            .collect();
         if !gone.is_empty() {
             let refd = referenced_by_client(self);
             for name in gone {
-                if !refd.contains(&(ty, name.clone())) {
-                    removed.push(name.clone());
+                if refd.contains(&(ty, name.clone())) {
+                    plan.held = true;
+                } else {
+                    plan.removed.push(name.clone());
                 }
             }
-            removed.sort();
-            removed.dedup();
+            plan.removed.sort();
+            plan.removed.dedup();
         }
-        let absent: Vec<Arc<str>> = st
-            .sub
-            .names()
-            .iter()
-            .filter(|n| {
-                !whole.contains_key(*n)
-                    && !st.acked.contains_key(*n)
-                    && !st.unknown.contains_key(*n)
-                    && !st.told_absent.contains(*n)
-            })
-            .cloned()
-            .collect();
-        (upserts, removed, absent)
+        plan
     }
 
     pub fn status(&self) -> Vec<TypeStatus> {
@@ -325,7 +467,7 @@ impl DeltaMachine {
                 Some(TypeStatus {
                     ty,
                     wildcard: st.sub.is_wildcard(),
-                    subscribed: st.sub.names().len(),
+                    subscribed: st.sub.len(),
                     sent_version: st.sent_version.clone(),
                     sent_nonce: st.last_nonce.clone(),
                     acked_version: st.acked_version.clone(),
@@ -354,5 +496,89 @@ impl ClientViews for DeltaMachine {
                 fl.upserts.iter().for_each(|r| f(r));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simple;
+    use std::time::Duration;
+
+    fn snapshot(n: usize, changed: u16, prev: Option<&Arc<Snapshot>>) -> Arc<Snapshot> {
+        let mut b = Snapshot::builder();
+        if let Some(p) = prev {
+            b = b.reuse_from(p.clone());
+        }
+        for i in 0..n {
+            let name = format!("c{i}");
+            b.message(&simple::eds_cluster(&name, Duration::from_secs(1)))
+                .unwrap();
+            let port = if i == 1 { changed } else { 80 };
+            b.message(&simple::load_assignment(&name, &[("127.0.0.1", port)]))
+                .unwrap();
+        }
+        let s = Arc::new(b.build().unwrap());
+        if let Some(p) = prev {
+            s.record_changes_from(p);
+        }
+        s
+    }
+
+    fn ack(m: &mut DeltaMachine, r: &DeltaResponse) {
+        m.handle_request(&DeltaDiscoveryRequest {
+            type_url: r.ty.type_url().into(),
+            response_nonce: r.nonce.to_string(),
+            ..Default::default()
+        });
+    }
+
+    /// One changed load assignment among 1,000: only that name is planned,
+    /// only it is sent, and the client's acked map is the snapshot's own.
+    #[test]
+    fn one_change_is_planned_from_the_change_set() {
+        let s1 = snapshot(1000, 1, None);
+        let mut m = DeltaMachine::new(None);
+        m.set_snapshot(Some(s1.clone()));
+        let names: Vec<String> = (0..1000).map(|i| format!("c{i}")).collect();
+        for (ty, subscribe) in [
+            (ResourceType::Cluster, vec![]),
+            (ResourceType::ClusterLoadAssignment, names),
+        ] {
+            m.handle_request(&DeltaDiscoveryRequest {
+                type_url: ty.type_url().into(),
+                resource_names_subscribe: subscribe,
+                ..Default::default()
+            });
+        }
+        while let Some(r) = m.next_response() {
+            ack(&mut m, &r);
+        }
+        let eds = ResourceType::ClusterLoadAssignment;
+        let st = m.types[eds.index()].as_ref().unwrap();
+        assert!(Arc::ptr_eq(&st.acked, s1.resources(eds)));
+        let s2 = snapshot(1000, 2, Some(&s1));
+        assert_eq!(s2.changes(eds).unwrap().names().len(), 1);
+        m.set_snapshot(Some(s2.clone()));
+        let before = m.scoped_plans;
+        let r = m.next_response().expect("the change");
+        assert_eq!(r.ty, eds);
+        assert_eq!(r.resources.len(), 1);
+        assert_eq!(r.resources[0].name(), "c1");
+        ack(&mut m, &r);
+        assert!(m.next_response().is_none());
+        assert!(m.scoped_plans > before);
+        let st = m.types[eds.index()].as_ref().unwrap();
+        assert!(Arc::ptr_eq(&st.acked, s2.resources(eds)));
+        assert!(st.sub.names_are_keys_of(s2.resources(eds)));
+        // A snapshot that skips one (no recorded change set against the
+        // client's base) is planned by walking the maps: same result.
+        let s3 = snapshot(1000, 3, Some(&s2));
+        let s4 = snapshot(1000, 4, Some(&s3));
+        m.set_snapshot(Some(s4.clone()));
+        let r = m.next_response().expect("the change");
+        assert_eq!(r.resources.len(), 1);
+        ack(&mut m, &r);
+        assert!(m.next_response().is_none());
     }
 }

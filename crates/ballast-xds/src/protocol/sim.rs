@@ -72,6 +72,25 @@ fn build(spec: &Spec) -> Arc<Snapshot> {
     Arc::new(b.build().unwrap())
 }
 
+/// The next snapshot, built like the cache's users do: sharing unchanged
+/// resources with the previous one, with its change set recorded. Odd ports
+/// skip both, so the machines also meet snapshots without a change set.
+fn publish(prev: &Arc<Snapshot>, spec: &Spec) -> Arc<Snapshot> {
+    let fresh = build(spec);
+    if spec.clusters.first().is_some_and(|c| c.1 % 2 == 1) {
+        return fresh;
+    }
+    let mut b = Snapshot::builder().reuse_from(prev.clone());
+    for ty in ResourceType::ALL {
+        for r in fresh.resources(ty).values() {
+            b.add(r.clone());
+        }
+    }
+    let s = Arc::new(b.build().unwrap());
+    s.record_changes_from(prev);
+    s
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Publish(Spec),
@@ -273,7 +292,7 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
     for op in ops {
         match op {
             Op::Publish(s) => {
-                snap = build(s);
+                snap = publish(&snap, s);
                 m.set_snapshot(Some(snap.clone()));
             }
             Op::NackNext(t) => c.nack_next[*t] = true,
@@ -386,7 +405,7 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
     for op in ops {
         match op {
             Op::Publish(s) => {
-                snap = build(s);
+                snap = publish(&snap, s);
                 m.set_snapshot(Some(snap.clone()));
             }
             Op::NackNext(t) => c.nack_next[*t] = true,

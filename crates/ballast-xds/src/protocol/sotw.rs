@@ -77,6 +77,7 @@ impl SotwMachine {
             };
         }
         let first = self.types[ty.index()].is_none();
+        let known = self.snapshot.as_ref().map(|s| s.resources(ty).clone());
         let st = self.types[ty.index()].get_or_insert_with(SotwType::default);
         let mut outcome = RequestOutcome::Subscribed { ty };
         if first {
@@ -107,20 +108,15 @@ impl SotwMachine {
                     };
                     st.nack = Some(info);
                 } else {
-                    st.acked = if ty.is_full_state_in_sotw() {
-                        f.resources
+                    // Absence from an EDS/RDS/SDS response removes nothing
+                    // at the client: it keeps what it had until it unsubscribes
+                    // (what it holds is always covered by its subscription).
+                    if ty.is_full_state_in_sotw() || keys_subset(&st.acked, &f.resources) {
+                        st.acked = f.resources;
                     } else {
-                        // Absence from an EDS/RDS/SDS response removes nothing
-                        // at the client: it keeps what it had until it unsubscribes.
-                        let mut held = (*st.acked).clone();
-                        held.retain(|n, _| st.sub.covers(n));
-                        if held.is_empty() {
-                            f.resources
-                        } else {
-                            held.extend(f.resources.iter().map(|(n, r)| (n.clone(), r.clone())));
-                            Arc::new(held)
-                        }
-                    };
+                        Arc::make_mut(&mut st.acked)
+                            .extend(f.resources.iter().map(|(n, r)| (n.clone(), r.clone())));
+                    }
                     st.acked_version = Some(f.version.clone());
                     st.nack = None;
                     outcome = RequestOutcome::Ack {
@@ -131,14 +127,16 @@ impl SotwMachine {
                 }
             }
         }
-        if !st.sub.apply_sotw(&req.resource_names, first).is_empty() {
+        let (added, changed) = st
+            .sub
+            .apply_sotw_with(&req.resource_names, first, known.as_ref());
+        if !added.is_empty() {
             st.must_answer = true;
         }
-        if st.acked.keys().any(|n| !st.sub.covers(n)) {
+        if changed && st.acked.keys().any(|n| !st.sub.covers(n)) {
             // The client drops what it no longer subscribes to.
-            let mut held = (*st.acked).clone();
-            held.retain(|n, _| st.sub.covers(n));
-            st.acked = Arc::new(held);
+            let sub = &st.sub;
+            Arc::make_mut(&mut st.acked).retain(|n, _| sub.covers(n));
         }
         outcome
     }
@@ -152,6 +150,14 @@ impl SotwMachine {
             let ready = matches!(&self.types[ty.index()], Some(st) if st.in_flight.is_none());
             if !ready {
                 continue;
+            }
+            if let Some(st) = self.types[ty.index()].as_mut() {
+                // Shared subscription names move to the new map when its keys
+                // are the same, so old maps are not kept alive.
+                st.sub.follow(snap.resources(ty), |m| {
+                    snap.changes(ty)
+                        .is_some_and(|c| c.is_from(m) && !c.keys_changed())
+                });
             }
             let (plan, held_missing) = self.plan(ty, &snap);
             if held_missing && !ty.is_full_state_in_sotw() {
@@ -234,7 +240,7 @@ impl SotwMachine {
                 consider(name, res);
             }
         } else {
-            for name in st.sub.names() {
+            for name in st.sub.iter() {
                 if let Some(res) = whole.get(name) {
                     consider(name, res);
                 }
@@ -275,7 +281,7 @@ impl SotwMachine {
                 Some(TypeStatus {
                     ty,
                     wildcard: st.sub.is_wildcard(),
-                    subscribed: st.sub.names().len(),
+                    subscribed: st.sub.len(),
                     sent_version: st.last_sent_version.clone(),
                     sent_nonce: st.last_nonce.clone(),
                     acked_version: st.acked_version.clone(),
@@ -286,6 +292,29 @@ impl SotwMachine {
             })
             .collect()
     }
+}
+
+/// Every key of `a` is a key of `b` (a walk of both maps in order).
+fn keys_subset(a: &Arc<ResourceMap>, b: &Arc<ResourceMap>) -> bool {
+    if a.is_empty() || Arc::ptr_eq(a, b) {
+        return true;
+    }
+    if a.len() > b.len() {
+        return false;
+    }
+    let mut bs = b.keys();
+    'outer: for ka in a.keys() {
+        for kb in bs.by_ref() {
+            if Arc::ptr_eq(ka, kb) || ka == kb {
+                continue 'outer;
+            }
+            if kb > ka {
+                return false;
+            }
+        }
+        return false;
+    }
+    true
 }
 
 impl ClientViews for SotwMachine {

@@ -4,54 +4,208 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use crate::snapshot::ResourceMap;
+
 pub const WILDCARD: &str = "*";
 
+/// Explicitly subscribed names. When they are exactly the names of a snapshot
+/// map (Envoy's EDS subscription is every cluster), the map's keys are shared
+/// instead of copied per stream.
+#[derive(Clone, Debug)]
+enum Names {
+    Owned(BTreeSet<Arc<str>>),
+    Keys(Arc<ResourceMap>),
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        Names::Owned(BTreeSet::new())
+    }
+}
+
 /// The set of resource names one stream subscribes to, for one type.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Subscription {
     wildcard: bool,
     /// Wildcard came from an empty first request: empty lists keep it on.
     legacy: bool,
-    names: BTreeSet<Arc<str>>,
+    names: Names,
+}
+
+impl PartialEq for Subscription {
+    fn eq(&self, other: &Self) -> bool {
+        self.wildcard == other.wildcard
+            && self.legacy == other.legacy
+            && self.len() == other.len()
+            && self.iter().eq(other.iter())
+    }
+}
+impl Eq for Subscription {}
+
+/// Interns `name` with a known map's key (shared with the snapshot).
+fn intern(name: &str, known: Option<&Arc<ResourceMap>>) -> Arc<str> {
+    match known.and_then(|k| k.get_key_value(name)) {
+        Some((k, _)) => k.clone(),
+        None => Arc::from(name),
+    }
 }
 
 impl Subscription {
     pub fn is_wildcard(&self) -> bool {
         self.wildcard
     }
-    pub fn names(&self) -> &BTreeSet<Arc<str>> {
-        &self.names
+    /// Explicitly subscribed names, sorted.
+    pub fn iter(&self) -> Box<dyn Iterator<Item = &Arc<str>> + '_> {
+        match &self.names {
+            Names::Owned(s) => Box::new(s.iter()),
+            Names::Keys(m) => Box::new(m.keys()),
+        }
+    }
+    /// Number of explicitly subscribed names.
+    pub fn len(&self) -> usize {
+        match &self.names {
+            Names::Owned(s) => s.len(),
+            Names::Keys(m) => m.len(),
+        }
+    }
+    /// Explicitly subscribed.
+    pub fn contains(&self, name: &str) -> bool {
+        match &self.names {
+            Names::Owned(s) => s.contains(name),
+            Names::Keys(m) => m.contains_key(name),
+        }
     }
     pub fn covers(&self, name: &str) -> bool {
-        self.wildcard || self.names.contains(name)
+        self.wildcard || self.contains(name)
     }
     pub fn is_empty(&self) -> bool {
-        !self.wildcard && self.names.is_empty()
+        !self.wildcard && self.len() == 0
+    }
+    /// The names are exactly the keys of `map` (cheap when shared).
+    pub fn names_are_keys_of(&self, map: &Arc<ResourceMap>) -> bool {
+        match &self.names {
+            Names::Keys(m) if Arc::ptr_eq(m, map) => true,
+            _ => self.len() == map.len() && self.iter().zip(map.keys()).all(|(a, b)| a == b),
+        }
+    }
+
+    /// Shares `map`'s keys when they are exactly the subscribed names, and
+    /// otherwise interns the names with them. O(names).
+    pub fn share_with(&mut self, map: &Arc<ResourceMap>) {
+        if matches!(&self.names, Names::Keys(m) if Arc::ptr_eq(m, map)) {
+            return;
+        }
+        if self.len() == map.len() && self.iter().zip(map.keys()).all(|(a, b)| a == b) {
+            if !map.is_empty() {
+                self.names = Names::Keys(map.clone());
+            }
+            return;
+        }
+        if let Names::Owned(set) = &mut self.names
+            && set.iter().any(|n| {
+                map.get_key_value(&**n)
+                    .is_some_and(|(k, _)| !Arc::ptr_eq(k, n))
+            })
+        {
+            *set = set.iter().map(|n| intern(n, Some(map))).collect();
+        }
+    }
+
+    /// Moves shared names to `map` when its keys are the same (so an old map
+    /// is not kept alive): O(1) with the snapshot's recorded changes.
+    pub fn follow(
+        &mut self,
+        map: &Arc<ResourceMap>,
+        keys_same: impl FnOnce(&Arc<ResourceMap>) -> bool,
+    ) {
+        if let Names::Keys(m) = &self.names
+            && !Arc::ptr_eq(m, map)
+            && keys_same(m)
+        {
+            self.names = Names::Keys(map.clone());
+        }
+    }
+
+    fn owned(&mut self) -> &mut BTreeSet<Arc<str>> {
+        if let Names::Keys(m) = &self.names {
+            self.names = Names::Owned(m.keys().cloned().collect());
+        }
+        match &mut self.names {
+            Names::Owned(s) => s,
+            Names::Keys(_) => unreachable!(),
+        }
+    }
+
+    /// Whether a SotW `resource_names` list (without `"*"`) names exactly the
+    /// current names; no allocation when the list is sorted.
+    fn same_names(&self, names: &[String]) -> bool {
+        let listed = names.iter().filter(|n| *n != WILDCARD);
+        let sorted = names
+            .windows(2)
+            .all(|w| w[0] < w[1] || w[0] == WILDCARD || w[1] == WILDCARD);
+        if sorted {
+            return listed.clone().count() == self.len()
+                && listed.zip(self.iter()).all(|(a, b)| a.as_str() == &**b);
+        }
+        let mut v: Vec<&str> = listed.map(String::as_str).collect();
+        v.sort_unstable();
+        v.dedup();
+        v.len() == self.len() && v.into_iter().zip(self.iter()).all(|(a, b)| a == &**b)
     }
 
     /// Applies a State-of-the-World request's full `resource_names` list.
     /// Returns the names that became subscribed (and `"*"` if wildcard was turned on),
     /// which must be answered even if nothing changed.
     pub fn apply_sotw(&mut self, names: &[String], first: bool) -> Vec<Arc<str>> {
-        let before = self.clone();
+        self.apply_sotw_with(names, first, None).0
+    }
+
+    /// [`Subscription::apply_sotw`], interning names with `known` (the
+    /// snapshot's map for the type); also says whether anything changed.
+    pub fn apply_sotw_with(
+        &mut self,
+        names: &[String],
+        first: bool,
+        known: Option<&Arc<ResourceMap>>,
+    ) -> (Vec<Arc<str>>, bool) {
         if names.is_empty() {
+            let before = (self.wildcard, self.legacy, self.len());
+            let turned_on = (first || self.legacy) && !self.wildcard;
             if first || self.legacy {
                 self.wildcard = true;
                 self.legacy = true;
             } else {
                 self.wildcard = false;
             }
-            self.names.clear();
-        } else {
-            self.legacy = false;
-            self.wildcard = names.iter().any(|n| n == WILDCARD);
-            self.names = names
-                .iter()
-                .filter(|n| *n != WILDCARD)
-                .map(|n| Arc::from(n.as_str()))
-                .collect();
+            self.names = Names::default();
+            let changed = before != (self.wildcard, self.legacy, 0);
+            let added = if turned_on {
+                vec![WILDCARD.into()]
+            } else {
+                vec![]
+            };
+            return (added, changed);
         }
-        self.newly_added(&before)
+        let wildcard = names.iter().any(|n| n == WILDCARD);
+        if !self.legacy && wildcard == self.wildcard && self.same_names(names) {
+            return (vec![], false);
+        }
+        let new: BTreeSet<Arc<str>> = names
+            .iter()
+            .filter(|n| *n != WILDCARD)
+            .map(|n| intern(n, known))
+            .collect();
+        let mut added: Vec<Arc<str>> = new.iter().filter(|n| !self.contains(n)).cloned().collect();
+        if wildcard && !self.wildcard {
+            added.push(WILDCARD.into());
+        }
+        self.legacy = false;
+        self.wildcard = wildcard;
+        self.names = Names::Owned(new);
+        if let Some(k) = known {
+            self.share_with(k);
+        }
+        (added, true)
     }
 
     /// Applies a Delta request's subscribe/unsubscribe lists.
@@ -62,33 +216,50 @@ impl Subscription {
         unsubscribe: &[String],
         first: bool,
     ) -> Vec<Arc<str>> {
-        let before = self.clone();
+        self.apply_delta_with(subscribe, unsubscribe, first, None)
+    }
+
+    /// [`Subscription::apply_delta`], interning names with `known`.
+    pub fn apply_delta_with(
+        &mut self,
+        subscribe: &[String],
+        unsubscribe: &[String],
+        first: bool,
+        known: Option<&Arc<ResourceMap>>,
+    ) -> Vec<Arc<str>> {
+        let mut out = Vec::new();
         if first && subscribe.is_empty() {
             self.wildcard = true;
             self.legacy = true;
+            out.push(WILDCARD.into());
         }
+        if subscribe.is_empty() && unsubscribe.is_empty() {
+            return out;
+        }
+        let was_wildcard = self.wildcard;
         for n in subscribe {
             if n == WILDCARD {
                 self.wildcard = true;
-            } else {
-                self.names.insert(Arc::from(n.as_str()));
+            } else if !self.contains(n) {
+                let name = intern(n, known);
+                out.push(name.clone());
+                self.owned().insert(name);
             }
         }
         for n in unsubscribe {
             if n == WILDCARD {
                 self.wildcard = false;
                 self.legacy = false;
-            } else {
-                self.names.remove(n.as_str());
+            } else if self.contains(n) {
+                self.owned().remove(n.as_str());
+                out.retain(|x| **x != **n);
             }
         }
-        self.newly_added(&before)
-    }
-
-    fn newly_added(&self, before: &Subscription) -> Vec<Arc<str>> {
-        let mut out: Vec<Arc<str>> = self.names.difference(&before.names).cloned().collect();
-        if self.wildcard && !before.wildcard {
+        if self.wildcard && !was_wildcard && !out.iter().any(|n| &**n == WILDCARD) {
             out.push(WILDCARD.into());
+        }
+        if let Some(k) = known {
+            self.share_with(k);
         }
         out
     }
@@ -123,7 +294,7 @@ mod tests {
     fn sotw_explicit_wildcard_with_names() {
         let mut sub = Subscription::default();
         let added = sub.apply_sotw(&s(&["*", "x"]), true);
-        assert!(sub.is_wildcard() && sub.names().contains("x"));
+        assert!(sub.is_wildcard() && sub.contains("x"));
         assert_eq!(added.len(), 2);
         sub.apply_sotw(&s(&["x"]), false);
         assert!(!sub.is_wildcard());
@@ -146,7 +317,7 @@ mod tests {
         sub.apply_delta(&[], &[], true);
         assert!(sub.is_wildcard());
         sub.apply_delta(&s(&["a"]), &[], false);
-        assert!(sub.is_wildcard() && sub.names().contains("a"));
+        assert!(sub.is_wildcard() && sub.contains("a"));
         sub.apply_delta(&[], &s(&["*"]), false);
         assert!(!sub.is_wildcard() && sub.covers("a"));
         sub.apply_delta(&[], &s(&["a"]), false);

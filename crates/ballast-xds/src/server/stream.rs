@@ -125,7 +125,7 @@ pub(crate) fn spawn<M: Machine>(
 
 async fn run<M: Machine>(
     shared: &Shared,
-    mut machine: M,
+    machine: M,
     kind: StreamKind,
     mut requests: RequestStream<M::Req>,
     tx: &RespTx<M::Resp>,
@@ -149,10 +149,18 @@ async fn run<M: Machine>(
     let mut snap_rx = shared.cache.watch(&group);
     let mut sent_at: [Option<(Arc<str>, Instant)>; 5] = Default::default();
 
+    // Status pages and CSDS read the machine when asked (the lock is never
+    // held across an await or while taking the registry's).
+    let machine = Arc::new(parking_lot::Mutex::new(machine));
+    {
+        let m = machine.clone();
+        handle.set_status_source(Arc::new(move || m.lock().status()));
+    }
+
     let mut pending = Some(first);
     loop {
         if let Some(req) = pending.take() {
-            let outcome = machine.handle(&req);
+            let outcome = machine.lock().handle(&req);
             record(&*observer, &node_id, handle.group(), &outcome, &mut sent_at);
         }
         let current = if *ready_rx.borrow_and_update() {
@@ -160,8 +168,10 @@ async fn run<M: Machine>(
         } else {
             None
         };
-        machine.set_snapshot(current);
-        while let Some(resp) = machine.next() {
+        machine.lock().set_snapshot(current);
+        loop {
+            let next = machine.lock().next();
+            let Some(resp) = next else { break };
             let (ty, version, nonce, resources, removed) = M::describe(&resp);
             let bytes = resp.encoded_len();
             if bytes > MAX_RESPONSE_BYTES {
@@ -187,7 +197,6 @@ async fn run<M: Machine>(
                 bytes,
             });
         }
-        handle.update(machine.status());
         tokio::select! {
             msg = requests.message() => match msg {
                 Ok(Some(req)) => pending = Some(req),
