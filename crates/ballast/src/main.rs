@@ -50,8 +50,10 @@ enum Command {
         /// A YAML file or directory (recursively, *.yaml/*.yml). Repeatable.
         #[arg(long = "config", value_name = "PATH")]
         configs: Vec<PathBuf>,
+        /// xDS (gRPC: ADS, per-type, SotW and Delta, CSDS; and REST-JSON) listen address.
         #[arg(long, default_value = "127.0.0.1:18000")]
         xds_addr: SocketAddr,
+        /// Admin HTTP listen address (/healthz, /readyz, /metrics, /debug/*).
         #[arg(long, default_value = "127.0.0.1:18001")]
         admin_addr: SocketAddr,
         /// Share of a gateway's listeners, routes or clusters one publish may remove
@@ -95,20 +97,25 @@ enum Command {
     },
     /// Print an Envoy bootstrap that connects to this server.
     Bootstrap {
+        /// The gateway this Envoy serves (`namespace/name` or `name`); becomes node.cluster.
         #[arg(long)]
         gateway: String,
+        /// Where `ballast serve` listens for xDS.
         #[arg(long, default_value = "127.0.0.1:18000")]
         xds_addr: SocketAddr,
+        /// node.id (default `envoy-<namespace>-<name>`).
         #[arg(long)]
         node_id: Option<String>,
         /// Use Delta xDS (DELTA_GRPC) instead of State-of-the-World.
         #[arg(long)]
         delta: bool,
+        /// Envoy's own admin port on 127.0.0.1 (0: any free port).
         #[arg(long, default_value = "9901")]
         envoy_admin_port: u16,
     },
     /// Connected proxies and their per-type sync state.
     Status {
+        /// The admin address of `ballast serve`.
         #[arg(long, default_value = "127.0.0.1:18001")]
         admin_addr: SocketAddr,
         /// Print the raw JSON instead of a table.
