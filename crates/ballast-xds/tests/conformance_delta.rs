@@ -210,3 +210,25 @@ async fn make_before_break_on_delta_ads() {
         ]
     );
 }
+
+#[tokio::test]
+async fn nack_state_clears_when_config_returns_to_what_the_client_kept() {
+    let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(EDS, &["a"], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    cache.set_snapshot("g", fixture(&["a"], "a", 2));
+    let bad = c.recv().await;
+    c.nack(&bad).await;
+    c.expect_quiet().await;
+    cache.set_snapshot("g", fixture(&["a"], "a", 1));
+    c.expect_quiet().await;
+    let node = s.server.registry().node("n").unwrap();
+    let eds = node.types.iter().find(|t| t.ty == EDS).unwrap();
+    assert!(eds.nack.is_none());
+    assert_eq!(eds.state, ballast_xds::SyncState::Synced);
+    // The rejected version is still never resent; a new one is.
+    cache.set_snapshot("g", fixture(&["a"], "a", 3));
+    assert_eq!(names(&c.recv().await), ["a"]);
+}

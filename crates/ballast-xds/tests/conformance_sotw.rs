@@ -424,3 +424,23 @@ async fn responses_over_4_mib_are_reported() {
     assert!(names(&c.recv().await).is_empty());
     assert_eq!(oversized.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn nack_state_clears_when_config_returns_to_what_the_client_kept() {
+    let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(EDS, &["a"], "", "").await;
+    let good = c.recv().await;
+    c.ack(&good, &["a"]).await;
+    cache.set_snapshot("g", fixture(&["a"], "a", 2));
+    let bad = c.recv().await;
+    c.nack(&bad, &["a"], &good.version_info).await;
+    c.expect_quiet().await;
+    // Back to the version the client kept: nothing to send, and in sync again.
+    cache.set_snapshot("g", fixture(&["a"], "a", 1));
+    c.expect_quiet().await;
+    let node = s.server.registry().node("n").unwrap();
+    let eds = node.types.iter().find(|t| t.ty == EDS).unwrap();
+    assert!(eds.nack.is_none());
+    assert_eq!(eds.state, ballast_xds::SyncState::Synced);
+}

@@ -296,6 +296,19 @@ impl DeltaMachine {
             let st = self.types[ty.index()].as_mut().expect("checked");
             if plan.is_empty() {
                 st.clean = (!plan.held).then(|| whole.clone());
+                // Nothing to send: if no rejected version is still wanted (the
+                // config moved on or went back to what the client kept), the
+                // client is in sync and the NACK is history.
+                if st.nack.is_some() {
+                    let still_wanted = st.rejected.iter().any(|(n, v)| match whole.get(n) {
+                        Some(r) => r.version() == &**v,
+                        None => &**v == REMOVAL,
+                    });
+                    if !still_wanted {
+                        st.nack = None;
+                        st.rejected.clear();
+                    }
+                }
                 continue;
             }
             st.clean = None;

@@ -192,6 +192,11 @@ impl SotwMachine {
                     .iter()
                     .all(|(n, r)| st.acked.get(n).is_some_and(|a| a.version() == r.version()));
             if rejected || !(changed || st.must_answer) || (only_drops && !st.must_answer) {
+                if !rejected && (only_drops || st.acked_version.as_ref() == Some(&version)) {
+                    // The client holds what we want it to have (e.g. the config
+                    // went back to the version it kept after a NACK): in sync.
+                    st.nack = None;
+                }
                 st.must_answer = false;
                 continue;
             }
