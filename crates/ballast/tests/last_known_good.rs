@@ -8,19 +8,6 @@ use std::time::Duration;
 use ballast_testkit::{AdsMode, Envoy, EnvoyConfig, Traffic, TrafficConfig, Upstream, wait_until};
 use common::*;
 
-async fn host_get(addr: std::net::SocketAddr, host: &str) -> anyhow::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
-        .await?;
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await??;
-    let text = String::from_utf8_lossy(&out).to_string();
-    let code = text.get(9..12).unwrap_or("0").parse()?;
-    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    Ok((code, body))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broken_file_changes_nothing_and_fix_applies() {
     let a = Upstream::start("a").await.unwrap();

@@ -11,19 +11,6 @@ use ballast_testkit::{AdsMode, Envoy, EnvoyConfig, Upstream, wait_for, wait_unti
 use common::*;
 use serde_json::Value;
 
-async fn host_get(addr: std::net::SocketAddr, host: &str) -> anyhow::Result<u16> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
-        .await?;
-    let mut out = Vec::new();
-    tokio::time::timeout(std::time::Duration::from_secs(10), s.read_to_end(&mut out)).await??;
-    Ok(String::from_utf8_lossy(&out)
-        .get(9..12)
-        .unwrap_or("0")
-        .parse()?)
-}
-
 /// An HTTPRoute whose path regex Envoy rejects: RE2 program size ~900 > 100.
 fn oversized_regex_route() -> String {
     "apiVersion: gateway.networking.k8s.io/v1
@@ -77,7 +64,7 @@ async fn scenario(mode: AdsMode) {
     .unwrap();
     let gw = loopback(gw_port);
     wait_until(T, POLL, || async {
-        matches!(host_get(gw, "web.example.com").await, Ok(200))
+        matches!(host_status(gw, "web.example.com").await, Ok(200))
     })
     .await
     .unwrap();
@@ -159,7 +146,7 @@ async fn scenario(mode: AdsMode) {
     let table = String::from_utf8_lossy(&status.stdout);
     assert!(table.contains("envoy-metrics RDS NACK of"), "{table}");
     // Envoy keeps its last accepted config.
-    assert_eq!(host_get(gw, "web.example.com").await.unwrap(), 200);
+    assert_eq!(host_status(gw, "web.example.com").await.unwrap(), 200);
 
     // Fixing the offending route: the next (different) version is sent and
     // accepted. (Deleting it instead would bring back exactly the version
@@ -176,8 +163,8 @@ async fn scenario(mode: AdsMode) {
     .await
     .unwrap();
     assert_eq!(rds["nack"], Value::Null, "{rds}");
-    assert_eq!(host_get(gw, "web.example.com").await.unwrap(), 200);
-    assert_eq!(host_get(gw, "greedy.example.com").await.unwrap(), 404);
+    assert_eq!(host_status(gw, "web.example.com").await.unwrap(), 200);
+    assert_eq!(host_status(gw, "greedy.example.com").await.unwrap(), 404);
     assert_eq!(
         ballast.metric("ballast_xds_nacks_total").await.unwrap(),
         1.0

@@ -45,7 +45,7 @@ async fn scenario(mode: AdsMode) {
     // Fully programmed: the last route answers.
     wait_until(T, POLL, || async {
         matches!(
-            host_get(gw, &format!("h{}.example.com", ROUTES - 1)).await,
+            host_status(gw, &format!("h{}.example.com", ROUTES - 1)).await,
             Ok(200)
         )
     })
@@ -121,25 +121,13 @@ async fn scenario(mode: AdsMode) {
             .count(),
         ROUTES
     );
-    assert_eq!(host_get(gw, "h0.example.com").await.unwrap(), 200);
+    assert_eq!(host_status(gw, "h0.example.com").await.unwrap(), 200);
     assert_eq!(
-        host_get(gw, &format!("h{}.example.com", ROUTES - 1))
+        host_status(gw, &format!("h{}.example.com", ROUTES - 1))
             .await
             .unwrap(),
         200
     );
-}
-
-/// GET / with a Host header; returns the status.
-pub async fn host_get(addr: std::net::SocketAddr, host: &str) -> anyhow::Result<u16> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
-        .await?;
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await??;
-    let text = String::from_utf8_lossy(&out);
-    Ok(text.get(9..12).unwrap_or("0").parse()?)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

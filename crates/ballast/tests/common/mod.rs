@@ -196,3 +196,22 @@ pub fn write_atomic(path: &Path, text: &str) {
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, path).unwrap();
 }
+
+/// GET / through `addr` with a Host header, on a fresh connection: (status, body).
+pub async fn host_get(addr: SocketAddr, host: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await??;
+    let text = String::from_utf8_lossy(&out).to_string();
+    let code = text.get(9..12).unwrap_or("0").parse()?;
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    Ok((code, body))
+}
+
+/// The status of [`host_get`].
+pub async fn host_status(addr: SocketAddr, host: &str) -> Result<u16> {
+    Ok(host_get(addr, host).await?.0)
+}
