@@ -37,7 +37,7 @@ impl Default for GuardConfig {
 pub struct Inventory {
     pub listeners: BTreeSet<String>,
     pub clusters: BTreeSet<String>,
-    /// Routes by (route configuration, virtual host, encoded match).
+    /// Routes by (route configuration, virtual host, route name or encoded match).
     pub routes: BTreeSet<(String, String, Vec<u8>)>,
 }
 
@@ -57,8 +57,14 @@ impl Inventory {
             };
             for vh in rc.virtual_hosts {
                 for r in vh.routes {
-                    let m = r.r#match.map(|m| m.encode_to_vec()).unwrap_or_default();
-                    routes.insert((name.to_string(), vh.name.clone(), m));
+                    // A named route keeps its identity when its match is edited;
+                    // unnamed routes are identified by their match.
+                    let id = if r.name.is_empty() {
+                        r.r#match.map(|m| m.encode_to_vec()).unwrap_or_default()
+                    } else {
+                        r.name.into_bytes()
+                    };
+                    routes.insert((name.to_string(), vh.name.clone(), id));
                 }
             }
         }
@@ -167,5 +173,56 @@ mod tests {
             ..GuardConfig::default()
         };
         assert_eq!(judge(&cfg, Some(&inv(5, 5, 5)), &inv(0, 0, 0)), None);
+    }
+}
+
+#[cfg(test)]
+mod inventory_tests {
+    use super::*;
+    use ballast_xds::envoy_types::pb::envoy::config::route::v3::route_match::PathSpecifier;
+    use ballast_xds::envoy_types::pb::envoy::config::route::v3::{Route, RouteMatch, VirtualHost};
+
+    fn snap(routes: &[(&str, &str)]) -> Snapshot {
+        let rc = RouteConfiguration {
+            name: "rc".into(),
+            virtual_hosts: vec![VirtualHost {
+                name: "vh".into(),
+                domains: vec!["*".into()],
+                routes: routes
+                    .iter()
+                    .map(|(name, prefix)| Route {
+                        name: name.to_string(),
+                        r#match: Some(RouteMatch {
+                            path_specifier: Some(PathSpecifier::Prefix(prefix.to_string())),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        Snapshot::builder()
+            .with(&rc)
+            .unwrap()
+            .build_unchecked()
+            .unwrap()
+    }
+
+    #[test]
+    fn editing_a_named_routes_match_is_not_a_removal() {
+        let cfg = GuardConfig::default();
+        let before = Inventory::of(&snap(&[("r1", "/a")]));
+        assert_eq!(
+            judge(&cfg, Some(&before), &Inventory::of(&snap(&[("r1", "/b")]))),
+            None
+        );
+        // Unnamed routes are identified by their match.
+        let before = Inventory::of(&snap(&[("", "/a")]));
+        assert!(judge(&cfg, Some(&before), &Inventory::of(&snap(&[("", "/b")]))).is_some());
+        // Deleting the only route is held.
+        let before = Inventory::of(&snap(&[("r1", "/a"), ("r2", "/b")]));
+        assert!(judge(&cfg, Some(&before), &Inventory::of(&snap(&[("r3", "/c")]))).is_some());
     }
 }
