@@ -4,8 +4,16 @@
 //! Publishing never waits for clients: each stream holds a receiver and
 //! computes its own diff when it next runs, so a slow or stuck client cannot
 //! block publishing or other clients.
+//!
+//! Each group also keeps its last few published snapshots (a bounded history,
+//! default [`DEFAULT_HISTORY`]). Versions are content hashes (DESIGN §3.5), so
+//! a version a reconnecting proxy reports names content exactly — whichever
+//! replica sent it — and the history tells a new stream what that proxy holds
+//! (its make-before-break gating then starts from the truth, not from empty).
+//! Resources are shared `Arc`s, so the history costs little beyond the
+//! resource versions that exist only in older snapshots.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -13,7 +21,16 @@ use tokio::sync::watch;
 
 use crate::snapshot::Snapshot;
 
-type Slot = Arc<watch::Sender<Option<Arc<Snapshot>>>>;
+/// How many published snapshots per group are kept by default (the current one included).
+pub const DEFAULT_HISTORY: usize = 16;
+
+struct SlotInner {
+    tx: watch::Sender<Option<Arc<Snapshot>>>,
+    /// Recently published snapshots, newest first (the current one included).
+    history: Mutex<VecDeque<Arc<Snapshot>>>,
+}
+
+type Slot = Arc<SlotInner>;
 
 #[derive(Clone)]
 pub struct SnapshotCache {
@@ -23,6 +40,32 @@ pub struct SnapshotCache {
 struct Inner {
     groups: Mutex<HashMap<Arc<str>, Slot>>,
     ready: watch::Sender<bool>,
+    history: usize,
+}
+
+/// Configures a [`SnapshotCache`].
+#[derive(Clone, Debug)]
+pub struct SnapshotCacheBuilder {
+    history: usize,
+}
+
+impl SnapshotCacheBuilder {
+    /// How many published snapshots per group to keep (the current one
+    /// included; at least 1) for resolving what a reconnecting proxy holds.
+    pub fn history(mut self, n: usize) -> Self {
+        self.history = n.max(1);
+        self
+    }
+
+    pub fn build(self) -> SnapshotCache {
+        SnapshotCache {
+            inner: Arc::new(Inner {
+                groups: Mutex::new(HashMap::new()),
+                ready: watch::Sender::new(false),
+                history: self.history,
+            }),
+        }
+    }
 }
 
 impl Default for SnapshotCache {
@@ -34,11 +77,12 @@ impl Default for SnapshotCache {
 impl SnapshotCache {
     /// A cache that is not ready: streams are accepted, requests are held.
     pub fn new() -> Self {
-        SnapshotCache {
-            inner: Arc::new(Inner {
-                groups: Mutex::new(HashMap::new()),
-                ready: watch::Sender::new(false),
-            }),
+        Self::builder().build()
+    }
+
+    pub fn builder() -> SnapshotCacheBuilder {
+        SnapshotCacheBuilder {
+            history: DEFAULT_HISTORY,
         }
     }
 
@@ -61,7 +105,10 @@ impl SnapshotCache {
         if let Some(s) = groups.get(group) {
             return s.clone();
         }
-        let slot: Slot = Arc::new(watch::Sender::new(None));
+        let slot: Slot = Arc::new(SlotInner {
+            tx: watch::Sender::new(None),
+            history: Mutex::new(VecDeque::new()),
+        });
         groups.insert(group.into(), slot.clone());
         slot
     }
@@ -71,25 +118,39 @@ impl SnapshotCache {
     pub fn set_snapshot(&self, group: &str, snapshot: impl Into<Arc<Snapshot>>) -> Arc<Snapshot> {
         let snapshot = snapshot.into();
         let slot = self.slot(group);
-        if let Some(prev) = slot.borrow().as_ref()
+        if let Some(prev) = slot.tx.borrow().as_ref()
             && !Arc::ptr_eq(prev, &snapshot)
         {
             // Once per publish, so streams need only look at what changed.
             snapshot.record_changes_from(prev);
         }
+        {
+            let mut h = slot.history.lock();
+            if h.front().is_none_or(|f| !Arc::ptr_eq(f, &snapshot)) {
+                h.push_front(snapshot.clone());
+                h.truncate(self.inner.history);
+            }
+        }
         // Sent outside the lock (DESIGN §1).
-        slot.send_replace(Some(snapshot.clone()));
+        slot.tx.send_replace(Some(snapshot.clone()));
         snapshot
     }
 
     pub fn snapshot(&self, group: &str) -> Option<Arc<Snapshot>> {
         let slot = self.inner.groups.lock().get(group).cloned();
-        slot.and_then(|s| s.borrow().clone())
+        slot.and_then(|s| s.tx.borrow().clone())
+    }
+
+    /// The group's recently published snapshots, newest (the current one) first.
+    pub fn history(&self, group: &str) -> Vec<Arc<Snapshot>> {
+        let slot = self.inner.groups.lock().get(group).cloned();
+        slot.map(|s| s.history.lock().iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Watches a group's snapshot; `None` until its first one is published.
     pub fn watch(&self, group: &str) -> watch::Receiver<Option<Arc<Snapshot>>> {
-        self.slot(group).subscribe()
+        self.slot(group).tx.subscribe()
     }
 
     /// Groups that have a snapshot, sorted.
@@ -97,7 +158,7 @@ impl SnapshotCache {
         let groups = self.inner.groups.lock();
         let mut out: Vec<Arc<str>> = groups
             .iter()
-            .filter(|(_, s)| s.borrow().is_some())
+            .filter(|(_, s)| s.tx.borrow().is_some())
             .map(|(g, _)| g.clone())
             .collect();
         out.sort();

@@ -8,8 +8,8 @@ use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 
 use super::subscription::Subscription;
 use super::{
-    ClientViews, DeltaResponse, Nonces, RequestOutcome, hard_refs_ready, referenced_by_client,
-    share_if_whole,
+    ClientViews, DeltaResponse, Nonces, RequestOutcome, find_version, hard_refs_ready,
+    referenced_by_client, resume_holds_removals, share_if_whole,
 };
 use crate::resource::{Resource, ResourceType};
 use crate::snapshot::{ResourceMap, Snapshot, TypeChanges};
@@ -129,6 +129,12 @@ pub struct DeltaMachine {
     types: [Option<DeltaType>; 5],
     nonces: Nonces,
     snapshot: Option<Arc<Snapshot>>,
+    /// The client reported resources it holds (`initial_resource_versions`):
+    /// it resumes from an earlier stream, and removals wait until the types
+    /// that may reference them were requested ([`super::resume_holds_removals`]).
+    resumed: bool,
+    /// The resume hold was lifted (the driver gave up waiting for requests).
+    resume_released: bool,
     /// Plans computed over changed names only (tests check them against full plans).
     #[cfg(test)]
     pub(crate) scoped_plans: usize,
@@ -141,6 +147,8 @@ impl DeltaMachine {
             types: Default::default(),
             nonces: Nonces::default(),
             snapshot: None,
+            resumed: false,
+            resume_released: false,
             #[cfg(test)]
             scoped_plans: 0,
         }
@@ -150,7 +158,31 @@ impl DeltaMachine {
         self.snapshot = snapshot;
     }
 
+    /// Whether `req` reports resources the client holds from an earlier
+    /// stream: the driver then passes the group's recent snapshots to
+    /// [`DeltaMachine::handle_request_with_history`].
+    pub fn resumes(req: &DeltaDiscoveryRequest) -> bool {
+        !req.initial_resource_versions.is_empty()
+    }
+
+    /// Stops holding removals for requests that have not come (see
+    /// [`super::resume_holds_removals`]); for clients that never send them.
+    pub fn release_resume_hold(&mut self) {
+        self.resume_released = true;
+    }
+
     pub fn handle_request(&mut self, req: &DeltaDiscoveryRequest) -> RequestOutcome {
+        self.handle_request_with_history(req, &[])
+    }
+
+    /// Handles a request; `history` (recently published snapshots) resolves
+    /// the `initial_resource_versions` of a first request to the resources
+    /// the client holds, with their references, wherever they were sent.
+    pub fn handle_request_with_history(
+        &mut self,
+        req: &DeltaDiscoveryRequest,
+        history: &[Arc<Snapshot>],
+    ) -> RequestOutcome {
         let Some(ty) = ResourceType::from_type_url(&req.type_url) else {
             return RequestOutcome::UnknownType {
                 type_url: req.type_url.clone(),
@@ -165,10 +197,23 @@ impl DeltaMachine {
         let known = self.snapshot.as_ref().map(|s| s.resources(ty).clone());
         let st = self.types[ty.index()].get_or_insert_with(DeltaType::default);
         let mut outcome = RequestOutcome::Subscribed { ty };
-        if first {
+        if first && !req.initial_resource_versions.is_empty() {
+            self.resumed = true;
+            let mut held = ResourceMap::new();
             for (name, version) in &req.initial_resource_versions {
-                st.unknown.insert(name.as_str().into(), version.clone());
+                match find_version(self.snapshot.as_ref(), history, ty, name, version) {
+                    Some(res) => {
+                        held.insert(res.name_arc().clone(), res);
+                    }
+                    None => {
+                        st.unknown.insert(name.as_str().into(), version.clone());
+                    }
+                }
             }
+            st.acked = match &known {
+                Some(whole) => share_if_whole(held, whole),
+                None => Arc::new(held),
+            };
         }
         if !req.response_nonce.is_empty()
             && st.in_flight.as_ref().map(|f| &*f.nonce) == Some(req.response_nonce.as_str())
@@ -449,9 +494,13 @@ impl DeltaMachine {
             }
         }
         if !gone.is_empty() {
+            // Resumed: what the client holds at a version we know (it may be
+            // used by resources of types not requested yet) waits; names at
+            // versions we do not know are removed as before.
+            let hold = self.resume_holds_removals(ty);
             let refd = referenced_by_client(self);
             for name in gone {
-                if refd.contains(&(ty, name.clone())) {
+                if refd.contains(&(ty, name.clone())) || (hold && st.acked.contains_key(name)) {
                     plan.held = true;
                 } else {
                     plan.removed.push(name.clone());
@@ -461,6 +510,16 @@ impl DeltaMachine {
             plan.removed.dedup();
         }
         plan
+    }
+
+    /// Resumed, and still waiting for the client's other first requests.
+    fn resume_pending(&self) -> bool {
+        self.resumed && !self.resume_released && self.only.is_none()
+    }
+
+    fn resume_holds_removals(&self, ty: ResourceType) -> bool {
+        self.resume_pending()
+            && resume_holds_removals(ty, |t| self.types[t.index()].is_some(), self)
     }
 
     pub fn status(&self) -> Vec<TypeStatus> {
@@ -495,7 +554,12 @@ impl DeltaMachine {
 
 impl ClientViews for DeltaMachine {
     fn client_has(&self, ty: ResourceType, name: &str) -> Option<bool> {
-        let st = self.types[ty.index()].as_ref()?;
+        let Some(st) = self.types[ty.index()].as_ref() else {
+            // A resumed client may hold resources of a type it has not asked
+            // for again yet: wait for that request rather than assume it
+            // does not take them from us.
+            return self.resume_pending().then_some(false);
+        };
         if ty != ResourceType::ClusterLoadAssignment && !st.sub.covers(name) {
             return None;
         }

@@ -117,6 +117,68 @@ pub(crate) fn referenced_by_client(views: &impl ClientViews) -> HashSet<(Resourc
     set
 }
 
+/// Types whose resources may reference a resource of `ty` (and so must be
+/// known before one may be removed).
+fn referrers(ty: ResourceType) -> &'static [ResourceType] {
+    use ResourceType::*;
+    match ty {
+        Cluster => &[Listener, RouteConfiguration],
+        ClusterLoadAssignment => &[Cluster],
+        RouteConfiguration => &[Listener],
+        Secret => &[Cluster, Listener],
+        Listener => &[],
+    }
+}
+
+/// On a resumed stream (the client reported versions it holds from an
+/// earlier stream), removals of `ty` wait until the stream has seen the first
+/// request of every type whose resources the client may hold and which may
+/// reference `ty`: until then the removal gate cannot see those references
+/// (e.g. the client's routes, if its RDS request comes after CDS). Envoy
+/// requests CDS and LDS at once, and RDS as soon as its listeners name route
+/// configurations.
+pub(crate) fn resume_holds_removals(
+    ty: ResourceType,
+    requested: impl Fn(ResourceType) -> bool,
+    views: &impl ClientViews,
+) -> bool {
+    referrers(ty).iter().any(|&r| {
+        !requested(r)
+            && match r {
+                ResourceType::RouteConfiguration => {
+                    let mut rds = false;
+                    views.for_each_held(&mut |res| {
+                        rds |= res.ty() == ResourceType::Listener
+                            && res
+                                .refs()
+                                .iter()
+                                .any(|x| x.ty == ResourceType::RouteConfiguration);
+                    });
+                    rds
+                }
+                _ => true,
+            }
+    })
+}
+
+/// The resource `ty`/`name` at `version`, from the current snapshot or a
+/// recently published one: versions are content hashes, so a match is the
+/// exact content the client holds.
+pub(crate) fn find_version(
+    current: Option<&Arc<Snapshot>>,
+    history: &[Arc<Snapshot>],
+    ty: ResourceType,
+    name: &str,
+    version: &str,
+) -> Option<Arc<Resource>> {
+    current
+        .into_iter()
+        .chain(history)
+        .filter_map(|s| s.get(ty, name))
+        .find(|r| r.version() == version)
+        .cloned()
+}
+
 /// Builds a map, sharing the snapshot's own `Arc` when the selection is the
 /// whole snapshot type (the common wildcard case): no per-stream copy.
 pub(crate) fn share_if_whole(map: ResourceMap, whole: &Arc<ResourceMap>) -> Arc<ResourceMap> {

@@ -98,6 +98,54 @@ enum Op {
     NackNext(usize),
     /// Let the client and server exchange up to n messages.
     Step(u8),
+    /// The stream breaks and the client opens a new one (to this server or a
+    /// replica with the same history): a new machine, the client keeps what
+    /// it holds and reports it. The seed picks the order of its first
+    /// requests and how many messages are exchanged between them.
+    Reconnect(u64),
+}
+
+static DEBUG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Traces the exchange (`SIM_DEBUG=1`).
+fn debug() -> bool {
+    DEBUG.load(std::sync::atomic::Ordering::Relaxed) || std::env::var("SIM_DEBUG").is_ok()
+}
+
+/// Snapshots kept for resolving what a reconnecting client holds (like the cache).
+const HISTORY: usize = 16;
+
+fn remember(history: &mut Vec<Arc<Snapshot>>, snap: &Arc<Snapshot>) {
+    history.insert(0, snap.clone());
+    history.truncate(HISTORY);
+}
+
+/// The order of a reconnecting client's first requests (CDS first, like
+/// Envoy), and how many
+/// messages to exchange after each, from a seed.
+fn reconnect_plan(seed: u64) -> Vec<(ResourceType, u8)> {
+    let mut types = vec![
+        ResourceType::Cluster,
+        ResourceType::ClusterLoadAssignment,
+        ResourceType::Listener,
+        ResourceType::RouteConfiguration,
+    ];
+    let mut s = seed | 1;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    // Envoy re-sends its subscriptions in the order it made them: CDS comes
+    // first (a client that asks for routes before clusters is not gated on
+    // clusters it may take from elsewhere, resumed or not); the rest may come
+    // in any order.
+    for i in (2..types.len()).rev() {
+        let j = 1 + (next() % i as u64) as usize;
+        types.swap(i, j);
+    }
+    types.into_iter().map(|t| (t, (next() % 3) as u8)).collect()
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -105,6 +153,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => spec().prop_map(Op::Publish),
         1 => (0usize..5).prop_map(Op::NackNext),
         3 => (1u8..6).prop_map(Op::Step),
+        1 => any::<u64>().prop_map(Op::Reconnect),
     ]
 }
 
@@ -118,6 +167,14 @@ struct Client {
     rejected: BTreeSet<(ResourceType, String, String)>,
     /// Highest named subscriptions sent, per type (EDS, RDS follow references).
     subs: [BTreeSet<String>; 5],
+    /// After a reconnect, types not requested again yet on the new stream
+    /// (their first request reports what the client holds).
+    not_resumed: [bool; 5],
+    /// Reconnected, then rejected a response. A server that could not tell
+    /// what the client held (a SotW version no recent snapshot explains) may
+    /// wait for the next change after such a NACK: convergence is not asserted.
+    nacked_after_reconnect: bool,
+    reconnected: bool,
 }
 
 impl Client {
@@ -191,7 +248,7 @@ impl Client {
 /// A rejected update can leave old config at the client, so convergence is
 /// only asserted when nothing was rejected in the run.
 fn any_rejected(c: &Client) -> bool {
-    !c.rejected.is_empty()
+    !c.rejected.is_empty() || c.nacked_after_reconnect
 }
 
 fn run_sotw(ops: &[Op]) -> Result<(), String> {
@@ -210,6 +267,7 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
             }),
     );
     m.set_snapshot(Some(snap.clone()));
+    let mut history = vec![snap.clone()];
     let mut last: [Option<(String, String)>; 5] = Default::default();
     let req = |ty: ResourceType, names: Vec<String>, last: &Option<(String, String)>, err: bool| {
         DiscoveryRequest {
@@ -238,8 +296,8 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
                 ResourceType::RouteConfiguration,
             ] {
                 let w = c.wanted(ty);
-                if w != c.subs[ty.index()] {
-                    if std::env::var("SIM_DEBUG").is_ok() {
+                if w != c.subs[ty.index()] && !c.not_resumed[ty.index()] {
+                    if debug() {
                         eprintln!("subscribe {ty} {w:?}");
                     }
                     // Like Envoy, drop what nothing uses any more.
@@ -253,10 +311,11 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
         };
         let ty = resp.ty;
         let i = ty.index();
-        if std::env::var("SIM_DEBUG").is_ok() {
+        if debug() {
             eprintln!("{ty}: {:?}", resp.resources.keys().collect::<Vec<_>>());
         }
         let reject = std::mem::take(&mut c.nack_next[i]);
+        c.nacked_after_reconnect |= reject && c.reconnected;
         let names: Vec<String> = c.subs[i].iter().cloned().collect();
         if reject {
             for r in resp.resources.values() {
@@ -293,6 +352,7 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
         match op {
             Op::Publish(s) => {
                 snap = publish(&snap, s);
+                remember(&mut history, &snap);
                 m.set_snapshot(Some(snap.clone()));
             }
             Op::NackNext(t) => c.nack_next[*t] = true,
@@ -303,9 +363,38 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
                     }
                 }
             }
+            Op::Reconnect(seed) => {
+                if debug() {
+                    eprintln!("reconnect");
+                }
+                m = SotwMachine::new(None);
+                m.set_snapshot(Some(snap.clone()));
+                // Nothing is in flight on the new stream: requests carry the
+                // last accepted version and no nonce.
+                for l in last.iter_mut().flatten() {
+                    l.1.clear();
+                }
+                c.not_resumed = [true; 5];
+                c.reconnected = true;
+                for (ty, n) in reconnect_plan(*seed) {
+                    let i = ty.index();
+                    c.not_resumed[i] = false;
+                    let names: Vec<String> = c.subs[i].iter().cloned().collect();
+                    if !ty.is_full_state_in_sotw() && names.is_empty() {
+                        continue;
+                    }
+                    m.handle_request_with_history(&req(ty, names, &last[i], false), &history);
+                    for _ in 0..n {
+                        if !step(&mut m, &mut c, &mut last)? {
+                            break;
+                        }
+                    }
+                }
+            }
         }
     }
     c.nack_next = Default::default();
+    c.not_resumed = Default::default();
     for _ in 0..200 {
         if !step(&mut m, &mut c, &mut last)? {
             break;
@@ -333,6 +422,7 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
             }),
     );
     m.set_snapshot(Some(snap.clone()));
+    let mut history = vec![snap.clone()];
     let sub = |ty: ResourceType, s: Vec<String>, u: Vec<String>| DeltaDiscoveryRequest {
         type_url: ty.type_url().into(),
         resource_names_subscribe: s,
@@ -349,7 +439,7 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
             ] {
                 let w = c.wanted(ty);
                 let have = &c.subs[ty.index()];
-                if w != *have {
+                if w != *have && !c.not_resumed[ty.index()] {
                     let s: Vec<String> = w.difference(have).cloned().collect();
                     let u: Vec<String> = have.difference(&w).cloned().collect();
                     for n in &u {
@@ -364,7 +454,7 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
         };
         let ty = resp.ty;
         let i = ty.index();
-        if std::env::var("SIM_DEBUG").is_ok() {
+        if debug() {
             eprintln!(
                 "{ty}: +{:?} -{:?}",
                 resp.resources.iter().map(|r| r.name()).collect::<Vec<_>>(),
@@ -377,6 +467,7 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
             ..Default::default()
         };
         if std::mem::take(&mut c.nack_next[i]) {
+            c.nacked_after_reconnect |= c.reconnected;
             for r in &resp.resources {
                 c.rejected
                     .insert((ty, r.name().to_string(), r.version().to_string()));
@@ -406,6 +497,7 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
         match op {
             Op::Publish(s) => {
                 snap = publish(&snap, s);
+                remember(&mut history, &snap);
                 m.set_snapshot(Some(snap.clone()));
             }
             Op::NackNext(t) => c.nack_next[*t] = true,
@@ -416,9 +508,38 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
                     }
                 }
             }
+            Op::Reconnect(seed) => {
+                if debug() {
+                    eprintln!("reconnect");
+                }
+                m = DeltaMachine::new(None);
+                m.set_snapshot(Some(snap.clone()));
+                c.not_resumed = [true; 5];
+                c.reconnected = true;
+                for (ty, n) in reconnect_plan(*seed) {
+                    let i = ty.index();
+                    c.not_resumed[i] = false;
+                    let names: Vec<String> = c.subs[i].iter().cloned().collect();
+                    if !ty.is_full_state_in_sotw() && names.is_empty() {
+                        continue;
+                    }
+                    let mut r = sub(ty, names, vec![]);
+                    r.initial_resource_versions = c.views[i]
+                        .iter()
+                        .map(|(n, res)| (n.clone(), res.version().to_string()))
+                        .collect();
+                    m.handle_request_with_history(&r, &history);
+                    for _ in 0..n {
+                        if !step(&mut m, &mut c)? {
+                            break;
+                        }
+                    }
+                }
+            }
         }
     }
     c.nack_next = Default::default();
+    c.not_resumed = Default::default();
     for _ in 0..200 {
         if !step(&mut m, &mut c)? {
             break;

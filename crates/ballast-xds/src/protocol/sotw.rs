@@ -8,7 +8,7 @@ use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use super::subscription::Subscription;
 use super::{
     ClientViews, Nonces, RequestOutcome, SotwResponse, hard_refs_ready, referenced_by_client,
-    share_if_whole,
+    resume_holds_removals, share_if_whole,
 };
 use crate::resource::{Resource, ResourceType};
 use crate::snapshot::{ResourceMap, Snapshot};
@@ -30,6 +30,18 @@ struct SotwType {
     acked: Arc<ResourceMap>,
     acked_version: Option<Arc<str>>,
     nack: Option<NackInfo>,
+    /// A full-state type resumed at a version no recent snapshot explains
+    /// (e.g. a response that mixed old and new resources during a
+    /// transition). Until its first ACK nothing is answered while the resume
+    /// hold lasts, and then what the client's other resources reference is
+    /// kept from `maybe`.
+    unresolved: bool,
+    /// On a resumed stream, what the client may hold beyond `acked` (every
+    /// recent version of each subscribed name, newest first): an EDS/RDS client
+    /// keeps resources from responses before the one its version names, and
+    /// an unresolved full-state type holds some of these. Only the removal
+    /// gate looks at them (never the gate for additions).
+    maybe: Option<Arc<[Arc<Resource>]>>,
 }
 
 #[derive(Debug)]
@@ -46,6 +58,12 @@ pub struct SotwMachine {
     types: [Option<SotwType>; 5],
     nonces: Nonces,
     snapshot: Option<Arc<Snapshot>>,
+    /// The client reported a version it holds on a first request: it resumes
+    /// from an earlier stream, and removals wait until the types that may
+    /// reference them were requested ([`super::resume_holds_removals`]).
+    resumed: bool,
+    /// The resume hold was lifted (the driver gave up waiting for requests).
+    resume_released: bool,
 }
 
 impl SotwMachine {
@@ -56,6 +74,8 @@ impl SotwMachine {
             types: Default::default(),
             nonces: Nonces::default(),
             snapshot: None,
+            resumed: false,
+            resume_released: false,
         }
     }
 
@@ -65,7 +85,31 @@ impl SotwMachine {
         self.snapshot = snapshot;
     }
 
+    /// Whether `req` may be the first of its type on a stream that resumes
+    /// (it reports a version but acknowledges nothing): the driver then passes
+    /// the group's recent snapshots to [`SotwMachine::handle_request_with_history`].
+    pub fn resumes(req: &DiscoveryRequest) -> bool {
+        !req.version_info.is_empty() && req.response_nonce.is_empty()
+    }
+
+    /// Stops holding removals for requests that have not come (see
+    /// [`super::resume_holds_removals`]); for clients that never send them.
+    pub fn release_resume_hold(&mut self) {
+        self.resume_released = true;
+    }
+
     pub fn handle_request(&mut self, req: &DiscoveryRequest) -> RequestOutcome {
+        self.handle_request_with_history(req, &[])
+    }
+
+    /// Handles a request; `history` (recently published snapshots) lets the
+    /// first request of a type that reports a version start from what the
+    /// client holds: the content of that version, wherever it was sent.
+    pub fn handle_request_with_history(
+        &mut self,
+        req: &DiscoveryRequest,
+        history: &[Arc<Snapshot>],
+    ) -> RequestOutcome {
         let Some(ty) = ResourceType::from_type_url(&req.type_url) else {
             return RequestOutcome::UnknownType {
                 type_url: req.type_url.clone(),
@@ -118,6 +162,11 @@ impl SotwMachine {
                             .extend(f.resources.iter().map(|(n, r)| (n.clone(), r.clone())));
                     }
                     st.acked_version = Some(f.version.clone());
+                    if ty.is_full_state_in_sotw() {
+                        // The client holds exactly what it acknowledged.
+                        st.unresolved = false;
+                        st.maybe = None;
+                    }
                     st.nack = None;
                     outcome = RequestOutcome::Ack {
                         ty,
@@ -133,6 +182,27 @@ impl SotwMachine {
         if !added.is_empty() {
             st.must_answer = true;
         }
+        if first && !req.version_info.is_empty() {
+            self.resumed = true;
+            let current = self.snapshot.clone();
+            let st = self.types[ty.index()].as_mut().expect("inserted");
+            if let Some((version, held)) =
+                held_at_version(ty, &st.sub, &req.version_info, current.as_ref(), history)
+            {
+                // The client holds exactly that content: gating (and the
+                // removal gate of other types) starts from it.
+                st.acked = held;
+                st.acked_version = Some(version);
+            } else if ty.is_full_state_in_sotw() {
+                st.unresolved = true;
+            }
+            if st.unresolved || !ty.is_full_state_in_sotw() {
+                let maybe = maybe_held(&st.sub, &st.acked, ty, current.as_ref(), history);
+                st.maybe = (!maybe.is_empty()).then(|| maybe.into());
+            }
+            return outcome;
+        }
+        let st = self.types[ty.index()].as_mut().expect("inserted");
         if changed && st.acked.keys().any(|n| !st.sub.covers(n)) {
             // The client drops what it no longer subscribes to.
             let sub = &st.sub;
@@ -158,6 +228,15 @@ impl SotwMachine {
                     snap.changes(ty)
                         .is_some_and(|c| c.is_from(m) && !c.keys_changed())
                 });
+            }
+            if self.types[ty.index()]
+                .as_ref()
+                .is_some_and(|st| st.unresolved)
+                && self.resume_holds_removals(ty)
+            {
+                // We do not know what the client holds and cannot yet see what
+                // it uses: any full-state answer could remove something in use.
+                continue;
             }
             let (plan, held_missing) = self.plan(ty, &snap);
             if held_missing && !ty.is_full_state_in_sotw() {
@@ -251,13 +330,27 @@ impl SotwMachine {
                 }
             }
         }
+        if let Some(maybe) = st.maybe.as_ref().filter(|_| st.unresolved) {
+            // Keep whatever the client's other resources use.
+            let refd = referenced_by_client(self);
+            for old in maybe.iter() {
+                let name = old.name_arc();
+                if !plan.contains_key(name) && refd.contains(&(ty, name.clone())) {
+                    plan.insert(name.clone(), old.clone());
+                }
+            }
+        }
         if ty.is_full_state_in_sotw() {
             let gone: Vec<_> = st
                 .acked
                 .iter()
                 .filter(|(n, _)| !plan.contains_key(*n) && st.sub.covers(n))
                 .collect();
-            if !gone.is_empty() {
+            if !gone.is_empty() && self.resume_holds_removals(ty) {
+                for (name, old) in gone {
+                    plan.insert(name.clone(), old.clone());
+                }
+            } else if !gone.is_empty() {
                 let refd = referenced_by_client(self);
                 for (name, old) in gone {
                     if refd.contains(&(ty, name.clone())) {
@@ -267,6 +360,16 @@ impl SotwMachine {
             }
         }
         (share_if_whole(plan, whole), held_missing)
+    }
+
+    /// Resumed, and still waiting for the client's other first requests.
+    fn resume_pending(&self) -> bool {
+        self.resumed && !self.resume_released && self.only.is_none()
+    }
+
+    fn resume_holds_removals(&self, ty: ResourceType) -> bool {
+        self.resume_pending()
+            && resume_holds_removals(ty, |t| self.types[t.index()].is_some(), self)
     }
 
     pub fn status(&self) -> Vec<TypeStatus> {
@@ -299,6 +402,70 @@ impl SotwMachine {
     }
 }
 
+/// What a client that reports `version` for `ty` holds, if a recent snapshot
+/// explains it: the subscribed resources of that snapshot whose version (as
+/// responses compute it) is `version`.
+fn held_at_version(
+    ty: ResourceType,
+    sub: &Subscription,
+    version: &str,
+    current: Option<&Arc<Snapshot>>,
+    history: &[Arc<Snapshot>],
+) -> Option<(Arc<str>, Arc<ResourceMap>)> {
+    for snap in current.into_iter().chain(history) {
+        let whole = snap.resources(ty);
+        if sub.is_wildcard() || sub.names_are_keys_of(whole) {
+            if &**snap.version(ty) == version {
+                return Some((snap.version(ty).clone(), whole.clone()));
+            }
+            if sub.is_wildcard() {
+                continue;
+            }
+        }
+        let held: ResourceMap = sub
+            .iter()
+            .filter_map(|n| whole.get_key_value(n))
+            .map(|(n, r)| (n.clone(), r.clone()))
+            .collect();
+        if set_version(held.iter().map(|(n, r)| (&**n, r.version()))) == version {
+            return Some((version.into(), Arc::new(held)));
+        }
+    }
+    None
+}
+
+/// Every recent version (newest first) of each name `sub` covers that
+/// `acked` lacks.
+fn maybe_held(
+    sub: &Subscription,
+    acked: &ResourceMap,
+    ty: ResourceType,
+    current: Option<&Arc<Snapshot>>,
+    history: &[Arc<Snapshot>],
+) -> Vec<Arc<Resource>> {
+    let mut out: Vec<Arc<Resource>> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for snap in current.into_iter().chain(history) {
+        let map = snap.resources(ty);
+        let mut take = |r: &Arc<Resource>| {
+            if !acked.contains_key(r.name())
+                && seen.insert((r.name_arc().clone(), r.version_arc().clone()))
+            {
+                out.push(r.clone());
+            }
+        };
+        if sub.is_wildcard() {
+            map.values().for_each(&mut take);
+        }
+        for n in sub.iter() {
+            if let Some(r) = map.get(n) {
+                take(r);
+            }
+        }
+    }
+    out
+}
+
 /// Every key of `a` is a key of `b` (a walk of both maps in order).
 fn keys_subset(a: &Arc<ResourceMap>, b: &Arc<ResourceMap>) -> bool {
     if a.is_empty() || Arc::ptr_eq(a, b) {
@@ -324,7 +491,12 @@ fn keys_subset(a: &Arc<ResourceMap>, b: &Arc<ResourceMap>) -> bool {
 
 impl ClientViews for SotwMachine {
     fn client_has(&self, ty: ResourceType, name: &str) -> Option<bool> {
-        let st = self.types[ty.index()].as_ref()?;
+        let Some(st) = self.types[ty.index()].as_ref() else {
+            // A resumed client may hold resources of a type it has not asked
+            // for again yet: wait for that request rather than assume it
+            // does not take them from us.
+            return self.resume_pending().then_some(false);
+        };
         if ty != ResourceType::ClusterLoadAssignment && !st.sub.covers(name) {
             return None;
         }
@@ -334,6 +506,12 @@ impl ClientViews for SotwMachine {
     fn for_each_held(&self, f: &mut dyn FnMut(&Resource)) {
         for st in self.types.iter().flatten() {
             st.acked.values().for_each(|r| f(r));
+            if let Some(maybe) = &st.maybe {
+                maybe
+                    .iter()
+                    .filter(|r| st.sub.covers(r.name()) && !st.acked.contains_key(r.name()))
+                    .for_each(|r| f(r));
+            }
             if let Some(fl) = &st.in_flight {
                 fl.resources.values().for_each(|r| f(r));
             }

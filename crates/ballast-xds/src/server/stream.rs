@@ -24,6 +24,11 @@ use crate::resource::ResourceType;
 use crate::snapshot::Snapshot;
 use crate::status::TypeStatus;
 
+/// How long a resumed stream holds removals waiting for the first request of
+/// each type that may reference them (Envoy sends them at once; this only
+/// bounds the wait for clients that never do).
+pub const RESUME_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// gRPC's default maximum message size; larger responses are reported.
 pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
@@ -31,7 +36,11 @@ pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 pub(crate) trait Machine: Send + 'static {
     type Req: prost::Message + Default + Send + 'static;
     type Resp: WireMessage + Send + 'static;
-    fn handle(&mut self, req: &Self::Req) -> RequestOutcome;
+    fn handle(&mut self, req: &Self::Req, history: &[Arc<Snapshot>]) -> RequestOutcome;
+    /// The request reports what the client holds from an earlier stream:
+    /// it is handled with the group's recent snapshots.
+    fn resumes(req: &Self::Req) -> bool;
+    fn release_resume_hold(&mut self);
     fn set_snapshot(&mut self, snap: Option<Arc<Snapshot>>);
     fn next(&mut self) -> Option<Self::Resp>;
     fn status(&self) -> Vec<TypeStatus>;
@@ -42,8 +51,14 @@ pub(crate) trait Machine: Send + 'static {
 impl Machine for SotwMachine {
     type Req = DiscoveryRequest;
     type Resp = SotwResponse;
-    fn handle(&mut self, req: &DiscoveryRequest) -> RequestOutcome {
-        self.handle_request(req)
+    fn handle(&mut self, req: &DiscoveryRequest, history: &[Arc<Snapshot>]) -> RequestOutcome {
+        self.handle_request_with_history(req, history)
+    }
+    fn resumes(req: &DiscoveryRequest) -> bool {
+        SotwMachine::resumes(req)
+    }
+    fn release_resume_hold(&mut self) {
+        SotwMachine::release_resume_hold(self)
     }
     fn set_snapshot(&mut self, snap: Option<Arc<Snapshot>>) {
         SotwMachine::set_snapshot(self, snap)
@@ -71,8 +86,14 @@ impl Machine for SotwMachine {
 impl Machine for DeltaMachine {
     type Req = DeltaDiscoveryRequest;
     type Resp = DeltaResponse;
-    fn handle(&mut self, req: &DeltaDiscoveryRequest) -> RequestOutcome {
-        self.handle_request(req)
+    fn handle(&mut self, req: &DeltaDiscoveryRequest, history: &[Arc<Snapshot>]) -> RequestOutcome {
+        self.handle_request_with_history(req, history)
+    }
+    fn resumes(req: &DeltaDiscoveryRequest) -> bool {
+        DeltaMachine::resumes(req)
+    }
+    fn release_resume_hold(&mut self) {
+        DeltaMachine::release_resume_hold(self)
     }
     fn set_snapshot(&mut self, snap: Option<Arc<Snapshot>>) {
         DeltaMachine::set_snapshot(self, snap)
@@ -158,9 +179,18 @@ async fn run<M: Machine>(
     }
 
     let mut pending = Some(first);
+    let resume_deadline = tokio::time::Instant::now() + RESUME_HOLD;
+    let mut resume_released = false;
     loop {
         if let Some(req) = pending.take() {
-            let outcome = machine.lock().handle(&req);
+            // Only a request reporting what the client holds looks at the
+            // group's history (a copy of at most a few `Arc`s).
+            let history = if M::resumes(&req) {
+                shared.cache.history(&group)
+            } else {
+                Vec::new()
+            };
+            let outcome = machine.lock().handle(&req, &history);
             record(&*observer, &node_id, handle.group(), &outcome, &mut sent_at);
         }
         let current = if *ready_rx.borrow_and_update() {
@@ -208,6 +238,10 @@ async fn run<M: Machine>(
             },
             r = ready_rx.changed() => { if r.is_err() { return Ok(()); } }
             r = snap_rx.changed() => { if r.is_err() { return Ok(()); } }
+            _ = tokio::time::sleep_until(resume_deadline), if !resume_released => {
+                resume_released = true;
+                machine.lock().release_resume_hold();
+            }
         }
     }
 }

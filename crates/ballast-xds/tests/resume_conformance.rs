@@ -1,0 +1,252 @@
+//! A proxy that opens a NEW stream (reconnect, or failover to another replica)
+//! while the config changed meanwhile (DESIGN §3.2, §3.5, §3.6).
+//!
+//! Stream 1 gets V1 (route r1 → cluster a) and ACKs everything. It closes; the
+//! group moves to V2 (r1 → b, a removed). Stream 2 — to the same server, or to
+//! another replica that published the same history — reports what the client
+//! holds (SotW `version_info`, Delta `initial_resource_versions`). The server
+//! must resolve those versions to content, so make-before-break applies: CDS
+//! first adds b and keeps a, RDS moves only once b's endpoints are ACKed, and
+//! a goes only after the RDS ACK. Without the history the server would treat
+//! the client as holding nothing it knows and remove a at once (503s).
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use ballast_xds::ResourceType::{
+    Cluster as CDS, ClusterLoadAssignment as EDS, Listener as LDS, RouteConfiguration as RDS,
+};
+use ballast_xds::envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
+};
+use ballast_xds::{ResourceType, SnapshotCache};
+use common::client::{Delta, Sotw};
+use common::{fixture, names};
+
+const GRACE: Duration = Duration::from_secs(30);
+
+fn v1() -> ballast_xds::Snapshot {
+    fixture(&["a"], "a", 1)
+}
+fn v2() -> ballast_xds::Snapshot {
+    fixture(&["b"], "b", 1)
+}
+
+/// Server A serves stream 1; stream 2 goes to A again or to replica B, whose
+/// cache published the same snapshots (built independently).
+async fn servers(
+    replica: bool,
+) -> (
+    SnapshotCache,
+    common::Running,
+    SnapshotCache,
+    Option<common::Running>,
+) {
+    let a = SnapshotCache::new();
+    a.set_snapshot("g", v1());
+    a.set_ready(true);
+    let sa = common::start(a.clone(), GRACE).await;
+    if !replica {
+        return (a.clone(), sa, a, None);
+    }
+    let b = SnapshotCache::new();
+    b.set_snapshot("g", v1());
+    b.set_ready(true);
+    let sb = common::start(b.clone(), GRACE).await;
+    (a, sa, b, Some(sb))
+}
+
+async fn sotw_resume(replica: bool) {
+    let (cache_a, sa, cache_b, sb) = servers(replica).await;
+    // Stream 1: the full V1 config, everything ACKed.
+    let mut c1 = Sotw::connect(sa.addr, "n").await;
+    let mut held = HashMap::new();
+    for (ty, sub) in [
+        (CDS, &[][..]),
+        (EDS, &["a"][..]),
+        (LDS, &[][..]),
+        (RDS, &["r1"][..]),
+    ] {
+        c1.request(ty, sub, "", "").await;
+        let r = c1.recv().await;
+        c1.ack(&r, sub).await;
+        held.insert(ty, r.version_info.clone());
+    }
+    c1.expect_quiet().await;
+    drop(c1);
+    // The config changes while the proxy is away (on A, or already on B).
+    cache_a.set_snapshot("g", v2());
+    if replica {
+        cache_b.set_snapshot("g", v2());
+    }
+    let addr2 = sb.as_ref().map_or(sa.addr, |s| s.addr);
+    let mut c2 = Sotw::connect(addr2, "n").await;
+    // Envoy asks for CDS first, reporting the version it holds.
+    c2.request(CDS, &[], &held[&CDS], "").await;
+    let cds = c2.recv().await;
+    assert_eq!(cds.type_url, CDS.type_url());
+    assert_eq!(
+        names(&cds),
+        ["a", "b"],
+        "the new cluster is added, the one the client's routes use is kept"
+    );
+    c2.request(EDS, &["a"], &held[&EDS], "").await;
+    c2.request(LDS, &[], &held[&LDS], "").await;
+    c2.request(RDS, &["r1"], &held[&RDS], "").await;
+    // The subscription to a is answered (a no longer exists: nothing for it,
+    // which removes nothing in SotW EDS); the listener is unchanged and the
+    // route waits for b to be warm.
+    let eds0 = c2.recv().await;
+    assert_eq!(eds0.type_url, EDS.type_url());
+    assert!(names(&eds0).is_empty());
+    c2.ack(&eds0, &["a"]).await;
+    c2.expect_quiet().await;
+    c2.ack(&cds, &[]).await;
+    c2.expect_quiet().await;
+    c2.request(EDS, &["a", "b"], &eds0.version_info, &eds0.nonce)
+        .await;
+    let eds = c2.recv().await;
+    assert_eq!(eds.type_url, EDS.type_url());
+    assert_eq!(names(&eds), ["b"]);
+    c2.expect_quiet().await;
+    c2.ack(&eds, &["a", "b"]).await;
+    let rds = c2.recv().await;
+    assert_eq!(
+        rds.type_url,
+        RDS.type_url(),
+        "the route moves once b is warm"
+    );
+    assert_eq!(names(&rds), ["r1"]);
+    // a stays until the client has ACKed the route that stopped using it.
+    c2.expect_quiet().await;
+    c2.ack(&rds, &["r1"]).await;
+    let cds2 = c2.recv().await;
+    assert_eq!(cds2.type_url, CDS.type_url());
+    assert_eq!(names(&cds2), ["b"], "a is removed after the RDS ACK");
+    c2.ack(&cds2, &[]).await;
+    c2.request(EDS, &["b"], &eds.version_info, &eds.nonce).await;
+    c2.expect_quiet().await;
+    if let Some(sb) = sb {
+        sb.stop().await;
+    }
+    sa.stop().await;
+}
+
+#[tokio::test]
+async fn sotw_reconnect_after_config_change_is_make_before_break() {
+    sotw_resume(false).await;
+}
+
+#[tokio::test]
+async fn sotw_failover_to_replica_after_config_change_is_make_before_break() {
+    sotw_resume(true).await;
+}
+
+fn delta_names(r: &DeltaDiscoveryResponse) -> Vec<&str> {
+    r.resources.iter().map(|r| r.name.as_str()).collect()
+}
+
+fn first_request(
+    ty: ResourceType,
+    sub: &[&str],
+    held: &HashMap<String, String>,
+) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: ty.type_url().into(),
+        resource_names_subscribe: sub.iter().map(|s| s.to_string()).collect(),
+        initial_resource_versions: held.clone(),
+        ..Default::default()
+    }
+}
+
+async fn delta_resume(replica: bool) {
+    let (cache_a, sa, cache_b, sb) = servers(replica).await;
+    let mut c1 = Delta::connect(sa.addr, "n").await;
+    let mut held: HashMap<ResourceType, HashMap<String, String>> = HashMap::new();
+    for (ty, sub) in [
+        (CDS, &[][..]),
+        (EDS, &["a"][..]),
+        (LDS, &[][..]),
+        (RDS, &["r1"][..]),
+    ] {
+        c1.subscribe(ty, sub, &[]).await;
+        let r = c1.recv().await;
+        c1.ack(&r).await;
+        held.insert(
+            ty,
+            r.resources
+                .iter()
+                .map(|x| (x.name.clone(), x.version.clone()))
+                .collect(),
+        );
+    }
+    c1.expect_quiet().await;
+    drop(c1);
+    cache_a.set_snapshot("g", v2());
+    if replica {
+        cache_b.set_snapshot("g", v2());
+    }
+    let addr2 = sb.as_ref().map_or(sa.addr, |s| s.addr);
+    let mut c2 = Delta::connect(addr2, "n").await;
+    c2.send(first_request(CDS, &[], &held[&CDS])).await;
+    let cds = c2.recv().await;
+    assert_eq!(cds.type_url, CDS.type_url());
+    assert_eq!(delta_names(&cds), ["b"]);
+    assert!(
+        cds.removed_resources.is_empty(),
+        "a is still used by the client's route: {:?}",
+        cds.removed_resources
+    );
+    c2.send(first_request(EDS, &["a"], &held[&EDS])).await;
+    c2.send(first_request(LDS, &[], &held[&LDS])).await;
+    c2.send(first_request(RDS, &["r1"], &held[&RDS])).await;
+    c2.expect_quiet().await;
+    c2.ack(&cds).await;
+    c2.expect_quiet().await;
+    c2.subscribe(EDS, &["b"], &[]).await;
+    let eds = c2.recv().await;
+    assert_eq!(eds.type_url, EDS.type_url());
+    assert_eq!(delta_names(&eds), ["b"]);
+    c2.expect_quiet().await;
+    c2.ack(&eds).await;
+    let rds = c2.recv().await;
+    assert_eq!(
+        rds.type_url,
+        RDS.type_url(),
+        "the route moves once b is warm"
+    );
+    assert_eq!(delta_names(&rds), ["r1"]);
+    c2.expect_quiet().await;
+    c2.ack(&rds).await;
+    let cds2 = c2.recv().await;
+    assert_eq!(cds2.type_url, CDS.type_url());
+    assert!(cds2.resources.is_empty());
+    assert_eq!(
+        cds2.removed_resources,
+        ["a"],
+        "a is removed after the RDS ACK"
+    );
+    c2.ack(&cds2).await;
+    // Then a's endpoints, which nothing uses any more.
+    let eds2 = c2.recv().await;
+    assert_eq!(eds2.type_url, EDS.type_url());
+    assert_eq!(eds2.removed_resources, ["a"]);
+    c2.ack(&eds2).await;
+    c2.expect_quiet().await;
+    if let Some(sb) = sb {
+        sb.stop().await;
+    }
+    sa.stop().await;
+}
+
+#[tokio::test]
+async fn delta_reconnect_after_config_change_is_make_before_break() {
+    delta_resume(false).await;
+}
+
+#[tokio::test]
+async fn delta_failover_to_replica_after_config_change_is_make_before_break() {
+    delta_resume(true).await;
+}
