@@ -62,6 +62,8 @@ pub struct FleetShared {
     expected: Mutex<Expected>,
     notify: Notify,
     pub changes: ChangeLog,
+    /// Stream epoch: odd while the bench holds every stream dropped (W5).
+    pub streams: watch::Sender<u64>,
 }
 
 impl Default for FleetShared {
@@ -76,6 +78,7 @@ impl Default for FleetShared {
             }),
             notify: Notify::new(),
             changes: ChangeLog::default(),
+            streams: watch::channel(0).0,
         }
     }
 }
@@ -150,6 +153,8 @@ pub struct FleetConfig {
     /// once (0: all at once, like a fleet restarting together).
     pub connect_concurrency: usize,
     pub node_prefix: String,
+    /// `node.cluster` (Ballast maps it to the gateway).
+    pub node_cluster: String,
 }
 
 impl FleetConfig {
@@ -162,6 +167,7 @@ impl FleetConfig {
             rest_poll: Duration::from_millis(1000),
             connect_concurrency: 0,
             node_prefix: "proxy".into(),
+            node_cluster: "bench".into(),
         }
     }
 }
@@ -203,7 +209,7 @@ impl Fleet {
             let ccfg = ClientConfig {
                 addr: cfg.addr,
                 node_id: format!("{}-{i}", cfg.node_prefix),
-                node_cluster: "bench".into(),
+                node_cluster: cfg.node_cluster.clone(),
                 protocol: cfg.protocol,
                 nack: cfg.nack.clone(),
                 rest_poll: cfg.rest_poll,
@@ -261,6 +267,40 @@ impl Fleet {
                 return self.mismatches(expected);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Drops every stream (clients keep their views and wait), or restores them.
+    pub fn set_streams_dropped(&self, dropped: bool) {
+        self.shared.streams.send_modify(|e| {
+            if (*e).is_multiple_of(2) == dropped {
+                *e += 1;
+            }
+        });
+    }
+
+    /// Polls every client with `done` until each has returned `Some(instant)`
+    /// once (kept from its first observation) or `timeout`; returns the
+    /// instants per client (`None`: never). For small fleets and for servers
+    /// whose versions the bench cannot predict (the binary, sovereign).
+    pub async fn wait_each(
+        &self,
+        timeout: Duration,
+        done: impl Fn(usize, &ClientState) -> Option<Instant>,
+    ) -> Vec<Option<Instant>> {
+        let deadline = Instant::now() + timeout;
+        let mut out = vec![None; self.clients.len()];
+        let tick = Duration::from_millis(if self.clients.len() > 200 { 20 } else { 2 });
+        loop {
+            for (i, c) in self.clients.iter().enumerate() {
+                if out[i].is_none() {
+                    out[i] = done(i, &c.lock());
+                }
+            }
+            if out.iter().all(Option::is_some) || Instant::now() >= deadline {
+                return out;
+            }
+            tokio::time::sleep(tick).await;
         }
     }
 

@@ -14,7 +14,11 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use ballast_bench::report::Report;
 use ballast_bench::scenarios::{
-    self, churn::ChurnArgs, cold_start::ColdStartArgs, idle_memory::IdleMemoryArgs,
+    self, burst::BurstArgs, churn::ChurnArgs, cold_start::ColdStartArgs,
+    compare_sovereign::CompareSovereignArgs, delta_vs_sotw::DeltaVsSotwArgs,
+    envoy_lane::EnvoyLaneArgs, global_push::GlobalPushArgs, idle_memory::IdleMemoryArgs,
+    large_cold::LargeColdArgs, reconnect::ReconnectArgs, route_edit::RouteEditArgs,
+    scaling::ScalingArgs,
 };
 use ballast_bench::server::{ServerMode, ServerOptions, serve_snapshot};
 use ballast_bench::workload::WorkloadSpec;
@@ -51,8 +55,26 @@ enum Command {
     ColdStart(ColdStartArgs),
     /// W2: endpoint churn; convergence per proxy from publish to ACK.
     Churn(ChurnArgs),
+    /// W3: one route edit among 10k routes, real `ballast` binary, 10 gateway proxies.
+    RouteEdit(RouteEditArgs),
+    /// W4: cold start of the `ballast` binary with 3,400 vhosts × 5 routes, 4 proxies.
+    LargeCold(LargeColdArgs),
+    /// W5: drop and restore N streams; time until all re-synced.
+    Reconnect(ReconnectArgs),
+    /// W6: global full push (~84 KB CDS) to N proxies, 20 repetitions.
+    GlobalPush(GlobalPushArgs),
+    /// W7: Delta vs SotW bytes and CPU on W2 and W3.
+    DeltaVsSotw(DeltaVsSotwArgs),
     /// W8: server memory per idle proxy at several fleet sizes.
     IdleMemory(IdleMemoryArgs),
+    /// W10: 1,000 config events in 1 s against the `ballast` binary.
+    Burst(BurstArgs),
+    /// Ballast vs sovereign over REST polling (ratios).
+    CompareSovereign(CompareSovereignArgs),
+    /// Real Envoys: config change → every Envoy reports the new CDS version.
+    EnvoyLane(EnvoyLaneArgs),
+    /// Memory per proxy and convergence vs fleet size, with SVG plots.
+    Scaling(ScalingArgs),
     /// Internal: the server alone, driven over stdin (used by `--server child`).
     ServeSnapshot {
         #[arg(long, default_value_t = 1000)]
@@ -117,9 +139,22 @@ fn main() -> Result<()> {
             Some(Command::ColdStart(a)) => scenarios::cold_start::run(&server, a).await?,
             Some(Command::Churn(a)) => scenarios::churn::run(&server, a).await?,
             Some(Command::IdleMemory(a)) => scenarios::idle_memory::run(&server, a).await?,
+            Some(Command::RouteEdit(a)) => scenarios::route_edit::run(&cli.out, a).await?,
+            Some(Command::LargeCold(a)) => scenarios::large_cold::run(&cli.out, a).await?,
+            Some(Command::Reconnect(a)) => scenarios::reconnect::run(&server, a).await?,
+            Some(Command::GlobalPush(a)) => scenarios::global_push::run(&server, a).await?,
+            Some(Command::DeltaVsSotw(a)) => {
+                scenarios::delta_vs_sotw::run(&server, &cli.out, a).await?
+            }
+            Some(Command::Burst(a)) => scenarios::burst::run(&cli.out, a).await?,
+            Some(Command::CompareSovereign(a)) => {
+                scenarios::compare_sovereign::run(&cli.out, a).await?
+            }
+            Some(Command::EnvoyLane(a)) => scenarios::envoy_lane::run(&cli.out, a).await?,
+            Some(Command::Scaling(a)) => scenarios::scaling::run(&server, a).await?,
             Some(Command::ServeSnapshot { .. }) => unreachable!("handled above"),
             None => {
-                bail!("give a scenario (cold-start, churn, idle-memory) or --smoke; see --help")
+                bail!("give a scenario or --smoke; see --help")
             }
         };
         emit(&report, &cli.out)

@@ -134,6 +134,21 @@ impl Report {
     }
 }
 
+/// Median of a numeric column over the rows whose `key` column equals `value`.
+pub fn column_median(report: &Report, key: &str, value: &str, col: &str) -> f64 {
+    let mut v: Vec<f64> = report
+        .rows
+        .iter()
+        .filter(|r| r.iter().any(|(k, v)| k == key && v.as_str() == Some(value)))
+        .filter_map(|r| {
+            r.iter()
+                .find(|(k, _)| k == col)
+                .and_then(|(_, v)| v.as_f64())
+        })
+        .collect();
+    crate::measure::median(&mut v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,8 +17,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::{
-    ClientConfig, GatePermit, Refs, SharedState, TYPES, backoff, clusters_warm, connect, decode,
-    dependent, intern, version_u64,
+    ClientConfig, DROPPED, GatePermit, Refs, SharedState, TYPES, backoff, clusters_warm, connect,
+    decode, dependent, dropped, intern, version_u64, wait_restored,
 };
 
 #[derive(Debug, Default)]
@@ -195,10 +195,18 @@ pub(crate) async fn run(cfg: ClientConfig, state: SharedState, mut stop: watch::
         match r {
             Ok(()) => return,
             Err(e) => {
+                let restored = wait_restored(&cfg.shared, &e, &mut stop).await;
                 {
                     let mut st = state.lock();
-                    st.stats.last_error = Some(e);
+                    st.stats.last_error = (!restored).then_some(e);
                     st.stats.reconnects += 1;
+                }
+                if restored {
+                    attempt = 0;
+                    if *stop.borrow() {
+                        return;
+                    }
+                    continue;
                 }
                 attempt += 1;
                 tokio::select! {
@@ -241,6 +249,7 @@ async fn session(
         let resp = tokio::select! {
             m = stream.message() => m.map_err(|s| format!("Delta ADS stream: {s}"))?,
             _ = stop.changed() => return Ok(()),
+            _ = dropped(&cfg.shared) => return Err(DROPPED.into()),
         };
         let Some(resp) = resp else {
             return Err("Delta ADS stream closed by server".into());

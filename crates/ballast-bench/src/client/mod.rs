@@ -161,6 +161,8 @@ pub struct ClientStats {
     /// Type version (`version_info` / `system_version_info`) last acknowledged.
     pub type_version: [String; 5],
     pub ack_at: [Option<Instant>; 5],
+    /// When the type version last changed to a different value (ACK time).
+    pub type_changed_at: [Option<Instant>; 5],
     pub reconnects: u64,
     /// Delta resources whose `version` is not the content hash of their bytes.
     pub version_mismatches: u64,
@@ -286,7 +288,10 @@ impl ClientState {
         self.stats.acks[ty.index()] += 1;
         self.stats.last_ack_at = Some(now);
         self.stats.ack_at[ty.index()] = Some(now);
-        self.stats.type_version[ty.index()] = type_version.to_string();
+        if self.stats.type_version[ty.index()] != type_version {
+            self.stats.type_version[ty.index()] = type_version.to_string();
+            self.stats.type_changed_at[ty.index()] = Some(now);
+        }
         self.event(shared, ty, EventKind::Ack, now);
         if !changed.is_empty() && shared.changes.is_tracking() {
             self.record_latencies(shared, ty, &changed, now);
@@ -521,6 +526,44 @@ pub type SharedState = Arc<Mutex<ClientState>>;
 pub(crate) fn backoff(attempt: u32) -> Duration {
     let base = 100u64 << attempt.min(5);
     Duration::from_millis(base.min(2000))
+}
+
+/// The error a session returns when the bench drops every stream (W5).
+pub(crate) const DROPPED: &str = "stream dropped by the bench";
+
+/// Resolves when the bench drops the fleet's streams (odd stream epoch).
+pub(crate) async fn dropped(shared: &FleetShared) {
+    let mut rx = shared.streams.subscribe();
+    loop {
+        if !(*rx.borrow_and_update()).is_multiple_of(2) {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// After a session error: if the bench dropped the stream, waits for the
+/// restore and returns true (reconnect at once, no backoff); else false.
+pub(crate) async fn wait_restored(
+    shared: &FleetShared,
+    error: &str,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) -> bool {
+    if error != DROPPED {
+        return false;
+    }
+    let mut rx = shared.streams.subscribe();
+    loop {
+        if (*rx.borrow_and_update()).is_multiple_of(2) {
+            return true;
+        }
+        tokio::select! {
+            r = rx.changed() => if r.is_err() { return true; },
+            _ = stop.changed() => return true,
+        }
+    }
 }
 
 /// Runs a client until `stop` turns true, reconnecting on errors.

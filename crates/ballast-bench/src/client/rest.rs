@@ -118,8 +118,12 @@ async fn session(
                     }
                 }
                 let at = Instant::now();
-                let dr: DiscoveryResponse =
+                let mut dr: DiscoveryResponse =
                     json::message_from_json(&body).map_err(|e| format!("REST {ty}: {e}"))?;
+                // The endpoint names the type (sovereign omits `type_url`).
+                if dr.type_url.is_empty() {
+                    dr.type_url = ty.type_url().to_string();
+                }
                 client.apply(cfg, state, &dr, body.len(), at)?;
             }
             permit.release_when_loaded(&state.lock());

@@ -17,7 +17,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::{
-    ClientConfig, GatePermit, Refs, SharedState, backoff, clusters_warm, connect, decode, dependent,
+    ClientConfig, DROPPED, GatePermit, Refs, SharedState, backoff, clusters_warm, connect, decode,
+    dependent, dropped, wait_restored,
 };
 
 #[derive(Debug, Default)]
@@ -179,10 +180,18 @@ pub(crate) async fn run(cfg: ClientConfig, state: SharedState, mut stop: watch::
         match r {
             Ok(()) => return,
             Err(e) => {
+                let restored = wait_restored(&cfg.shared, &e, &mut stop).await;
                 {
                     let mut st = state.lock();
-                    st.stats.last_error = Some(e);
+                    st.stats.last_error = (!restored).then_some(e);
                     st.stats.reconnects += 1;
+                }
+                if restored {
+                    attempt = 0;
+                    if *stop.borrow() {
+                        return;
+                    }
+                    continue;
                 }
                 attempt += 1;
                 tokio::select! {
@@ -226,6 +235,7 @@ async fn session(
         let resp = tokio::select! {
             m = stream.message() => m.map_err(|s| format!("ADS stream: {s}"))?,
             _ = stop.changed() => return Ok(()),
+            _ = dropped(&cfg.shared) => return Err(DROPPED.into()),
         };
         let Some(resp) = resp else {
             return Err("ADS stream closed by server".into());

@@ -5,9 +5,18 @@
 //! match the expected config, and churn that publishes timed changes — are
 //! shared by the scenarios and by `--smoke`.
 
+pub mod burst;
 pub mod churn;
 pub mod cold_start;
+pub mod compare_sovereign;
+pub mod delta_vs_sotw;
+pub mod envoy_lane;
+pub mod global_push;
 pub mod idle_memory;
+pub mod large_cold;
+pub mod reconnect;
+pub mod route_edit;
+pub mod scaling;
 pub mod smoke;
 
 use std::sync::Arc;

@@ -122,7 +122,22 @@ pub async fn run(opts: &SmokeOptions) -> Result<Report> {
                 ));
             }
         }
+        // W5 in miniature: drop every stream, change, restore (streams only).
+        let storm = if cold_ok && protocol != Protocol::Rest {
+            let st = super::reconnect::storm_once(&mut r, 1, opts.timeout).await?;
+            if !st.all {
+                failures.push(format!(
+                    "{protocol}: reconnect storm: {}/{} re-synced",
+                    r.shared.converged(),
+                    opts.proxies
+                ));
+            }
+            Some(st.all)
+        } else {
+            None
+        };
         report.rows.push(row!(
+            "resynced_after_storm" => storm,
             "protocol" => protocol.to_string(),
             "cold_converged" => format!("{}/{}", r.cold.converged, opts.proxies),
             "cold_responses" => cold_responses,

@@ -1,0 +1,188 @@
+//! A Gateway API config directory for the real `ballast` binary: one Gateway,
+//! `vhosts` HTTPRoutes (one hostname each, `routes_per_vhost` rules) and
+//! `clusters` Backends, written in files of [`PER_FILE`] objects (an edit
+//! rewrites one file, like a config-management tool touching one manifest).
+//! Edits are deterministic and numbered, so every edit is a new version.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use serde::Serialize;
+
+/// Objects per YAML file.
+pub const PER_FILE: usize = 100;
+pub const GATEWAY: &str = "edge";
+/// The `node.cluster` a proxy of the gateway sends.
+pub const NODE_CLUSTER: &str = "default/edge";
+pub const LISTEN_PORT: u16 = 10000;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct GwSpec {
+    pub vhosts: usize,
+    pub routes_per_vhost: usize,
+    pub clusters: usize,
+    pub endpoints: usize,
+}
+
+impl GwSpec {
+    /// Resources a proxy of the gateway holds: clusters, load assignments,
+    /// one listener and one route configuration (indexed like `ResourceType`).
+    pub fn expected_counts(&self) -> [usize; 5] {
+        [0, self.clusters, self.clusters, 1, 1]
+    }
+}
+
+/// The directory and the edit counters.
+pub struct GwConfig {
+    pub spec: GwSpec,
+    pub dir: PathBuf,
+    /// Per route: edits so far (its path prefix carries the number).
+    route_gen: Vec<u64>,
+    /// Per backend: edits so far (its endpoint port carries the number).
+    backend_gen: Vec<u64>,
+    /// Per backend: connect-timeout edits (a CDS change).
+    timeout_gen: Vec<u64>,
+}
+
+fn backend_yaml(out: &mut String, i: usize, endpoints: usize, generation: u64, timeout_gen: u64) {
+    let _ = write!(
+        out,
+        "---\napiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {{ name: b{i:05} }}\nspec:\n  connectTimeout: {}ms\n  endpoints:\n",
+        1000 + timeout_gen
+    );
+    for j in 0..endpoints {
+        let port = 8000 + (generation % 50_000) as usize;
+        let _ = writeln!(
+            out,
+            "  - {{ address: 10.{}.{}.{}, port: {port} }}",
+            (i >> 8) & 255,
+            i & 255,
+            j % 250 + 1
+        );
+    }
+}
+
+fn route_yaml(out: &mut String, i: usize, spec: &GwSpec, generation: u64) {
+    let _ = write!(
+        out,
+        "---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{ name: r{i:05} }}\nspec:\n  parentRefs: [{{ name: {GATEWAY} }}]\n  hostnames: [h{i:05}.example.com]\n  rules:\n"
+    );
+    for j in 0..spec.routes_per_vhost {
+        let backend = (i * spec.routes_per_vhost + j) % spec.clusters.max(1);
+        let suffix = if j == 0 && generation > 0 {
+            format!("-v{generation}")
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "  - matches: [{{ path: {{ type: PathPrefix, value: /p{j}{suffix} }} }}]\n    backendRefs: [{{ group: ballast.dev, kind: Backend, name: b{backend:05} }}]"
+        );
+    }
+}
+
+impl GwConfig {
+    /// Writes the whole config into `dir` (created; existing YAML replaced).
+    pub fn write(spec: GwSpec, dir: &Path) -> Result<GwConfig> {
+        std::fs::create_dir_all(dir)?;
+        let cfg = GwConfig {
+            route_gen: vec![0; spec.vhosts],
+            backend_gen: vec![0; spec.clusters],
+            timeout_gen: vec![0; spec.clusters],
+            spec,
+            dir: dir.to_path_buf(),
+        };
+        std::fs::write(
+            dir.join("gateway.yaml"),
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{ name: {GATEWAY} }}\nspec:\n  gatewayClassName: ballast\n  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]\n  listeners:\n  - {{ name: http, port: {LISTEN_PORT}, protocol: HTTP }}\n"
+            ),
+        )?;
+        for f in 0..cfg.spec.clusters.div_ceil(PER_FILE) {
+            cfg.write_backends(f)?;
+        }
+        for f in 0..cfg.spec.vhosts.div_ceil(PER_FILE) {
+            cfg.write_routes(f)?;
+        }
+        Ok(cfg)
+    }
+
+    /// Atomically replaces a file (write + rename), as editors and config tools do.
+    fn replace(&self, name: &str, text: &str) -> Result<()> {
+        let tmp = self.dir.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, self.dir.join(name))?;
+        Ok(())
+    }
+
+    fn write_backends(&self, file: usize) -> Result<()> {
+        let mut out = String::new();
+        let end = ((file + 1) * PER_FILE).min(self.spec.clusters);
+        for i in file * PER_FILE..end {
+            backend_yaml(
+                &mut out,
+                i,
+                self.spec.endpoints,
+                self.backend_gen[i],
+                self.timeout_gen[i],
+            );
+        }
+        self.replace(&format!("backends-{file:04}.yaml"), &out)
+    }
+
+    fn write_routes(&self, file: usize) -> Result<()> {
+        let mut out = String::new();
+        let end = ((file + 1) * PER_FILE).min(self.spec.vhosts);
+        for i in file * PER_FILE..end {
+            route_yaml(&mut out, i, &self.spec, self.route_gen[i]);
+        }
+        self.replace(&format!("routes-{file:04}.yaml"), &out)
+    }
+
+    /// Changes route `i`'s first path prefix (an RDS change).
+    pub fn edit_route(&mut self, i: usize) -> Result<()> {
+        let i = i % self.spec.vhosts.max(1);
+        self.route_gen[i] += 1;
+        self.write_routes(i / PER_FILE)
+    }
+
+    /// Changes backend `i`'s connect timeout (a CDS change).
+    pub fn edit_timeout(&mut self, i: usize) -> Result<()> {
+        let i = i % self.spec.clusters.max(1);
+        self.timeout_gen[i] += 1;
+        self.write_backends(i / PER_FILE)
+    }
+
+    /// Changes backend `i`'s endpoint port (an EDS change).
+    pub fn edit_backend(&mut self, i: usize) -> Result<()> {
+        let i = i % self.spec.clusters.max(1);
+        self.backend_gen[i] += 1;
+        self.write_backends(i / PER_FILE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_and_edits() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = GwSpec {
+            vhosts: 150,
+            routes_per_vhost: 2,
+            clusters: 120,
+            endpoints: 2,
+        };
+        let mut c = GwConfig::write(spec, dir.path()).unwrap();
+        let before = std::fs::read_to_string(dir.path().join("routes-0001.yaml")).unwrap();
+        assert_eq!(before.matches("kind: HTTPRoute").count(), 50);
+        c.edit_route(120).unwrap();
+        let after = std::fs::read_to_string(dir.path().join("routes-0001.yaml")).unwrap();
+        assert!(after.contains("/p0-v1"), "{after}");
+        c.edit_backend(5).unwrap();
+        let b = std::fs::read_to_string(dir.path().join("backends-0000.yaml")).unwrap();
+        assert!(b.contains("port: 8001"));
+    }
+}
