@@ -4,8 +4,19 @@
 //! ballast-bench --smoke                         # correctness check, seconds
 //! ballast-bench cold-start --proxies 1000       # W1
 //! ballast-bench churn --rate 100 --duration-s 60  # W2 (SotW and Delta)
+//! ballast-bench route-edit                     # W3 (real `ballast` binary)
+//! ballast-bench large-cold                     # W4 (real `ballast` binary)
+//! ballast-bench reconnect --proxies 2000       # W5
+//! ballast-bench global-push                    # W6
+//! ballast-bench delta-vs-sotw                  # W7
 //! ballast-bench idle-memory --proxies 1000,5000,10000  # W8
+//! ballast-bench burst                          # W10 (real `ballast` binary)
+//! ballast-bench compare-sovereign              # side by side with sovereign (REST)
+//! ballast-bench envoy-lane                     # real Envoys
+//! ballast-bench scaling --plots docs/img       # scaling curves + SVG
 //! ```
+//!
+//! See `docs/benchmarks.md`.
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;

@@ -137,7 +137,6 @@ pub async fn run(opts: &SmokeOptions) -> Result<Report> {
             None
         };
         report.rows.push(row!(
-            "resynced_after_storm" => storm,
             "protocol" => protocol.to_string(),
             "cold_converged" => format!("{}/{}", r.cold.converged, opts.proxies),
             "cold_responses" => cold_responses,
@@ -146,6 +145,7 @@ pub async fn run(opts: &SmokeOptions) -> Result<Report> {
             "samples" => ch.as_ref().map(|c| c.convergence.count),
             "settled" => ch.as_ref().map(|c| c.settled),
             "nacks" => r.cold.totals.nacks + ch.as_ref().map_or(0, |c| c.totals.nacks),
+            "resynced_after_storm" => storm,
         ));
         r.stop().await;
     }
