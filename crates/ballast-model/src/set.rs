@@ -308,46 +308,77 @@ impl ConfigSet {
         };
         let mut out: Vec<RouteAttachment> = Vec::new();
         for route in self.http_routes.values() {
-            // Cheap pre-filter: most routes in a large config name other gateways.
-            let route_ns = route.metadata.namespace.as_str();
-            if !route
-                .spec
-                .parent_refs
-                .iter()
-                .any(|p| p.namespace_or(route_ns) == gateway.namespace && *p.name == gateway.name)
-            {
-                continue;
-            }
-            let mut mine: Vec<ListenerAttachment> = Vec::new();
-            for p in self.resolve_parents(route) {
-                if p.gateway != *gateway {
-                    continue;
-                }
-                for a in p.result.into_iter().flatten() {
-                    match mine.iter_mut().find(|m| m.listener == a.listener) {
-                        Some(m) => {
-                            for h in a.hostnames {
-                                if !m.hostnames.contains(&h) {
-                                    m.hostnames.push(h);
-                                }
-                            }
-                        }
-                        None => mine.push(a),
-                    }
-                }
-            }
-            for l in &g.spec.listeners {
-                if let Some(m) = mine.iter().find(|m| m.listener == *l.name) {
-                    out.push(RouteAttachment {
-                        route: route.clone(),
-                        listener: m.listener.clone(),
-                        hostnames: m.hostnames.clone(),
-                    });
-                }
+            for a in route_attachments(gateway, g, route) {
+                out.push(RouteAttachment {
+                    route: route.clone(),
+                    listener: a.listener,
+                    hostnames: a.hostnames,
+                });
             }
         }
         out
     }
+
+    /// The listeners of `gateway` that `route` attaches to, in listener order, each with the
+    /// union of the hostnames of every parentRef attaching it there: `route`'s entries of
+    /// [`Self::attached_routes`]. Depends only on the route and the Gateway.
+    pub fn route_attachments(
+        &self,
+        gateway: &ObjectKey,
+        route: &HttpRoute,
+    ) -> Vec<ListenerAttachment> {
+        match self.gateways.get(gateway) {
+            Some(g) => route_attachments(gateway, g, route),
+            None => Vec::new(),
+        }
+    }
+}
+
+fn route_attachments(
+    gateway: &ObjectKey,
+    g: &Gateway,
+    route: &HttpRoute,
+) -> Vec<ListenerAttachment> {
+    // Cheap pre-filter: most routes in a large config name other gateways.
+    let route_ns = route.metadata.namespace.as_str();
+    if !route
+        .spec
+        .parent_refs
+        .iter()
+        .any(|p| p.namespace_or(route_ns) == gateway.namespace && *p.name == gateway.name)
+    {
+        return Vec::new();
+    }
+    let hostnames: Vec<&str> = route.spec.hostnames.iter().map(|h| h.as_str()).collect();
+    let mut mine: Vec<ListenerAttachment> = Vec::new();
+    for p in &route.spec.parent_refs {
+        // `resolve_parents` restricted to the parentRefs naming this Gateway.
+        if !p.is_gateway()
+            || p.namespace_or(route_ns) != gateway.namespace
+            || *p.name != gateway.name
+        {
+            continue;
+        }
+        for a in attach(g, p, route_ns, &hostnames).into_iter().flatten() {
+            match mine.iter_mut().find(|m| m.listener == a.listener) {
+                Some(m) => {
+                    for h in a.hostnames {
+                        if !m.hostnames.contains(&h) {
+                            m.hostnames.push(h);
+                        }
+                    }
+                }
+                None => mine.push(a),
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(mine.len());
+    for l in &g.spec.listeners {
+        if let Some(m) = mine.iter().find(|m| m.listener == *l.name) {
+            out.push(m.clone());
+        }
+    }
+    out
 }
 
 fn attach(

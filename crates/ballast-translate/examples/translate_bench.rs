@@ -44,6 +44,8 @@ fn main() {
         .nth(1)
         .map(|a| a.parse().expect("N"))
         .unwrap_or(3400);
+    // `translate_bench N profile-route|profile-backend`: only that update, many times (for perf).
+    let profile = std::env::args().nth(2);
     let yaml = generate(n, |_| 8080, "example.com");
     let t = Instant::now();
     let set = Arc::new(ConfigSet::build([("gen.yaml", &yaml)]).expect("valid"));
@@ -55,6 +57,48 @@ fn main() {
     let gw = ObjectKey::new("default", "edge");
     let opts = Options::default();
 
+    // Two versions of the config differing in one object, applied alternately; only
+    // `Translator::update` is timed (not building the next config).
+    let edited = |what: &str, toggled: bool| {
+        let mut next = (*set).clone();
+        if what == "route" {
+            let key = ObjectKey::new("default", "r7");
+            let mut r = (*next.http_routes[&key]).clone();
+            r.spec.hostnames[0].value = if toggled {
+                "edited.example.com".into()
+            } else {
+                "h7.example.com".into()
+            };
+            next.http_routes.insert(key, Arc::new(r));
+        } else {
+            let key = ObjectKey::new("default", "b7");
+            let mut b = (*next.backends[&key]).clone();
+            b.spec.endpoints[0].port.value = if toggled { 9090 } else { 8080 };
+            next.backends.insert(key, Arc::new(b));
+        }
+        Arc::new(next)
+    };
+    let alternate = |what: &str, runs: usize| {
+        let versions = [edited(what, true), edited(what, false)];
+        let mut t = Translator::new(opts.clone());
+        t.update(&set);
+        let mut times = Vec::new();
+        let mut stats = None;
+        for i in 0..runs {
+            let start = Instant::now();
+            let out = t.update(&versions[i % 2]);
+            times.push(start.elapsed());
+            stats = Some(out.stats);
+            drop(out);
+        }
+        (median(times), stats)
+    };
+    if let Some(p) = profile.as_deref() {
+        let what = p.strip_prefix("profile-").unwrap_or(p);
+        let (d, _) = alternate(what, 200);
+        println!("{p}: {d:?}");
+        return;
+    }
     let scratch = time(5, || translate_gateway(&set, &gw, &opts).unwrap());
     let res = translate_gateway(&set, &gw, &opts).unwrap();
     let bytes: usize = res.iter().map(|r| r.any_bytes().len()).sum();
@@ -70,41 +114,10 @@ fn main() {
     println!("Translator::update cold: {cold:?}");
 
     // One endpoint change (same config otherwise; unchanged objects keep their Arcs).
-    let mut t = Translator::new(opts.clone());
-    t.update(&set);
-    let mut toggled = false;
-    let mut stats = None;
-    let endpoint = time(11, || {
-        let mut next = (*set).clone();
-        let key = ObjectKey::new("default", "b7");
-        let mut b = (*next.backends[&key]).clone();
-        toggled = !toggled;
-        b.spec.endpoints[0].port.value = if toggled { 9090 } else { 8080 };
-        next.backends.insert(key, Arc::new(b));
-        let out = t.update(&Arc::new(next));
-        stats = Some(out.stats);
-        out
-    });
+    let (endpoint, stats) = alternate("backend", 11);
     println!("update, one Backend's endpoints changed: {endpoint:?} {stats:?}");
 
     // One route edit (hostname change).
-    let mut t = Translator::new(opts.clone());
-    t.update(&set);
-    let mut toggled = false;
-    let route_edit = time(11, || {
-        let mut next = (*set).clone();
-        let key = ObjectKey::new("default", "r7");
-        let mut r = (*next.http_routes[&key]).clone();
-        toggled = !toggled;
-        r.spec.hostnames[0].value = if toggled {
-            "edited.example.com".into()
-        } else {
-            "h7.example.com".into()
-        };
-        next.http_routes.insert(key, Arc::new(r));
-        let out = t.update(&Arc::new(next));
-        stats = Some(out.stats);
-        out
-    });
+    let (route_edit, stats) = alternate("route", 11);
     println!("update, one HTTPRoute edited: {route_edit:?} {stats:?}");
 }

@@ -1,24 +1,32 @@
-//! Building the full resource set of one Gateway, reusing whatever is cached and still valid.
+//! Building the full resource set of one Gateway, reusing whatever is cached and still valid,
+//! and patching it when only some of its HTTPRoutes changed.
 //!
 //! Every cache entry remembers the objects it was computed from and is only reused when they
 //! are unchanged (`Arc` identity or equality), so a stale cache can cost time but never produce
 //! wrong resources; which gateways to rebuild is the dependency index's job.
+//!
+//! A Gateway's state keeps, per route configuration, each virtual host's contributing
+//! translated routes and its encoding: a route configuration is encoded by concatenating its
+//! virtual hosts' encodings (exactly the bytes prost would produce for the whole message), so
+//! editing one route among thousands re-encodes only the virtual hosts it touches.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use ballast_model::{Backend, ConfigSet, HttpRoute, ObjectKey, Secret};
-use ballast_xds::{Resource, XdsResource};
+use ballast_model::set::ListenerAttachment;
+use ballast_model::{Backend, ConfigSet, Gateway, HttpRoute, ObjectKey, Secret};
+use ballast_xds::{Ref, Resource, ResourceType, XdsResource};
 use envoy_types::pb::envoy::config::listener::v3::Listener as EnvoyListener;
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use prost::Message;
+use prost::encoding::{WireType, encode_key, encode_varint};
 
-use crate::index::{Deps, routes_naming};
-use crate::listener::{certificate_refs, envoy_listener, plan};
+use crate::index::{DependencyIndex, Deps, Orphans, names_gateway};
+use crate::listener::{ChainPlan, certificate_refs, envoy_listener, plan};
 use crate::route::{
-    Attached, Contributors, PrevHosts, TranslatedRoute, backend_signature, translate_route,
-    virtual_hosts,
+    TranslatedRoute, backend_signature, contributions, fixed_hosts, translate_route, virtual_host,
 };
-use crate::{GatewayResources, Options, TranslateStats, cluster, encode, secret};
+use crate::{GatewayResources, Options, TranslateStats, cluster, encode, names, secret};
 
 /// Encoded cluster and load assignment of one Backend version.
 pub(crate) struct BackendEntry {
@@ -128,19 +136,127 @@ impl Caches {
     }
 }
 
-/// The listener and route configuration messages of a Gateway with their encodings, so a
-/// rebuild that produces an identical message reuses the encoded resource.
-#[derive(Default)]
-pub(crate) struct Encoded {
-    listeners: BTreeMap<String, (EnvoyListener, Arc<Resource>)>,
-    route_configs: BTreeMap<String, RouteConfigState>,
+/// A route attached to the Gateway: where, and its (shared) translation.
+struct RouteSlot {
+    attachments: Vec<ListenerAttachment>,
+    translated: Arc<TranslatedRoute>,
 }
 
-/// A route configuration as last built, with what each virtual host was built from.
-pub(crate) struct RouteConfigState {
-    message: RouteConfiguration,
-    contributors: Contributors,
+/// One virtual host of a route configuration.
+#[derive(Default)]
+struct HostState {
+    /// The translated routes contributing to it, by route key.
+    routes: BTreeMap<ObjectKey, Arc<TranslatedRoute>>,
+    /// A hostname of a listener sharing the route configuration: kept even without routes.
+    fixed: bool,
+    /// The virtual host as an entry of `RouteConfiguration.virtual_hosts` (field key, length,
+    /// message).
+    encoded: Vec<u8>,
+    /// The clusters its routes reference.
+    clusters: Vec<Arc<str>>,
+}
+
+impl HostState {
+    fn encode(&mut self, host: &str) {
+        // The references of a route configuration holding just this virtual host.
+        let rc = RouteConfiguration {
+            virtual_hosts: vec![virtual_host(host, self.routes.values())],
+            ..Default::default()
+        };
+        let mut clusters: Vec<Arc<str>> = rc
+            .refs()
+            .into_iter()
+            .filter(|r| r.ty == ResourceType::Cluster)
+            .map(|r| r.name)
+            .collect();
+        clusters.sort();
+        clusters.dedup();
+        self.clusters = clusters;
+        let vh = &rc.virtual_hosts[0];
+        let len = vh.encoded_len();
+        self.encoded.clear();
+        self.encoded.reserve(len + 8);
+        encode_key(2, WireType::LengthDelimited, &mut self.encoded);
+        encode_varint(len as u64, &mut self.encoded);
+        vh.encode_raw(&mut self.encoded);
+    }
+}
+
+/// One route configuration of the Gateway (one per HTTP port, one per HTTPS filter chain).
+struct ChainState {
+    name: String,
+    hosts: BTreeMap<String, HostState>,
+    /// Cluster name → number of virtual hosts referencing it.
+    refs: BTreeMap<Arc<str>, u32>,
     resource: Arc<Resource>,
+}
+
+impl ChainState {
+    fn add_refs(&mut self, clusters: &[Arc<str>]) {
+        for c in clusters {
+            *self.refs.entry(c.clone()).or_default() += 1;
+        }
+    }
+
+    fn remove_refs(&mut self, clusters: &[Arc<str>]) {
+        for c in clusters {
+            if let Some(n) = self.refs.get_mut(c) {
+                *n -= 1;
+                if *n == 0 {
+                    self.refs.remove(c);
+                }
+            }
+        }
+    }
+
+    fn encode(&self) -> Arc<Resource> {
+        encode_route_config(&self.name, &self.hosts, &self.refs)
+    }
+}
+
+/// The route configuration `name` with `hosts` (whose clusters are the keys of `refs`): its
+/// name, then every virtual host in hostname order, exactly as prost encodes
+/// `RouteConfiguration { name, virtual_hosts, ..Default::default() }`.
+fn encode_route_config(
+    name: &str,
+    hosts: &BTreeMap<String, HostState>,
+    refs: &BTreeMap<Arc<str>, u32>,
+) -> Arc<Resource> {
+    let len: usize = hosts.values().map(|h| h.encoded.len()).sum();
+    let mut buf = Vec::with_capacity(len + name.len() + 8);
+    encode_key(1, WireType::LengthDelimited, &mut buf);
+    encode_varint(name.len() as u64, &mut buf);
+    buf.extend_from_slice(name.as_bytes());
+    for h in hosts.values() {
+        buf.extend_from_slice(&h.encoded);
+    }
+    let refs = refs
+        .keys()
+        .map(|name| Ref {
+            ty: ResourceType::Cluster,
+            name: name.clone(),
+            hard: true,
+        })
+        .collect();
+    Resource::from_encoded::<RouteConfiguration>(name, &buf, refs)
+        .expect("route configuration names are never empty")
+}
+
+/// Everything kept about a translated Gateway so the next change costs what it touches.
+pub(crate) struct GatewayState {
+    pub gateway: Arc<Gateway>,
+    pub resources: Arc<GatewayResources>,
+    /// Attached routes.
+    routes: BTreeMap<ObjectKey, RouteSlot>,
+    /// Backend → number of attached routes whose backendRefs name it (the index's
+    /// `Deps::backends`).
+    backend_refs: BTreeMap<ObjectKey, u32>,
+    /// Backend → number of (route configuration, route) pairs sending traffic to it: the
+    /// Gateway's clusters.
+    used: BTreeMap<ObjectKey, u32>,
+    /// In plan order (ports, then chains).
+    chains: Vec<ChainState>,
+    listeners: BTreeMap<String, (EnvoyListener, Arc<Resource>)>,
 }
 
 fn encode_reusing<M: XdsResource + PartialEq + Clone>(
@@ -164,107 +280,156 @@ fn encode_reusing<M: XdsResource + PartialEq + Clone>(
     resource
 }
 
-pub(crate) struct Built {
-    pub resources: GatewayResources,
-    pub deps: Deps,
-    pub encoded: Encoded,
+fn count_up(map: &mut BTreeMap<ObjectKey, u32>, keys: &BTreeSet<ObjectKey>) {
+    for k in keys {
+        *map.entry(k.clone()).or_default() += 1;
+    }
 }
 
-/// Translates one Gateway; `None` if it does not exist.
+/// Decrements; returns the keys that dropped to zero (and were removed).
+fn count_down(map: &mut BTreeMap<ObjectKey, u32>, keys: &BTreeSet<ObjectKey>) -> Vec<ObjectKey> {
+    let mut gone = Vec::new();
+    for k in keys {
+        if let Some(n) = map.get_mut(k) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(k);
+                gone.push(k.clone());
+            }
+        }
+    }
+    gone
+}
+
+pub(crate) struct Built {
+    pub state: GatewayState,
+    pub deps: Deps,
+}
+
+/// Translates one Gateway; `None` if it does not exist. `prev` (the Gateway's previous state)
+/// only saves work: virtual hosts with the same contributing routes and identical listeners
+/// are not re-encoded.
 pub(crate) fn build_gateway(
     config: &ConfigSet,
     key: &ObjectKey,
     options: &Options,
     caches: &mut Caches,
-    prev: Option<Encoded>,
+    prev: Option<GatewayState>,
     stats: &mut TranslateStats,
 ) -> Option<Built> {
-    let mut prev = prev;
     let gw = config.gateways.get(key)?;
     stats.gateways_translated += 1;
-    let attachments = config.attached_routes(key);
-    let translated: Vec<Arc<TranslatedRoute>> = attachments
-        .iter()
-        .map(|a| caches.route(config, &a.route, stats))
-        .collect();
-
     let mut deps = Deps {
-        routes: routes_naming(config, key).collect(),
+        routes: BTreeSet::new(),
         backends: BTreeSet::new(),
         secrets: certificate_refs(gw).collect(),
     };
-    for t in &translated {
-        deps.backends.extend(t.backend_refs.iter().cloned());
+    let mut routes = BTreeMap::new();
+    let mut backend_refs = BTreeMap::new();
+    for (rk, route) in &config.http_routes {
+        if !names_gateway(route, key) {
+            continue;
+        }
+        deps.routes.insert(rk.clone());
+        let attachments = config.route_attachments(key, route);
+        if attachments.is_empty() {
+            continue;
+        }
+        let translated = caches.route(config, route, stats);
+        count_up(&mut backend_refs, &translated.backend_refs);
+        routes.insert(
+            rk.clone(),
+            RouteSlot {
+                attachments,
+                translated,
+            },
+        );
     }
+    deps.backends = backend_refs.keys().cloned().collect();
 
-    let mut encoded = Encoded::default();
+    let mut prev_chains: BTreeMap<String, ChainState> = BTreeMap::new();
+    let mut prev_listeners = None;
+    if let Some(p) = prev {
+        prev_chains = p.chains.into_iter().map(|c| (c.name.clone(), c)).collect();
+        prev_listeners = Some(p.listeners);
+    }
     let mut resources = GatewayResources::empty(key.clone());
-    let mut used_backends = BTreeSet::new();
+    let mut used = BTreeMap::new();
+    let mut chains = Vec::new();
+    let mut listeners = BTreeMap::new();
     let mut used_secrets = BTreeSet::new();
     for port in plan(config, gw) {
         for chain in &port.chains {
-            let names: Vec<&str> = chain.listeners.iter().map(|l| l.name.as_str()).collect();
-            let attached: Vec<Attached> = attachments
-                .iter()
-                .zip(&translated)
-                .filter(|(a, _)| names.contains(&a.listener.as_str()))
-                .map(|(a, t)| Attached {
-                    listener: &a.listener,
-                    hostnames: &a.hostnames,
-                    translated: t,
-                })
-                .collect();
-            let old = prev
-                .as_mut()
-                .and_then(|p| p.route_configs.remove(&chain.route_config));
-            let (old_hosts, old_resource) = match old {
-                Some(o) => (
-                    Some(PrevHosts {
-                        vhosts: o.message.virtual_hosts,
-                        contributors: o.contributors,
-                    }),
-                    Some(o.resource),
-                ),
-                None => (None, None),
-            };
-            let hosts = virtual_hosts(&chain.listeners, &attached, old_hosts);
-            used_backends.extend(hosts.clusters);
-            used_secrets.extend(chain.certificates.iter().cloned());
-            let message = RouteConfiguration {
-                name: chain.route_config.clone(),
-                virtual_hosts: hosts.vhosts,
-                ..Default::default()
-            };
-            let resource = match old_resource {
-                Some(r) if hosts.unchanged => {
+            let mut hosts: BTreeMap<String, HostState> = BTreeMap::new();
+            for (rk, slot) in &routes {
+                let contributed = contributions(&chain.listeners, &slot.attachments);
+                if contributed.is_empty() {
+                    continue;
+                }
+                count_up(&mut used, &slot.translated.clusters);
+                for h in contributed {
+                    hosts
+                        .entry(h.to_owned())
+                        .or_default()
+                        .routes
+                        .insert(rk.clone(), slot.translated.clone());
+                }
+            }
+            for h in fixed_hosts(&chain.listeners) {
+                hosts.entry(h.to_owned()).or_default().fixed = true;
+            }
+            let mut old = prev_chains.remove(&chain.route_config);
+            let mut reused_all = old.as_ref().is_some_and(|o| o.hosts.len() == hosts.len());
+            for (h, state) in hosts.iter_mut() {
+                let same = old.as_mut().and_then(|o| o.hosts.get_mut(h)).filter(|o| {
+                    o.routes.len() == state.routes.len()
+                        && o.routes
+                            .iter()
+                            .zip(&state.routes)
+                            .all(|((a, x), (b, y))| a == b && Arc::ptr_eq(x, y))
+                });
+                match same {
+                    Some(o) => {
+                        state.encoded = std::mem::take(&mut o.encoded);
+                        state.clusters = std::mem::take(&mut o.clusters);
+                    }
+                    None => {
+                        reused_all = false;
+                        state.encode(h);
+                    }
+                }
+            }
+            let mut refs = BTreeMap::new();
+            for h in hosts.values() {
+                for c in &h.clusters {
+                    *refs.entry(c.clone()).or_default() += 1;
+                }
+            }
+            let resource = match old {
+                Some(o) if reused_all => {
                     stats.resources_reused += 1;
-                    r
+                    o.resource
                 }
                 _ => {
                     stats.resources_encoded += 1;
-                    encode(&message)
+                    encode_route_config(&chain.route_config, &hosts, &refs)
                 }
             };
-            resources.route_configs.push(resource.clone());
-            encoded.route_configs.insert(
-                chain.route_config.clone(),
-                RouteConfigState {
-                    message,
-                    contributors: hosts.contributors,
-                    resource,
-                },
-            );
+            let state = ChainState {
+                name: chain.route_config.clone(),
+                hosts,
+                refs,
+                resource,
+            };
+            resources.route_configs.push(state.resource.clone());
+            used_secrets.extend(chain.certificates.iter().cloned());
+            chains.push(state);
         }
         let l = envoy_listener(gw, &port, options);
-        let r = encode_reusing(
-            prev.as_ref().map(|p| &p.listeners),
-            &mut encoded.listeners,
-            l,
-            stats,
-        );
+        let r = encode_reusing(prev_listeners.as_ref(), &mut listeners, l, stats);
         resources.listeners.push(r);
     }
-    for b in &used_backends {
+    for b in used.keys() {
         // Used backends resolved when their routes were translated against this config.
         if let Some(backend) = config.backends.get(b) {
             let e = caches.backend(backend, stats);
@@ -279,8 +444,169 @@ pub(crate) fn build_gateway(
     }
     resources.sort();
     Some(Built {
-        resources,
+        state: GatewayState {
+            gateway: gw.clone(),
+            resources: Arc::new(resources),
+            routes,
+            backend_refs,
+            used,
+            chains,
+            listeners,
+        },
         deps,
-        encoded,
     })
+}
+
+/// Applies changes of `changed` routes (edited, added or removed) to the state of Gateway
+/// `key`, which must be otherwise unaffected: the Gateway, its Secrets and the Backends its
+/// other routes reference are unchanged (or only changed endpoints), so every other route's
+/// attachment and translation still holds. Re-encodes only the virtual hosts the changed
+/// routes touched (before or after) and updates the index in place. Gives the same state and
+/// resources as [`build_gateway`]. Returns whether the resources changed.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn patch_routes(
+    config: &ConfigSet,
+    key: &ObjectKey,
+    state: &mut GatewayState,
+    changed: &[ObjectKey],
+    caches: &mut Caches,
+    index: &mut DependencyIndex,
+    orphans: &mut Orphans,
+    stats: &mut TranslateStats,
+) -> bool {
+    let gw = state.gateway.clone();
+    stats.gateways_translated += 1;
+    let plan = plan(config, &gw);
+    let chains: Vec<&ChainPlan> = plan.iter().flat_map(|p| &p.chains).collect();
+    debug_assert_eq!(chains.len(), state.chains.len());
+    let mut dirty: Vec<BTreeSet<String>> = vec![BTreeSet::new(); chains.len()];
+    let mut used_touched: BTreeSet<ObjectKey> = BTreeSet::new();
+    for rk in changed {
+        let route = config.http_routes.get(rk);
+        let naming = route.is_some_and(|r| names_gateway(r, key));
+        index.set_route(key, rk, naming, orphans);
+        let new = route.filter(|_| naming).and_then(|r| {
+            let attachments = config.route_attachments(key, r);
+            (!attachments.is_empty()).then(|| RouteSlot {
+                attachments,
+                translated: caches.route(config, r, stats),
+            })
+        });
+        let old = state.routes.remove(rk);
+        // Counts go up for the new version before they go down for the old one, so an
+        // unchanged dependency never drops out in between.
+        if let Some(n) = &new {
+            for b in &n.translated.backend_refs {
+                let c = state.backend_refs.entry(b.clone()).or_default();
+                *c += 1;
+                if *c == 1 {
+                    index.set_backend(key, b, true, orphans);
+                }
+            }
+        }
+        if let Some(o) = &old {
+            for b in count_down(&mut state.backend_refs, &o.translated.backend_refs) {
+                index.set_backend(key, &b, false, orphans);
+            }
+        }
+        for (i, chain) in chains.iter().enumerate() {
+            let cs = &mut state.chains[i];
+            let before = old
+                .as_ref()
+                .map(|o| contributions(&chain.listeners, &o.attachments))
+                .unwrap_or_default();
+            let after = new
+                .as_ref()
+                .map(|n| contributions(&chain.listeners, &n.attachments))
+                .unwrap_or_default();
+            if let Some(n) = new.as_ref().filter(|_| !after.is_empty()) {
+                count_up(&mut state.used, &n.translated.clusters);
+                used_touched.extend(n.translated.clusters.iter().cloned());
+            }
+            if let Some(o) = old.as_ref().filter(|_| !before.is_empty()) {
+                count_down(&mut state.used, &o.translated.clusters);
+                used_touched.extend(o.translated.clusters.iter().cloned());
+            }
+            for h in before {
+                if let Some(hs) = cs.hosts.get_mut(h) {
+                    hs.routes.remove(rk);
+                }
+                dirty[i].insert(h.to_owned());
+            }
+            if let Some(n) = &new {
+                for h in after {
+                    cs.hosts
+                        .entry(h.to_owned())
+                        .or_default()
+                        .routes
+                        .insert(rk.clone(), n.translated.clone());
+                    dirty[i].insert(h.to_owned());
+                }
+            }
+        }
+        if let Some(n) = new {
+            state.routes.insert(rk.clone(), n);
+        }
+    }
+
+    let res = Arc::make_mut(&mut state.resources);
+    let mut changed_any = false;
+    for (cs, hosts) in state.chains.iter_mut().zip(dirty) {
+        if hosts.is_empty() {
+            continue;
+        }
+        for h in hosts {
+            let Some(hs) = cs.hosts.get_mut(&h) else {
+                continue;
+            };
+            let old_clusters = std::mem::take(&mut hs.clusters);
+            if hs.routes.is_empty() && !hs.fixed {
+                cs.hosts.remove(&h);
+            } else {
+                hs.encode(&h);
+                let new_clusters = hs.clusters.clone();
+                cs.add_refs(&new_clusters);
+            }
+            cs.remove_refs(&old_clusters);
+        }
+        stats.resources_encoded += 1;
+        let resource = cs.encode();
+        if *resource != *cs.resource {
+            changed_any = true;
+            let i = res
+                .route_configs
+                .binary_search_by(|r| r.name().cmp(&cs.name))
+                .expect("every route configuration is in the resources");
+            res.route_configs[i] = resource.clone();
+        }
+        cs.resource = resource;
+    }
+    for b in used_touched {
+        let name = names::cluster(&b);
+        let at = res.clusters.binary_search_by(|r| r.name().cmp(&name));
+        let backend = config.backends.get(&b);
+        match (at, state.used.contains_key(&b), backend) {
+            (Err(ci), true, Some(backend)) => {
+                let e = caches.backend(backend, stats);
+                let li = res
+                    .load_assignments
+                    .binary_search_by(|r| r.name().cmp(&name))
+                    .expect_err("no load assignment without its cluster");
+                res.clusters.insert(ci, e.cluster.clone());
+                res.load_assignments.insert(li, e.load_assignment.clone());
+                changed_any = true;
+            }
+            (Ok(ci), false, _) => {
+                let li = res
+                    .load_assignments
+                    .binary_search_by(|r| r.name().cmp(&name))
+                    .expect("every cluster has its load assignment");
+                res.clusters.remove(ci);
+                res.load_assignments.remove(li);
+                changed_any = true;
+            }
+            _ => {}
+        }
+    }
+    changed_any
 }

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ballast_model::{ConfigSet, ObjectKey};
+use ballast_model::{ConfigSet, HttpRoute, ObjectKey};
 
 use crate::listener::certificate_refs;
 use crate::route::backend_refs;
@@ -24,7 +24,15 @@ pub struct Deps {
     pub secrets: BTreeSet<ObjectKey>,
 }
 
-/// Routes whose parentRefs name `gateway` (the same pre-filter `ConfigSet::attached_routes` uses).
+/// Whether a parentRef of `route` names `gateway` (attaching or not).
+pub(crate) fn names_gateway(route: &HttpRoute, gateway: &ObjectKey) -> bool {
+    let ns = route.metadata.namespace.as_str();
+    route.spec.parent_refs.iter().any(|p| {
+        p.is_gateway() && p.namespace_or(ns) == gateway.namespace && *p.name == gateway.name
+    })
+}
+
+/// Routes whose parentRefs name `gateway`.
 pub(crate) fn routes_naming<'a>(
     config: &'a ConfigSet,
     gateway: &'a ObjectKey,
@@ -32,12 +40,7 @@ pub(crate) fn routes_naming<'a>(
     config
         .http_routes
         .iter()
-        .filter(move |(_, r)| {
-            let ns = r.metadata.namespace.as_str();
-            r.spec.parent_refs.iter().any(|p| {
-                p.is_gateway() && p.namespace_or(ns) == gateway.namespace && *p.name == gateway.name
-            })
-        })
+        .filter(move |(_, r)| names_gateway(r, gateway))
         .map(|(k, _)| k.clone())
 }
 
@@ -75,6 +78,14 @@ pub struct Orphans {
     pub secrets: Vec<ObjectKey>,
 }
 
+impl Orphans {
+    pub(crate) fn extend(&mut self, other: Orphans) {
+        self.routes.extend(other.routes);
+        self.backends.extend(other.backends);
+        self.secrets.extend(other.secrets);
+    }
+}
+
 fn reconcile(
     map: &mut BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
     gateway: &ObjectKey,
@@ -97,6 +108,31 @@ fn reconcile(
         map.entry(added.clone())
             .or_default()
             .insert(gateway.clone());
+    }
+}
+
+/// Adds or removes one dependency `key` of `gateway` (`deps` is the gateway's set of that kind,
+/// `map` the reverse map); an object no gateway depends on any more goes to `orphans`.
+fn toggle(
+    deps: &mut BTreeSet<ObjectKey>,
+    map: &mut BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+    gateway: &ObjectKey,
+    key: &ObjectKey,
+    uses: bool,
+    orphans: &mut Vec<ObjectKey>,
+) {
+    if uses {
+        if deps.insert(key.clone()) {
+            map.entry(key.clone()).or_default().insert(gateway.clone());
+        }
+    } else if deps.remove(key)
+        && let Some(users) = map.get_mut(key)
+    {
+        users.remove(gateway);
+        if users.is_empty() {
+            map.remove(key);
+            orphans.push(key.clone());
+        }
     }
 }
 
@@ -150,6 +186,45 @@ impl DependencyIndex {
         let orphans = self.set(gateway, Deps::default());
         self.gateways.remove(gateway);
         orphans
+    }
+
+    /// Records whether `gateway` (already in the index) depends on `route`: one entry of
+    /// [`Self::set`], for a gateway whose other dependencies are unchanged.
+    pub(crate) fn set_route(
+        &mut self,
+        gateway: &ObjectKey,
+        route: &ObjectKey,
+        uses: bool,
+        orphans: &mut Orphans,
+    ) {
+        let deps = self.gateways.get_mut(gateway).expect("gateway is indexed");
+        toggle(
+            &mut deps.routes,
+            &mut self.routes,
+            gateway,
+            route,
+            uses,
+            &mut orphans.routes,
+        );
+    }
+
+    /// Records whether `gateway` (already in the index) depends on `backend`.
+    pub(crate) fn set_backend(
+        &mut self,
+        gateway: &ObjectKey,
+        backend: &ObjectKey,
+        uses: bool,
+        orphans: &mut Orphans,
+    ) {
+        let deps = self.gateways.get_mut(gateway).expect("gateway is indexed");
+        toggle(
+            &mut deps.backends,
+            &mut self.backends,
+            gateway,
+            backend,
+            uses,
+            &mut orphans.backends,
+        );
     }
 
     pub fn deps(&self, gateway: &ObjectKey) -> Option<&Deps> {

@@ -50,6 +50,7 @@ mod secret;
 mod translator;
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 
 use ballast_model::ObjectKey;
 
@@ -96,7 +97,7 @@ pub fn translate_gateway(
     let mut caches = gateway::Caches::default();
     let mut stats = TranslateStats::default();
     gateway::build_gateway(config, gateway, options, &mut caches, None, &mut stats)
-        .map(|b| b.resources)
+        .map(|b| Arc::unwrap_or_clone(b.state.resources))
         .ok_or_else(|| TranslateError::GatewayNotFound(gateway.clone()))
 }
 

@@ -198,6 +198,22 @@ fn summary(r: &GatewayResources) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Route configurations are assembled from cached virtual-host encodings: their bytes and
+/// references must be exactly those of encoding the message with prost.
+fn prost_encoded(r: &GatewayResources) -> Result<(), TestCaseError> {
+    use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+    use prost::Message;
+    for rc in &r.route_configs {
+        let msg = RouteConfiguration::decode(rc.value_bytes())
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let direct = crate::Resource::new(&msg).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(rc.any_bytes(), direct.any_bytes(), "{}", rc.name());
+        prop_assert_eq!(rc.refs(), direct.refs(), "{}", rc.name());
+        prop_assert_eq!(rc.version(), direct.version());
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
@@ -218,6 +234,7 @@ proptest! {
                 let scratch = translate_gateway(&set, key, &options).unwrap();
                 let inc = t.gateway(key).expect("every gateway is translated");
                 prop_assert_eq!(summary(&inc), summary(&scratch), "gateway {}", key);
+                prost_encoded(&scratch)?;
                 inc.snapshot(None).map_err(|e| TestCaseError::fail(e.to_string()))?;
                 now.insert(key.clone(), summary(&scratch));
             }

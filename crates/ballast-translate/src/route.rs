@@ -6,10 +6,10 @@
 //! shared by every virtual host and Gateway that uses it.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use ballast_model::set::BackendRefResolution;
+use ballast_model::set::{BackendRefResolution, ListenerAttachment};
 use ballast_model::{
     ConfigSet, HeaderMatch, HeaderModifier, HttpRoute, HttpRouteMatch, HttpRouteRule, LbPolicy,
     Listener, ObjectKey, PathMatchType, PathRewrite, RequestRedirect, StringMatchType, UrlRewrite,
@@ -532,46 +532,21 @@ fn listener_matches(l: &Listener, host: &str) -> bool {
     }
 }
 
-/// One attached route as the virtual-host builder sees it.
-pub(crate) struct Attached<'a> {
-    pub listener: &'a str,
-    pub hostnames: &'a [String],
-    pub translated: &'a Arc<TranslatedRoute>,
-}
-
-/// The translated routes a virtual host was built from, in order. Holding the `Arc`s (not
-/// just addresses) makes pointer equality a sound "unchanged" test.
-pub(crate) type Contributors = Vec<(String, Vec<Arc<TranslatedRoute>>)>;
-
-/// The virtual hosts of a route configuration as last built: reused when a virtual host's
-/// contributors are the same `Arc`s, so a rebuild only re-sorts the hosts that changed.
-#[derive(Default)]
-pub(crate) struct PrevHosts {
-    pub vhosts: Vec<VirtualHost>,
-    pub contributors: Contributors,
-}
-
-pub(crate) struct Hosts {
-    pub vhosts: Vec<VirtualHost>,
-    pub contributors: Contributors,
-    pub clusters: BTreeSet<ObjectKey>,
-    /// Every virtual host was reused and none was added or removed.
-    pub unchanged: bool,
-}
-
-/// The virtual hosts of one route configuration, built from the routes attached to `listeners`
-/// (the Gateway listeners whose traffic it serves). Also returns the Backends used.
-pub(crate) fn virtual_hosts(
+/// The hosts of one route configuration (filter chain) serving the Gateway `listeners` that a
+/// route attached as `attachments` contributes to: every hostname it serves on one of these
+/// listeners, except (when several listeners share the configuration) hostnames whose requests
+/// belong to a more specific listener, as Gateway API specifies.
+pub(crate) fn contributions<'a>(
     listeners: &[&Listener],
-    attached: &[Attached<'_>],
-    prev: Option<PrevHosts>,
-) -> Hosts {
-    let mut hosts: BTreeMap<&str, Vec<&Arc<TranslatedRoute>>> = BTreeMap::new();
-    let mut clusters = BTreeSet::new();
+    attachments: &'a [ListenerAttachment],
+) -> Vec<&'a str> {
     let shared = listeners.len() > 1;
-    for a in attached {
-        let mut used = false;
-        for h in a.hostnames {
+    let mut out = Vec::new();
+    for a in attachments {
+        if !listeners.iter().any(|l| *l.name == a.listener) {
+            continue;
+        }
+        for h in &a.hostnames {
             if shared {
                 // Gateway API: a request belongs to the most specific listener matching its host.
                 let best = listeners
@@ -582,66 +557,38 @@ pub(crate) fn virtual_hosts(
                     continue;
                 }
             }
-            used = true;
-            hosts.entry(h).or_default().push(a.translated);
-        }
-        if used {
-            clusters.extend(a.translated.clusters.iter().cloned());
+            out.push(h.as_str());
         }
     }
-    if shared {
-        for l in listeners {
-            if let Some(h) = l.hostname() {
-                hosts.entry(h).or_default();
-            }
-        }
-    }
-    let mut prev = prev.unwrap_or_default();
-    let mut unchanged = hosts.len() == prev.contributors.len();
-    // Both lists are sorted by hostname: walk them together.
-    let mut old = prev
-        .contributors
+    out
+}
+
+/// Hostnames of `listeners` that get a virtual host even without routes, so their requests
+/// never fall through to a less specific listener sharing the route configuration.
+pub(crate) fn fixed_hosts<'a>(listeners: &[&'a Listener]) -> impl Iterator<Item = &'a str> {
+    let shared = listeners.len() > 1;
+    listeners
         .iter()
-        .zip(prev.vhosts.iter_mut())
-        .peekable();
-    let mut vhosts = Vec::with_capacity(hosts.len());
-    let mut contributors = Vec::with_capacity(hosts.len());
-    for (host, routes) in hosts {
-        while old.peek().is_some_and(|((h, _), _)| h.as_str() < host) {
-            old.next();
-        }
-        let reused = match old.peek_mut() {
-            Some(((h, c), vh))
-                if h == host
-                    && c.len() == routes.len()
-                    && c.iter().zip(&routes).all(|(x, y)| Arc::ptr_eq(x, y)) =>
-            {
-                Some(std::mem::take(*vh))
-            }
-            _ => None,
-        };
-        let vh = reused.unwrap_or_else(|| {
-            unchanged = false;
-            let mut entries: Vec<&RouteEntry> = routes.iter().flat_map(|t| &t.entries).collect();
-            entries.sort_by(|a, b| a.precedence.cmp(&b.precedence));
-            VirtualHost {
-                name: host.to_owned(),
-                domains: vec![host.to_owned()],
-                routes: entries
-                    .into_iter()
-                    .flat_map(|e| e.routes.iter().cloned())
-                    .collect(),
-                ..Default::default()
-            }
-        });
-        vhosts.push(vh);
-        contributors.push((host.to_owned(), routes.into_iter().cloned().collect()));
-    }
-    Hosts {
-        vhosts,
-        contributors,
-        clusters,
-        unchanged,
+        .filter(move |_| shared)
+        .filter_map(|l| l.hostname())
+}
+
+/// The virtual host of `host` with the Envoy routes of `routes`, in match precedence order
+/// (a total order: it ends with the route key, rule and match indices).
+pub(crate) fn virtual_host<'a>(
+    host: &str,
+    routes: impl Iterator<Item = &'a Arc<TranslatedRoute>>,
+) -> VirtualHost {
+    let mut entries: Vec<&RouteEntry> = routes.flat_map(|t| &t.entries).collect();
+    entries.sort_by(|a, b| a.precedence.cmp(&b.precedence));
+    VirtualHost {
+        name: host.to_owned(),
+        domains: vec![host.to_owned()],
+        routes: entries
+            .into_iter()
+            .flat_map(|e| e.routes.iter().cloned())
+            .collect(),
+        ..Default::default()
     }
 }
 

@@ -1064,6 +1064,24 @@ spec:
             // attach: the host is not served by `catchall`'s rules (and falls to `*.example.com`).
         ]
     );
+
+    // Hostname listeners without routes still get their (empty, 404) virtual host, so their
+    // requests never fall through to a less specific listener's routes.
+    let res = translate(&docs(&[gateway, BACKEND_WEB, &specific]), "edge");
+    let rc: RouteConfiguration = decode(&res.route_configs[0]);
+    let vhosts: Vec<(&str, usize)> = rc
+        .virtual_hosts
+        .iter()
+        .map(|v| (v.name.as_str(), v.routes.len()))
+        .collect();
+    assert_eq!(
+        vhosts,
+        [
+            ("*.example.com", 0),
+            ("only.example.com", 0),
+            ("x.example.com", 1)
+        ]
+    );
 }
 
 #[test]

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use ballast_model::set::{Change, ChangeKind};
 use ballast_model::{ConfigSet, Kind, ObjectKey};
 
-use crate::gateway::{Caches, Encoded, build_gateway};
+use crate::gateway::{Caches, GatewayState, build_gateway, patch_routes};
 use crate::index::{DependencyIndex, Orphans};
 use crate::{GatewayResources, Options, names};
 
@@ -43,11 +43,6 @@ pub struct TranslateOutput {
     /// Gateways that no longer exist.
     pub removed: Vec<ObjectKey>,
     pub stats: TranslateStats,
-}
-
-struct GatewayState {
-    resources: Arc<GatewayResources>,
-    encoded: Encoded,
 }
 
 /// Incremental translator: keeps the previous config, per-object caches and the dependency index.
@@ -100,6 +95,8 @@ impl Translator {
         let old = std::mem::replace(&mut self.config, config.clone());
         let mut out = TranslateOutput::default();
         let mut rebuild: BTreeSet<ObjectKey> = BTreeSet::new();
+        // Gateways only some of whose routes changed, with those routes.
+        let mut route_changes: BTreeMap<ObjectKey, Vec<ObjectKey>> = BTreeMap::new();
         let mut patch: BTreeMap<ObjectKey, BTreeSet<ObjectKey>> = BTreeMap::new();
         let changes = diff(&old, config);
         for c in &changes {
@@ -108,16 +105,20 @@ impl Translator {
                     rebuild.insert(c.key.clone());
                 }
                 Kind::HttpRoute => {
-                    rebuild.extend(self.index.gateways_of_route(&c.key).cloned());
+                    let mut affected: BTreeSet<ObjectKey> =
+                        self.index.gateways_of_route(&c.key).cloned().collect();
                     if let Some(r) = config.http_routes.get(&c.key) {
                         let ns = r.metadata.namespace.as_str();
-                        rebuild.extend(
+                        affected.extend(
                             r.spec
                                 .parent_refs
                                 .iter()
                                 .filter(|p| p.is_gateway())
                                 .map(|p| ObjectKey::new(p.namespace_or(ns), p.name.as_str())),
                         );
+                    }
+                    for g in affected {
+                        route_changes.entry(g).or_default().push(c.key.clone());
                     }
                 }
                 Kind::Backend => {
@@ -139,49 +140,59 @@ impl Translator {
             }
         }
 
+        // A gateway without state (not translated yet) is rebuilt; so is one whose routes
+        // changed together with anything else of it.
+        route_changes.retain(|g, _| {
+            if !config.gateways.contains_key(g) {
+                return false; // named by a parentRef but does not exist (and did not before)
+            }
+            if !self.gateways.contains_key(g) {
+                rebuild.insert(g.clone());
+            }
+            !rebuild.contains(g)
+        });
+
         let stats = &mut out.stats;
         let mut orphans = Orphans::default();
-        let mut orphaned = |o: Orphans| {
-            orphans.routes.extend(o.routes);
-            orphans.backends.extend(o.backends);
-            orphans.secrets.extend(o.secrets);
-        };
         for key in &rebuild {
-            let mut prev = self.gateways.remove(key);
-            match build_gateway(
-                config,
-                key,
-                &self.options,
-                &mut self.caches,
-                prev.as_mut().map(|p| std::mem::take(&mut p.encoded)),
-                stats,
-            ) {
-                Some(built) => {
-                    orphaned(self.index.set(key, built.deps));
-                    let changed = prev
-                        .as_ref()
-                        .is_none_or(|p| !same_resources(&p.resources, &built.resources));
-                    let resources = match prev {
-                        Some(p) if !changed => p.resources,
-                        _ => Arc::new(built.resources),
-                    };
-                    if changed {
-                        out.changed.insert(key.clone(), resources.clone());
+            let prev = self.gateways.remove(key);
+            let prev_resources = prev.as_ref().map(|p| p.resources.clone());
+            match build_gateway(config, key, &self.options, &mut self.caches, prev, stats) {
+                Some(mut built) => {
+                    orphans.extend(self.index.set(key, built.deps));
+                    match prev_resources {
+                        Some(p) if same_resources(&p, &built.state.resources) => {
+                            built.state.resources = p;
+                        }
+                        _ => {
+                            out.changed
+                                .insert(key.clone(), built.state.resources.clone());
+                        }
                     }
-                    self.gateways.insert(
-                        key.clone(),
-                        GatewayState {
-                            resources,
-                            encoded: built.encoded,
-                        },
-                    );
+                    self.gateways.insert(key.clone(), built.state);
                 }
                 None => {
-                    orphaned(self.index.remove(key));
-                    if prev.is_some() {
+                    orphans.extend(self.index.remove(key));
+                    if prev_resources.is_some() {
                         out.removed.push(key.clone());
                     }
                 }
+            }
+        }
+
+        for (key, routes) in &route_changes {
+            let state = self.gateways.get_mut(key).expect("checked above");
+            if patch_routes(
+                config,
+                key,
+                state,
+                routes,
+                &mut self.caches,
+                &mut self.index,
+                &mut orphans,
+                stats,
+            ) {
+                out.changed.insert(key.clone(), state.resources.clone());
             }
         }
 

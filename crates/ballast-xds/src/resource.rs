@@ -169,6 +169,22 @@ impl Resource {
         )))
     }
 
+    /// Builds a resource from the already encoded bytes of an `M` named `name`
+    /// whose references are `refs` (e.g. a message assembled from cached encoded
+    /// parts). The caller vouches that `value` is `M`'s encoding with that name and
+    /// those references; the version is the content hash of exactly `value`, as
+    /// with [`Resource::new`].
+    pub fn from_encoded<M: XdsResource>(
+        name: &str,
+        value: &[u8],
+        refs: Vec<Ref>,
+    ) -> Result<Arc<Resource>, ResourceError> {
+        if name.is_empty() {
+            return Err(ResourceError::EmptyName { ty: M::TYPE });
+        }
+        Ok(Arc::new(Self::assemble(M::TYPE, name.into(), value, refs)))
+    }
+
     /// Builds a resource from an `Any` (type URL + encoded value), decoding it
     /// once to learn its name and references.
     pub fn from_any(any: &Any) -> Result<Arc<Resource>, ResourceError> {
@@ -582,6 +598,25 @@ mod tests {
     fn empty_name_is_refused() {
         assert_eq!(
             Resource::new(&Cluster::default()).unwrap_err(),
+            ResourceError::EmptyName {
+                ty: ResourceType::Cluster
+            }
+        );
+    }
+
+    #[test]
+    fn from_encoded_equals_new() {
+        let c = eds_cluster("a", "svc");
+        let a = Resource::new(&c).unwrap();
+        let mut refs = c.refs();
+        refs.reverse();
+        let b = Resource::from_encoded::<Cluster>("a", &c.encode_to_vec(), refs).unwrap();
+        assert_eq!(*a, *b);
+        assert_eq!(a.version(), b.version());
+        assert_eq!(a.any_bytes(), b.any_bytes());
+        assert_eq!(a.refs(), b.refs());
+        assert_eq!(
+            Resource::from_encoded::<Cluster>("", &[], Vec::new()).unwrap_err(),
             ResourceError::EmptyName {
                 ty: ResourceType::Cluster
             }
