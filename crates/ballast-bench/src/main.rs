@@ -41,7 +41,8 @@ use clap::{Parser, Subcommand};
     about = "Fleet benchmarks for the Ballast xDS server"
 )]
 struct Cli {
-    /// Tiny correctness run (W1 + W2 over SotW, Delta, REST); exits non-zero on failure.
+    /// Tiny correctness run (W1 + W2 + W5 over SotW, Delta, REST; W3 + W10 against the
+    /// `ballast` binary); exits non-zero on failure.
     #[arg(long)]
     smoke: bool,
     /// Where the server under test runs. Report numbers from `child`.
@@ -139,6 +140,7 @@ fn main() -> Result<()> {
         if cli.smoke {
             let opts = scenarios::smoke::SmokeOptions {
                 server,
+                binary_out: Some(cli.out.clone()),
                 ..Default::default()
             };
             let report = scenarios::smoke::run(&opts).await?;

@@ -25,6 +25,9 @@ pub struct SmokeOptions {
     pub protocols: Vec<Protocol>,
     /// Bound on each wait; generous, it is not a timing assertion.
     pub timeout: Duration,
+    /// Also run a tiny W3 and W10 against the real `ballast` binary (found
+    /// beside this executable or via `$BALLAST_BIN`), working under this directory.
+    pub binary_out: Option<std::path::PathBuf>,
 }
 
 impl Default for SmokeOptions {
@@ -38,6 +41,7 @@ impl Default for SmokeOptions {
             churn_duration: Duration::from_secs(2),
             protocols: vec![Protocol::Sotw, Protocol::Delta, Protocol::Rest],
             timeout: Duration::from_secs(30),
+            binary_out: None,
         }
     }
 }
@@ -149,8 +153,81 @@ pub async fn run(opts: &SmokeOptions) -> Result<Report> {
         ));
         r.stop().await;
     }
+    if let Some(out) = &opts.binary_out {
+        binary_checks(out, opts, &mut report, &mut failures).await?;
+    }
     if !failures.is_empty() {
         bail!("smoke failed:\n  {}", failures.join("\n  "));
     }
     Ok(report)
+}
+
+/// Value of `col` in a report's first row.
+fn cell(report: &Report, col: &str) -> serde_json::Value {
+    report
+        .rows
+        .first()
+        .and_then(|r| r.iter().find(|(k, _)| k == col))
+        .map(|(_, v)| v.clone())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// Tiny W3 (route edits reach every proxy) and W10 (a burst settles on one
+/// version everywhere) against the real binary; correctness only.
+async fn binary_checks(
+    out: &std::path::Path,
+    opts: &SmokeOptions,
+    report: &mut Report,
+    failures: &mut Vec<String>,
+) -> Result<()> {
+    use super::burst::{self, BurstArgs};
+    use super::route_edit::{self, RouteEditArgs};
+    let timeout_s = opts.timeout.as_secs();
+    let w3 = route_edit::run(
+        out,
+        &RouteEditArgs {
+            proxies: 2,
+            routes: 50,
+            clusters: 50,
+            endpoints: 1,
+            edits: 2,
+            pause_ms: 50,
+            protocols: vec![Protocol::Sotw, Protocol::Delta],
+            runs: 1,
+            rest_poll_ms: 100,
+            timeout_s,
+        },
+    )
+    .await?;
+    for row in &w3.rows {
+        let get = |c: &str| row.iter().find(|(k, _)| k == c).map(|(_, v)| v.clone());
+        if get("converged_edits") != get("edits") || get("nacks") != Some(0.into()) {
+            failures.push(format!("binary W3: {}", w3.markdown()));
+        }
+    }
+    let w10 = burst::run(
+        out,
+        &BurstArgs {
+            proxies: 2,
+            clusters: 50,
+            endpoints: 1,
+            events: 50,
+            burst_ms: 200,
+            quiet_ms: 1200,
+            protocols: vec![Protocol::Sotw],
+            runs: 1,
+            timeout_s,
+        },
+    )
+    .await?;
+    if cell(&w10, "converged_after_burst_ms").is_null() || cell(&w10, "nacks") != 0 {
+        failures.push(format!("binary W10: {}", w10.markdown()));
+    }
+    report.notes.push(format!(
+        "binary: W3 {} edits converged on {} protocols, W10 settled {} ms after the burst",
+        w3.rows.len() * 2,
+        w3.rows.len(),
+        cell(&w10, "converged_after_burst_ms")
+    ));
+    Ok(())
 }
