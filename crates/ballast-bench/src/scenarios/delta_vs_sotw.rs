@@ -111,5 +111,7 @@ pub async fn run(server: &ServerOptions, out: &Path, args: &DeltaVsSotwArgs) -> 
         .notes
         .extend(w2.notes.iter().chain(&w3.notes).cloned());
     println!("{}\n{}", w2.markdown(), w3.markdown());
+    w2.write_json(out)?;
+    w3.write_json(out)?;
     Ok(report)
 }
