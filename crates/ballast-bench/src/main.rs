@@ -13,7 +13,7 @@
 //! ballast-bench burst                          # W10 (real `ballast` binary)
 //! ballast-bench compare-sovereign              # side by side with sovereign (REST)
 //! ballast-bench envoy-lane                     # real Envoys
-//! ballast-bench scaling --plots docs/img       # scaling curves + SVG
+//! ballast-bench scaling                       # scaling curves + SVG plots
 //! ```
 //!
 //! See `docs/benchmarks.md`.

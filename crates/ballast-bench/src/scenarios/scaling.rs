@@ -35,7 +35,7 @@ pub struct ScalingArgs {
     #[arg(long, default_value_t = 200)]
     pub connect_concurrency: usize,
     /// Where the SVG plots go.
-    #[arg(long, default_value = "docs/img")]
+    #[arg(long, default_value = "crates/ballast-bench/plots")]
     pub plots: std::path::PathBuf,
 }
 
