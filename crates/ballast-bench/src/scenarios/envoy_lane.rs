@@ -22,16 +22,18 @@ use crate::row;
 pub struct EnvoyLaneArgs {
     #[arg(long, default_value_t = 10)]
     pub envoys: usize,
-    #[arg(long, default_value_t = 100)]
+    /// Clusters (EDS). Over REST every EDS cluster is its own poll, so sovereign
+    /// serves envoys × (clusters + 3) requests per poll interval.
+    #[arg(long, default_value_t = 20)]
     pub clusters: usize,
     #[arg(long, default_value_t = 5)]
     pub changes: usize,
     #[arg(long, value_delimiter = ',', default_value = "ballast,sovereign")]
     pub servers: Vec<String>,
     /// REST refresh_delay of the Envoys on sovereign.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 1000)]
     pub poll_ms: u64,
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, default_value_t = 60)]
     pub timeout_s: u64,
 }
 
