@@ -373,6 +373,24 @@ impl DeltaMachine {
             all_removed.extend(absent);
             st.last_nonce = Some(nonce.clone());
             st.sent_version = Some(version.clone());
+            // Envoy rebuilds a modified cluster and waits for its endpoints
+            // again without subscribing anew: they must be sent again, so the
+            // client no longer counts as holding them (it is warming, too).
+            let refetch: Vec<Arc<str>> = if ty == ResourceType::Cluster {
+                upserts
+                    .iter()
+                    .filter(|r| {
+                        st.acked
+                            .get(r.name())
+                            .is_some_and(|old| old.version() != r.version())
+                    })
+                    .flat_map(|r| r.refs().iter())
+                    .filter(|x| x.ty == ResourceType::ClusterLoadAssignment)
+                    .map(|x| x.name.clone())
+                    .collect()
+            } else {
+                Vec::new()
+            };
             st.in_flight = Some(InFlight {
                 nonce: nonce.clone(),
                 version: version.clone(),
@@ -380,6 +398,16 @@ impl DeltaMachine {
                 removed: all_removed.clone(),
                 clean_after: (!held).then(|| whole.clone()),
             });
+            if !refetch.is_empty()
+                && let Some(eds) = self.types[ResourceType::ClusterLoadAssignment.index()].as_mut()
+                && refetch.iter().any(|n| eds.acked.contains_key(n))
+            {
+                let acked = Arc::make_mut(&mut eds.acked);
+                for n in &refetch {
+                    acked.remove(n);
+                }
+                eds.clean = None;
+            }
             return Some(DeltaResponse {
                 ty,
                 system_version: version,

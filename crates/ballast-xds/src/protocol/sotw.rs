@@ -283,11 +283,28 @@ impl SotwMachine {
             st.must_answer = false;
             st.last_sent_version = Some(version.clone());
             st.last_nonce = Some(nonce.clone());
+            // Envoy rebuilds a modified cluster and waits for its endpoints
+            // again (same EDS names, so no new subscription): the endpoints
+            // must follow this response even though they did not change.
+            let refetch_eds = ty == ResourceType::Cluster
+                && plan.iter().any(|(n, r)| {
+                    st.acked
+                        .get(n)
+                        .is_some_and(|old| old.version() != r.version())
+                        && r.refs()
+                            .iter()
+                            .any(|x| x.ty == ResourceType::ClusterLoadAssignment)
+                });
             st.in_flight = Some(InFlight {
                 nonce: nonce.clone(),
                 version: version.clone(),
                 resources: plan.clone(),
             });
+            if refetch_eds
+                && let Some(eds) = self.types[ResourceType::ClusterLoadAssignment.index()].as_mut()
+            {
+                eds.must_answer = true;
+            }
             return Some(SotwResponse {
                 ty,
                 version,
