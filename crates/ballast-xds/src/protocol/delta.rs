@@ -13,7 +13,7 @@ use super::{
 };
 use crate::resource::{Resource, ResourceType};
 use crate::snapshot::{ResourceMap, Snapshot, TypeChanges};
-use crate::status::{NackInfo, SyncState, TypeStatus};
+use crate::status::{NackInfo, TypeStatus};
 
 /// Marks a rejected removal in `rejected`: not retried until the name reappears.
 const REMOVAL: &str = "";
@@ -183,16 +183,10 @@ impl DeltaMachine {
         req: &DeltaDiscoveryRequest,
         history: &[Arc<Snapshot>],
     ) -> RequestOutcome {
-        let Some(ty) = ResourceType::from_type_url(&req.type_url) else {
-            return RequestOutcome::UnknownType {
-                type_url: req.type_url.clone(),
-            };
+        let ty = match super::request_type(&req.type_url, self.only) {
+            Ok(ty) => ty,
+            Err(ignored) => return ignored,
         };
-        if self.only.is_some_and(|only| only != ty) {
-            return RequestOutcome::WrongType {
-                type_url: req.type_url.clone(),
-            };
-        }
         let first = self.types[ty.index()].is_none();
         let known = self.snapshot.as_ref().map(|s| s.resources(ty).clone());
         let st = self.types[ty.index()].get_or_insert_with(DeltaType::default);
@@ -555,15 +549,11 @@ impl DeltaMachine {
             .into_iter()
             .filter_map(|ty| {
                 let st = self.types[ty.index()].as_ref()?;
-                let state = if st.nack.is_some() {
-                    SyncState::Error
-                } else if st.in_flight.is_some() {
-                    SyncState::Stale
-                } else if st.sent_version.is_none() {
-                    SyncState::NotSent
-                } else {
-                    SyncState::Synced
-                };
+                let state = super::sync_state(
+                    st.nack.is_some(),
+                    st.in_flight.is_some(),
+                    st.sent_version.is_some(),
+                );
                 Some(TypeStatus {
                     ty,
                     wildcard: st.sub.is_wildcard(),

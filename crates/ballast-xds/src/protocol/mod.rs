@@ -194,6 +194,39 @@ pub(crate) fn share_if_whole(map: ResourceMap, whole: &Arc<ResourceMap>) -> Arc<
     }
 }
 
+/// The type a request is for, or why it is ignored (unknown type, or another
+/// type than a per-type service serves).
+pub(crate) fn request_type(
+    type_url: &str,
+    only: Option<ResourceType>,
+) -> Result<ResourceType, RequestOutcome> {
+    let Some(ty) = ResourceType::from_type_url(type_url) else {
+        return Err(RequestOutcome::UnknownType {
+            type_url: type_url.to_string(),
+        });
+    };
+    if only.is_some_and(|only| only != ty) {
+        return Err(RequestOutcome::WrongType {
+            type_url: type_url.to_string(),
+        });
+    }
+    Ok(ty)
+}
+
+/// Where a type stands on a stream, from its NACK / in-flight / sent state.
+pub(crate) fn sync_state(nacked: bool, in_flight: bool, sent: bool) -> crate::status::SyncState {
+    use crate::status::SyncState;
+    if nacked {
+        SyncState::Error
+    } else if in_flight {
+        SyncState::Stale
+    } else if !sent {
+        SyncState::NotSent
+    } else {
+        SyncState::Synced
+    }
+}
+
 /// Per-stream nonce source: unique on the stream, never reused.
 #[derive(Debug, Default)]
 pub(crate) struct Nonces(u64);
