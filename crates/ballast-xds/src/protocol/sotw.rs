@@ -44,11 +44,65 @@ struct SotwType {
     maybe: Option<Arc<[Arc<Resource>]>>,
 }
 
+impl SotwType {
+    /// The client acknowledged exactly `whole` (the snapshot's own map) and
+    /// nothing was sent or asked since: planning would find nothing to do.
+    fn settled_on(&self, whole: &Arc<ResourceMap>) -> bool {
+        Arc::ptr_eq(&self.acked, whole)
+            && self.in_flight.is_none()
+            && !self.must_answer
+            && !self.unresolved
+            && self.acked_version.is_some()
+            && self.last_sent_version == self.acked_version
+    }
+}
+
 #[derive(Debug)]
 struct InFlight {
     nonce: Arc<str>,
     version: Arc<str>,
     resources: Arc<ResourceMap>,
+}
+
+/// What [`SotwMachine::plan`] decided for one type.
+struct Plan {
+    resources: Arc<ResourceMap>,
+    /// A subscribed resource the client lacks was held back.
+    held_missing: bool,
+    /// Every planned resource is one the client holds at that version.
+    all_held: bool,
+    /// A cluster the client holds changes, and its endpoints come from EDS.
+    modified_eds_cluster: bool,
+}
+
+struct PlanFlags {
+    held_missing: bool,
+    all_held: bool,
+    modified_eds_cluster: bool,
+}
+
+impl PlanFlags {
+    fn with(self, resources: Arc<ResourceMap>) -> Plan {
+        Plan {
+            resources,
+            held_missing: self.held_missing,
+            all_held: self.all_held,
+            modified_eds_cluster: self.modified_eds_cluster,
+        }
+    }
+}
+
+/// Name order of the maps, with the interned (shared) case first.
+fn cmp_names(a: &Arc<str>, b: &Arc<str>) -> std::cmp::Ordering {
+    if Arc::ptr_eq(a, b) {
+        std::cmp::Ordering::Equal
+    } else {
+        (**a).cmp(&**b)
+    }
+}
+
+fn same_version(a: &Arc<Resource>, b: &Arc<Resource>) -> bool {
+    Arc::ptr_eq(a, b) || a.version() == b.version()
 }
 
 /// The State-of-the-World protocol for one stream (ADS or a per-type service).
@@ -232,7 +286,20 @@ impl SotwMachine {
                 // it uses: any full-state answer could remove something in use.
                 continue;
             }
-            let (plan, held_missing) = self.plan(ty, &snap);
+            if let Some(st) = self.types[ty.index()].as_mut()
+                && st.settled_on(snap.resources(ty))
+            {
+                // The client acknowledged exactly this map and nothing was sent
+                // since: nothing to plan (O(1) on every ACK of a large type).
+                st.nack = None;
+                continue;
+            }
+            let Plan {
+                resources: plan,
+                held_missing,
+                all_held: only_drops,
+                modified_eds_cluster,
+            } = self.plan(ty, &snap);
             if held_missing && !ty.is_full_state_in_sotw() {
                 // A subscribed resource the client lacks is held back (its
                 // clusters are not warm yet). Answering without it would tell
@@ -260,10 +327,7 @@ impl SotwMachine {
             // For EDS/RDS/SDS, absence from a SotW response does not remove
             // anything at the client: when the client already holds everything
             // in the plan, a push would tell it nothing.
-            let only_drops = !ty.is_full_state_in_sotw()
-                && plan
-                    .iter()
-                    .all(|(n, r)| st.acked.get(n).is_some_and(|a| a.version() == r.version()));
+            let only_drops = !ty.is_full_state_in_sotw() && only_drops;
             if rejected || !(changed || st.must_answer) || (only_drops && !st.must_answer) {
                 if !rejected && (only_drops || st.acked_version.as_ref() == Some(&version)) {
                     // The client holds what we want it to have (e.g. the config
@@ -280,15 +344,7 @@ impl SotwMachine {
             // Envoy rebuilds a modified cluster and waits for its endpoints
             // again (same EDS names, so no new subscription): the endpoints
             // must follow this response even though they did not change.
-            let refetch_eds = ty == ResourceType::Cluster
-                && plan.iter().any(|(n, r)| {
-                    st.acked
-                        .get(n)
-                        .is_some_and(|old| old.version() != r.version())
-                        && r.refs()
-                            .iter()
-                            .any(|x| x.ty == ResourceType::ClusterLoadAssignment)
-                });
+            let refetch_eds = modified_eds_cluster;
             st.in_flight = Some(InFlight {
                 nonce: nonce.clone(),
                 version: version.clone(),
@@ -310,67 +366,120 @@ impl SotwMachine {
     }
 
     /// The resources to send for `ty` now, after the ordering holds.
-    /// Also says whether a resource the client lacks was held back.
-    fn plan(&self, ty: ResourceType, snap: &Snapshot) -> (Arc<ResourceMap>, bool) {
+    ///
+    /// One ordered walk of the candidates beside the client's acknowledged
+    /// map (no lookups), and no new map when the answer is the snapshot's own
+    /// (the common case): this runs per stream per push, so it is what a
+    /// global push costs.
+    fn plan(&self, ty: ResourceType, snap: &Snapshot) -> Plan {
         let st = self.types[ty.index()].as_ref().expect("requested");
         let whole = snap.resources(ty);
-        let mut plan = ResourceMap::new();
-        let mut held_missing = false;
-        let mut consider = |name: &Arc<str>, res: &Arc<Resource>| {
-            let held = st.acked.get(name);
-            let unchanged = held.is_some_and(|h| h.version() == res.version());
-            if unchanged || hard_refs_ready(res, snap, self) {
-                plan.insert(
-                    name.clone(),
-                    held.filter(|_| unchanged).unwrap_or(res).clone(),
-                );
-            } else if let Some(old) = held {
-                plan.insert(name.clone(), old.clone());
+        let full = ty.is_full_state_in_sotw();
+        let candidates: Box<dyn Iterator<Item = (&Arc<str>, &Arc<Resource>)> + '_> =
+            if st.sub.is_wildcard() || st.sub.is_keys_of(whole) {
+                Box::new(whole.iter())
             } else {
-                held_missing = true;
-            }
+                Box::new(st.sub.iter().filter_map(|n| whole.get_key_value(&**n)))
+            };
+        let mut picks: Vec<(&Arc<str>, &Arc<Resource>)> = Vec::with_capacity(whole.len());
+        // Acknowledged resources no candidate names (full-state types only).
+        let mut gone: Vec<(&Arc<str>, &Arc<Resource>)> = Vec::new();
+        let mut acked = st.acked.iter().peekable();
+        let mut out = PlanFlags {
+            held_missing: false,
+            all_held: true,
+            modified_eds_cluster: false,
         };
-        if st.sub.is_wildcard() {
-            for (name, res) in whole.iter() {
-                consider(name, res);
-            }
-        } else {
-            for name in st.sub.iter() {
-                if let Some(res) = whole.get(name) {
-                    consider(name, res);
+        let mut is_whole = true;
+        for (name, res) in candidates {
+            let mut held = None;
+            while let Some(&(k, v)) = acked.peek() {
+                match cmp_names(k, name) {
+                    std::cmp::Ordering::Less => {
+                        if full && st.sub.covers(k) {
+                            gone.push((k, v));
+                        }
+                        acked.next();
+                    }
+                    std::cmp::Ordering::Equal => {
+                        held = Some(v);
+                        acked.next();
+                        break;
+                    }
+                    std::cmp::Ordering::Greater => break,
                 }
             }
+            let unchanged = held.is_some_and(|h| same_version(h, res));
+            let pick = match held {
+                Some(h) if unchanged => h,
+                _ if hard_refs_ready(res, snap, self) => res,
+                Some(old) => old,
+                None => {
+                    out.held_missing = true;
+                    is_whole = false;
+                    continue;
+                }
+            };
+            is_whole &= Arc::ptr_eq(pick, res);
+            match held {
+                Some(h) if same_version(h, pick) => {}
+                Some(_) => {
+                    out.all_held = false;
+                    out.modified_eds_cluster |= ty == ResourceType::Cluster
+                        && pick
+                            .refs()
+                            .iter()
+                            .any(|x| x.ty == ResourceType::ClusterLoadAssignment);
+                }
+                None => out.all_held = false,
+            }
+            picks.push((name, pick));
         }
-        if let Some(maybe) = st.maybe.as_ref().filter(|_| st.unresolved) {
+        if full {
+            gone.extend(acked.filter(|(k, _)| st.sub.covers(k)));
+        }
+        let unresolved_maybe = st.maybe.as_ref().filter(|_| st.unresolved);
+        if gone.is_empty() && unresolved_maybe.is_none() {
+            let resources = if is_whole && picks.len() == whole.len() {
+                whole.clone()
+            } else {
+                Arc::new(
+                    picks
+                        .into_iter()
+                        .map(|(n, r)| (n.clone(), r.clone()))
+                        .collect(),
+                )
+            };
+            return out.with(resources);
+        }
+        let mut plan: ResourceMap = picks
+            .into_iter()
+            .map(|(n, r)| (n.clone(), r.clone()))
+            .collect();
+        if let Some(maybe) = unresolved_maybe {
             // Keep whatever the client's other resources use.
             let refd = referenced_by_client(self);
             for old in maybe.iter() {
                 let name = old.name_arc();
                 if !plan.contains_key(name) && refd.contains(&(ty, name.clone())) {
                     plan.insert(name.clone(), old.clone());
+                    out.all_held = false;
                 }
             }
         }
-        if ty.is_full_state_in_sotw() {
-            let gone: Vec<_> = st
-                .acked
-                .iter()
-                .filter(|(n, _)| !plan.contains_key(*n) && st.sub.covers(n))
-                .collect();
-            if !gone.is_empty() && self.resume_holds_removals(ty) {
-                for (name, old) in gone {
+        if !gone.is_empty() && self.resume_holds_removals(ty) {
+            for (name, old) in gone {
+                plan.insert(name.clone(), old.clone());
+            }
+        } else if !gone.is_empty() {
+            let refd = referenced_by_client(self);
+            for (name, old) in gone {
+                if refd.contains(&(ty, name.clone())) {
                     plan.insert(name.clone(), old.clone());
                 }
-            } else if !gone.is_empty() {
-                let refd = referenced_by_client(self);
-                for (name, old) in gone {
-                    if refd.contains(&(ty, name.clone())) {
-                        plan.insert(name.clone(), old.clone());
-                    }
-                }
             }
         }
-        (share_if_whole(plan, whole), held_missing)
+        out.with(share_if_whole(plan, whole))
     }
 
     /// Resumed, and still waiting for the client's other first requests.

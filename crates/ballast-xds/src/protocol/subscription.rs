@@ -81,6 +81,11 @@ impl Subscription {
     pub fn is_empty(&self) -> bool {
         !self.wildcard && self.len() == 0
     }
+    /// The names are shared with `map`'s keys (O(1); false does not mean
+    /// they differ).
+    pub fn is_keys_of(&self, map: &Arc<ResourceMap>) -> bool {
+        matches!(&self.names, Names::Keys(m) if Arc::ptr_eq(m, map))
+    }
     /// The names are exactly the keys of `map` (cheap when shared).
     pub fn names_are_keys_of(&self, map: &Arc<ResourceMap>) -> bool {
         match &self.names {
