@@ -8,7 +8,7 @@ use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 
 use super::subscription::Subscription;
 use super::{
-    ClientViews, DeltaResponse, Nonces, RequestOutcome, find_version, hard_refs_ready,
+    ClientViews, DeltaResponse, Nonces, RequestOutcome, TypeView, find_version, hard_refs_ready,
     referenced_by_client, resume_holds_removals, share_if_whole,
 };
 use crate::resource::{Resource, ResourceType};
@@ -571,17 +571,16 @@ impl DeltaMachine {
 }
 
 impl ClientViews for DeltaMachine {
-    fn client_has(&self, ty: ResourceType, name: &str) -> Option<bool> {
-        let Some(st) = self.types[ty.index()].as_ref() else {
-            // A resumed client may hold resources of a type it has not asked
-            // for again yet: wait for that request rather than assume it
-            // does not take them from us.
-            return self.resume_pending().then_some(false);
-        };
-        if ty != ResourceType::ClusterLoadAssignment && !st.sub.covers(name) {
-            return None;
+    fn view(&self, ty: ResourceType) -> TypeView<'_> {
+        match self.types[ty.index()].as_ref() {
+            None => TypeView::NotRequested {
+                resume_pending: self.resume_pending(),
+            },
+            Some(st) => TypeView::Requested {
+                sub: &st.sub,
+                acked: &st.acked,
+            },
         }
-        Some(st.acked.contains_key(name))
     }
 
     fn for_each_held(&self, f: &mut dyn FnMut(&Resource)) {

@@ -67,38 +67,153 @@ pub struct DeltaResponse {
     pub removed: Vec<Arc<str>>,
 }
 
+/// What one stream knows of a type at the client.
+pub(crate) enum TypeView<'a> {
+    /// Never requested on this stream. On a resumed stream the client may
+    /// still hold resources of it from an earlier one.
+    NotRequested { resume_pending: bool },
+    Requested {
+        sub: &'a subscription::Subscription,
+        acked: &'a ResourceMap,
+    },
+}
+
 /// What a client holds, per type, as far as one stream knows.
 pub(crate) trait ClientViews {
+    fn view(&self, ty: ResourceType) -> TypeView<'_>;
     /// `None` when this stream does not deliver `ty`/`name` to the client
     /// (type never requested, or a named subscription that does not cover it).
-    fn client_has(&self, ty: ResourceType, name: &str) -> Option<bool>;
+    fn client_has(&self, ty: ResourceType, name: &str) -> Option<bool> {
+        HeldLookup::new(ty, self.view(ty)).client_has(name)
+    }
     /// Every resource the client holds or is being sent.
     fn for_each_held(&self, f: &mut dyn FnMut(&Resource));
+}
+
+/// Lookups of names in a sorted map, in one walk when they come in order
+/// (a resource's references are sorted): a route configuration naming
+/// thousands of clusters is checked in O(n) string compares, not O(n log n).
+/// A name out of order falls back to a lookup.
+pub(crate) struct Seeker<'a> {
+    map: &'a ResourceMap,
+    iter: std::iter::Peekable<std::collections::btree_map::Iter<'a, Arc<str>, Arc<Resource>>>,
+    passed: Option<&'a Arc<str>>,
+}
+
+impl<'a> Seeker<'a> {
+    pub(crate) fn new(map: &'a ResourceMap) -> Self {
+        Seeker {
+            map,
+            iter: map.iter().peekable(),
+            passed: None,
+        }
+    }
+
+    pub(crate) fn get(&mut self, name: &str) -> Option<&'a Arc<Resource>> {
+        self.get_key_value(name).map(|(_, v)| v)
+    }
+
+    pub(crate) fn get_key_value(
+        &mut self,
+        name: &str,
+    ) -> Option<(&'a Arc<str>, &'a Arc<Resource>)> {
+        if self.passed.is_some_and(|p| name <= &**p) {
+            return self.map.get_key_value(name);
+        }
+        while let Some(&(k, v)) = self.iter.peek() {
+            match (**k).cmp(name) {
+                std::cmp::Ordering::Less => {
+                    self.passed = Some(k);
+                    self.iter.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    self.passed = Some(k);
+                    self.iter.next();
+                    return Some((k, v));
+                }
+                std::cmp::Ordering::Greater => return None,
+            }
+        }
+        None
+    }
+}
+
+/// [`ClientViews::client_has`] for many names of one type.
+pub(crate) struct HeldLookup<'a> {
+    ty: ResourceType,
+    covers: Option<&'a subscription::Subscription>,
+    resume_pending: bool,
+    acked: Option<Seeker<'a>>,
+}
+
+impl<'a> HeldLookup<'a> {
+    pub(crate) fn new(ty: ResourceType, view: TypeView<'a>) -> Self {
+        match view {
+            TypeView::Requested { sub, acked } => HeldLookup {
+                ty,
+                covers: Some(sub),
+                resume_pending: false,
+                acked: Some(Seeker::new(acked)),
+            },
+            TypeView::NotRequested { resume_pending } => HeldLookup {
+                ty,
+                covers: None,
+                resume_pending,
+                acked: None,
+            },
+        }
+    }
+
+    pub(crate) fn client_has(&mut self, name: &str) -> Option<bool> {
+        let (Some(sub), Some(acked)) = (self.covers, self.acked.as_mut()) else {
+            // A resumed client may hold resources of a type it has not asked
+            // for again yet: wait for that request rather than assume it
+            // does not take them from us.
+            return self.resume_pending.then_some(false);
+        };
+        if self.ty != ResourceType::ClusterLoadAssignment && !sub.covers(name) {
+            return None;
+        }
+        Some(acked.get(name).is_some())
+    }
 }
 
 /// May a new version of `res` be sent now? Its hard references (clusters it
 /// routes to) must exist at the client, and be warm: an EDS cluster's load
 /// assignment must have been delivered too.
 pub(crate) fn hard_refs_ready(res: &Resource, snap: &Snapshot, views: &impl ClientViews) -> bool {
-    for r in res.refs().iter().filter(|r| r.hard) {
-        match views.client_has(r.ty, &r.name) {
+    let mut hard = res.refs().iter().filter(|r| r.hard).peekable();
+    if hard.peek().is_none() {
+        return true;
+    }
+    let mut clusters = HeldLookup::new(ResourceType::Cluster, views.view(ResourceType::Cluster));
+    let mut endpoints = HeldLookup::new(
+        ResourceType::ClusterLoadAssignment,
+        views.view(ResourceType::ClusterLoadAssignment),
+    );
+    let mut known = Seeker::new(snap.resources(ResourceType::Cluster));
+    for r in hard {
+        let has = if r.ty == ResourceType::Cluster {
+            clusters.client_has(&r.name)
+        } else {
+            views.client_has(r.ty, &r.name)
+        };
+        match has {
             None => continue,
             Some(false) => return false,
             Some(true) => {}
         }
         if r.ty == ResourceType::Cluster
-            && let Some(cluster) = snap.get(ResourceType::Cluster, &r.name)
+            && let Some(cluster) = known.get(&r.name)
         {
-            {
-                // A client that takes this cluster from us needs its endpoints
-                // before traffic may go there, whether or not it has asked for
-                // them yet (Envoy subscribes right after it sees the cluster).
-                for soft in cluster.refs() {
-                    if soft.ty == ResourceType::ClusterLoadAssignment
-                        && views.client_has(soft.ty, &soft.name) != Some(true)
-                    {
-                        return false;
-                    }
+            // A client that takes this cluster from us needs its endpoints
+            // before traffic may go there, whether or not it has asked for
+            // them yet (Envoy subscribes right after it sees the cluster).
+            for soft in cluster.refs() {
+                if soft.ty == ResourceType::ClusterLoadAssignment
+                    && endpoints.client_has(&soft.name) != Some(true)
+                {
+                    return false;
                 }
             }
         }
@@ -235,5 +350,46 @@ impl Nonces {
     pub(crate) fn next(&mut self) -> Arc<str> {
         self.0 += 1;
         self.0.to_string().into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn map(names: &std::collections::BTreeSet<String>) -> ResourceMap {
+        names
+            .iter()
+            .map(|n| {
+                let r = Resource::new(&crate::simple::load_assignment(n, &[("127.0.0.1", 80)]))
+                    .expect("valid");
+                (r.name_arc().clone(), r)
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// The one-walk lookup answers like the map, for names in any order
+        /// (in order they cost one walk; out of order they fall back).
+        #[test]
+        fn seeker_answers_like_the_map(
+            keys in proptest::collection::btree_set("[a-e]{1,3}", 0..20),
+            mut asks in proptest::collection::vec("[a-e]{1,3}", 0..30),
+            sorted in any::<bool>(),
+        ) {
+            let m = map(&keys);
+            if sorted {
+                asks.sort();
+            }
+            let mut seek = Seeker::new(&m);
+            for a in &asks {
+                prop_assert_eq!(
+                    seek.get_key_value(a).map(|(k, _)| k.clone()),
+                    m.get_key_value(a.as_str()).map(|(k, _)| k.clone()),
+                    "asking {}", a
+                );
+            }
+        }
     }
 }

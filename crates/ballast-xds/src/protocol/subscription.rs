@@ -225,6 +225,41 @@ impl Subscription {
     }
 
     /// [`Subscription::apply_delta`], interning names with `known`.
+    /// The common first subscription — a sorted list of names into an empty
+    /// set (Envoy's EDS: every cluster) — in one walk: shared with `known`'s
+    /// keys when they are the same names, else interned in order.
+    fn first_names(
+        &mut self,
+        subscribe: &[String],
+        unsubscribe: &[String],
+        known: Option<&Arc<ResourceMap>>,
+    ) -> Option<Vec<Arc<str>>> {
+        let simple = unsubscribe.is_empty()
+            && matches!(&self.names, Names::Owned(s) if s.is_empty())
+            && subscribe.first().is_some_and(|n| n != WILDCARD)
+            && subscribe.windows(2).all(|w| w[0] < w[1]);
+        if !simple {
+            return None;
+        }
+        if let Some(k) = known
+            && k.len() == subscribe.len()
+            && k.keys().zip(subscribe).all(|(a, b)| **a == **b)
+        {
+            self.names = Names::Keys(k.clone());
+            return Some(k.keys().cloned().collect());
+        }
+        let mut seek = known.map(|k| super::Seeker::new(k));
+        let names: Vec<Arc<str>> = subscribe
+            .iter()
+            .map(|n| match seek.as_mut().and_then(|s| s.get_key_value(n)) {
+                Some((k, _)) => k.clone(),
+                None => Arc::from(n.as_str()),
+            })
+            .collect();
+        self.names = Names::Owned(names.iter().cloned().collect());
+        Some(names)
+    }
+
     pub fn apply_delta_with(
         &mut self,
         subscribe: &[String],
@@ -240,6 +275,9 @@ impl Subscription {
         }
         if subscribe.is_empty() && unsubscribe.is_empty() {
             return out;
+        }
+        if let Some(names) = self.first_names(subscribe, unsubscribe, known) {
+            return names;
         }
         let was_wildcard = self.wildcard;
         for n in subscribe {
@@ -276,6 +314,46 @@ mod tests {
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
+    }
+
+    proptest::proptest! {
+        /// The first-subscription fast path gives what name-by-name
+        /// subscribing gives: the same names, the same new-name list, and
+        /// names interned with the known map's keys.
+        #[test]
+        fn first_delta_subscription_matches_the_general_path(
+            known in proptest::collection::btree_set("[a-d]{1,2}", 0..12),
+            asked in proptest::collection::btree_set("[a-d]{1,2}", 1..12),
+            same in proptest::prelude::any::<bool>(),
+        ) {
+            let asked: Vec<String> = if same { known.iter().cloned().collect() } else { asked.into_iter().collect() };
+            proptest::prop_assume!(!asked.is_empty());
+            let known: Arc<ResourceMap> = Arc::new(
+                known
+                    .iter()
+                    .map(|n| {
+                        let r = crate::Resource::new(&crate::simple::load_assignment(n, &[("127.0.0.1", 80)]))
+                            .expect("valid");
+                        (r.name_arc().clone(), r)
+                    })
+                    .collect(),
+            );
+            let mut fast = Subscription::default();
+            let got = fast.apply_delta_with(&asked, &[], true, Some(&known));
+            // The general path: one name at a time.
+            let mut slow = Subscription::default();
+            let mut want = Vec::new();
+            for (i, n) in asked.iter().enumerate() {
+                want.extend(slow.apply_delta_with(std::slice::from_ref(n), &[], i == 0, Some(&known)));
+            }
+            proptest::prop_assert_eq!(&got, &want);
+            proptest::prop_assert!(fast == slow);
+            for n in fast.iter() {
+                if let Some((k, _)) = known.get_key_value(&**n) {
+                    proptest::prop_assert!(Arc::ptr_eq(k, n), "{} not interned", n);
+                }
+            }
+        }
     }
 
     #[test]
