@@ -8,8 +8,8 @@ use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 
 use super::subscription::Subscription;
 use super::{
-    ClientViews, DeltaResponse, Nonces, RequestOutcome, TypeView, find_version, hard_refs_ready,
-    referenced_by_client, resume_holds_removals, share_if_whole,
+    ClientViews, DeltaResponse, Nonces, RequestOutcome, Seeker, TypeView, find_version,
+    hard_refs_ready, referenced_by_client, resume_holds_removals, share_if_whole,
 };
 use crate::resource::{Resource, ResourceType};
 use crate::snapshot::{ResourceMap, Snapshot, TypeChanges};
@@ -97,16 +97,15 @@ impl DeltaType {
         {
             // Clean against `whole` with nothing rejected: the client holds a
             // subset of `whole` at its versions, so equal sizes mean equal maps.
+            // Upserts and removals are sorted: one walk of `acked` each.
+            let mut seek = Seeker::new(&self.acked);
             let added = f
                 .upserts
                 .iter()
-                .filter(|r| !self.acked.contains_key(r.name()))
+                .filter(|r| !seek.contains_key(r.name()))
                 .count();
-            let removed = f
-                .removed
-                .iter()
-                .filter(|n| self.acked.contains_key(*n))
-                .count();
+            let mut seek = Seeker::new(&self.acked);
+            let removed = f.removed.iter().filter(|n| seek.contains_key(n)).count();
             if self.acked.len() + added - removed == whole.len() {
                 self.acked = whole.clone();
                 return;
@@ -370,12 +369,12 @@ impl DeltaMachine {
             // Envoy rebuilds a modified cluster and waits for its endpoints
             // again without subscribing anew: they must be sent again, so the
             // client no longer counts as holding them (it is warming, too).
-            let refetch: Vec<Arc<str>> = if ty == ResourceType::Cluster {
+            let mut refetch: Vec<Arc<str>> = if ty == ResourceType::Cluster {
+                let mut held = Seeker::new(&*st.acked);
                 upserts
                     .iter()
                     .filter(|r| {
-                        st.acked
-                            .get(r.name())
+                        held.get(r.name())
                             .is_some_and(|old| old.version() != r.version())
                     })
                     .flat_map(|r| r.refs().iter())
@@ -385,6 +384,8 @@ impl DeltaMachine {
             } else {
                 Vec::new()
             };
+            refetch.sort_unstable();
+            refetch.dedup();
             st.in_flight = Some(InFlight {
                 nonce: nonce.clone(),
                 version: version.clone(),
@@ -394,13 +395,23 @@ impl DeltaMachine {
             });
             if !refetch.is_empty()
                 && let Some(eds) = self.types[ResourceType::ClusterLoadAssignment.index()].as_mut()
-                && refetch.iter().any(|n| eds.acked.contains_key(n))
             {
-                let acked = Arc::make_mut(&mut eds.acked);
-                for n in &refetch {
-                    acked.remove(n);
+                // One walk of both sorted lists (a global cluster change
+                // names every load assignment).
+                let mut gone = refetch.iter().peekable();
+                let kept: ResourceMap = eds
+                    .acked
+                    .iter()
+                    .filter(|(n, _)| {
+                        while gone.next_if(|g| ***g < ***n).is_some() {}
+                        gone.next_if(|g| ***g == ***n).is_none()
+                    })
+                    .map(|(n, r)| (n.clone(), r.clone()))
+                    .collect();
+                if kept.len() != eds.acked.len() {
+                    eds.acked = Arc::new(kept);
+                    eds.clean = None;
                 }
-                eds.clean = None;
             }
             return Some(DeltaResponse {
                 ty,
@@ -441,11 +452,12 @@ impl DeltaMachine {
         let st = self.types[ty.index()].as_ref().expect("requested");
         let whole = snap.resources(ty);
         let mut plan = Plan::default();
-        let consider = |res: &Arc<Resource>, plan: &mut Plan| {
-            if st
-                .acked
+        // Candidates come in name order: the client's view is walked once.
+        let mut held = Seeker::new(&*st.acked);
+        let mut consider = |res: &Arc<Resource>, plan: &mut Plan| {
+            if held
                 .get(res.name())
-                .is_some_and(|h| h.version() == res.version())
+                .is_some_and(|h| Arc::ptr_eq(h, res) || h.version() == res.version())
             {
                 return;
             }
@@ -485,17 +497,27 @@ impl DeltaMachine {
                         }
                     }
                 }
+                // Sorted names against sorted maps: one walk each.
+                let mut known = Seeker::new(&**whole);
                 gone.extend(
                     st.acked
                         .keys()
-                        .chain(st.unknown.keys())
-                        .filter(|n| removable(n)),
+                        .filter(|n| !known.contains_key(n) && removable(n)),
                 );
-                plan.absent = st.sub.iter().filter(|n| is_absent(n)).cloned().collect();
+                gone.extend(st.unknown.keys().filter(|n| removable(n)));
+                let mut known = Seeker::new(&**whole);
+                let mut held = Seeker::new(&*st.acked);
+                plan.absent = st
+                    .sub
+                    .iter()
+                    .filter(|n| !known.contains_key(n) && !held.contains_key(n) && is_absent(n))
+                    .cloned()
+                    .collect();
             }
             Scope::Names(names) => {
+                let mut known = Seeker::new(&**whole);
                 for name in names {
-                    match whole.get(name) {
+                    match known.get(name) {
                         Some(res) => {
                             if st.sub.covers(name) {
                                 consider(res, &mut plan);

@@ -94,14 +94,14 @@ pub(crate) trait ClientViews {
 /// (a resource's references are sorted): a route configuration naming
 /// thousands of clusters is checked in O(n) string compares, not O(n log n).
 /// A name out of order falls back to a lookup.
-pub(crate) struct Seeker<'a> {
-    map: &'a ResourceMap,
-    iter: std::iter::Peekable<std::collections::btree_map::Iter<'a, Arc<str>, Arc<Resource>>>,
+pub(crate) struct Seeker<'a, V = Arc<Resource>> {
+    map: &'a std::collections::BTreeMap<Arc<str>, V>,
+    iter: std::iter::Peekable<std::collections::btree_map::Iter<'a, Arc<str>, V>>,
     passed: Option<&'a Arc<str>>,
 }
 
-impl<'a> Seeker<'a> {
-    pub(crate) fn new(map: &'a ResourceMap) -> Self {
+impl<'a, V> Seeker<'a, V> {
+    pub(crate) fn new(map: &'a std::collections::BTreeMap<Arc<str>, V>) -> Self {
         Seeker {
             map,
             iter: map.iter().peekable(),
@@ -109,14 +109,15 @@ impl<'a> Seeker<'a> {
         }
     }
 
-    pub(crate) fn get(&mut self, name: &str) -> Option<&'a Arc<Resource>> {
+    pub(crate) fn get(&mut self, name: &str) -> Option<&'a V> {
         self.get_key_value(name).map(|(_, v)| v)
     }
 
-    pub(crate) fn get_key_value(
-        &mut self,
-        name: &str,
-    ) -> Option<(&'a Arc<str>, &'a Arc<Resource>)> {
+    pub(crate) fn contains_key(&mut self, name: &str) -> bool {
+        self.get_key_value(name).is_some()
+    }
+
+    pub(crate) fn get_key_value(&mut self, name: &str) -> Option<(&'a Arc<str>, &'a V)> {
         if self.passed.is_some_and(|p| name <= &**p) {
             return self.map.get_key_value(name);
         }
