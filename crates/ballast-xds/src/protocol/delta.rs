@@ -491,8 +491,9 @@ impl DeltaMachine {
                 if st.sub.is_wildcard() {
                     whole.values().for_each(|r| consider(r, &mut plan));
                 } else {
+                    let mut known = Seeker::new(&**whole);
                     for name in st.sub.iter() {
-                        if let Some(res) = whole.get(name) {
+                        if let Some(res) = known.get(name) {
                             consider(res, &mut plan);
                         }
                     }

@@ -122,7 +122,14 @@ impl<'a, V> Seeker<'a, V> {
             return self.map.get_key_value(name);
         }
         while let Some(&(k, v)) = self.iter.peek() {
-            match (**k).cmp(name) {
+            // Names are mostly the map's own (interned) keys: equal by address.
+            let same = std::ptr::eq(k.as_ptr(), name.as_ptr()) && k.len() == name.len();
+            let order = if same {
+                std::cmp::Ordering::Equal
+            } else {
+                (**k).cmp(name)
+            };
+            match order {
                 std::cmp::Ordering::Less => {
                     self.passed = Some(k);
                     self.iter.next();
