@@ -3,13 +3,17 @@
 //!
 //! The protocol drivers (`sotw`, `delta`, `rest`) share the bookkeeping here:
 //! decoding resources, following references (clusters → EDS names, listeners →
-//! RDS names), the acknowledged view, statistics and convergence latencies.
+//! RDS names), the acknowledged view, statistics and convergence latencies —
+//! [`Subscriptions::apply`] is the one response handler behind all three, and
+//! `session` holds the reconnect loop and the ADS stream they run in. Each
+//! driver keeps only its framing (requests, nonces, ACK/NACK messages).
 //! Resource versions are kept as the server's content hash (xxh3 of the encoded
 //! message, as `u64`) so a view compares directly with an expected snapshot and
 //! ten thousand clients × thousands of resources stay affordable in memory.
 
 pub mod delta;
 pub mod rest;
+mod session;
 pub mod sotw;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -29,6 +33,7 @@ use ballast_xds::envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
 use ballast_xds::envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
 use ballast_xds::envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::RouteSpecifier;
 use ballast_xds::envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
+use ballast_xds::envoy_types::pb::google::rpc::Status as RpcStatus;
 use ballast_xds::{ResourceType, Snapshot};
 use parking_lot::{Mutex, RwLock};
 use prost::{Message, Name};
@@ -101,9 +106,55 @@ pub const TYPES: [ResourceType; 4] = [
     ResourceType::RouteConfiguration,
 ];
 
+/// A fast non-cryptographic hasher for resource names (FxHash with a final
+/// mix so short names differing in their last bytes spread over the buckets):
+/// a cold start hashes every name of every response on every client, and
+/// SipHash showed at the top of the client threads.
+#[derive(Clone, Copy, Default)]
+pub struct NameHasher(u64);
+
+impl NameHasher {
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl std::hash::Hasher for NameHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().unwrap_or_default()));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut b = [0u8; 8];
+            b[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(b));
+        }
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    fn finish(&self) -> u64 {
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^ (h >> 33)
+    }
+}
+
+pub type NameBuildHasher = std::hash::BuildHasherDefault<NameHasher>;
+
+/// What a client holds of one type: name → version.
+pub type View = HashMap<Arc<str>, u64, NameBuildHasher>;
+
 /// Resource names are shared by every client (one allocation per name) so a
 /// large fleet's views cost pointers, not strings.
-static NAMES: LazyLock<RwLock<HashSet<Arc<str>>>> = LazyLock::new(Default::default);
+static NAMES: LazyLock<RwLock<HashSet<Arc<str>, NameBuildHasher>>> =
+    LazyLock::new(Default::default);
 
 pub(crate) fn intern(name: &str) -> Arc<str> {
     if let Some(n) = NAMES.read().get(name) {
@@ -175,7 +226,7 @@ pub struct ClientStats {
 #[derive(Debug, Default)]
 pub struct ClientState {
     /// The acknowledged config: per type, name → version.
-    pub view: [HashMap<Arc<str>, u64>; 5],
+    pub view: [View; 5],
     pub stats: ClientStats,
     pub events: Vec<Event>,
     /// Convergence samples (µs from publish to ACK), one per published change.
@@ -190,14 +241,19 @@ pub struct ClientState {
 impl ClientState {
     /// Does the acknowledged view equal `expected` (every type, name and version)?
     pub fn matches(&self, expected: &Snapshot) -> bool {
-        ResourceType::ALL.into_iter().all(|ty| {
-            let want = expected.resources(ty);
-            let have = &self.view[ty.index()];
-            have.len() == want.len()
-                && want
+        // Counts first, for every type: they differ on every ACK of a load
+        // but the last, which then costs a lookup per resource, not one per
+        // resource and ACK.
+        ResourceType::ALL
+            .into_iter()
+            .all(|ty| self.view[ty.index()].len() == expected.resources(ty).len())
+            && ResourceType::ALL.into_iter().all(|ty| {
+                let have = &self.view[ty.index()];
+                expected
+                    .resources(ty)
                     .iter()
                     .all(|(n, r)| have.get(&**n) == Some(&version_u64(r.version())))
-        })
+            })
     }
 
     /// Human-readable first difference from `expected`, for failure reports.
@@ -265,11 +321,13 @@ impl ClientState {
     ) {
         let now = Instant::now();
         let view = &mut self.view[ty.index()];
+        // What changed matters only while the harness times changes.
+        let tracking = shared.changes.is_tracking();
         let mut changed: Vec<Arc<str>> = Vec::new();
         if replace {
-            let mut next = HashMap::with_capacity(upserts.len());
+            let mut next = View::with_capacity_and_hasher(upserts.len(), Default::default());
             for (n, v) in upserts {
-                if view.get(n) != Some(v) {
+                if tracking && view.get(n) != Some(v) {
                     changed.push(n.clone());
                 }
                 next.insert(n.clone(), *v);
@@ -277,7 +335,7 @@ impl ClientState {
             *view = next;
         } else {
             for (n, v) in upserts {
-                if view.insert(n.clone(), *v) != Some(*v) {
+                if view.insert(n.clone(), *v) != Some(*v) && tracking {
                     changed.push(n.clone());
                 }
             }
@@ -293,7 +351,7 @@ impl ClientState {
             self.stats.type_changed_at[ty.index()] = Some(now);
         }
         self.event(shared, ty, EventKind::Ack, now);
-        if !changed.is_empty() && shared.changes.is_tracking() {
+        if !changed.is_empty() {
             self.record_latencies(shared, ty, &changed, now);
         }
         if shared.check_on_ack() {
@@ -486,7 +544,7 @@ impl Refs {
 /// Envoy asks for listeners only once its clusters are warm (cluster manager
 /// initialization precedes the listener manager's): CDS acknowledged and every
 /// load assignment the clusters need received.
-pub(crate) fn clusters_warm(state: &ClientState, eds_wanted: &BTreeSet<String>) -> bool {
+fn clusters_warm(state: &ClientState, eds_wanted: &BTreeSet<String>) -> bool {
     state.stats.acks[ResourceType::Cluster.index()] > 0
         && eds_wanted.iter().all(|n| {
             state.view[ResourceType::ClusterLoadAssignment.index()].contains_key(n.as_str())
@@ -494,11 +552,151 @@ pub(crate) fn clusters_warm(state: &ClientState, eds_wanted: &BTreeSet<String>) 
 }
 
 /// The type whose names follow from a response of `ty`, if any.
-pub(crate) fn dependent(ty: ResourceType) -> Option<ResourceType> {
+fn dependent(ty: ResourceType) -> Option<ResourceType> {
     match ty {
         ResourceType::Cluster => Some(ResourceType::ClusterLoadAssignment),
         ResourceType::Listener => Some(ResourceType::RouteConfiguration),
         _ => None,
+    }
+}
+
+/// Named types (EDS, RDS) are subscribed by name; CDS and LDS are wildcard.
+pub(crate) fn is_named(ty: ResourceType) -> bool {
+    !ty.is_full_state_in_sotw()
+}
+
+/// How a response turned out.
+pub(crate) enum Outcome {
+    /// Rejected (the message goes in the NACK); the view is unchanged.
+    Nack(String),
+    /// Applied and acknowledged; `Some((dep, previous))` when the names of
+    /// the dependent type `dep` changed (they were `previous`).
+    Ack(Option<(ResourceType, BTreeSet<String>)>),
+}
+
+/// What a client follows, whatever the protocol, and which survives
+/// reconnects (a reconnecting Envoy resumes with its subscriptions): the named
+/// subscriptions (EDS/RDS) following the references of the clusters and
+/// listeners held, and whether LDS still waits for warm clusters.
+#[derive(Debug, Default)]
+pub(crate) struct Subscriptions {
+    /// Subscribed names per type (EDS/RDS); empty for the wildcard types.
+    pub names: [BTreeSet<String>; 5],
+    /// Whether the type was requested on the current stream.
+    pub requested: [bool; 5],
+    refs: Refs,
+    /// LDS waits for warm clusters on a first start (see `clusters_warm`).
+    lds_deferred: bool,
+}
+
+impl Subscriptions {
+    /// The types to request when a stream opens (or resumes), in Envoy's
+    /// order: LDS is deferred on a first start, named types without names
+    /// wait for the references that give them names.
+    pub fn open(&mut self, state: &ClientState) -> Vec<ResourceType> {
+        let fresh = state.stats.acks[ResourceType::Listener.index()] == 0;
+        self.lds_deferred = fresh;
+        let mut out = Vec::with_capacity(TYPES.len());
+        for ty in TYPES {
+            let deferred = fresh && ty == ResourceType::Listener;
+            let idle = deferred || (is_named(ty) && self.names[ty.index()].is_empty());
+            self.requested[ty.index()] = !idle;
+            if !idle {
+                out.push(ty);
+            }
+        }
+        out
+    }
+
+    /// Handles one response of `ty`, like Envoy before it ACKs: records it,
+    /// decodes every resource (`resources` yields each decoded with the
+    /// version the response gives it, or the reason to reject it), applies the
+    /// NACK predicate, then updates the view — replacing the type's set when
+    /// `replace` (SotW CDS/LDS), dropping `removed` (Delta) — and follows the
+    /// references to the dependent type. Resources of a named type the client
+    /// did not subscribe to are ignored.
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply(
+        &mut self,
+        cfg: &ClientConfig,
+        state: &SharedState,
+        ty: ResourceType,
+        (bytes, at): (usize, Instant),
+        type_version: &str,
+        replace: bool,
+        resources: impl ExactSizeIterator<Item = Result<(Decoded, u64), String>>,
+        removed: &[String],
+    ) -> Outcome {
+        let mut st = state.lock();
+        st.on_response(&cfg.shared, ty, bytes, at);
+        let mut decoded = Vec::with_capacity(resources.len());
+        let mut nack = None;
+        let mut mismatches = 0;
+        for r in resources {
+            let (d, version) = match r {
+                Ok(x) => x,
+                Err(e) => {
+                    nack = Some(e);
+                    break;
+                }
+            };
+            if let Some(m) = cfg.nack_for(ty, &d.name) {
+                nack = Some(m);
+                break;
+            }
+            if version != d.version {
+                mismatches += 1;
+            }
+            decoded.push((d, version));
+        }
+        st.stats.version_mismatches += mismatches;
+        if let Some(message) = nack {
+            st.on_nack(&cfg.shared, ty);
+            return Outcome::Nack(message);
+        }
+        if replace {
+            self.refs.clear(ty);
+        }
+        let subscribed = &self.names[ty.index()];
+        let mut upserts = Vec::with_capacity(decoded.len());
+        for (d, version) in &decoded {
+            // Envoy ignores resources it did not ask for on named types.
+            if is_named(ty) && !subscribed.contains(&*d.name) {
+                continue;
+            }
+            self.refs.add(ty, d);
+            upserts.push((d.name.clone(), *version));
+        }
+        let removed: Vec<Arc<str>> = removed
+            .iter()
+            .map(|n| {
+                self.refs.remove(ty, n);
+                intern(n)
+            })
+            .collect();
+        let mut resubscribed = None;
+        if let Some(dep) = dependent(ty) {
+            let wanted = self.refs.wanted(dep);
+            if wanted != self.names[dep.index()] {
+                st.retain_subscribed(dep, &wanted);
+                let previous = std::mem::replace(&mut self.names[dep.index()], wanted);
+                resubscribed = Some((dep, previous));
+            }
+        }
+        st.on_ack(&cfg.shared, ty, type_version, replace, &upserts, &removed);
+        Outcome::Ack(resubscribed)
+    }
+
+    /// After a response: whether the deferred LDS request is due now (the
+    /// clusters are warm); marks it requested.
+    pub fn listeners_due(&mut self, state: &ClientState) -> bool {
+        let eds = &self.names[ResourceType::ClusterLoadAssignment.index()];
+        if self.lds_deferred && clusters_warm(state, eds) {
+            self.lds_deferred = false;
+            self.requested[ResourceType::Listener.index()] = true;
+            return true;
+        }
+        false
     }
 }
 
@@ -522,71 +720,20 @@ impl GatePermit {
 /// The state handle every driver writes into.
 pub type SharedState = Arc<Mutex<ClientState>>;
 
-/// Reconnect backoff like Envoy's (jittered, capped): 100 ms doubling to 2 s.
-pub(crate) fn backoff(attempt: u32) -> Duration {
-    let base = 100u64 << attempt.min(5);
-    Duration::from_millis(base.min(2000))
-}
-
-/// The error a session returns when the bench drops every stream (W5).
-pub(crate) const DROPPED: &str = "stream dropped by the bench";
-
-/// Resolves when the bench drops the fleet's streams (odd stream epoch).
-pub(crate) async fn dropped(shared: &FleetShared) {
-    let mut rx = shared.streams.subscribe();
-    loop {
-        if !(*rx.borrow_and_update()).is_multiple_of(2) {
-            return;
-        }
-        if rx.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
-/// After a session error: if the bench dropped the stream, waits for the
-/// restore and returns true (reconnect at once, no backoff); else false.
-pub(crate) async fn wait_restored(
-    shared: &FleetShared,
-    error: &str,
-    stop: &mut tokio::sync::watch::Receiver<bool>,
-) -> bool {
-    if error != DROPPED {
-        return false;
-    }
-    let mut rx = shared.streams.subscribe();
-    loop {
-        if (*rx.borrow_and_update()).is_multiple_of(2) {
-            return true;
-        }
-        tokio::select! {
-            r = rx.changed() => if r.is_err() { return true; },
-            _ = stop.changed() => return true,
-        }
-    }
-}
-
 /// Runs a client until `stop` turns true, reconnecting on errors.
 pub async fn run(cfg: ClientConfig, state: SharedState, stop: tokio::sync::watch::Receiver<bool>) {
     match cfg.protocol {
-        Protocol::Sotw => sotw::run(cfg, state, stop).await,
-        Protocol::Delta => delta::run(cfg, state, stop).await,
-        Protocol::Rest => rest::run(cfg, state, stop).await,
+        Protocol::Sotw => session::run::<sotw::SotwClient>(cfg, state, stop).await,
+        Protocol::Delta => session::run::<delta::DeltaClient>(cfg, state, stop).await,
+        Protocol::Rest => session::run::<rest::RestClient>(cfg, state, stop).await,
     }
 }
 
-/// A tonic channel configured like Envoy's gRPC client: its own HTTP/2
-/// connection with 256 MiB windows (tonic's 64 KiB default makes large pushes
-/// several times slower and would measure the client, not the server).
-pub(crate) async fn connect(addr: SocketAddr) -> Result<tonic::transport::Channel, String> {
-    const WINDOW: u32 = 256 * 1024 * 1024;
-    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| e.to_string())?
-        .initial_stream_window_size(Some(WINDOW))
-        .initial_connection_window_size(Some(WINDOW))
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(10))
-        .connect()
-        .await
-        .map_err(|e| format!("connect {addr}: {e}"))
+/// The `error_detail` of a NACK: INVALID_ARGUMENT, as Envoy sends.
+pub(crate) fn nack_status(message: String) -> RpcStatus {
+    RpcStatus {
+        code: 3,
+        message,
+        details: Vec::new(),
+    }
 }

@@ -16,8 +16,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use super::session::Driver;
 use super::sotw::SotwClient;
-use super::{ClientConfig, GatePermit, SharedState, TYPES, backoff};
+use super::{ClientConfig, GatePermit, SharedState, TYPES, is_named};
 
 fn path(ty: ResourceType) -> &'static str {
     match ty {
@@ -29,112 +30,92 @@ fn path(ty: ResourceType) -> &'static str {
     }
 }
 
-pub(crate) async fn run(cfg: ClientConfig, state: SharedState, mut stop: watch::Receiver<bool>) {
-    let mut client = SotwClient::default();
-    let mut attempt = 0;
-    loop {
-        let mut permit = GatePermit::acquire(&cfg).await;
-        let r = session(&cfg, &state, &mut client, &mut stop, &mut permit).await;
-        drop(permit);
-        match r {
-            Ok(()) => return,
-            Err(e) => {
-                {
-                    let mut st = state.lock();
-                    st.stats.last_error = Some(e);
-                    st.stats.reconnects += 1;
-                }
-                attempt += 1;
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff(attempt)) => {}
-                    _ = stop.changed() => return,
-                }
-            }
-        }
-        if *stop.borrow() {
-            return;
-        }
-    }
-}
+/// REST polling keeps the SotW client's state (versions and subscriptions);
+/// only the transport differs.
+#[derive(Debug, Default)]
+pub(crate) struct RestClient(SotwClient);
 
-async fn session(
-    cfg: &ClientConfig,
-    state: &SharedState,
-    client: &mut SotwClient,
-    stop: &mut watch::Receiver<bool>,
-    permit: &mut GatePermit,
-) -> Result<(), String> {
-    let tcp = TcpStream::connect(cfg.addr)
-        .await
-        .map_err(|e| format!("connect {}: {e}", cfg.addr))?;
-    let _ = tcp.set_nodelay(true);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .map_err(|e| format!("HTTP/1 handshake: {e}"))?;
-    let conn = tokio::spawn(conn);
-    state
-        .lock()
-        .stats
-        .connected_at
-        .get_or_insert(Instant::now());
-    let host = cfg.addr.to_string();
-    let result = async {
-        loop {
-            for ty in TYPES {
-                if !ty.is_full_state_in_sotw() && client.types[ty.index()].names.is_empty() {
-                    continue;
-                }
-                let mut req = client.request(ty);
-                req.node = Some(cfg.node());
-                req.response_nonce.clear();
-                let body = json::message_to_json(&req)
-                    .map_err(|e| e.to_string())?
-                    .to_string();
-                let http_req = hyper::Request::post(path(ty))
-                    .header(hyper::header::HOST, &host)
-                    .header(hyper::header::CONTENT_TYPE, "application/json")
-                    .body(Full::new(Bytes::from(body)))
-                    .map_err(|e| e.to_string())?;
-                sender.ready().await.map_err(|e| e.to_string())?;
-                let resp = tokio::select! {
-                    r = sender.send_request(http_req) => r.map_err(|e| format!("REST {ty}: {e}"))?,
-                    _ = stop.changed() => return Ok(()),
-                };
-                let status = resp.status();
-                let body = resp
-                    .into_body()
-                    .collect()
-                    .await
-                    .map_err(|e| format!("REST {ty} body: {e}"))?
-                    .to_bytes();
-                match status {
-                    StatusCode::NOT_MODIFIED => continue,
-                    StatusCode::OK => {}
-                    other => {
-                        return Err(format!(
-                            "REST {ty}: HTTP {other}: {}",
-                            String::from_utf8_lossy(&body)
-                        ));
+impl Driver for RestClient {
+    async fn session(
+        &mut self,
+        cfg: &ClientConfig,
+        state: &SharedState,
+        stop: &mut watch::Receiver<bool>,
+        permit: &mut GatePermit,
+    ) -> Result<(), String> {
+        let client = &mut self.0;
+        let tcp = TcpStream::connect(cfg.addr)
+            .await
+            .map_err(|e| format!("connect {}: {e}", cfg.addr))?;
+        let _ = tcp.set_nodelay(true);
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| format!("HTTP/1 handshake: {e}"))?;
+        let conn = tokio::spawn(conn);
+        state
+            .lock()
+            .stats
+            .connected_at
+            .get_or_insert(Instant::now());
+        let host = cfg.addr.to_string();
+        let result = async {
+            loop {
+                for ty in TYPES {
+                    if is_named(ty) && client.subs.names[ty.index()].is_empty() {
+                        continue;
                     }
+                    let mut req = client.request(ty);
+                    req.node = Some(cfg.node());
+                    req.response_nonce.clear();
+                    let body = json::message_to_json(&req)
+                        .map_err(|e| e.to_string())?
+                        .to_string();
+                    let http_req = hyper::Request::post(path(ty))
+                        .header(hyper::header::HOST, &host)
+                        .header(hyper::header::CONTENT_TYPE, "application/json")
+                        .body(Full::new(Bytes::from(body)))
+                        .map_err(|e| e.to_string())?;
+                    sender.ready().await.map_err(|e| e.to_string())?;
+                    let resp = tokio::select! {
+                        r = sender.send_request(http_req) => r.map_err(|e| format!("REST {ty}: {e}"))?,
+                        _ = stop.changed() => return Ok(()),
+                    };
+                    let status = resp.status();
+                    let body = resp
+                        .into_body()
+                        .collect()
+                        .await
+                        .map_err(|e| format!("REST {ty} body: {e}"))?
+                        .to_bytes();
+                    match status {
+                        StatusCode::NOT_MODIFIED => continue,
+                        StatusCode::OK => {}
+                        other => {
+                            return Err(format!(
+                                "REST {ty}: HTTP {other}: {}",
+                                String::from_utf8_lossy(&body)
+                            ));
+                        }
+                    }
+                    let at = Instant::now();
+                    let mut dr: DiscoveryResponse =
+                        json::message_from_json(&body).map_err(|e| format!("REST {ty}: {e}"))?;
+                    // The endpoint names the type (sovereign omits `type_url`).
+                    if dr.type_url.is_empty() {
+                        dr.type_url = ty.type_url().to_string();
+                    }
+                    client.apply(cfg, state, &dr, body.len(), at)?;
                 }
-                let at = Instant::now();
-                let mut dr: DiscoveryResponse =
-                    json::message_from_json(&body).map_err(|e| format!("REST {ty}: {e}"))?;
-                // The endpoint names the type (sovereign omits `type_url`).
-                if dr.type_url.is_empty() {
-                    dr.type_url = ty.type_url().to_string();
+                permit.release_when_loaded(&state.lock());
+                tokio::select! {
+                    _ = tokio::time::sleep(cfg.rest_poll) => {}
+                    _ = stop.changed() => return Ok(()),
                 }
-                client.apply(cfg, state, &dr, body.len(), at)?;
-            }
-            permit.release_when_loaded(&state.lock());
-            tokio::select! {
-                _ = tokio::time::sleep(cfg.rest_poll) => {}
-                _ = stop.changed() => return Ok(()),
             }
         }
+        .await;
+        drop(sender);
+        conn.abort();
+        result
     }
-    .await;
-    drop(sender);
-    conn.abort();
-    result
 }

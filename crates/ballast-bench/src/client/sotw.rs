@@ -2,33 +2,25 @@
 //! only; wildcard CDS and LDS; named EDS/RDS subscriptions following what the
 //! clusters and listeners reference; ACK (same nonce, the response's version)
 //! after decoding, NACK (previous version, `error_detail`) when the predicate
-//! rejects a resource. The bookkeeping is shared with REST polling.
+//! rejects a resource. The response handling is shared with Delta and REST
+//! ([`Subscriptions::apply`]); the stream with Delta (`session`).
 
-use std::collections::BTreeSet;
+use std::sync::LazyLock;
 use std::time::Instant;
 
 use ballast_xds::ResourceType;
-use ballast_xds::envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use ballast_xds::envoy_types::pb::envoy::service::discovery::v3::{
     DiscoveryRequest, DiscoveryResponse,
 };
-use ballast_xds::envoy_types::pb::google::rpc::Status as RpcStatus;
-use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::session::{Ads, AdsClient, Replies};
 use super::{
-    ClientConfig, DROPPED, GatePermit, Refs, SharedState, backoff, clusters_warm, connect, decode,
-    dependent, dropped, wait_restored,
+    ClientConfig, Outcome, SharedState, Subscriptions, TYPES, decode, is_named, nack_status,
 };
 
-#[derive(Debug, Default)]
-pub(crate) struct TypeSt {
-    /// Subscribed names (EDS/RDS); CDS/LDS are wildcard.
-    pub names: BTreeSet<String>,
-    pub acked_version: String,
-    pub last_nonce: String,
-    pub requested: bool,
-}
+/// `BALLAST_BENCH_TRACE` set: print every SotW response and reply.
+static TRACE: LazyLock<bool> = LazyLock::new(|| std::env::var_os("BALLAST_BENCH_TRACE").is_some());
 
 /// What a SotW response did to the client.
 pub(crate) struct Applied {
@@ -39,18 +31,14 @@ pub(crate) struct Applied {
     pub resubscribe: Option<ResourceType>,
 }
 
-/// Per-stream SotW client state that survives reconnects (the view and the
-/// subscriptions: a reconnecting Envoy resumes with its versions).
+/// SotW client state that survives reconnects (the view's subscriptions and
+/// versions: a reconnecting Envoy resumes with them).
 #[derive(Debug, Default)]
 pub(crate) struct SotwClient {
-    pub types: [TypeSt; 5],
-    refs: Refs,
-    /// LDS waits for warm clusters on a first start (see `clusters_warm`).
-    lds_deferred: bool,
-}
-
-fn is_named(ty: ResourceType) -> bool {
-    !ty.is_full_state_in_sotw()
+    pub subs: Subscriptions,
+    /// Per type: the version last acknowledged, and the last nonce received.
+    acked_version: [String; 5],
+    last_nonce: [String; 5],
 }
 
 impl SotwClient {
@@ -65,237 +53,149 @@ impl SotwClient {
     ) -> Result<Applied, String> {
         let ty = ResourceType::from_type_url(&resp.type_url)
             .ok_or_else(|| format!("response for unknown type {:?}", resp.type_url))?;
-        let mut st = state.lock();
-        st.on_response(&cfg.shared, ty, bytes, at);
-        let mut decoded = Vec::with_capacity(resp.resources.len());
-        let mut nack = None;
-        for any in &resp.resources {
-            match decode(ty, &any.type_url, &any.value) {
-                Ok(d) => {
-                    if let Some(m) = cfg.nack_for(ty, &d.name) {
-                        nack = Some(m);
-                        break;
-                    }
-                    decoded.push(d);
-                }
-                Err(e) => {
-                    nack = Some(e);
-                    break;
-                }
-            }
-        }
-        if nack.is_some() {
-            st.on_nack(&cfg.shared, ty);
-            return Ok(Applied {
-                ty,
-                nack,
-                resubscribe: None,
-            });
-        }
+        let resources = resp.resources.iter().map(|any| {
+            decode(ty, &any.type_url, &any.value).map(|d| {
+                let v = d.version;
+                (d, v)
+            })
+        });
         let full = ty.is_full_state_in_sotw();
-        if full {
-            self.refs.clear(ty);
-        }
-        let subscribed = &self.types[ty.index()].names;
-        let mut upserts = Vec::with_capacity(decoded.len());
-        for d in &decoded {
-            // Envoy ignores resources it did not ask for on named types.
-            if !full && !subscribed.contains(&*d.name) {
-                continue;
-            }
-            self.refs.add(ty, d);
-            upserts.push((d.name.clone(), d.version));
-        }
-        let mut resubscribe = None;
-        if let Some(dep) = dependent(ty) {
-            let wanted = self.refs.wanted(dep);
-            if wanted != self.types[dep.index()].names {
-                st.retain_subscribed(dep, &wanted);
-                self.types[dep.index()].names = wanted;
-                resubscribe = Some(dep);
-            }
-        }
-        self.types[ty.index()].acked_version = resp.version_info.clone();
-        st.on_ack(&cfg.shared, ty, &resp.version_info, full, &upserts, &[]);
-        Ok(Applied {
+        let outcome = self.subs.apply(
+            cfg,
+            state,
             ty,
-            nack: None,
-            resubscribe,
+            (bytes, at),
+            &resp.version_info,
+            full,
+            resources,
+            &[],
+        );
+        Ok(match outcome {
+            Outcome::Nack(message) => Applied {
+                ty,
+                nack: Some(message),
+                resubscribe: None,
+            },
+            Outcome::Ack(resubscribed) => {
+                self.acked_version[ty.index()] = resp.version_info.clone();
+                Applied {
+                    ty,
+                    nack: None,
+                    resubscribe: resubscribed.map(|(dep, _)| dep),
+                }
+            }
         })
     }
 
     /// A request for `ty` carrying the current subscription and versions.
     pub fn request(&self, ty: ResourceType) -> DiscoveryRequest {
-        let t = &self.types[ty.index()];
+        let i = ty.index();
         DiscoveryRequest {
-            version_info: t.acked_version.clone(),
+            version_info: self.acked_version[i].clone(),
             resource_names: if is_named(ty) {
-                t.names.iter().cloned().collect()
+                self.subs.names[i].iter().cloned().collect()
             } else {
                 Vec::new()
             },
             type_url: ty.type_url().to_string(),
-            response_nonce: t.last_nonce.clone(),
+            response_nonce: self.last_nonce[i].clone(),
             ..Default::default()
         }
     }
+}
 
-    /// Requests that open (or resume) a stream; `node` goes on the first only.
+fn trace(cfg: &ClientConfig, dir: &str, type_url: &str, version: &str, nonce: &str, rest: &str) {
+    eprintln!(
+        "{} sotw {dir} {} v={version} nonce={nonce} {rest}",
+        cfg.node_id,
+        type_url.rsplit('.').next().unwrap_or(""),
+    );
+}
+
+impl Ads for SotwClient {
+    type Request = DiscoveryRequest;
+    type Response = DiscoveryResponse;
+    const NAME: &'static str = "ADS";
+
+    async fn open(
+        mut grpc: AdsClient,
+        requests: ReceiverStream<DiscoveryRequest>,
+    ) -> Result<tonic::Streaming<DiscoveryResponse>, tonic::Status> {
+        Ok(grpc
+            .stream_aggregated_resources(requests)
+            .await?
+            .into_inner())
+    }
+
+    fn subscriptions(&mut self) -> &mut Subscriptions {
+        &mut self.subs
+    }
+
     fn initial_requests(
         &mut self,
         cfg: &ClientConfig,
         state: &SharedState,
     ) -> Vec<DiscoveryRequest> {
-        let fresh = state.lock().stats.acks[ResourceType::Listener.index()] == 0;
-        self.lds_deferred = fresh;
-        let mut out = Vec::new();
-        for ty in [
-            ResourceType::Cluster,
-            ResourceType::ClusterLoadAssignment,
-            ResourceType::Listener,
-            ResourceType::RouteConfiguration,
-        ] {
-            let t = &mut self.types[ty.index()];
-            t.last_nonce.clear();
-            let deferred = fresh && ty == ResourceType::Listener;
-            if deferred || (is_named(ty) && t.names.is_empty()) {
-                t.requested = false;
-                continue;
-            }
-            t.requested = true;
-            out.push(self.request(ty));
+        for ty in TYPES {
+            self.last_nonce[ty.index()].clear();
         }
+        let types = self.subs.open(&state.lock());
+        let mut out: Vec<_> = types.into_iter().map(|ty| self.request(ty)).collect();
         out[0].node = Some(cfg.node());
         out
     }
-}
 
-pub(crate) async fn run(cfg: ClientConfig, state: SharedState, mut stop: watch::Receiver<bool>) {
-    let mut client = SotwClient::default();
-    let mut attempt = 0;
-    loop {
-        let mut permit = GatePermit::acquire(&cfg).await;
-        let r = session(&cfg, &state, &mut client, &mut stop, &mut permit).await;
-        drop(permit);
-        match r {
-            Ok(()) => return,
-            Err(e) => {
-                let restored = wait_restored(&cfg.shared, &e, &mut stop).await;
-                {
-                    let mut st = state.lock();
-                    st.stats.last_error = (!restored).then_some(e);
-                    st.stats.reconnects += 1;
-                }
-                if restored {
-                    attempt = 0;
-                    if *stop.borrow() {
-                        return;
-                    }
-                    continue;
-                }
-                attempt += 1;
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff(attempt)) => {}
-                    _ = stop.changed() => return,
-                }
-            }
-        }
-        if *stop.borrow() {
-            return;
-        }
-    }
-}
-
-/// One stream; `Ok` when stopped, `Err` when it must reconnect.
-async fn session(
-    cfg: &ClientConfig,
-    state: &SharedState,
-    client: &mut SotwClient,
-    stop: &mut watch::Receiver<bool>,
-    permit: &mut GatePermit,
-) -> Result<(), String> {
-    let channel = connect(cfg.addr).await?;
-    state
-        .lock()
-        .stats
-        .connected_at
-        .get_or_insert(Instant::now());
-    let mut grpc =
-        AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
-    let (tx, rx) = mpsc::channel::<DiscoveryRequest>(16);
-    for req in client.initial_requests(cfg, state) {
-        tx.send(req).await.map_err(|e| e.to_string())?;
-    }
-    let mut stream = grpc
-        .stream_aggregated_resources(ReceiverStream::new(rx))
-        .await
-        .map_err(|s| format!("ADS: {s}"))?
-        .into_inner();
-    loop {
-        let resp = tokio::select! {
-            m = stream.message() => m.map_err(|s| format!("ADS stream: {s}"))?,
-            _ = stop.changed() => return Ok(()),
-            _ = dropped(&cfg.shared) => return Err(DROPPED.into()),
-        };
-        let Some(resp) = resp else {
-            return Err("ADS stream closed by server".into());
-        };
-        let at = Instant::now();
-        let bytes = prost::Message::encoded_len(&resp);
-        if std::env::var_os("BALLAST_BENCH_TRACE").is_some() {
-            eprintln!(
-                "{} sotw recv {} v={} nonce={} resources={}",
-                cfg.node_id,
-                resp.type_url.rsplit('.').next().unwrap_or(""),
-                resp.version_info,
-                resp.nonce,
-                resp.resources.len()
+    fn respond(
+        &mut self,
+        cfg: &ClientConfig,
+        state: &SharedState,
+        resp: &DiscoveryResponse,
+        bytes: usize,
+        at: Instant,
+    ) -> Result<Replies<DiscoveryRequest>, String> {
+        if *TRACE {
+            let n = format!("resources={}", resp.resources.len());
+            trace(
+                cfg,
+                "recv",
+                &resp.type_url,
+                &resp.version_info,
+                &resp.nonce,
+                &n,
             );
         }
-        let applied = client.apply(cfg, state, &resp, bytes, at)?;
+        let applied = self.apply(cfg, state, resp, bytes, at)?;
         let ty = applied.ty;
-        // Like Envoy: subscriptions that follow from this response go out
-        // before its ACK (the dependent type is resumed inside the update).
+        let mut resubscribe = None;
         if let Some(dep) = applied.resubscribe {
-            let t = &mut client.types[dep.index()];
-            if t.requested || !t.names.is_empty() {
-                t.requested = true;
-                tx.send(client.request(dep))
-                    .await
-                    .map_err(|e| e.to_string())?;
+            let i = dep.index();
+            if self.subs.requested[i] || !self.subs.names[i].is_empty() {
+                self.subs.requested[i] = true;
+                resubscribe = Some(self.request(dep));
             }
         }
-        client.types[ty.index()].last_nonce = resp.nonce.clone();
-        let mut ack = client.request(ty);
-        if let Some(message) = applied.nack {
-            ack.error_detail = Some(RpcStatus {
-                code: 3, // INVALID_ARGUMENT, as Envoy sends
-                message,
-                details: Vec::new(),
-            });
-        }
-        if std::env::var_os("BALLAST_BENCH_TRACE").is_some() {
-            eprintln!(
-                "{} sotw send {} v={} nonce={} names={} nack={}",
-                cfg.node_id,
-                ack.type_url.rsplit('.').next().unwrap_or(""),
-                ack.version_info,
-                ack.response_nonce,
+        self.last_nonce[ty.index()] = resp.nonce.clone();
+        let mut ack = self.request(ty);
+        ack.error_detail = applied.nack.map(nack_status);
+        if *TRACE {
+            let n = format!(
+                "names={} nack={}",
                 ack.resource_names.len(),
                 ack.error_detail.is_some()
             );
+            trace(
+                cfg,
+                "send",
+                &ack.type_url,
+                &ack.version_info,
+                &ack.response_nonce,
+                &n,
+            );
         }
-        tx.send(ack).await.map_err(|e| e.to_string())?;
-        if client.lds_deferred {
-            let eds = &client.types[ResourceType::ClusterLoadAssignment.index()].names;
-            if clusters_warm(&state.lock(), eds) {
-                client.lds_deferred = false;
-                client.types[ResourceType::Listener.index()].requested = true;
-                tx.send(client.request(ResourceType::Listener))
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-        }
-        permit.release_when_loaded(&state.lock());
+        Ok(Replies { resubscribe, ack })
+    }
+
+    fn listeners_request(&self) -> DiscoveryRequest {
+        self.request(ResourceType::Listener)
     }
 }
