@@ -338,6 +338,15 @@ impl Fleet {
         all
     }
 
+    /// Per client that has it, the time from `t0` to the instant `f` reads
+    /// (µs, as convergence samples are kept).
+    pub fn us_since(&self, t0: Instant, f: impl Fn(&ClientState) -> Option<Instant>) -> Vec<u32> {
+        self.per_client(|c| f(c).map(|t| t.saturating_duration_since(t0).as_micros() as u32))
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
     /// Per-client totals snapshot: (responses, bytes) per client.
     pub fn per_client<T>(&self, f: impl Fn(&ClientState) -> T) -> Vec<T> {
         self.clients.iter().map(|c| f(&c.lock())).collect()

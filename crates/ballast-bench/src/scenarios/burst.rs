@@ -12,10 +12,9 @@ use anyhow::Result;
 use ballast_xds::ResourceType;
 use serde::Serialize;
 
-use super::{MB, Rng};
+use super::{BinaryRun, MB, Rng, binary_report};
 use crate::client::{EventKind, Protocol};
-use crate::external::{self, External};
-use crate::gwconfig::{GwConfig, GwSpec};
+use crate::gwconfig::GwSpec;
 use crate::report::Report;
 use crate::row;
 
@@ -61,10 +60,7 @@ fn max_per_window(events: &[crate::client::Event], from_ms: u32) -> usize {
 }
 
 pub async fn run(out: &Path, args: &BurstArgs) -> Result<Report> {
-    let mut report = Report::new(
-        "w10-burst",
-        serde_json::json!({ "args": args, "server": "ballast binary" }),
-    );
+    let mut report = binary_report("w10-burst", args);
     let spec = GwSpec {
         vhosts: args.clusters,
         routes_per_vhost: 1,
@@ -74,18 +70,11 @@ pub async fn run(out: &Path, args: &BurstArgs) -> Result<Report> {
     let timeout = Duration::from_secs(args.timeout_s);
     for &protocol in &args.protocols {
         for run in 0..args.runs.max(1) {
-            let dir = external::run_dir(out, "w10")?;
-            let mut cfg = GwConfig::write(spec.clone(), &dir.join("config"))?;
-            let server = External::ballast(&cfg.dir, &[], &dir.join("ballast.log")).await?;
-            let (f, cold) = external::cold(
-                &server,
-                args.proxies,
-                protocol,
-                Duration::from_millis(200),
-                spec.expected_counts(),
-                timeout,
-            )
-            .await;
+            let mut b = BinaryRun::start(out, "w10", &spec).await?;
+            let server = &b.server;
+            let (f, cold) = b
+                .cold(args.proxies, protocol, Duration::from_millis(200), timeout)
+                .await;
             let before = f.fleet.totals();
             let cpu0 = server.cpu_seconds();
             let from_ms = f.fleet.shared.start.elapsed().as_millis() as u32;
@@ -98,7 +87,8 @@ pub async fn run(out: &Path, args: &BurstArgs) -> Result<Report> {
                 if let Some(wait) = due.checked_duration_since(Instant::now()) {
                     tokio::time::sleep(wait).await;
                 }
-                cfg.edit_backend((rng.next_u64() % args.clusters as u64) as usize)?;
+                b.cfg
+                    .edit_backend((rng.next_u64() % args.clusters as u64) as usize)?;
             }
             let last_write = Instant::now();
             let burst_s = start.elapsed().as_secs_f64();
@@ -154,9 +144,7 @@ pub async fn run(out: &Path, args: &BurstArgs) -> Result<Report> {
                 run + 1,
                 (after.responses - before.responses) as f64 / n
             );
-            f.fleet.stop().await;
-            server.stop().await;
-            let _ = std::fs::remove_dir_all(&dir);
+            b.stop(f).await;
         }
     }
     report.notes.push("pushes: responses of any type received per proxy from the first write to convergence; the binary debounces (quiet 100 ms, max 1 s)".into());

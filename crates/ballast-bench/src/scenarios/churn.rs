@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::Serialize;
 
-use super::{FleetParams, churn, cold_start};
+use super::{FleetParams, churn, cold_start, library_report};
 use crate::client::Protocol;
 use crate::report::Report;
 use crate::row;
@@ -45,18 +45,12 @@ pub async fn run(server: &ServerOptions, args: &ChurnArgs) -> Result<Report> {
         clusters: args.clusters,
         endpoints: args.endpoints,
     };
-    let mut report = Report::new(
-        "w2-endpoint-churn",
-        serde_json::json!({ "args": args, "server_mode": server.mode, "server_threads": server.threads }),
-    );
+    let mut report = library_report("w2-endpoint-churn", args, server);
     for &protocol in &args.protocols {
         for run in 0..args.runs.max(1) {
             let params = FleetParams {
-                proxies: args.proxies,
-                protocol,
                 rest_poll_ms: args.rest_poll_ms,
-                connect_concurrency: 0,
-                nack: None,
+                ..FleetParams::new(args.proxies, protocol)
             };
             let timeout = Duration::from_secs(args.timeout_s);
             let mut r = cold_start(server, &spec, &params, timeout).await?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::Serialize;
 
-use super::{FleetParams, cold_start};
+use super::{FleetParams, cold_start, library_report};
 use crate::client::Protocol;
 use crate::report::Report;
 use crate::row;
@@ -39,18 +39,12 @@ pub async fn run(server: &ServerOptions, args: &ColdStartArgs) -> Result<Report>
         clusters: args.clusters,
         endpoints: args.endpoints,
     };
-    let mut report = Report::new(
-        "w1-cold-start",
-        serde_json::json!({ "args": args, "server_mode": server.mode, "server_threads": server.threads }),
-    );
+    let mut report = library_report("w1-cold-start", args, server);
     for &protocol in &args.protocols {
         for run in 0..args.runs.max(1) {
             let params = FleetParams {
-                proxies: args.proxies,
-                protocol,
                 rest_poll_ms: args.rest_poll_ms,
-                connect_concurrency: 0,
-                nack: None,
+                ..FleetParams::new(args.proxies, protocol)
             };
             let r = cold_start(server, &spec, &params, Duration::from_secs(args.timeout_s)).await?;
             let c = &r.cold;

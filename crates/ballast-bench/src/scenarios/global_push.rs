@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde::Serialize;
 
-use super::{FleetParams, MB, cold_start};
+use super::{FleetParams, MB, cold_start, library_report};
 use crate::client::Protocol;
 use crate::measure;
 use crate::report::Report;
@@ -41,20 +41,11 @@ pub async fn run(server: &ServerOptions, args: &GlobalPushArgs) -> Result<Report
         clusters: args.clusters,
         endpoints: args.endpoints,
     };
-    let mut report = Report::new(
-        "w6-global-push",
-        serde_json::json!({ "args": args, "server_mode": server.mode, "server_threads": server.threads }),
-    );
+    let mut report = library_report("w6-global-push", args, server);
     let timeout = Duration::from_secs(args.timeout_s);
     for &protocol in &args.protocols {
         for run in 0..args.runs.max(1) {
-            let params = FleetParams {
-                proxies: args.proxies,
-                protocol,
-                rest_poll_ms: 1000,
-                connect_concurrency: 0,
-                nack: None,
-            };
+            let params = FleetParams::new(args.proxies, protocol);
             let mut r = cold_start(server, &spec, &params, timeout).await?;
             let cds_kb: f64 = r
                 .workload
@@ -81,15 +72,7 @@ pub async fn run(server: &ServerOptions, args: &GlobalPushArgs) -> Result<Report
                     all_s.push(t0.elapsed().as_secs_f64());
                 }
                 cpu.push(r.server.cpu_seconds() - cpu0);
-                us.extend(
-                    r.fleet
-                        .per_client(|c| {
-                            c.converged_at
-                                .map(|t| t.saturating_duration_since(t0).as_micros() as u32)
-                        })
-                        .into_iter()
-                        .flatten(),
-                );
+                us.extend(r.fleet.us_since(t0, |c| c.converged_at));
             }
             r.server.flush().await?;
             let after = r.fleet.totals();

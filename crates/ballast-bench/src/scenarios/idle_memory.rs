@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::Serialize;
 
-use super::{FleetParams, MB, cold_start};
+use super::{FleetParams, MB, cold_start, library_report};
 use crate::client::Protocol;
 use crate::report::Report;
 use crate::row;
@@ -40,18 +40,12 @@ pub async fn run(server: &ServerOptions, args: &IdleMemoryArgs) -> Result<Report
         clusters: args.clusters,
         endpoints: args.endpoints,
     };
-    let mut report = Report::new(
-        "w8-idle-memory",
-        serde_json::json!({ "args": args, "server_mode": server.mode, "server_threads": server.threads }),
-    );
+    let mut report = library_report("w8-idle-memory", args, server);
     for &protocol in &args.protocols {
         for &n in &args.proxies {
             let params = FleetParams {
-                proxies: n,
-                protocol,
-                rest_poll_ms: 1000,
                 connect_concurrency: args.connect_concurrency,
-                nack: None,
+                ..FleetParams::new(n, protocol)
             };
             let r = cold_start(server, &spec, &params, Duration::from_secs(args.timeout_s)).await?;
             tokio::time::sleep(Duration::from_secs(args.idle_s)).await;

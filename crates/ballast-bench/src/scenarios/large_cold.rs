@@ -8,10 +8,9 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::Serialize;
 
-use super::MB;
+use super::{BinaryRun, MB, binary_report};
 use crate::client::Protocol;
-use crate::external::{self, External};
-use crate::gwconfig::{GwConfig, GwSpec};
+use crate::gwconfig::GwSpec;
 use crate::report::Report;
 use crate::row;
 
@@ -36,10 +35,7 @@ pub struct LargeColdArgs {
 }
 
 pub async fn run(out: &Path, args: &LargeColdArgs) -> Result<Report> {
-    let mut report = Report::new(
-        "w4-large-cold-start",
-        serde_json::json!({ "args": args, "server": "ballast binary" }),
-    );
+    let mut report = binary_report("w4-large-cold-start", args);
     let spec = GwSpec {
         vhosts: args.vhosts,
         routes_per_vhost: args.routes_per_vhost,
@@ -48,19 +44,13 @@ pub async fn run(out: &Path, args: &LargeColdArgs) -> Result<Report> {
     };
     for &protocol in &args.protocols {
         for run in 0..args.runs.max(1) {
-            let dir = external::run_dir(out, "w4")?;
-            let cfg = GwConfig::write(spec.clone(), &dir.join("config"))?;
-            let server = External::ballast(&cfg.dir, &[], &dir.join("ballast.log")).await?;
+            let b = BinaryRun::start(out, "w4", &spec).await?;
+            let server = &b.server;
             let load_cpu = server.cpu_seconds();
-            let (f, cold) = external::cold(
-                &server,
-                args.proxies,
-                protocol,
-                Duration::from_secs(1),
-                spec.expected_counts(),
-                Duration::from_secs(args.timeout_s),
-            )
-            .await;
+            let timeout = Duration::from_secs(args.timeout_s);
+            let (f, cold) = b
+                .cold(args.proxies, protocol, Duration::from_secs(1), timeout)
+                .await;
             let mem = server.memory();
             let n = args.proxies.max(1) as f64;
             report.rows.push(row!(
@@ -87,9 +77,7 @@ pub async fn run(out: &Path, args: &LargeColdArgs) -> Result<Report> {
                 cold.all_acked_s,
                 mem.peak as f64 / MB
             );
-            f.fleet.stop().await;
-            server.stop().await;
-            let _ = std::fs::remove_dir_all(&dir);
+            b.stop(f).await;
         }
     }
     report.notes.push(

@@ -19,6 +19,7 @@ pub mod route_edit;
 pub mod scaling;
 pub mod smoke;
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,8 +27,11 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::client::{NackPredicate, Protocol};
+use crate::external::{self, ExtCold, ExtFleet, External};
 use crate::fleet::{Fleet, FleetConfig, FleetShared, FleetTotals};
+use crate::gwconfig::{GwConfig, GwSpec};
 use crate::measure::{self, Memory, Percentiles};
+use crate::report::Report;
 use crate::server::{BenchServer, ServerOptions};
 use crate::workload::{Change, Workload, WorkloadSpec};
 
@@ -42,6 +46,75 @@ pub struct FleetParams {
     pub connect_concurrency: usize,
     #[serde(skip)]
     pub nack: Option<NackPredicate>,
+}
+
+impl FleetParams {
+    /// `proxies` clients over `protocol`, all connecting at once, REST polling
+    /// every second, accepting everything.
+    pub fn new(proxies: usize, protocol: Protocol) -> FleetParams {
+        FleetParams {
+            proxies,
+            protocol,
+            rest_poll_ms: 1000,
+            connect_concurrency: 0,
+            nack: None,
+        }
+    }
+}
+
+/// The report of a scenario on the library server (`args` and the server's
+/// mode and threads as parameters).
+pub fn library_report(name: &str, args: &impl Serialize, server: &ServerOptions) -> Report {
+    Report::new(
+        name,
+        serde_json::json!({ "args": args, "server_mode": server.mode, "server_threads": server.threads }),
+    )
+}
+
+/// The report of a scenario on the real `ballast` binary.
+pub fn binary_report(name: &str, args: &impl Serialize) -> Report {
+    Report::new(
+        name,
+        serde_json::json!({ "args": args, "server": "ballast binary" }),
+    )
+}
+
+/// The real `ballast` binary serving a fresh Gateway API config for a spec,
+/// in its own directory under `out/work/` (removed by [`BinaryRun::stop`]).
+pub struct BinaryRun {
+    pub dir: PathBuf,
+    pub cfg: GwConfig,
+    pub server: External,
+}
+
+impl BinaryRun {
+    /// Writes the config and starts the binary on it; returns once it is ready.
+    pub async fn start(out: &Path, name: &str, spec: &GwSpec) -> Result<BinaryRun> {
+        let dir = external::run_dir(out, name)?;
+        let cfg = GwConfig::write(spec.clone(), &dir.join("config"))?;
+        let server = External::ballast(&cfg.dir, &[], &dir.join("ballast.log")).await?;
+        Ok(BinaryRun { dir, cfg, server })
+    }
+
+    /// Connects `proxies` clients at once and waits until each holds the
+    /// whole config.
+    pub async fn cold(
+        &self,
+        proxies: usize,
+        protocol: Protocol,
+        rest_poll: Duration,
+        timeout: Duration,
+    ) -> (ExtFleet, ExtCold) {
+        let counts = self.cfg.spec.expected_counts();
+        external::cold(&self.server, proxies, protocol, rest_poll, counts, timeout).await
+    }
+
+    /// Stops the fleet and the binary, and removes the run's directory.
+    pub async fn stop(self, fleet: ExtFleet) {
+        fleet.fleet.stop().await;
+        self.server.stop().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// A cold-started fleet, converged (or not) on the initial config.
@@ -118,22 +191,10 @@ pub async fn cold_start(
     let server_cpu_s = server.cpu_seconds() - cpu0;
     let client_cpu_s = own_cpu(&server) - own0;
     let memory_after = server.memory();
-    let mut times: Vec<u32> = fleet.per_client(|c| {
-        c.converged_at
-            .map(|t| t.saturating_duration_since(t0).as_micros() as u32)
-            .unwrap_or(u32::MAX)
-    });
-    times.retain(|&t| t != u32::MAX);
-    let since = |f: fn(&crate::client::ClientState) -> Option<Instant>| {
-        let mut v: Vec<u32> = fleet
-            .per_client(|c| f(c).map(|t| t.saturating_duration_since(t0).as_micros() as u32))
-            .into_iter()
-            .flatten()
-            .collect();
-        measure::percentiles_us(&mut v)
-    };
-    let connected = since(|c| c.stats.connected_at);
-    let first_response = since(|c| c.stats.first_response_at);
+    let mut times = fleet.us_since(t0, |c| c.converged_at);
+    let connected = measure::percentiles_us(&mut fleet.us_since(t0, |c| c.stats.connected_at));
+    let first_response =
+        measure::percentiles_us(&mut fleet.us_since(t0, |c| c.stats.first_response_at));
     let failures = if all {
         Vec::new()
     } else {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde::Serialize;
 
-use super::{FleetParams, MB, Running, cold_start};
+use super::{FleetParams, MB, Running, cold_start, library_report};
 use crate::client::Protocol;
 use crate::measure;
 use crate::report::Report;
@@ -69,15 +69,7 @@ pub async fn storm_once(r: &mut Running, k: usize, timeout: Duration) -> Result<
         .await;
     let resynced_s = t0.elapsed().as_secs_f64();
     let server_cpu_s = r.server.cpu_seconds() - cpu0;
-    let mut us: Vec<u32> = r
-        .fleet
-        .per_client(|c| {
-            c.converged_at
-                .map(|t| t.saturating_duration_since(t0).as_micros() as u32)
-        })
-        .into_iter()
-        .flatten()
-        .collect();
+    let mut us = r.fleet.us_since(t0, |c| c.converged_at);
     Ok(Storm {
         all,
         resynced_s,
@@ -91,18 +83,12 @@ pub async fn run(server: &ServerOptions, args: &ReconnectArgs) -> Result<Report>
         clusters: args.clusters,
         endpoints: args.endpoints,
     };
-    let mut report = Report::new(
-        "w5-reconnect-storm",
-        serde_json::json!({ "args": args, "server_mode": server.mode, "server_threads": server.threads }),
-    );
+    let mut report = library_report("w5-reconnect-storm", args, server);
     let timeout = Duration::from_secs(args.timeout_s);
     for &protocol in &args.protocols {
         let params = FleetParams {
-            proxies: args.proxies,
-            protocol,
-            rest_poll_ms: 1000,
             connect_concurrency: args.connect_concurrency,
-            nack: None,
+            ..FleetParams::new(args.proxies, protocol)
         };
         let mut r = cold_start(server, &spec, &params, timeout).await?;
         if r.cold.all_acked_s.is_none() {

@@ -11,10 +11,10 @@ use anyhow::Result;
 use ballast_xds::ResourceType;
 use serde::Serialize;
 
-use super::{MB, Rng};
+use super::{BinaryRun, MB, Rng, binary_report};
 use crate::client::Protocol;
-use crate::external::{self, External};
-use crate::gwconfig::{GwConfig, GwSpec};
+use crate::external;
+use crate::gwconfig::GwSpec;
 use crate::report::Report;
 use crate::row;
 
@@ -46,10 +46,7 @@ pub struct RouteEditArgs {
 }
 
 pub async fn run(out: &Path, args: &RouteEditArgs) -> Result<Report> {
-    let mut report = Report::new(
-        "w3-route-edit",
-        serde_json::json!({ "args": args, "server": "ballast binary" }),
-    );
+    let mut report = binary_report("w3-route-edit", args);
     let spec = GwSpec {
         vhosts: args.routes,
         routes_per_vhost: 1,
@@ -59,18 +56,10 @@ pub async fn run(out: &Path, args: &RouteEditArgs) -> Result<Report> {
     let timeout = Duration::from_secs(args.timeout_s);
     for &protocol in &args.protocols {
         for run in 0..args.runs.max(1) {
-            let dir = external::run_dir(out, "w3")?;
-            let mut cfg = GwConfig::write(spec.clone(), &dir.join("config"))?;
-            let server = External::ballast(&cfg.dir, &[], &dir.join("ballast.log")).await?;
-            let (f, cold) = external::cold(
-                &server,
-                args.proxies,
-                protocol,
-                Duration::from_millis(args.rest_poll_ms),
-                spec.expected_counts(),
-                timeout,
-            )
-            .await;
+            let mut b = BinaryRun::start(out, "w3", &spec).await?;
+            let poll = Duration::from_millis(args.rest_poll_ms);
+            let (f, cold) = b.cold(args.proxies, protocol, poll, timeout).await;
+            let (server, cfg) = (&b.server, &mut b.cfg);
             if cold.all_acked_s.is_none() {
                 report.notes.push(format!(
                     "{protocol} run {}: cold start: {}/{} proxies converged",
@@ -81,7 +70,7 @@ pub async fn run(out: &Path, args: &RouteEditArgs) -> Result<Report> {
             }
             let mut rng = Rng::new(run as u64 + 1);
             let e = external::edits(
-                &server,
+                server,
                 &f,
                 ResourceType::RouteConfiguration,
                 args.edits,
@@ -125,9 +114,7 @@ pub async fn run(out: &Path, args: &RouteEditArgs) -> Result<Report> {
                 e.convergence.p99_ms,
                 e.cpu_ms_per_edit
             );
-            f.fleet.stop().await;
-            server.stop().await;
-            let _ = std::fs::remove_dir_all(&dir);
+            b.stop(f).await;
         }
     }
     report.notes.push(

@@ -49,11 +49,8 @@ pub async fn run(server: &ServerOptions, args: &ScalingArgs) -> Result<Report> {
     for &n in &args.proxies {
         for run in 0..args.runs.max(1) {
             let params = FleetParams {
-                proxies: n,
-                protocol: args.protocol,
-                rest_poll_ms: 1000,
                 connect_concurrency: args.connect_concurrency,
-                nack: None,
+                ..FleetParams::new(n, args.protocol)
             };
             let mut r = cold_start(server, &spec, &params, Duration::from_secs(600)).await?;
             tokio::time::sleep(Duration::from_secs(1)).await;

@@ -63,11 +63,8 @@ pub async fn run(opts: &SmokeOptions) -> Result<Report> {
     let mut failures = Vec::new();
     for &protocol in &opts.protocols {
         let params = FleetParams {
-            proxies: opts.proxies,
-            protocol,
             rest_poll_ms: 100,
-            connect_concurrency: 0,
-            nack: None,
+            ..FleetParams::new(opts.proxies, protocol)
         };
         let mut r = cold_start(&opts.server, &spec, &params, opts.timeout).await?;
         let mut fail = |what: String| failures.push(format!("{protocol}: {what}"));
