@@ -33,16 +33,72 @@ impl GwSpec {
     }
 }
 
+/// The edit counters of a config (this directory, or sovereign's instances):
+/// every edit is numbered, so each is a new version, and the same edits give
+/// the same config on either server.
+#[derive(Clone, Debug)]
+pub struct Edits {
+    /// Per route: edits so far (its path prefix carries the number).
+    pub route: Vec<u64>,
+    /// Per backend: edits so far (its endpoint port carries the number).
+    pub backend: Vec<u64>,
+    /// Per backend: connect-timeout edits (a CDS change).
+    pub timeout: Vec<u64>,
+}
+
+impl Edits {
+    pub fn new(spec: &GwSpec) -> Edits {
+        Edits {
+            route: vec![0; spec.vhosts],
+            backend: vec![0; spec.clusters],
+            timeout: vec![0; spec.clusters],
+        }
+    }
+    /// Counts an edit of route `i` (modulo the routes); returns its index.
+    pub fn route(&mut self, i: usize) -> usize {
+        bump(&mut self.route, i)
+    }
+    /// Counts an endpoint edit of backend `i` (modulo the backends).
+    pub fn backend(&mut self, i: usize) -> usize {
+        bump(&mut self.backend, i)
+    }
+    /// Counts a connect-timeout edit of backend `i` (modulo the backends).
+    pub fn timeout(&mut self, i: usize) -> usize {
+        bump(&mut self.timeout, i)
+    }
+}
+
+fn bump(counters: &mut [u64], i: usize) -> usize {
+    let i = i % counters.len().max(1);
+    counters[i] += 1;
+    i
+}
+
+/// Address of backend `i`'s endpoint `j`.
+pub fn endpoint_address(i: usize, j: usize) -> String {
+    format!("10.{}.{}.{}", (i >> 8) & 255, i & 255, j % 250 + 1)
+}
+
+/// Endpoint port of a backend after `generation` endpoint edits.
+pub fn endpoint_port(generation: u64) -> u64 {
+    8000 + generation % 50_000
+}
+
+/// Path prefix of rule `j` of a route after `generation` edits (the first
+/// rule carries the edit number).
+pub fn route_prefix(j: usize, generation: u64) -> String {
+    if j == 0 && generation > 0 {
+        format!("/p{j}-v{generation}")
+    } else {
+        format!("/p{j}")
+    }
+}
+
 /// The directory and the edit counters.
 pub struct GwConfig {
     pub spec: GwSpec,
     pub dir: PathBuf,
-    /// Per route: edits so far (its path prefix carries the number).
-    route_gen: Vec<u64>,
-    /// Per backend: edits so far (its endpoint port carries the number).
-    backend_gen: Vec<u64>,
-    /// Per backend: connect-timeout edits (a CDS change).
-    timeout_gen: Vec<u64>,
+    edits: Edits,
 }
 
 fn backend_yaml(out: &mut String, i: usize, endpoints: usize, generation: u64, timeout_gen: u64) {
@@ -51,14 +107,12 @@ fn backend_yaml(out: &mut String, i: usize, endpoints: usize, generation: u64, t
         "---\napiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {{ name: b{i:05} }}\nspec:\n  connectTimeout: {}ms\n  endpoints:\n",
         1000 + timeout_gen
     );
+    let port = endpoint_port(generation);
     for j in 0..endpoints {
-        let port = 8000 + (generation % 50_000) as usize;
         let _ = writeln!(
             out,
-            "  - {{ address: 10.{}.{}.{}, port: {port} }}",
-            (i >> 8) & 255,
-            i & 255,
-            j % 250 + 1
+            "  - {{ address: {}, port: {port} }}",
+            endpoint_address(i, j)
         );
     }
 }
@@ -70,14 +124,10 @@ fn route_yaml(out: &mut String, i: usize, spec: &GwSpec, generation: u64) {
     );
     for j in 0..spec.routes_per_vhost {
         let backend = (i * spec.routes_per_vhost + j) % spec.clusters.max(1);
-        let suffix = if j == 0 && generation > 0 {
-            format!("-v{generation}")
-        } else {
-            String::new()
-        };
+        let prefix = route_prefix(j, generation);
         let _ = writeln!(
             out,
-            "  - matches: [{{ path: {{ type: PathPrefix, value: /p{j}{suffix} }} }}]\n    backendRefs: [{{ group: ballast.dev, kind: Backend, name: b{backend:05} }}]"
+            "  - matches: [{{ path: {{ type: PathPrefix, value: {prefix} }} }}]\n    backendRefs: [{{ group: ballast.dev, kind: Backend, name: b{backend:05} }}]"
         );
     }
 }
@@ -87,9 +137,7 @@ impl GwConfig {
     pub fn write(spec: GwSpec, dir: &Path) -> Result<GwConfig> {
         std::fs::create_dir_all(dir)?;
         let cfg = GwConfig {
-            route_gen: vec![0; spec.vhosts],
-            backend_gen: vec![0; spec.clusters],
-            timeout_gen: vec![0; spec.clusters],
+            edits: Edits::new(&spec),
             spec,
             dir: dir.to_path_buf(),
         };
@@ -124,8 +172,8 @@ impl GwConfig {
                 &mut out,
                 i,
                 self.spec.endpoints,
-                self.backend_gen[i],
-                self.timeout_gen[i],
+                self.edits.backend[i],
+                self.edits.timeout[i],
             );
         }
         self.replace(&format!("backends-{file:04}.yaml"), &out)
@@ -135,29 +183,26 @@ impl GwConfig {
         let mut out = String::new();
         let end = ((file + 1) * PER_FILE).min(self.spec.vhosts);
         for i in file * PER_FILE..end {
-            route_yaml(&mut out, i, &self.spec, self.route_gen[i]);
+            route_yaml(&mut out, i, &self.spec, self.edits.route[i]);
         }
         self.replace(&format!("routes-{file:04}.yaml"), &out)
     }
 
     /// Changes route `i`'s first path prefix (an RDS change).
     pub fn edit_route(&mut self, i: usize) -> Result<()> {
-        let i = i % self.spec.vhosts.max(1);
-        self.route_gen[i] += 1;
+        let i = self.edits.route(i);
         self.write_routes(i / PER_FILE)
     }
 
     /// Changes backend `i`'s connect timeout (a CDS change).
     pub fn edit_timeout(&mut self, i: usize) -> Result<()> {
-        let i = i % self.spec.clusters.max(1);
-        self.timeout_gen[i] += 1;
+        let i = self.edits.timeout(i);
         self.write_backends(i / PER_FILE)
     }
 
     /// Changes backend `i`'s endpoint port (an EDS change).
     pub fn edit_backend(&mut self, i: usize) -> Result<()> {
-        let i = i % self.spec.clusters.max(1);
-        self.backend_gen[i] += 1;
+        let i = self.edits.backend(i);
         self.write_backends(i / PER_FILE)
     }
 }

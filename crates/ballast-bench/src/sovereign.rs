@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::external::External;
-use crate::gwconfig::{GwSpec, LISTEN_PORT};
+use crate::gwconfig::{Edits, GwSpec, LISTEN_PORT, endpoint_address, endpoint_port, route_prefix};
 use crate::proc::{self, Proc};
 
 /// The workspace root (where `Cargo.lock` is), for the venvs.
@@ -122,9 +122,7 @@ def call(instances, discovery_request, **kwargs):
 pub struct SovConfig {
     pub spec: GwSpec,
     pub dir: PathBuf,
-    route_gen: Vec<u64>,
-    backend_gen: Vec<u64>,
-    timeout_gen: Vec<u64>,
+    edits: Edits,
     refresh: String,
 }
 
@@ -156,9 +154,7 @@ impl SovConfig {
             ),
         )?;
         let cfg = SovConfig {
-            route_gen: vec![0; spec.vhosts],
-            backend_gen: vec![0; spec.clusters],
-            timeout_gen: vec![0; spec.clusters],
+            edits: Edits::new(&spec),
             spec,
             dir: dir.to_path_buf(),
             refresh: format!("{}s", poll.as_secs_f64()),
@@ -173,12 +169,7 @@ impl SovConfig {
         for i in 0..s.vhosts {
             for j in 0..s.routes_per_vhost {
                 let b = (i * s.routes_per_vhost + j) % s.clusters.max(1);
-                let g = self.route_gen[i];
-                let prefix = if j == 0 && g > 0 {
-                    format!("/p{j}-v{g}")
-                } else {
-                    format!("/p{j}")
-                };
+                let prefix = route_prefix(j, self.edits.route[i]);
                 routes[b].push(
                     serde_json::json!({ "host": format!("h{i:05}.example.com"), "prefix": prefix }),
                 );
@@ -186,14 +177,14 @@ impl SovConfig {
         }
         let instances: Vec<serde_json::Value> = (0..s.clusters)
             .map(|i| {
-                let port = 8000 + (self.backend_gen[i] % 50_000);
+                let port = endpoint_port(self.edits.backend[i]);
                 let eps: Vec<serde_json::Value> = (0..s.endpoints)
-                    .map(|j| serde_json::json!({ "address": format!("10.{}.{}.{}", (i >> 8) & 255, i & 255, j % 250 + 1), "port": port }))
+                    .map(|j| serde_json::json!({ "address": endpoint_address(i, j), "port": port }))
                     .collect();
                 serde_json::json!({
                     "name": format!("default/b{i:05}"),
                     "service_clusters": ["*"],
-                    "connect_timeout": format!("{}s", 1.0 + self.timeout_gen[i] as f64 / 1000.0),
+                    "connect_timeout": format!("{}s", 1.0 + self.edits.timeout[i] as f64 / 1000.0),
                     "refresh": self.refresh,
                     "endpoints": eps,
                     "routes": routes[i],
@@ -207,18 +198,15 @@ impl SovConfig {
     }
 
     pub fn edit_route(&mut self, i: usize) -> Result<()> {
-        let i = i % self.spec.vhosts.max(1);
-        self.route_gen[i] += 1;
+        self.edits.route(i);
         self.write_instances()
     }
     pub fn edit_backend(&mut self, i: usize) -> Result<()> {
-        let i = i % self.spec.clusters.max(1);
-        self.backend_gen[i] += 1;
+        self.edits.backend(i);
         self.write_instances()
     }
     pub fn edit_timeout(&mut self, i: usize) -> Result<()> {
-        let i = i % self.spec.clusters.max(1);
-        self.timeout_gen[i] += 1;
+        self.edits.timeout(i);
         self.write_instances()
     }
 
