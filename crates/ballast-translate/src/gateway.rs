@@ -18,13 +18,13 @@ use ballast_model::{Backend, ConfigSet, Gateway, HttpRoute, ObjectKey, Secret};
 use ballast_xds::{Ref, Resource, ResourceType, XdsResource};
 use envoy_types::pb::envoy::config::listener::v3::Listener as EnvoyListener;
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
-use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint};
 
 use crate::index::{DependencyIndex, Deps, Orphans, names_gateway};
 use crate::listener::{ChainPlan, certificate_refs, envoy_listener, plan};
 use crate::route::{
-    TranslatedRoute, backend_signature, contributions, fixed_hosts, translate_route, virtual_host,
+    TranslatedRoute, backend_signature, contributions, encode_virtual_host, fixed_hosts,
+    translate_route,
 };
 use crate::{GatewayResources, Options, TranslateStats, cluster, encode, names, secret};
 
@@ -158,27 +158,8 @@ struct HostState {
 
 impl HostState {
     fn encode(&mut self, host: &str) {
-        // The references of a route configuration holding just this virtual host.
-        let rc = RouteConfiguration {
-            virtual_hosts: vec![virtual_host(host, self.routes.values())],
-            ..Default::default()
-        };
-        let mut clusters: Vec<Arc<str>> = rc
-            .refs()
-            .into_iter()
-            .filter(|r| r.ty == ResourceType::Cluster)
-            .map(|r| r.name)
-            .collect();
-        clusters.sort();
-        clusters.dedup();
-        self.clusters = clusters;
-        let vh = &rc.virtual_hosts[0];
-        let len = vh.encoded_len();
         self.encoded.clear();
-        self.encoded.reserve(len + 8);
-        encode_key(2, WireType::LengthDelimited, &mut self.encoded);
-        encode_varint(len as u64, &mut self.encoded);
-        vh.encode_raw(&mut self.encoded);
+        self.clusters = encode_virtual_host(host, self.routes.values(), &mut self.encoded);
     }
 }
 

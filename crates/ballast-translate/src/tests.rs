@@ -176,6 +176,13 @@ fn docs(parts: &[&str]) -> String {
 /// The routes of the only virtual host of the only route configuration.
 fn only_vhost(res: &GatewayResources) -> VirtualHost {
     let rc: RouteConfiguration = decode(&res.route_configs[0]);
+    // Route configurations are assembled from encoded routes: byte for byte what prost
+    // encodes (so versions do not depend on how a configuration was put together).
+    assert_eq!(
+        rc.encode_to_vec(),
+        res.route_configs[0].value_bytes().to_vec(),
+        "the assembled route configuration is not prost's encoding"
+    );
     assert_eq!(rc.virtual_hosts.len(), 1, "{:?}", rc.virtual_hosts);
     rc.virtual_hosts.into_iter().next().unwrap()
 }
