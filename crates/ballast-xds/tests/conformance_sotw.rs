@@ -77,10 +77,14 @@ async fn stale_nonce_is_ignored() {
     c.request(EDS, &["a", "b"], &r1.version_info, &r1.nonce)
         .await;
     c.expect_quiet().await;
-    // With the latest nonce the same request is honoured.
+    // With the latest nonce the same request is honoured. EDS responses
+    // group resources like Delta: "a", which the client holds at this
+    // version, is not repeated (absence removes nothing for EDS/RDS/SDS).
     c.request(EDS, &["a", "b"], &r2.version_info, &r2.nonce)
         .await;
-    assert_eq!(names(&c.recv().await), ["a", "b"]);
+    let r3 = c.recv().await;
+    assert_eq!(names(&r3), ["b"]);
+    assert_ne!(r3.version_info, r2.version_info);
 }
 
 #[tokio::test]
@@ -91,11 +95,12 @@ async fn newly_subscribed_names_are_always_answered_even_if_absent() {
     let r1 = c.recv().await;
     c.ack(&r1, &["a"]).await;
     c.expect_quiet().await;
-    // "missing" does not exist: the client still gets an answer (same content).
+    // "missing" does not exist: the client still gets an answer, with
+    // nothing it does not already hold ("a" is not repeated).
     c.request(EDS, &["a", "missing"], &r1.version_info, &r1.nonce)
         .await;
     let r2 = c.recv().await;
-    assert_eq!(names(&r2), ["a"]);
+    assert!(names(&r2).is_empty(), "{:?}", names(&r2));
     assert_ne!(r2.nonce, r1.nonce);
 }
 
@@ -456,4 +461,60 @@ async fn nack_state_clears_when_config_returns_to_what_the_client_kept() {
     let eds = node.types.iter().find(|t| t.ty == EDS).unwrap();
     assert!(eds.nack.is_none());
     assert_eq!(eds.state, ballast_xds::SyncState::Synced);
+}
+
+/// Clusters `a` and `b` (connect timeouts in ms) with one endpoint each (ports).
+fn two_clusters(timeouts: [u64; 2], ports: [u16; 2]) -> ballast_xds::Snapshot {
+    use ballast_xds::simple;
+    let mut b = ballast_xds::Snapshot::builder();
+    for (i, n) in ["a", "b"].into_iter().enumerate() {
+        b.message(&simple::eds_cluster(n, Duration::from_millis(timeouts[i])))
+            .unwrap();
+        b.message(&simple::load_assignment(n, &[("127.0.0.1", ports[i])]))
+            .unwrap();
+    }
+    b.build().unwrap()
+}
+
+/// SotW EDS responses group resources like Delta (the xDS spec: only LDS and
+/// CDS are full state): an endpoint change sends that one load assignment,
+/// and a modified cluster's endpoints follow it (Envoy rebuilds the cluster
+/// and waits for them) while the other cluster's are not repeated.
+#[tokio::test]
+async fn eds_pushes_carry_only_what_the_client_lacks() {
+    let (cache, s) = ready_server(two_clusters([1000, 1000], [1, 1])).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(CDS, &[], "", "").await;
+    let cds = c.recv().await;
+    c.ack(&cds, &[]).await;
+    c.request(EDS, &["a", "b"], "", "").await;
+    let eds = c.recv().await;
+    assert_eq!(
+        names(&eds),
+        ["a", "b"],
+        "the first answer carries everything"
+    );
+    c.ack(&eds, &["a", "b"]).await;
+    c.expect_quiet().await;
+
+    cache.set_snapshot("g", two_clusters([1000, 1000], [1, 2]));
+    let eds2 = c.recv().await;
+    assert_eq!(names(&eds2), ["b"], "only the changed load assignment");
+    assert_ne!(eds2.version_info, eds.version_info);
+    c.ack(&eds2, &["a", "b"]).await;
+    c.expect_quiet().await;
+
+    cache.set_snapshot("g", two_clusters([2000, 1000], [1, 2]));
+    let cds2 = c.recv().await;
+    assert_eq!(names(&cds2), ["a", "b"], "CDS is full state");
+    let eds3 = c.recv().await;
+    assert_eq!(
+        names(&eds3),
+        ["a"],
+        "the modified cluster's endpoints, again"
+    );
+    assert_eq!(eds3.version_info, eds2.version_info, "content unchanged");
+    c.ack(&cds2, &[]).await;
+    c.ack(&eds3, &["a", "b"]).await;
+    c.expect_quiet().await;
 }

@@ -7,7 +7,7 @@ use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 
 use super::subscription::Subscription;
 use super::{
-    ClientViews, Nonces, RequestOutcome, SotwResponse, TypeView, hard_refs_ready,
+    ClientViews, Nonces, RequestOutcome, Seeker, SotwResponse, TypeView, hard_refs_ready,
     referenced_by_client, resume_holds_removals, share_if_whole,
 };
 use crate::resource::{Resource, ResourceType};
@@ -71,14 +71,15 @@ struct Plan {
     held_missing: bool,
     /// Every planned resource is one the client holds at that version.
     all_held: bool,
-    /// A cluster the client holds changes, and its endpoints come from EDS.
-    modified_eds_cluster: bool,
+    /// Load assignments of clusters the client holds at another version:
+    /// Envoy rebuilds such a cluster and waits for its endpoints again.
+    refetch_eds: Vec<Arc<str>>,
 }
 
 struct PlanFlags {
     held_missing: bool,
     all_held: bool,
-    modified_eds_cluster: bool,
+    refetch_eds: Vec<Arc<str>>,
 }
 
 impl PlanFlags {
@@ -87,7 +88,7 @@ impl PlanFlags {
             resources,
             held_missing: self.held_missing,
             all_held: self.all_held,
-            modified_eds_cluster: self.modified_eds_cluster,
+            refetch_eds: self.refetch_eds,
         }
     }
 }
@@ -298,7 +299,7 @@ impl SotwMachine {
                 resources: plan,
                 held_missing,
                 all_held: only_drops,
-                modified_eds_cluster,
+                mut refetch_eds,
             } = self.plan(ty, &snap);
             if held_missing && !ty.is_full_state_in_sotw() {
                 // A subscribed resource the client lacks is held back (its
@@ -341,25 +342,50 @@ impl SotwMachine {
             st.must_answer = false;
             st.last_sent_version = Some(version.clone());
             st.last_nonce = Some(nonce.clone());
-            // Envoy rebuilds a modified cluster and waits for its endpoints
-            // again (same EDS names, so no new subscription): the endpoints
-            // must follow this response even though they did not change.
-            let refetch_eds = modified_eds_cluster;
+            // EDS/RDS/SDS: what the client holds at the planned version is
+            // not repeated (absence removes nothing; Envoy and gRPC update
+            // only the resources a response carries). The version still names
+            // the whole plan, which is what the client holds once it ACKs.
+            let wire = if ty.is_full_state_in_sotw() {
+                plan.clone()
+            } else {
+                not_held(&plan, &st.acked)
+            };
             st.in_flight = Some(InFlight {
                 nonce: nonce.clone(),
                 version: version.clone(),
-                resources: plan.clone(),
+                resources: plan,
             });
-            if refetch_eds
+            if !refetch_eds.is_empty()
                 && let Some(eds) = self.types[ResourceType::ClusterLoadAssignment.index()].as_mut()
             {
+                // Envoy rebuilds a modified cluster and waits for its
+                // endpoints again (same EDS names, so no new subscription):
+                // the client no longer counts as holding them (routes to the
+                // cluster wait, as for a new one), and they follow this
+                // response even though they did not change.
+                refetch_eds.sort_unstable();
+                refetch_eds.dedup();
                 eds.must_answer = true;
+                let mut gone = refetch_eds.iter().peekable();
+                let kept: ResourceMap = eds
+                    .acked
+                    .iter()
+                    .filter(|(n, _)| {
+                        while gone.next_if(|g| ***g < ***n).is_some() {}
+                        gone.next_if(|g| ***g == ***n).is_none()
+                    })
+                    .map(|(n, r)| (n.clone(), r.clone()))
+                    .collect();
+                if kept.len() != eds.acked.len() {
+                    eds.acked = Arc::new(kept);
+                }
             }
             return Some(SotwResponse {
                 ty,
                 version,
                 nonce,
-                resources: plan,
+                resources: wire,
             });
         }
         None
@@ -388,7 +414,7 @@ impl SotwMachine {
         let mut out = PlanFlags {
             held_missing: false,
             all_held: true,
-            modified_eds_cluster: false,
+            refetch_eds: Vec::new(),
         };
         let mut is_whole = true;
         for (name, res) in candidates {
@@ -425,11 +451,14 @@ impl SotwMachine {
                 Some(h) if same_version(h, pick) => {}
                 Some(_) => {
                     out.all_held = false;
-                    out.modified_eds_cluster |= ty == ResourceType::Cluster
-                        && pick
-                            .refs()
-                            .iter()
-                            .any(|x| x.ty == ResourceType::ClusterLoadAssignment);
+                    if ty == ResourceType::Cluster {
+                        out.refetch_eds.extend(
+                            pick.refs()
+                                .iter()
+                                .filter(|x| x.ty == ResourceType::ClusterLoadAssignment)
+                                .map(|x| x.name.clone()),
+                        );
+                    }
                 }
                 None => out.all_held = false,
             }
@@ -580,6 +609,25 @@ fn maybe_held(
         }
     }
     out
+}
+
+/// The resources of `plan` the client does not hold at that version (all of
+/// them, shared, when it holds none of them).
+fn not_held(plan: &Arc<ResourceMap>, acked: &ResourceMap) -> Arc<ResourceMap> {
+    if acked.is_empty() {
+        return plan.clone();
+    }
+    let mut held = Seeker::new(acked);
+    let out: ResourceMap = plan
+        .iter()
+        .filter(|(n, r)| !held.get(n).is_some_and(|h| same_version(h, r)))
+        .map(|(n, r)| (n.clone(), r.clone()))
+        .collect();
+    if out.len() == plan.len() {
+        plan.clone()
+    } else {
+        Arc::new(out)
+    }
 }
 
 /// Every key of `a` is a key of `b` (a walk of both maps in order).
