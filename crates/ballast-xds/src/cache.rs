@@ -170,3 +170,52 @@ impl SnapshotCache {
         self.is_ready() && self.snapshot(group).is_some()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ResourceType::ClusterLoadAssignment as EDS;
+    use crate::simple;
+
+    /// EDS clusters `a`..`d`, each with one endpoint on the port given.
+    fn snap(ports: [u16; 4]) -> Snapshot {
+        let mut b = Snapshot::builder();
+        for (n, p) in ["a", "b", "c", "d"].into_iter().zip(ports) {
+            b.message(&simple::eds_cluster(n, std::time::Duration::from_secs(1)))
+                .unwrap();
+            b.message(&simple::load_assignment(n, &[("127.0.0.1", p)]))
+                .unwrap();
+        }
+        b.build().unwrap()
+    }
+
+    fn names(c: Option<std::borrow::Cow<'_, [Arc<str>]>>) -> Option<Vec<String>> {
+        c.map(|c| c.iter().map(|n| n.to_string()).collect())
+    }
+
+    /// A stream several publishes behind learns what changed from the chain
+    /// of recorded changes, as long as the history keeps the snapshots in
+    /// between; beyond it the answer is "unknown" (the caller compares maps).
+    #[test]
+    fn changes_since_an_older_snapshot_follow_the_history() {
+        let cache = SnapshotCache::builder().history(4).build();
+        let s1 = cache.set_snapshot("g", snap([1, 1, 1, 1]));
+        let base = s1.resources(EDS).clone();
+        cache.set_snapshot("g", snap([2, 1, 1, 1]));
+        cache.set_snapshot("g", snap([2, 1, 3, 1]));
+        let s4 = cache.set_snapshot("g", snap([1, 1, 3, 1]));
+        assert_eq!(
+            names(s4.changed_since(EDS, &base)),
+            Some(vec!["a".into(), "c".into()]),
+            "a changed and changed back: listed (it plans to nothing); c changed"
+        );
+        drop(s1);
+        let small = SnapshotCache::builder().history(1).build();
+        let t1 = small.set_snapshot("g", snap([1, 1, 1, 1]));
+        let base = t1.resources(EDS).clone();
+        drop(t1);
+        small.set_snapshot("g", snap([2, 1, 1, 1]));
+        let t3 = small.set_snapshot("g", snap([2, 2, 1, 1]));
+        assert_eq!(names(t3.changed_since(EDS, &base)), None);
+    }
+}

@@ -52,6 +52,10 @@ pub struct Snapshot {
     /// is published ([`crate::SnapshotCache::set_snapshot`]), so every stream
     /// planned against the predecessor only looks at what changed.
     changes: OnceLock<Arc<[TypeChanges; 5]>>,
+    /// The snapshot this one replaced, while something (the cache's bounded
+    /// history) keeps it: a stream several publishes behind follows the chain
+    /// of recorded changes instead of walking whole maps.
+    prev: OnceLock<Weak<Snapshot>>,
 }
 
 /// The names of one type whose resource differs between two maps.
@@ -193,6 +197,7 @@ impl Default for Snapshot {
         Snapshot {
             types: std::array::from_fn(|_| TypeResources::new(ResourceMap::new())),
             changes: OnceLock::new(),
+            prev: OnceLock::new(),
         }
     }
 }
@@ -220,7 +225,7 @@ impl Snapshot {
 
     /// Records what changed since `prev` (once; later calls are ignored).
     /// Called when the snapshot replaces `prev` in the cache.
-    pub fn record_changes_from(&self, prev: &Snapshot) {
+    pub fn record_changes_from(&self, prev: &Arc<Snapshot>) {
         if self.changes.get().is_some() {
             return;
         }
@@ -228,6 +233,7 @@ impl Snapshot {
             TypeChanges::between(&prev.types[i].resources, &self.types[i].resources)
         });
         let _ = self.changes.set(Arc::new(changes));
+        let _ = self.prev.set(Arc::downgrade(prev));
     }
 
     /// What changed for `ty` since the predecessor this snapshot replaced, if recorded.
@@ -238,13 +244,35 @@ impl Snapshot {
     /// The names of `ty` that changed since `base` (a map of an earlier
     /// snapshot), if known without walking the maps: empty when `base` is this
     /// snapshot's map, the recorded changes when `base` is the predecessor's.
-    pub fn changed_since(&self, ty: ResourceType, base: &Arc<ResourceMap>) -> Option<&[Arc<str>]> {
+    ///
+    /// When `base` is older, the recorded changes of the snapshots in between
+    /// (kept alive by the cache's history) are merged: bounded by the history
+    /// length, and cheaper than comparing the maps once they are large.
+    pub fn changed_since(
+        &self,
+        ty: ResourceType,
+        base: &Arc<ResourceMap>,
+    ) -> Option<std::borrow::Cow<'_, [Arc<str>]>> {
+        use std::borrow::Cow;
         if Arc::ptr_eq(base, self.resources(ty)) {
-            return Some(&[]);
+            return Some(Cow::Borrowed(&[]));
         }
-        self.changes(ty)
-            .filter(|c| c.is_from(base))
-            .map(|c| c.names())
+        let first = self.changes(ty)?;
+        if first.is_from(base) {
+            return Some(Cow::Borrowed(first.names()));
+        }
+        let mut names: Vec<Arc<str>> = first.names().to_vec();
+        let mut cur = self.prev.get()?.upgrade()?;
+        loop {
+            let c = cur.changes(ty)?;
+            names.extend(c.names().iter().cloned());
+            if c.is_from(base) {
+                names.sort_unstable();
+                names.dedup();
+                return Some(Cow::Owned(names));
+            }
+            cur = cur.prev.get()?.upgrade()?;
+        }
     }
 }
 
@@ -350,6 +378,7 @@ impl SnapshotBuilder {
         Snapshot {
             types: [a, b, c, d, e].map(TypeResources::new),
             changes: OnceLock::new(),
+            prev: OnceLock::new(),
         }
     }
 }

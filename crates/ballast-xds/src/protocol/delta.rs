@@ -308,11 +308,15 @@ impl DeltaMachine {
             });
             let st = self.types[ty.index()].as_ref().expect("checked");
             let walked;
+            let changed;
             let scope = match &st.clean {
                 None => Scope::All,
                 Some(base) => match snap.changed_since(ty, base) {
-                    Some([]) => continue,
-                    Some(names) => Scope::Names(names),
+                    Some(names) if names.is_empty() => continue,
+                    Some(names) => {
+                        changed = names;
+                        Scope::Names(&changed)
+                    }
                     None => {
                         walked = TypeChanges::between(base, whole);
                         Scope::Names(walked.names())
