@@ -44,6 +44,10 @@ impl TypeResources {
     }
 }
 
+/// How far back [`Snapshot::changed_since`] follows predecessors (the
+/// cache's history is shorter; this only bounds odd publish orders).
+const MAX_CHAIN: usize = 64;
+
 /// An immutable set of resources for one group, shared by every stream of that group.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
@@ -263,7 +267,9 @@ impl Snapshot {
         }
         let mut names: Vec<Arc<str>> = first.names().to_vec();
         let mut cur = self.prev.get()?.upgrade()?;
-        loop {
+        // Bounded: a snapshot published in two groups in opposite orders
+        // links both ways.
+        for _ in 0..MAX_CHAIN {
             let c = cur.changes(ty)?;
             names.extend(c.names().iter().cloned());
             if c.is_from(base) {
@@ -273,6 +279,47 @@ impl Snapshot {
             }
             cur = cur.prev.get()?.upgrade()?;
         }
+        None
+    }
+
+    /// Whether `base` (a map of an earlier snapshot) has exactly the names of
+    /// this snapshot's map of `ty`, as far as the recorded changes tell
+    /// (`false` when they do not reach back to `base`).
+    pub fn same_keys_since(&self, ty: ResourceType, base: &Arc<ResourceMap>) -> bool {
+        if Arc::ptr_eq(base, self.resources(ty)) {
+            return true;
+        }
+        let Some(c) = self.changes(ty) else {
+            return false;
+        };
+        if c.keys_changed() {
+            return false;
+        }
+        if c.is_from(base) {
+            return true;
+        }
+        let Some(mut cur) = self.prev.get().and_then(Weak::upgrade) else {
+            return false;
+        };
+        for _ in 0..MAX_CHAIN {
+            let next = {
+                let Some(c) = cur.changes(ty) else {
+                    return false;
+                };
+                if c.keys_changed() {
+                    return false;
+                }
+                if c.is_from(base) {
+                    return true;
+                }
+                match cur.prev.get().and_then(Weak::upgrade) {
+                    Some(s) => s,
+                    None => return false,
+                }
+            };
+            cur = next;
+        }
+        false
     }
 }
 

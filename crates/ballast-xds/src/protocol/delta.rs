@@ -302,10 +302,7 @@ impl DeltaMachine {
             let st = self.types[ty.index()].as_mut().expect("checked");
             // Shared subscription names move to the new map when its keys are
             // the same, so old maps are not kept alive.
-            st.sub.follow(whole, |m| {
-                snap.changes(ty)
-                    .is_some_and(|c| c.is_from(m) && !c.keys_changed())
-            });
+            st.sub.follow(whole, |m| snap.same_keys_since(ty, m));
             let st = self.types[ty.index()].as_ref().expect("checked");
             let walked;
             let changed;

@@ -74,6 +74,8 @@ struct Plan {
     /// Load assignments of clusters the client holds at another version:
     /// Envoy rebuilds such a cluster and waits for its endpoints again.
     refetch_eds: Vec<Arc<str>>,
+    /// What to put on the wire for EDS/RDS/SDS when already known.
+    wire: Option<Arc<ResourceMap>>,
 }
 
 struct PlanFlags {
@@ -89,6 +91,7 @@ impl PlanFlags {
             held_missing: self.held_missing,
             all_held: self.all_held,
             refetch_eds: self.refetch_eds,
+            wire: None,
         }
     }
 }
@@ -273,10 +276,8 @@ impl SotwMachine {
             if let Some(st) = self.types[ty.index()].as_mut() {
                 // Shared subscription names move to the new map when its keys
                 // are the same, so old maps are not kept alive.
-                st.sub.follow(snap.resources(ty), |m| {
-                    snap.changes(ty)
-                        .is_some_and(|c| c.is_from(m) && !c.keys_changed())
-                });
+                st.sub
+                    .follow(snap.resources(ty), |m| snap.same_keys_since(ty, m));
             }
             if self.types[ty.index()]
                 .as_ref()
@@ -300,7 +301,15 @@ impl SotwMachine {
                 held_missing,
                 all_held: only_drops,
                 mut refetch_eds,
-            } = self.plan(ty, &snap);
+                wire: known_wire,
+            } = match self.plan_changed(ty, &snap) {
+                Some(p) => {
+                    #[cfg(test)]
+                    self.check_plan_changed(ty, &snap, &p);
+                    p
+                }
+                None => self.plan(ty, &snap),
+            };
             if held_missing && !ty.is_full_state_in_sotw() {
                 // A subscribed resource the client lacks is held back (its
                 // clusters are not warm yet). Answering without it would tell
@@ -348,6 +357,8 @@ impl SotwMachine {
             // the whole plan, which is what the client holds once it ACKs.
             let wire = if ty.is_full_state_in_sotw() {
                 plan.clone()
+            } else if let Some(w) = known_wire {
+                w
             } else {
                 not_held(&plan, &st.acked)
             };
@@ -389,6 +400,92 @@ impl SotwMachine {
             });
         }
         None
+    }
+
+    /// [`SotwMachine::plan`] in O(changes): when the client holds exactly an
+    /// earlier snapshot's whole map (same names) and nothing is pending, only
+    /// the names changed since are looked at, and the plan is the snapshot's
+    /// own map. `None` when anything needs the full plan (a change held back
+    /// by its references, a removal, a NACK, a resume, a partial subscription).
+    fn plan_changed(&self, ty: ResourceType, snap: &Snapshot) -> Option<Plan> {
+        let st = self.types[ty.index()].as_ref()?;
+        let whole = snap.resources(ty);
+        if st.in_flight.is_some()
+            || st.unresolved
+            || st.maybe.is_some()
+            || st.must_answer
+            || st.nack.is_some()
+            || st.acked_version.is_none()
+            || st.last_sent_version != st.acked_version
+            || !(st.sub.is_wildcard() || st.sub.is_keys_of(whole))
+            || !snap.same_keys_since(ty, &st.acked)
+        {
+            return None;
+        }
+        let changed = snap.changed_since(ty, &st.acked)?;
+        let mut out = PlanFlags {
+            held_missing: false,
+            all_held: true,
+            refetch_eds: Vec::new(),
+        };
+        let mut wire = ResourceMap::new();
+        for name in changed.iter() {
+            let res = whole.get(name)?;
+            let held = st.acked.get(name)?;
+            if same_version(held, res) {
+                continue;
+            }
+            if !hard_refs_ready(res, snap, self) {
+                return None;
+            }
+            out.all_held = false;
+            if ty == ResourceType::Cluster {
+                out.refetch_eds.extend(
+                    res.refs()
+                        .iter()
+                        .filter(|x| x.ty == ResourceType::ClusterLoadAssignment)
+                        .map(|x| x.name.clone()),
+                );
+            }
+            wire.insert(name.clone(), res.clone());
+        }
+        let mut plan = out.with(whole.clone());
+        plan.wire = Some(Arc::new(wire));
+        Some(plan)
+    }
+
+    /// Test builds: the incremental plan says what the full plan says.
+    #[cfg(test)]
+    fn check_plan_changed(&self, ty: ResourceType, snap: &Snapshot, fast: &Plan) {
+        let full = self.plan(ty, snap);
+        let st = self.types[ty.index()].as_ref().expect("requested");
+        let content = |m: &ResourceMap| -> Vec<(String, String)> {
+            m.iter()
+                .map(|(n, r)| (n.to_string(), r.version().to_string()))
+                .collect()
+        };
+        assert_eq!(
+            content(&fast.resources),
+            content(&full.resources),
+            "{ty}: plan"
+        );
+        assert_eq!(fast.held_missing, full.held_missing, "{ty}: held_missing");
+        assert_eq!(fast.all_held, full.all_held, "{ty}: all_held");
+        let mut a = fast.refetch_eds.clone();
+        let mut b = full.refetch_eds.clone();
+        a.sort();
+        a.dedup();
+        b.sort();
+        b.dedup();
+        assert_eq!(a, b, "{ty}: refetch");
+        if !ty.is_full_state_in_sotw() {
+            let slow_wire = not_held(&full.resources, &st.acked);
+            assert_eq!(
+                content(fast.wire.as_ref().expect("set")),
+                content(&slow_wire),
+                "{ty}: wire"
+            );
+        }
     }
 
     /// The resources to send for `ty` now, after the ordering holds.
