@@ -122,6 +122,9 @@ pub struct SotwMachine {
     resumed: bool,
     /// The resume hold was lifted (the driver gave up waiting for requests).
     resume_released: bool,
+    /// Plans made from the change set (tests check the fast path is taken).
+    #[cfg(test)]
+    pub(crate) fast_plans: usize,
 }
 
 impl SotwMachine {
@@ -134,6 +137,8 @@ impl SotwMachine {
             snapshot: None,
             resumed: false,
             resume_released: false,
+            #[cfg(test)]
+            fast_plans: 0,
         }
     }
 
@@ -305,7 +310,10 @@ impl SotwMachine {
             } = match self.plan_changed(ty, &snap) {
                 Some(p) => {
                     #[cfg(test)]
-                    self.check_plan_changed(ty, &snap, &p);
+                    {
+                        self.check_plan_changed(ty, &snap, &p);
+                        self.fast_plans += 1;
+                    }
                     p
                 }
                 None => self.plan(ty, &snap),
@@ -343,6 +351,17 @@ impl SotwMachine {
                     // The client holds what we want it to have (e.g. the config
                     // went back to the version it kept after a NACK): in sync.
                     st.nack = None;
+                }
+                if st.acked_version.as_ref() == Some(&version)
+                    && st.last_sent_version == st.acked_version
+                    && st.acked.len() == plan.len()
+                    && !Arc::ptr_eq(&st.acked, &plan)
+                {
+                    // Same content (the version is its hash; an EDS/RDS client
+                    // may hold more than its last version names, hence the
+                    // length): hold on to the newest map, so the next publish
+                    // is planned from its change set (or not at all).
+                    st.acked = plan;
                 }
                 st.must_answer = false;
                 continue;
@@ -776,5 +795,85 @@ impl ClientViews for SotwMachine {
                 fl.resources.values().for_each(|r| f(r));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simple;
+    use std::time::Duration;
+
+    fn snapshot(n: usize, changed: u16, prev: Option<&Arc<Snapshot>>) -> Arc<Snapshot> {
+        let mut b = Snapshot::builder();
+        if let Some(p) = prev {
+            b = b.reuse_from(p.clone());
+        }
+        for i in 0..n {
+            let name = format!("c{i:04}");
+            b.message(&simple::eds_cluster(&name, Duration::from_secs(1)))
+                .unwrap();
+            let port = if i == 1 { changed } else { 80 };
+            b.message(&simple::load_assignment(&name, &[("127.0.0.1", port)]))
+                .unwrap();
+        }
+        let s = Arc::new(b.build().unwrap());
+        if let Some(p) = prev {
+            s.record_changes_from(p);
+        }
+        s
+    }
+
+    fn ack(m: &mut SotwMachine, r: &SotwResponse, names: &[String]) {
+        m.handle_request(&DiscoveryRequest {
+            type_url: r.ty.type_url().into(),
+            version_info: r.version.to_string(),
+            response_nonce: r.nonce.to_string(),
+            resource_names: names.to_vec(),
+            ..Default::default()
+        });
+    }
+
+    /// One changed load assignment among 1,000, two publishes later: the plan
+    /// comes from the change chain (not a walk of 1,000 names), only that
+    /// assignment goes on the wire, and the version names the whole map.
+    #[test]
+    fn a_change_is_planned_from_the_change_chain() {
+        let s1 = snapshot(1000, 1, None);
+        let mut m = SotwMachine::new(None);
+        m.set_snapshot(Some(s1.clone()));
+        let names: Vec<String> = (0..1000).map(|i| format!("c{i:04}")).collect();
+        let eds = ResourceType::ClusterLoadAssignment;
+        for (ty, subscribe) in [(ResourceType::Cluster, vec![]), (eds, names.clone())] {
+            m.handle_request(&DiscoveryRequest {
+                type_url: ty.type_url().into(),
+                resource_names: subscribe,
+                ..Default::default()
+            });
+        }
+        while let Some(r) = m.next_response() {
+            let n = if r.ty == eds { names.clone() } else { vec![] };
+            ack(&mut m, &r, &n);
+        }
+        let st = m.types[eds.index()].as_ref().unwrap();
+        assert!(Arc::ptr_eq(&st.acked, s1.resources(eds)));
+        let s2 = snapshot(1000, 2, Some(&s1));
+        let s3 = snapshot(1000, 3, Some(&s2));
+        let keep = [s1.clone(), s2.clone()]; // the cache's history would
+        m.set_snapshot(Some(s3.clone()));
+        let before = m.fast_plans;
+        let r = m.next_response().expect("the change");
+        assert_eq!(r.ty, eds);
+        assert_eq!(
+            r.resources.keys().map(|k| &**k).collect::<Vec<_>>(),
+            ["c0001"]
+        );
+        assert_eq!(&r.version, s3.version(eds));
+        assert!(m.fast_plans > before, "planned from the change chain");
+        ack(&mut m, &r, &names);
+        assert!(m.next_response().is_none());
+        let st = m.types[eds.index()].as_ref().unwrap();
+        assert!(Arc::ptr_eq(&st.acked, s3.resources(eds)));
+        drop(keep);
     }
 }
