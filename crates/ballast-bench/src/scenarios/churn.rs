@@ -115,7 +115,7 @@ pub async fn run(server: &ServerOptions, args: &ChurnArgs) -> Result<Report> {
         }
     }
     report.notes.push(
-        "no debounce: the library cache publishes every change; SotW EDS pushes carry every subscribed load assignment".into(),
+        "no debounce: the library cache publishes every change; SotW EDS pushes carry only the load assignments that changed (every SotW ACK still lists all 1,000 names)".into(),
     );
     if server.mode == crate::server::ServerMode::InProcess {
         report.notes.push(

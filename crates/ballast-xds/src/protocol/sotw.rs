@@ -442,15 +442,20 @@ impl SotwMachine {
             return None;
         }
         let changed = snap.changed_since(ty, &st.acked)?;
+        if changed.len() > whole.len() / 8 {
+            // Most of the map changed (a global push): one walk beats lookups.
+            return None;
+        }
         let mut out = PlanFlags {
             held_missing: false,
             all_held: true,
             refetch_eds: Vec::new(),
         };
-        let mut wire = ResourceMap::new();
+        let mut wire = Vec::new();
+        let (mut known, mut acked) = (Seeker::new(whole), Seeker::new(&*st.acked));
         for name in changed.iter() {
-            let res = whole.get(name)?;
-            let held = st.acked.get(name)?;
+            let res = known.get(name)?;
+            let held = acked.get(name)?;
             if same_version(held, res) {
                 continue;
             }
@@ -466,10 +471,11 @@ impl SotwMachine {
                         .map(|x| x.name.clone()),
                 );
             }
-            wire.insert(name.clone(), res.clone());
+            wire.push((name.clone(), res.clone()));
         }
         let mut plan = out.with(whole.clone());
-        plan.wire = Some(Arc::new(wire));
+        // Sorted names: the map is built in bulk.
+        plan.wire = Some(Arc::new(wire.into_iter().collect()));
         Some(plan)
     }
 
