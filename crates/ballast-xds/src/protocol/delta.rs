@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use super::subscription::Subscription;
 use super::{
     ClientViews, DeltaResponse, Nonces, RequestOutcome, Seeker, TypeView, find_version,
-    hard_refs_ready, referenced_by_client, resume_holds_removals, share_if_whole,
+    hard_refs_ready, referenced_by_client, resume_holds_removals, share_if_whole, without_names,
 };
 use crate::resource::{Resource, ResourceType};
 use crate::snapshot::{ResourceMap, Snapshot, TypeChanges};
@@ -396,23 +396,10 @@ impl DeltaMachine {
             });
             if !refetch.is_empty()
                 && let Some(eds) = self.types[ResourceType::ClusterLoadAssignment.index()].as_mut()
+                && let Some(kept) = without_names(&eds.acked, &refetch)
             {
-                // One walk of both sorted lists (a global cluster change
-                // names every load assignment).
-                let mut gone = refetch.iter().peekable();
-                let kept: ResourceMap = eds
-                    .acked
-                    .iter()
-                    .filter(|(n, _)| {
-                        while gone.next_if(|g| ***g < ***n).is_some() {}
-                        gone.next_if(|g| ***g == ***n).is_none()
-                    })
-                    .map(|(n, r)| (n.clone(), r.clone()))
-                    .collect();
-                if kept.len() != eds.acked.len() {
-                    eds.acked = Arc::new(kept);
-                    eds.clean = None;
-                }
+                eds.acked = Arc::new(kept);
+                eds.clean = None;
             }
             return Some(DeltaResponse {
                 ty,
@@ -620,27 +607,9 @@ impl ClientViews for DeltaMachine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simple;
-    use std::time::Duration;
 
     fn snapshot(n: usize, changed: u16, prev: Option<&Arc<Snapshot>>) -> Arc<Snapshot> {
-        let mut b = Snapshot::builder();
-        if let Some(p) = prev {
-            b = b.reuse_from(p.clone());
-        }
-        for i in 0..n {
-            let name = format!("c{i}");
-            b.message(&simple::eds_cluster(&name, Duration::from_secs(1)))
-                .unwrap();
-            let port = if i == 1 { changed } else { 80 };
-            b.message(&simple::load_assignment(&name, &[("127.0.0.1", port)]))
-                .unwrap();
-        }
-        let s = Arc::new(b.build().unwrap());
-        if let Some(p) = prev {
-            s.record_changes_from(p);
-        }
-        s
+        crate::protocol::tests::eds_snapshot(n, changed, prev, |i| format!("c{i}"))
     }
 
     fn ack(m: &mut DeltaMachine, r: &DeltaResponse) {

@@ -328,6 +328,21 @@ pub(crate) fn find_version(
         .cloned()
 }
 
+/// `map` without `names` (sorted, deduplicated), in one walk of both (a global
+/// cluster change names every load assignment); `None` when none is in `map`.
+pub(crate) fn without_names(map: &ResourceMap, names: &[Arc<str>]) -> Option<ResourceMap> {
+    let mut gone = names.iter().peekable();
+    let kept: ResourceMap = map
+        .iter()
+        .filter(|(n, _)| {
+            while gone.next_if(|g| ***g < ***n).is_some() {}
+            gone.next_if(|g| ***g == ***n).is_none()
+        })
+        .map(|(n, r)| (n.clone(), r.clone()))
+        .collect();
+    (kept.len() != map.len()).then_some(kept)
+}
+
 /// Builds a map, sharing the snapshot's own `Arc` when the selection is the
 /// whole snapshot type (the common wildcard case): no per-stream copy.
 pub(crate) fn share_if_whole(map: ResourceMap, whole: &Arc<ResourceMap>) -> Arc<ResourceMap> {
@@ -388,9 +403,43 @@ impl Nonces {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// `n` EDS clusters named by `name`, each with one endpoint on port 80 but
+    /// the second (on `changed`); reusing and recording changes from `prev`,
+    /// as the cache does when it publishes.
+    pub(crate) fn eds_snapshot(
+        n: usize,
+        changed: u16,
+        prev: Option<&Arc<Snapshot>>,
+        name: impl Fn(usize) -> String,
+    ) -> Arc<Snapshot> {
+        let mut b = Snapshot::builder();
+        if let Some(p) = prev {
+            b = b.reuse_from(p.clone());
+        }
+        for i in 0..n {
+            let name = name(i);
+            b.message(&crate::simple::eds_cluster(
+                &name,
+                std::time::Duration::from_secs(1),
+            ))
+            .unwrap();
+            let port = if i == 1 { changed } else { 80 };
+            b.message(&crate::simple::load_assignment(
+                &name,
+                &[("127.0.0.1", port)],
+            ))
+            .unwrap();
+        }
+        let s = Arc::new(b.build().unwrap());
+        if let Some(p) = prev {
+            s.record_changes_from(p);
+        }
+        s
+    }
 
     fn map(names: &std::collections::BTreeSet<String>) -> ResourceMap {
         names

@@ -8,7 +8,7 @@ use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use super::subscription::Subscription;
 use super::{
     ClientViews, Nonces, RequestOutcome, Seeker, SotwResponse, TypeView, hard_refs_ready,
-    referenced_by_client, resume_holds_removals, share_if_whole,
+    referenced_by_client, resume_holds_removals, share_if_whole, without_names,
 };
 use crate::resource::{Resource, ResourceType};
 use crate::snapshot::{ResourceMap, Snapshot};
@@ -397,17 +397,7 @@ impl SotwMachine {
                 refetch_eds.sort_unstable();
                 refetch_eds.dedup();
                 eds.must_answer = true;
-                let mut gone = refetch_eds.iter().peekable();
-                let kept: ResourceMap = eds
-                    .acked
-                    .iter()
-                    .filter(|(n, _)| {
-                        while gone.next_if(|g| ***g < ***n).is_some() {}
-                        gone.next_if(|g| ***g == ***n).is_none()
-                    })
-                    .map(|(n, r)| (n.clone(), r.clone()))
-                    .collect();
-                if kept.len() != eds.acked.len() {
+                if let Some(kept) = without_names(&eds.acked, &refetch_eds) {
                     eds.acked = Arc::new(kept);
                 }
             }
@@ -807,27 +797,9 @@ impl ClientViews for SotwMachine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simple;
-    use std::time::Duration;
 
     fn snapshot(n: usize, changed: u16, prev: Option<&Arc<Snapshot>>) -> Arc<Snapshot> {
-        let mut b = Snapshot::builder();
-        if let Some(p) = prev {
-            b = b.reuse_from(p.clone());
-        }
-        for i in 0..n {
-            let name = format!("c{i:04}");
-            b.message(&simple::eds_cluster(&name, Duration::from_secs(1)))
-                .unwrap();
-            let port = if i == 1 { changed } else { 80 };
-            b.message(&simple::load_assignment(&name, &[("127.0.0.1", port)]))
-                .unwrap();
-        }
-        let s = Arc::new(b.build().unwrap());
-        if let Some(p) = prev {
-            s.record_changes_from(p);
-        }
-        s
+        crate::protocol::tests::eds_snapshot(n, changed, prev, |i| format!("c{i:04}"))
     }
 
     fn ack(m: &mut SotwMachine, r: &SotwResponse, names: &[String]) {
