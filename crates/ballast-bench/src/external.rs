@@ -52,28 +52,44 @@ pub fn ballast_exe() -> PathBuf {
 impl External {
     /// `ballast serve --config DIR` on free ports; returns once `/readyz` is 200.
     pub async fn ballast(config: &Path, extra: &[String], log: &Path) -> Result<External> {
-        let xds = proc::free_addr()?;
-        let admin = proc::free_addr()?;
-        let mut cmd = tokio::process::Command::new(ballast_exe());
-        cmd.arg("serve")
-            .arg("--config")
-            .arg(config)
-            .args(["--xds-addr", &xds.to_string()])
-            .args(["--admin-addr", &admin.to_string()])
-            .args(extra)
-            .env("RUST_LOG", "warn");
-        let t0 = Instant::now();
-        let proc = Proc::spawn("ballast", cmd, log)?;
-        proc::wait_http_ok(admin, "/readyz", Duration::from_secs(300))
-            .await
-            .with_context(|| format!("ballast did not become ready; log: {}", log.display()))?;
-        Ok(External {
-            proc,
-            xds,
-            admin: Some(admin),
-            ready_after: t0.elapsed(),
-            node_cluster: crate::gwconfig::NODE_CLUSTER.into(),
-        })
+        // A port found free can be taken before ballast binds it (tests running
+        // beside the bench): a ballast that exits is started again on others.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let xds = proc::free_addr()?;
+            let admin = proc::free_addr()?;
+            let mut cmd = tokio::process::Command::new(ballast_exe());
+            cmd.arg("serve")
+                .arg("--config")
+                .arg(config)
+                .args(["--xds-addr", &xds.to_string()])
+                .args(["--admin-addr", &admin.to_string()])
+                .args(extra)
+                .env("RUST_LOG", "warn");
+            let t0 = Instant::now();
+            let mut proc = Proc::spawn("ballast", cmd, log)?;
+            match proc::wait_ready(&mut proc, admin, "/readyz", Duration::from_secs(300)).await {
+                Ok(()) => {
+                    return Ok(External {
+                        proc,
+                        xds,
+                        admin: Some(admin),
+                        ready_after: t0.elapsed(),
+                        node_cluster: crate::gwconfig::NODE_CLUSTER.into(),
+                    });
+                }
+                Err(e) if attempt < 3 && proc.check_alive().is_err() => {
+                    eprintln!("ballast exited before ready ({e:#}); starting it again");
+                }
+                Err(e) => {
+                    proc.stop().await;
+                    return Err(e).with_context(|| {
+                        format!("ballast did not become ready; log: {}", log.display())
+                    });
+                }
+            }
+        }
     }
 
     pub fn cpu_seconds(&self) -> f64 {

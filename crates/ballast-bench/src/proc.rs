@@ -85,6 +85,27 @@ pub async fn wait_http_ok(addr: SocketAddr, path: &str, timeout: Duration) -> Re
     }
 }
 
+/// Like [`wait_http_ok`], but fails as soon as `proc` exits (a server that
+/// could not start is not waited for).
+pub async fn wait_ready(
+    proc: &mut Proc,
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Result<()> {
+    let t0 = Instant::now();
+    loop {
+        if let Ok((200, _)) = http_get(addr, path).await {
+            return Ok(());
+        }
+        proc.check_alive()?;
+        if t0.elapsed() > timeout {
+            bail!("{addr}{path} not ready after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Every descendant of `pid` (children, grandchildren...) and `pid` itself.
 fn tree(pid: u32) -> Vec<u32> {
     let mut parent: Vec<(u32, u32)> = Vec::new();
