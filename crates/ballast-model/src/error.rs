@@ -1,5 +1,6 @@
 //! Config errors: each names the file, line and column, and where known the object and field
-//! (DESIGN §3.8: a user must be able to find and fix the problem from the message alone).
+//! (invariant 8 in docs/architecture.md: a user must be able to find and fix the problem from
+//! the message alone).
 
 use std::fmt;
 use std::sync::Arc;

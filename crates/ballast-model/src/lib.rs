@@ -1,14 +1,15 @@
-//! `ballast-model`: the config kinds of DESIGN §5 (Gateway API `Gateway` and `HTTPRoute`,
-//! ballast's `Backend`, TLS `Secret`), multi-document YAML parsing with file:line:col positions,
-//! validation, the [`ConfigSet`] of all objects, and Gateway API status.
+//! `ballast-model`: the config kinds of docs/configuration.md (Gateway API `Gateway` and
+//! `HTTPRoute`, ballast's `Backend`, TLS `Secret`), multi-document YAML parsing with
+//! file:line:col positions, validation, the [`ConfigSet`] of all objects, and Gateway API status.
 //!
 //! It knows nothing of protobuf or Envoy: translation turns a valid [`ConfigSet`] into Envoy
 //! resources elsewhere. Everything here is deterministic (`BTreeMap`s, sorted errors), so the
 //! same files give the same set and the same messages on every replica.
 //!
-//! Invalid input never produces a `ConfigSet` (DESIGN §3.8, last known good): structurally
-//! invalid objects are errors; *unresolved references* between valid objects (a route to a
-//! missing Backend) load fine and are reported as status, as in Gateway API.
+//! Invalid input never produces a `ConfigSet` (last known good, invariant 8 in
+//! docs/architecture.md): structurally invalid objects are errors; *unresolved references*
+//! between valid objects (a route to a missing Backend) load fine and are reported as status, as
+//! in Gateway API.
 #![forbid(unsafe_code)]
 
 pub mod duration;

@@ -1,6 +1,6 @@
 //! Real Envoy processes for end-to-end tests.
 //!
-//! DESIGN §7 requires end-to-end tests against a real Envoy 1.40, never skipped when it is missing. This
+//! End-to-end tests use a real Envoy 1.40 and never skip when it is missing (docs/architecture.md §7). This
 //! module finds the binary (the project-local venv that `scripts/test` installs), writes a bootstrap (given,
 //! or generated for ADS against a control plane), starts Envoy with its admin on an ephemeral port, and
 //! wraps the admin API calls tests need. Every Envoy is killed (SIGKILL, by its own process handle) when the

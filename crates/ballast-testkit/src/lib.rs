@@ -1,6 +1,6 @@
 //! `ballast-testkit`: real parts for end-to-end tests — Envoy processes, upstreams, traffic, flaky links.
 //!
-//! Ballast's invariants (DESIGN §3) are only believable when a *real* Envoy holds the config and *real* HTTP
+//! Ballast's invariants (docs/architecture.md §4) only count when a *real* Envoy holds the config and *real* HTTP
 //! traffic flows through it while the control plane misbehaves. This crate starts those parts on loopback,
 //! each bounded in time and cleaned up on drop, so a test reads like the scenario it proves:
 //!
@@ -13,7 +13,8 @@
 //!   stream or fail it over between control-plane replicas.
 //! * [`wait_for`] / [`wait_until`] — bounded polling, because tests must never hang.
 //!
-//! Nothing here asserts wall-clock time (DESIGN §7); timeouts only bound how long a test may hang.
+//! Nothing here asserts wall-clock time (docs/architecture.md §7); timeouts only bound how long a
+//! test may hang.
 //!
 //! Envoy is found through `$BALLAST_ENVOY` or the project venv that `scripts/test` creates; when it is
 //! missing, starting one fails with instructions — end-to-end tests never skip. `$BALLAST_ENVOY_LOG_LEVEL`

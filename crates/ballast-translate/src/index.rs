@@ -1,9 +1,9 @@
 //! The dependency index: which routes, Backends and Secrets each Gateway's resources depend on,
 //! and the reverse maps that tell which Gateways a changed object affects.
 //!
-//! Reconciled by keep-set (DESIGN §3.4): each rebuilt Gateway sets its complete new dependency
-//! set and the reverse maps are diffed against the old one, so the index always equals one
-//! computed from scratch ([`DependencyIndex::build`]) — property-tested.
+//! Reconciled by keep-set (invariant 4, docs/architecture.md): each rebuilt Gateway sets its
+//! complete new dependency set and the reverse maps are diffed against the old one, so the index
+//! always equals one computed from scratch ([`DependencyIndex::build`]) — property-tested.
 
 use std::collections::{BTreeMap, BTreeSet};
 

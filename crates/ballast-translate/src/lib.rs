@@ -5,7 +5,7 @@
 //! # Naming scheme of the Envoy resources
 //!
 //! Names are built from object keys so they are stable across restarts and replicas
-//! (DESIGN §3.5) and readable in Envoy's admin output:
+//! (invariant 5, docs/architecture.md) and readable in Envoy's admin output:
 //!
 //! | resource | name |
 //! |---|---|

@@ -1,12 +1,12 @@
 //! The snapshot cache: the latest snapshot per group, published atomically
-//! through `watch` channels, plus the server-wide readiness gate (DESIGN §3.1).
+//! through `watch` channels, plus the server-wide readiness gate (invariant 1).
 //!
 //! Publishing never waits for clients: each stream holds a receiver and
 //! computes its own diff when it next runs, so a slow or stuck client cannot
 //! block publishing or other clients.
 //!
 //! Each group also keeps its last few published snapshots (a bounded history,
-//! default [`DEFAULT_HISTORY`]). Versions are content hashes (DESIGN §3.5), so
+//! default [`DEFAULT_HISTORY`]). Versions are content hashes (invariant 5), so
 //! a version a reconnecting proxy reports names content exactly — whichever
 //! replica sent it — and the history tells a new stream what that proxy holds
 //! (its make-before-break gating then starts from the truth, not from empty).
@@ -131,7 +131,7 @@ impl SnapshotCache {
                 h.truncate(self.inner.history);
             }
         }
-        // Sent outside the lock (DESIGN §1).
+        // Sent outside the lock (docs/architecture.md §3).
         slot.tx.send_replace(Some(snapshot.clone()));
         snapshot
     }

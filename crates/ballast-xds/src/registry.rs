@@ -1,7 +1,7 @@
 //! The node registry: which proxies are connected, on how many streams, and
 //! where each stands per type. A node's state is evicted a grace period after
-//! its last stream closes (DESIGN §3.3); a reconnect within it resumes.
-//! Disconnects never touch snapshots (DESIGN §3.2).
+//! its last stream closes (invariant 3); a reconnect within it resumes.
+//! Disconnects never touch snapshots (invariant 2, docs/architecture.md).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //!
 //! Every stream and snapshot that contains a resource version shares the same
 //! `Arc<Resource>`; a push to N proxies copies the encoded bytes N times and
-//! never encodes again (DESIGN §3.10).
+//! never encodes again (invariant 10, docs/architecture.md).
 
 use std::fmt;
 use std::sync::Arc;
@@ -32,7 +32,7 @@ use prost::{Message, Name};
 
 use crate::version::content_version;
 
-/// The resource types Ballast serves, in make-before-break order (DESIGN §3.6):
+/// The resource types Ballast serves, in make-before-break order (invariant 6):
 /// additions go in this order, removals in reverse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ResourceType {

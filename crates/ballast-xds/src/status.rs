@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::resource::ResourceType;
 use crate::snapshot::ResourceMap;
 
-/// A rejected response, recorded with the client's message (DESIGN §3.7).
+/// A rejected response, recorded with the client's message (invariant 7, docs/architecture.md).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NackInfo {
     pub version: Arc<str>,

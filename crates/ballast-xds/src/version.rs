@@ -1,4 +1,4 @@
-//! Deterministic versions (DESIGN §3.5): the same content gives the same
+//! Deterministic versions (invariant 5, docs/architecture.md): the same content gives the same
 //! version on every replica and after every restart, so a proxy that fails over
 //! receives nothing it already has.
 

@@ -1,5 +1,5 @@
 //! Hand framing of protobuf fields around pre-encoded bytes, so responses can
-//! be written without re-encoding resources (DESIGN §3.10).
+//! be written without re-encoding resources (invariant 10, docs/architecture.md).
 
 use bytes::BufMut;
 use prost::encoding::{encode_varint, encoded_len_varint};

@@ -1,4 +1,4 @@
-//! Delta (incremental) xDS conformance: each protocol rule (DESIGN §4) checked
+//! Delta (incremental) xDS conformance: each protocol rule (architecture.md §5) checked
 //! with an in-process client over real gRPC.
 
 mod common;

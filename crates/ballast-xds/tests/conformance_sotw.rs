@@ -1,4 +1,4 @@
-//! State-of-the-World conformance: each xDS protocol rule (DESIGN §4) checked
+//! State-of-the-World conformance: each xDS protocol rule (architecture.md §5) checked
 //! with an in-process client over real gRPC.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Issue 2, proof e — bounded node state (DESIGN §3.3).
+//! Issue 2, proof e — bounded node state (invariant 3).
 //!
 //! 1,000 distinct node ids connect (in-process gRPC clients over loopback,
 //! SotW and Delta ADS), each gets a response and leaves: after the grace

@@ -1,4 +1,4 @@
-//! Issue 2, proof b — disconnect/reconnect and failover (DESIGN §3.2, §3.5).
+//! Issue 2, proof b — disconnect/reconnect and failover (invariants 2, 5).
 //!
 //! Two server instances, each with its own cache holding an independently
 //! built copy of the same snapshot, sit behind one TCP proxy that round-robins

@@ -1,4 +1,4 @@
-//! Issue 2, proof c — make before break (DESIGN §3.6) under continuous load.
+//! Issue 2, proof c — make before break (invariant 6) under continuous load.
 //!
 //! In ONE publish the route moves from cluster A to a new cluster B (new EDS
 //! cluster, new endpoints) and A disappears. Envoy must get B and its

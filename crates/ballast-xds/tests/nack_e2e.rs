@@ -1,4 +1,4 @@
-//! Issue 2, proof d — NACK safety (DESIGN §3.7) against a real Envoy.
+//! Issue 2, proof d — NACK safety (invariant 7) against a real Envoy.
 //!
 //! A snapshot Envoy 1.40 rejects (a route whose regex RE2 cannot compile; our
 //! snapshot builder has no regex engine and accepts it) is published while

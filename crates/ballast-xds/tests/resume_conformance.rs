@@ -1,5 +1,5 @@
 //! A proxy that opens a NEW stream (reconnect, or failover to another replica)
-//! while the config changed meanwhile (DESIGN §3.2, §3.5, §3.6).
+//! while the config changed meanwhile (invariants 2, 5, 6).
 //!
 //! Stream 1 gets V1 (route r1 → cluster a) and ACKs everything. It closes; the
 //! group moves to V2 (r1 → b, a removed). Stream 2 — to the same server, or to

@@ -1,5 +1,5 @@
 //! Failover to a replica whose config moved on while Envoy was connected to
-//! another one (DESIGN §3.2, §3.6): Envoy holds V1 (route → a); replica B has
+//! another one (invariants 2, 6): Envoy holds V1 (route → a); replica B has
 //! since published V2 (route → b, cluster a removed). Envoy's xDS connection
 //! is cut and lands on B. B knows from its snapshot history exactly what Envoy
 //! holds (content-hash versions), so it adds b first, moves the route once b is

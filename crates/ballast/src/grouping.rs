@@ -1,6 +1,6 @@
-//! Node → gateway (DESIGN §5): an Envoy serves the gateway named by its
-//! `node.cluster` (`namespace/name`, or `name` in namespace `default`); node
-//! metadata `ballast.gateway` overrides it.
+//! Node → gateway (README, "Which Envoy gets which gateway"): an Envoy serves
+//! the gateway named by its `node.cluster` (`namespace/name`, or `name` in
+//! namespace `default`); node metadata `ballast.gateway` overrides it.
 
 use ballast_xds::envoy_types::pb::envoy::config::core::v3::Node;
 use ballast_xds::envoy_types::pb::google::protobuf::value::Kind;

@@ -1,6 +1,7 @@
-//! The blast-radius guard (DESIGN §3.9): a new snapshot that would remove more
-//! than a configured share of a gateway's listeners, routes or clusters is held
-//! for a settle period and published only if the source still says so.
+//! The blast-radius guard (invariant 9, docs/architecture.md): a new snapshot
+//! that would remove more than a configured share of a gateway's listeners,
+//! routes or clusters is held for a settle period and published only if the
+//! source still says so.
 //!
 //! A mass deletion is more often an accident (a half-synced directory, a bad
 //! template, a truncated file) than an intent; holding it costs a few seconds

@@ -1,4 +1,4 @@
-//! The CLI (DESIGN §5): `validate`, `translate`, `bootstrap` (accepted by a
+//! The CLI (README, "CLI"): `validate`, `translate`, `bootstrap` (accepted by a
 //! real Envoy that then gets configured by `ballast serve` on the built-in
 //! quickstart config), `status`, and the node → gateway mapping (node.cluster,
 //! metadata `ballast.gateway`, an unknown gateway that waits).

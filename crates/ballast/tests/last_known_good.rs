@@ -1,4 +1,4 @@
-//! Last known good (DESIGN §3.8) and the blast-radius guard (§3.9), with real
+//! Last known good (invariant 8) and the blast-radius guard (invariant 9), with real
 //! Envoy and traffic.
 
 mod common;

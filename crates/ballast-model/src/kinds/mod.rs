@@ -1,5 +1,5 @@
-//! The config kinds (DESIGN §5). Field names follow Gateway API / Kubernetes (camelCase) because
-//! they are the interface: the same manifests must load in Kubernetes.
+//! The config kinds (docs/configuration.md). Field names follow Gateway API / Kubernetes
+//! (camelCase) because they are the interface: the same manifests must load in Kubernetes.
 //!
 //! The structs are what the YAML deserializes into (with `deny_unknown_fields`), after
 //! [`crate::parse`] has filled in Gateway API defaults and [`crate::validate`] has checked them.

@@ -2,7 +2,7 @@
 //!
 //! Each reload reads *all* configured files and builds one [`ConfigSet`]; it is published only
 //! if everything read and validated, so a set of changed files is applied as one consistent
-//! config or not at all (last known good, DESIGN §3.8). Events are debounced (see
+//! config or not at all (last known good, invariant 8). Events are debounced (see
 //! [`FileSourceOptions`]) so that files written together — a route and its backend renamed in
 //! two files, a `git checkout`, a ConfigMap update — land in the same reload.
 
@@ -32,7 +32,7 @@ pub struct FileSourceOptions {
     /// coming (a file appended to continuously must not starve the others).
     pub max_delay: Duration,
     /// Test hook: delay before the initial sync completes (to test that nothing is served
-    /// before it; DESIGN §3.1). The first load happens after it.
+    /// before it; invariant 1). The first load happens after it.
     pub initial_delay: Duration,
 }
 

@@ -1,5 +1,5 @@
 //! Filesystem watching: which directories to watch for the configured paths (reconciled as a
-//! keep-set, DESIGN §3.4), which notify events matter, and the debounce that groups a burst of
+//! keep-set, invariant 4), which notify events matter, and the debounce that groups a burst of
 //! events into one reload.
 //!
 //! Watching is deliberately coarse: any relevant event under a watched directory triggers a

@@ -2,7 +2,8 @@
 //! stream. No I/O here, so every rule is unit- and property-testable; the
 //! async servers in `crate::server` drive these machines.
 //!
-//! Ordering (DESIGN §3.6) is dependency-driven rather than a fixed script:
+//! Ordering (invariant 6, docs/architecture.md §5.2) is dependency-driven
+//! rather than a fixed script:
 //! - a listener or route configuration whose *hard* references (clusters it
 //!   routes to) are not yet warm at the client is held at its previous version;
 //! - a resource is removed only when nothing the client holds (acked or in

@@ -1,5 +1,5 @@
 //! Wire framing of responses around pre-encoded resources, never re-encoded
-//! (DESIGN §3.10).
+//! (invariant 10, docs/architecture.md).
 //!
 //! Streams write responses as a chain of chunks ([`Chunks`]): a resource's
 //! shared `Bytes` goes out as its own chunk (zero copy: the bytes are never
@@ -325,7 +325,7 @@ impl<E, D> Default for XdsCodec<E, D> {
     }
 }
 
-/// Small initial buffer: an idle stream should cost little memory (DESIGN §6).
+/// Small initial buffer: an idle stream should cost little memory (docs/architecture.md §3).
 fn buffer() -> BufferSettings {
     BufferSettings::new(4 * 1024, 32 * 1024)
 }

@@ -33,7 +33,7 @@ pub async fn fetch(
     let handle = shared
         .registry
         .open(node.clone(), group.as_str().into(), StreamKind::Rest(ty));
-    // Held until ready (DESIGN §3.1); the client's deadline bounds the wait.
+    // Held until ready (invariant 1, docs/architecture.md); the client's deadline bounds the wait.
     let mut ready = shared.cache.watch_ready();
     ready
         .wait_for(|r| *r)

@@ -1,4 +1,4 @@
-//! Admin HTTP (DESIGN §5): health, readiness, metrics and debug views.
+//! Admin HTTP (README, "Admin HTTP"): health, readiness, metrics and debug views.
 //! Loopback by default; read-only.
 
 use std::collections::BTreeMap;
