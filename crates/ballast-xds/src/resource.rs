@@ -554,7 +554,8 @@ mod tests {
     fn eds_from_another_config_source_is_not_referenced() {
         use envoy_types::pb::envoy::config::core::v3::config_source::ConfigSourceSpecifier as S;
         use envoy_types::pb::envoy::config::core::v3::{
-            AggregatedConfigSource, ApiConfigSource, ConfigSource, SelfConfigSource,
+            AggregatedConfigSource, ApiConfigSource, ConfigSource, PathConfigSource,
+            SelfConfigSource,
         };
         let with = |spec: Option<S>| {
             let mut c = eds_cluster("a", "");
@@ -571,7 +572,11 @@ mod tests {
             0
         );
         assert_eq!(with(Some(S::Self_(SelfConfigSource::default()))), 0);
-        assert_eq!(with(Some(S::Path("/etc/eds.yaml".into()))), 0);
+        let file = PathConfigSource {
+            path: "/etc/eds.yaml".into(),
+            ..Default::default()
+        };
+        assert_eq!(with(Some(S::PathConfigSource(file))), 0);
     }
 
     #[test]
