@@ -299,3 +299,43 @@ async fn resumed_stream_gets_one_empty_response() {
     c.ack(&r).await;
     c.expect_quiet().await;
 }
+
+/// Issue 8 §2: a cluster whose endpoints come from another config source
+/// (here an ApiConfigSource) is warm as far as this stream can tell: the
+/// route to it is sent once the client holds the cluster.
+#[tokio::test]
+async fn route_to_a_cluster_with_endpoints_from_elsewhere_is_not_held() {
+    use ballast_xds::envoy_types::pb::envoy::config::core::v3::config_source::ConfigSourceSpecifier;
+    use ballast_xds::envoy_types::pb::envoy::config::core::v3::{ApiConfigSource, ConfigSource};
+    use ballast_xds::simple;
+    let mut x = simple::eds_cluster("x", Duration::from_secs(1));
+    x.eds_cluster_config.as_mut().unwrap().eds_config = Some(ConfigSource {
+        config_source_specifier: Some(ConfigSourceSpecifier::ApiConfigSource(
+            ApiConfigSource::default(),
+        )),
+        ..Default::default()
+    });
+    let mut b = ballast_xds::Snapshot::builder();
+    b.message(&x).unwrap();
+    b.message(&simple::http_listener("l1", "127.0.0.1", 0, "r1"))
+        .unwrap();
+    b.message(&simple::route_config("r1", &[("*", &[("x", 1)])]))
+        .unwrap();
+    let (_c, s) = ready_server(b.build().unwrap()).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &[], &[]).await;
+    let cds = c.recv().await;
+    assert_eq!(names(&cds), ["x"]);
+    c.ack(&cds).await;
+    c.subscribe(LDS, &[], &[]).await;
+    let lds = c.recv().await;
+    c.ack(&lds).await;
+    c.subscribe(RDS, &["r1"], &[]).await;
+    let rds = c.recv().await;
+    assert_eq!(rds.type_url, RDS.type_url());
+    assert_eq!(
+        names(&rds),
+        ["r1"],
+        "the route is not held for x's endpoints"
+    );
+}
