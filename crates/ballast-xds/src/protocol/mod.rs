@@ -11,6 +11,12 @@
 //! Together with sending types in SDS→CDS→EDS→LDS→RDS order, this gives
 //! make-before-break for additions and break-after-unlink for removals, and it
 //! also holds when a NACK leaves the client on older config.
+//!
+//! Only references delivered on the same stream count (`ads` config sources,
+//! see [`crate::resource`]). Every stream sends at least one response once
+//! the client's state is known — a no-op when it owes nothing — because Envoy
+//! resets its reconnect backoff only when a message arrives ([`sotw`],
+//! [`delta`]).
 
 pub mod delta;
 pub mod sotw;
