@@ -305,14 +305,17 @@ fn common_tls_refs(ctx: Option<&CommonTlsContext>, refs: &mut Vec<Ref>) {
     }
 }
 
-/// Only references served by this management server (ADS or an unspecified
-/// source) are ours to check; a secret from a file path is not.
+/// Only references delivered on the same ADS stream (`ads`, or no source
+/// given) are ours to check. Anything else — an `api_config_source` (another
+/// gRPC stream, to us or to another server), `self`, a file path — reaches
+/// the client by a way this stream cannot see: counting it as "delivered
+/// here" would hold every route to such a cluster until endpoints arrive that
+/// this stream never sends.
 fn is_ads_config(cfg: &envoy_types::pb::envoy::config::core::v3::ConfigSource) -> bool {
     use envoy_types::pb::envoy::config::core::v3::config_source::ConfigSourceSpecifier;
     matches!(
         cfg.config_source_specifier,
         None | Some(ConfigSourceSpecifier::Ads(_))
-            | Some(ConfigSourceSpecifier::ApiConfigSource(_))
     )
 }
 
@@ -543,6 +546,37 @@ mod tests {
         );
         let r = Resource::new(&eds_cluster("a", "svc")).unwrap();
         assert_eq!(&*r.refs()[0].name, "svc");
+    }
+
+    /// Endpoints from another config source (another gRPC stream, `self`, a
+    /// file) are not delivered on the ADS stream: no reference to wait on.
+    #[test]
+    fn eds_from_another_config_source_is_not_referenced() {
+        use envoy_types::pb::envoy::config::core::v3::config_source::ConfigSourceSpecifier as S;
+        use envoy_types::pb::envoy::config::core::v3::{
+            AggregatedConfigSource, ApiConfigSource, ConfigSource, PathConfigSource,
+            SelfConfigSource,
+        };
+        let with = |spec: Option<S>| {
+            let mut c = eds_cluster("a", "");
+            c.eds_cluster_config.as_mut().unwrap().eds_config = Some(ConfigSource {
+                config_source_specifier: spec,
+                ..Default::default()
+            });
+            Resource::new(&c).unwrap().refs().len()
+        };
+        assert_eq!(with(Some(S::Ads(AggregatedConfigSource {}))), 1);
+        assert_eq!(with(None), 1, "no specifier: taken as ADS");
+        assert_eq!(
+            with(Some(S::ApiConfigSource(ApiConfigSource::default()))),
+            0
+        );
+        assert_eq!(with(Some(S::Self_(SelfConfigSource::default()))), 0);
+        let file = PathConfigSource {
+            path: "/etc/eds.yaml".into(),
+            ..Default::default()
+        };
+        assert_eq!(with(Some(S::PathConfigSource(file))), 0);
     }
 
     #[test]

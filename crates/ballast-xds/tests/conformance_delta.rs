@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ballast_xds::ResourceType::{
-    Cluster as CDS, ClusterLoadAssignment as EDS, RouteConfiguration as RDS,
+    Cluster as CDS, ClusterLoadAssignment as EDS, Listener as LDS, RouteConfiguration as RDS,
 };
 use ballast_xds::SnapshotCache;
 use ballast_xds::envoy_types::pb::envoy::service::discovery::v3::{
@@ -120,7 +120,8 @@ async fn initial_resource_versions_are_honoured() {
     let r = c2.recv().await;
     assert_eq!(names(&r), ["b", "c"], "only what differs");
     assert_eq!(r.removed_resources, ["z"]);
-    // A client that has everything current gets nothing at all.
+    // A client that has everything current gets nothing re-sent (its one
+    // empty response waits for the EDS request its clusters say is coming).
     let mut c3 = Delta::connect(s.addr, "n3").await;
     c3.send(DeltaDiscoveryRequest {
         type_url: CDS.type_url().into(),
@@ -231,4 +232,110 @@ async fn nack_state_clears_when_config_returns_to_what_the_client_kept() {
     // The rejected version is still never resent; a new one is.
     cache.set_snapshot("g", fixture(&["a"], "a", 3));
     assert_eq!(names(&c.recv().await), ["a"]);
+}
+
+/// Issue 8 §2: an empty first subscription is wildcard only for LDS and CDS;
+/// for EDS it means "not interested". Naming resources later delivers them.
+#[tokio::test]
+async fn empty_first_eds_subscription_is_not_wildcard() {
+    let (_c, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(EDS, &[], &[]).await;
+    let r0 = c.recv().await;
+    assert!(names(&r0).is_empty(), "{:?}", names(&r0));
+    assert!(r0.removed_resources.is_empty());
+    c.ack(&r0).await;
+    c.expect_quiet().await;
+    c.subscribe(EDS, &["a", "b"], &[]).await;
+    assert_eq!(names(&c.recv().await), ["a", "b"]);
+}
+
+/// Issue 8 §1: Envoy resets its reconnect backoff only when a stream delivers
+/// a message. A stream resumed at the current versions gets exactly one
+/// response, with no resources and no removals; on ADS it goes on EDS, whose
+/// request the client's clusters announce (Envoy gives an empty update only
+/// to wildcard watches, so nothing happens at all).
+#[tokio::test]
+async fn resumed_stream_gets_one_empty_response() {
+    let (_c, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c1 = Delta::connect(s.addr, "n").await;
+    let mut held = std::collections::HashMap::new();
+    for (ty, sub) in [
+        (CDS, &[][..]),
+        (EDS, &["a"][..]),
+        (LDS, &[][..]),
+        (RDS, &["r1"][..]),
+    ] {
+        c1.subscribe(ty, sub, &[]).await;
+        let r = c1.recv().await;
+        c1.ack(&r).await;
+        let versions: BTreeMap<String, String> = r
+            .resources
+            .iter()
+            .map(|x| (x.name.clone(), x.version.clone()))
+            .collect();
+        held.insert(ty, (sub, versions));
+    }
+    c1.expect_quiet().await;
+    drop(c1);
+    let mut c = Delta::connect(s.addr, "n").await;
+    let first = |ty| {
+        let (sub, versions): &(&[&str], BTreeMap<String, String>) = &held[&ty];
+        DeltaDiscoveryRequest {
+            type_url: ballast_xds::ResourceType::type_url(ty).into(),
+            resource_names_subscribe: sub.iter().map(|x| x.to_string()).collect(),
+            initial_resource_versions: versions.clone().into_iter().collect(),
+            ..Default::default()
+        }
+    };
+    c.send(first(CDS)).await;
+    c.expect_quiet().await;
+    for ty in [EDS, LDS, RDS] {
+        c.send(first(ty)).await;
+    }
+    let r = c.recv().await;
+    assert_eq!(r.type_url, EDS.type_url());
+    assert!(r.resources.is_empty() && r.removed_resources.is_empty());
+    c.ack(&r).await;
+    c.expect_quiet().await;
+}
+
+/// Issue 8 §2: a cluster whose endpoints come from another config source
+/// (here an ApiConfigSource) is warm as far as this stream can tell: the
+/// route to it is sent once the client holds the cluster.
+#[tokio::test]
+async fn route_to_a_cluster_with_endpoints_from_elsewhere_is_not_held() {
+    use ballast_xds::envoy_types::pb::envoy::config::core::v3::config_source::ConfigSourceSpecifier;
+    use ballast_xds::envoy_types::pb::envoy::config::core::v3::{ApiConfigSource, ConfigSource};
+    use ballast_xds::simple;
+    let mut x = simple::eds_cluster("x", Duration::from_secs(1));
+    x.eds_cluster_config.as_mut().unwrap().eds_config = Some(ConfigSource {
+        config_source_specifier: Some(ConfigSourceSpecifier::ApiConfigSource(
+            ApiConfigSource::default(),
+        )),
+        ..Default::default()
+    });
+    let mut b = ballast_xds::Snapshot::builder();
+    b.message(&x).unwrap();
+    b.message(&simple::http_listener("l1", "127.0.0.1", 0, "r1"))
+        .unwrap();
+    b.message(&simple::route_config("r1", &[("*", &[("x", 1)])]))
+        .unwrap();
+    let (_c, s) = ready_server(b.build().unwrap()).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &[], &[]).await;
+    let cds = c.recv().await;
+    assert_eq!(names(&cds), ["x"]);
+    c.ack(&cds).await;
+    c.subscribe(LDS, &[], &[]).await;
+    let lds = c.recv().await;
+    c.ack(&lds).await;
+    c.subscribe(RDS, &["r1"], &[]).await;
+    let rds = c.recv().await;
+    assert_eq!(rds.type_url, RDS.type_url());
+    assert_eq!(
+        names(&rds),
+        ["r1"],
+        "the route is not held for x's endpoints"
+    );
 }

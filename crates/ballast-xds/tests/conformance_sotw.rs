@@ -518,3 +518,215 @@ async fn eds_pushes_carry_only_what_the_client_lacks() {
     c.ack(&eds3, &["a", "b"]).await;
     c.expect_quiet().await;
 }
+
+/// Issue 8 §2: an empty first request is wildcard only for LDS and CDS. For
+/// EDS (and RDS) it means "not interested": answered with nothing, and a later
+/// request naming resources (with that nonce) delivers them.
+#[tokio::test]
+async fn empty_first_eds_or_rds_request_is_not_wildcard() {
+    let (_c, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    for (ty, wanted) in [(EDS, &["a", "b"][..]), (RDS, &["r1"][..])] {
+        c.request(ty, &[], "", "").await;
+        let r0 = c.recv().await;
+        assert_eq!(r0.type_url, ty.type_url());
+        assert!(names(&r0).is_empty(), "{ty}: {:?}", names(&r0));
+        c.ack(&r0, &[]).await;
+        c.expect_quiet().await;
+        c.request(ty, wanted, &r0.version_info, &r0.nonce).await;
+        let r1 = c.recv().await;
+        assert_eq!(names(&r1), wanted, "{ty}: the named resources arrive");
+        assert_ne!(r1.version_info, r0.version_info);
+    }
+}
+
+/// Issue 8 §2: newly requested names are always (re)sent, even when the
+/// client was sent them before under a wildcard it then dropped.
+#[tokio::test]
+async fn newly_named_resources_are_resent_after_an_explicit_wildcard() {
+    let (_c, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(EDS, &["*"], "", "").await;
+    let r0 = c.recv().await;
+    assert_eq!(names(&r0), ["a", "b"]);
+    c.ack(&r0, &["*"]).await;
+    c.request(EDS, &["a", "b"], &r0.version_info, &r0.nonce)
+        .await;
+    assert_eq!(names(&c.recv().await), ["a", "b"]);
+}
+
+/// Syncs CDS, EDS [a], LDS, RDS [r1] on a new stream; returns each type's
+/// ACKed version.
+async fn full_sync(c: &mut Sotw) -> std::collections::HashMap<ballast_xds::ResourceType, String> {
+    let mut held = std::collections::HashMap::new();
+    for (ty, sub) in [
+        (CDS, &[][..]),
+        (EDS, &["a"][..]),
+        (LDS, &[][..]),
+        (RDS, &["r1"][..]),
+    ] {
+        c.request(ty, sub, "", "").await;
+        let r = c.recv().await;
+        c.ack(&r, sub).await;
+        held.insert(ty, r.version_info.clone());
+    }
+    c.expect_quiet().await;
+    held
+}
+
+/// Issue 8 §1: Envoy resets its reconnect backoff only when a stream delivers
+/// a message. A stream resumed at the current versions gets exactly one
+/// response: EDS with no resources at the version the client holds (Envoy's
+/// SotW mux gives a named watch only resources present in a response). It
+/// waits for the EDS request Envoy's clusters say is coming, rather than
+/// repeat CDS.
+#[tokio::test]
+async fn resumed_stream_gets_one_empty_eds_response() {
+    let (_c, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c1 = Sotw::connect(s.addr, "n").await;
+    let held = full_sync(&mut c1).await;
+    drop(c1);
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(CDS, &[], &held[&CDS], "").await;
+    c.expect_quiet().await;
+    c.request(EDS, &["a"], &held[&EDS], "").await;
+    c.request(LDS, &[], &held[&LDS], "").await;
+    c.request(RDS, &["r1"], &held[&RDS], "").await;
+    let r = c.recv().await;
+    assert_eq!(r.type_url, EDS.type_url());
+    assert!(names(&r).is_empty(), "nothing is re-sent: {:?}", names(&r));
+    assert_eq!(r.version_info, held[&EDS], "the version the client holds");
+    c.ack(&r, &["a"]).await;
+    c.expect_quiet().await;
+    let node = s.server.registry().node("n").unwrap();
+    assert!(
+        node.types
+            .iter()
+            .all(|t| t.state == ballast_xds::SyncState::Synced),
+        "{:?}",
+        node.types
+            .iter()
+            .map(|t| (t.ty, t.state))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Issue 8 §1: a resumed client that subscribes to no EDS/RDS/SDS (static
+/// clusters, inline routes) gets its smallest full-state type again at the
+/// same version: Envoy skips every cluster or listener whose hash is
+/// unchanged, and it is the only message it accepts without effect.
+#[tokio::test]
+async fn resumed_stream_without_named_types_gets_its_state_again() {
+    use ballast_xds::envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    let snap = || {
+        ballast_xds::Snapshot::builder()
+            .with(&Cluster {
+                name: "static".into(),
+                ..Default::default()
+            })
+            .unwrap()
+            .build()
+            .unwrap()
+    };
+    let (_c, s) = ready_server(snap()).await;
+    let mut c1 = Sotw::connect(s.addr, "n").await;
+    c1.request(CDS, &[], "", "").await;
+    let r1 = c1.recv().await;
+    c1.ack(&r1, &[]).await;
+    c1.request(LDS, &[], "", "").await;
+    let l1 = c1.recv().await;
+    c1.ack(&l1, &[]).await;
+    drop(c1);
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(CDS, &[], &r1.version_info, "").await;
+    let r = c.recv().await;
+    // LDS holds nothing (smaller) but was not asked for yet: CDS, as held.
+    assert_eq!(r.type_url, CDS.type_url());
+    assert_eq!(r.version_info, r1.version_info);
+    assert_eq!(names(&r), ["static"]);
+    c.ack(&r, &[]).await;
+    c.request(LDS, &[], &l1.version_info, "").await;
+    c.expect_quiet().await;
+}
+
+/// Issue 8 §1 on a per-type CDS stream: no other type comes on it, so the
+/// resumed client gets its clusters again at the version it holds.
+#[tokio::test]
+async fn resumed_per_type_cds_stream_is_answered() {
+    use ballast_xds::envoy_types::pb::envoy::service::cluster::v3::cluster_discovery_service_client::ClusterDiscoveryServiceClient;
+    use ballast_xds::envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    let (_c, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut ads = Sotw::connect(s.addr, "n").await;
+    ads.request(CDS, &[], "", "").await;
+    let held = ads.recv().await;
+    drop(ads);
+    let mut client = ClusterDiscoveryServiceClient::new(common::client::channel(s.addr).await);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(DiscoveryRequest {
+        node: Some(common::client::node("n")),
+        type_url: CDS.type_url().into(),
+        version_info: held.version_info.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut stream = client
+        .stream_clusters(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let r = tokio::time::timeout(common::client::RECV, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.version_info, held.version_info);
+    assert_eq!(names(&r), ["a"]);
+}
+
+/// Issue 8 §2: endpoints from another config source (an ApiConfigSource, a
+/// file, `self`) never come on this stream: a route to such a cluster is
+/// sent once the client holds the cluster, without waiting for them.
+#[tokio::test]
+async fn route_to_a_cluster_with_endpoints_from_elsewhere_is_not_held() {
+    use ballast_xds::envoy_types::pb::envoy::config::core::v3::config_source::ConfigSourceSpecifier;
+    use ballast_xds::envoy_types::pb::envoy::config::core::v3::{ApiConfigSource, ConfigSource};
+    let mut x = ballast_xds::simple::eds_cluster("x", Duration::from_secs(1));
+    x.eds_cluster_config.as_mut().unwrap().eds_config = Some(ConfigSource {
+        config_source_specifier: Some(ConfigSourceSpecifier::ApiConfigSource(
+            ApiConfigSource::default(),
+        )),
+        ..Default::default()
+    });
+    let mut b = ballast_xds::Snapshot::builder();
+    b.message(&x).unwrap();
+    b.message(&ballast_xds::simple::http_listener(
+        "l1",
+        "127.0.0.1",
+        0,
+        "r1",
+    ))
+    .unwrap();
+    b.message(&ballast_xds::simple::route_config(
+        "r1",
+        &[("*", &[("x", 1)])],
+    ))
+    .unwrap();
+    let (_c, s) = ready_server(b.build().unwrap()).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.request(CDS, &[], "", "").await;
+    let cds = c.recv().await;
+    assert_eq!(names(&cds), ["x"]);
+    c.ack(&cds, &[]).await;
+    c.request(LDS, &[], "", "").await;
+    let lds = c.recv().await;
+    c.ack(&lds, &[]).await;
+    c.request(RDS, &["r1"], "", "").await;
+    let rds = c.recv().await;
+    assert_eq!(rds.type_url, RDS.type_url());
+    assert_eq!(
+        names(&rds),
+        ["r1"],
+        "the route is not held for x's endpoints"
+    );
+}

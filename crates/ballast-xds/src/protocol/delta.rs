@@ -1,12 +1,18 @@
 //! Incremental (Delta) xDS: responses carry only what changed, and removals by
 //! name; the server tracks what each client holds.
+//!
+//! Every stream gets at least one response once the client's state is known
+//! (DESIGN §3.2): Envoy resets its reconnect backoff only when a stream
+//! delivers a message, so a stream that owes the client nothing (resumed at
+//! the current versions) gets a response with no resources and no removals,
+//! which Envoy applies as an empty update and ACKs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 
-use super::subscription::Subscription;
+use super::subscription::{Subscription, empty_first_request_is_wildcard};
 use super::{
     ClientViews, DeltaResponse, Nonces, RequestOutcome, Seeker, TypeView, find_version,
     hard_refs_ready, referenced_by_client, resume_holds_removals, share_if_whole, without_names,
@@ -134,6 +140,8 @@ pub struct DeltaMachine {
     resumed: bool,
     /// The resume hold was lifted (the driver gave up waiting for requests).
     resume_released: bool,
+    /// A response was sent on this stream (else a keepalive is owed).
+    answered: bool,
     /// Plans computed over changed names only (tests check them against full plans).
     #[cfg(test)]
     pub(crate) scoped_plans: usize,
@@ -148,6 +156,7 @@ impl DeltaMachine {
             snapshot: None,
             resumed: false,
             resume_released: false,
+            answered: false,
             #[cfg(test)]
             scoped_plans: 0,
         }
@@ -258,7 +267,7 @@ impl DeltaMachine {
         st.sub.apply_delta_with(
             &req.resource_names_subscribe,
             &req.resource_names_unsubscribe,
-            first,
+            first && empty_first_request_is_wildcard(ty),
             known.as_ref(),
         );
         for name in &req.resource_names_subscribe {
@@ -290,7 +299,64 @@ impl DeltaMachine {
     }
 
     /// The next response to send, if any (at most one in flight per type).
+    /// The first response of a stream that owes the client nothing is an
+    /// empty one (module docs).
     pub fn next_response(&mut self) -> Option<DeltaResponse> {
+        let resp = self.next_planned().or_else(|| self.keepalive());
+        self.answered |= resp.is_some();
+        resp
+    }
+
+    /// A response with no resources and no removals, on a stream that has
+    /// sent nothing yet. Preferably for EDS/RDS/SDS (Envoy hands an empty
+    /// update only to wildcard watches: nothing happens at all), so on ADS it
+    /// waits for such a request when what the client holds says one is coming.
+    fn keepalive(&mut self) -> Option<DeltaResponse> {
+        if self.answered {
+            return None;
+        }
+        let snap = self.snapshot.as_ref()?;
+        let idle = |ty: &ResourceType| {
+            self.types[ty.index()]
+                .as_ref()
+                .is_some_and(|st| st.in_flight.is_none())
+        };
+        let named = ResourceType::ALL
+            .into_iter()
+            .find(|ty| !empty_first_request_is_wildcard(*ty) && idle(ty));
+        let ty = match named {
+            Some(ty) => ty,
+            None if self.only.is_none()
+                && !self.resume_released
+                && super::named_request_expected(|t| self.types[t.index()].is_some(), self) =>
+            {
+                return None;
+            }
+            None => ResourceType::ALL.into_iter().find(idle)?,
+        };
+        let version = snap.version(ty).clone();
+        let nonce = self.nonces.next();
+        let st = self.types[ty.index()].as_mut().expect("found");
+        st.last_nonce = Some(nonce.clone());
+        st.sent_version = Some(version.clone());
+        st.in_flight = Some(InFlight {
+            nonce: nonce.clone(),
+            version: version.clone(),
+            upserts: Vec::new(),
+            removed: Vec::new(),
+            // It changes nothing at the client.
+            clean_after: st.clean.clone(),
+        });
+        Some(DeltaResponse {
+            ty,
+            system_version: version,
+            nonce,
+            resources: Vec::new(),
+            removed: Vec::new(),
+        })
+    }
+
+    fn next_planned(&mut self) -> Option<DeltaResponse> {
         let snap = self.snapshot.clone()?;
         for ty in ResourceType::ALL {
             let ready = matches!(&self.types[ty.index()], Some(st) if st.in_flight.is_none());
@@ -667,5 +733,45 @@ mod tests {
         assert_eq!(r.resources.len(), 1);
         ack(&mut m, &r);
         assert!(m.next_response().is_none());
+    }
+    /// Issue 8 §1: a stream resumed at the current versions sends exactly one
+    /// response, with nothing in it: on ADS once the EDS request its clusters
+    /// announce has come, on a per-type stream at once.
+    #[test]
+    fn a_resumed_stream_sends_one_empty_response() {
+        let s1 = snapshot(3, 1, None);
+        let (cds, eds) = (ResourceType::Cluster, ResourceType::ClusterLoadAssignment);
+        let first = |ty: ResourceType, sub: Vec<String>| DeltaDiscoveryRequest {
+            type_url: ty.type_url().into(),
+            resource_names_subscribe: sub,
+            initial_resource_versions: s1
+                .resources(ty)
+                .iter()
+                .map(|(n, r)| (n.to_string(), r.version().to_string()))
+                .collect(),
+            ..Default::default()
+        };
+        let mut m = DeltaMachine::new(None);
+        m.handle_request(&first(cds, vec![]));
+        assert!(m.next_response().is_none(), "not ready: nothing");
+        m.set_snapshot(Some(s1.clone()));
+        assert!(m.next_response().is_none(), "waits for the EDS request");
+        m.handle_request(&first(eds, (0..3).map(|i| format!("c{i}")).collect()));
+        let r = m.next_response().expect("one response");
+        assert_eq!(r.ty, eds);
+        assert!(r.resources.is_empty() && r.removed.is_empty());
+        assert!(m.next_response().is_none(), "only one");
+        ack(&mut m, &r);
+        assert!(m.next_response().is_none());
+        let st = m.types[eds.index()].as_ref().unwrap();
+        assert!(Arc::ptr_eq(&st.acked, s1.resources(eds)));
+
+        let mut per_type = DeltaMachine::new(Some(cds));
+        per_type.set_snapshot(Some(s1.clone()));
+        per_type.handle_request(&first(cds, vec![]));
+        let r = per_type.next_response().expect("one response");
+        assert_eq!(r.ty, cds);
+        assert!(r.resources.is_empty() && r.removed.is_empty());
+        assert!(per_type.next_response().is_none());
     }
 }

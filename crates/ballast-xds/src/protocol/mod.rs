@@ -12,6 +12,12 @@
 //! Together with sending types in SDS→CDS→EDS→LDS→RDS order, this gives
 //! make-before-break for additions and break-after-unlink for removals, and it
 //! also holds when a NACK leaves the client on older config.
+//!
+//! Only references delivered on the same stream count (`ads` config sources,
+//! see [`crate::resource`]). Every stream sends at least one response once
+//! the client's state is known — a no-op when it owes nothing — because Envoy
+//! resets its reconnect backoff only when a message arrives ([`sotw`],
+//! [`delta`]).
 
 pub mod delta;
 pub mod sotw;
@@ -215,7 +221,10 @@ impl<'a> HeldLookup<'a> {
 
 /// May a new version of `res` be sent now? Its hard references (clusters it
 /// routes to) must exist at the client, and be warm: an EDS cluster's load
-/// assignment must have been delivered too.
+/// assignment must have been delivered too — when it comes on this stream
+/// (`eds_config: ads`). A cluster whose endpoints come from elsewhere (an
+/// `api_config_source`, `self`, a file) refers to no load assignment
+/// ([`crate::resource`]): it is warm as far as this stream can tell.
 pub(crate) fn hard_refs_ready(res: &Resource, snap: &Snapshot, views: &impl ClientViews) -> bool {
     let mut hard = res.refs().iter().filter(|r| r.hard).peekable();
     if hard.peek().is_none() {
@@ -309,6 +318,24 @@ pub(crate) fn resume_holds_removals(
                 _ => true,
             }
     })
+}
+
+/// On ADS, a first request for EDS, RDS or SDS is still to come: what the
+/// client holds names resources of a type it has not `requested` on this
+/// stream yet (Envoy asks for all of its types at once when it reconnects).
+/// A stream's keepalive waits for it, so the no-op can go on that type.
+pub(crate) fn named_request_expected(
+    requested: impl Fn(ResourceType) -> bool,
+    views: &impl ClientViews,
+) -> bool {
+    let mut expected = false;
+    views.for_each_held(&mut |res| {
+        expected |= res
+            .refs()
+            .iter()
+            .any(|r| !subscription::empty_first_request_is_wildcard(r.ty) && !requested(r.ty));
+    });
+    expected
 }
 
 /// The resource `ty`/`name` at `version`, from the current snapshot or a

@@ -1,11 +1,20 @@
 //! State-of-the-World: each response carries the full set of subscribed
 //! resources of one type (all of them for LDS/CDS wildcard).
+//!
+//! Every stream gets at least one response once the client's state is known
+//! (DESIGN §3.2): Envoy resets its reconnect backoff only when a stream
+//! delivers a message, so a resumed stream that owes the client nothing still
+//! gets a no-op ([`SotwMachine`]'s keepalive): an EDS, RDS or SDS response with
+//! no resources at the version the client holds (Envoy's SotW mux calls a
+//! named watch only for resources present in the response, so it only ACKs);
+//! for a client that subscribes to none of those, its CDS or LDS state again at
+//! the same version (Envoy skips every resource whose hash is unchanged).
 
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 
-use super::subscription::Subscription;
+use super::subscription::{Subscription, empty_first_request_is_wildcard};
 use super::{
     ClientViews, Nonces, RequestOutcome, Seeker, SotwResponse, TypeView, hard_refs_ready,
     referenced_by_client, resume_holds_removals, share_if_whole, without_names,
@@ -122,6 +131,8 @@ pub struct SotwMachine {
     resumed: bool,
     /// The resume hold was lifted (the driver gave up waiting for requests).
     resume_released: bool,
+    /// A response was sent on this stream (else a keepalive is owed).
+    answered: bool,
     /// Plans made from the change set (tests check the fast path is taken).
     #[cfg(test)]
     pub(crate) fast_plans: usize,
@@ -137,6 +148,7 @@ impl SotwMachine {
             snapshot: None,
             resumed: false,
             resume_released: false,
+            answered: false,
             #[cfg(test)]
             fast_plans: 0,
         }
@@ -233,11 +245,30 @@ impl SotwMachine {
                 }
             }
         }
-        let (added, changed) = st
-            .sub
-            .apply_sotw_with(&req.resource_names, first, known.as_ref());
+        let (added, changed) = st.sub.apply_sotw_with(
+            &req.resource_names,
+            first && empty_first_request_is_wildcard(ty),
+            known.as_ref(),
+        );
+        if first {
+            // Every first request is answered, even one that subscribes to
+            // nothing (an empty EDS/RDS/SDS list: "not interested").
+            st.must_answer = true;
+        }
         if !added.is_empty() {
             st.must_answer = true;
+            if !first
+                && !ty.is_full_state_in_sotw()
+                && added.iter().any(|n| st.acked.contains_key(n))
+            {
+                // Newly requested names are always (re)sent: a client keeps
+                // only what it asked for by name, so what it held under a
+                // wildcard (or we believe it holds) may not be there.
+                let acked = Arc::make_mut(&mut st.acked);
+                for n in &added {
+                    acked.remove(n);
+                }
+            }
         }
         if first && !req.version_info.is_empty() {
             self.resumed = true;
@@ -270,8 +301,101 @@ impl SotwMachine {
 
     /// The next response to send, if any. Call until it returns `None`; at most
     /// one response per type is in flight (unacknowledged) at a time, which
-    /// also coalesces bursts of snapshots into one push.
+    /// also coalesces bursts of snapshots into one push. The first response
+    /// of a stream that owes the client nothing is a keepalive (module docs).
     pub fn next_response(&mut self) -> Option<SotwResponse> {
+        let resp = self.next_planned().or_else(|| self.keepalive());
+        self.answered |= resp.is_some();
+        resp
+    }
+
+    /// A one-shot fetch (REST, gRPC `Fetch*`): no stream, so no keepalive; a
+    /// client that is current gets no response (REST: 304 Not Modified).
+    pub(crate) fn for_fetch(ty: ResourceType) -> Self {
+        SotwMachine {
+            answered: true,
+            ..SotwMachine::new(Some(ty))
+        }
+    }
+
+    /// A type the client holds exactly what we would send it, with nothing
+    /// in flight or owed: a no-op response for it is safe.
+    fn settled(st: &SotwType) -> bool {
+        st.in_flight.is_none()
+            && !st.must_answer
+            && !st.unresolved
+            && st.acked_version.is_some()
+            && st.last_sent_version == st.acked_version
+    }
+
+    /// The no-op first response of a stream that owes the client nothing
+    /// (resumed at the current versions), so Envoy resets its reconnect
+    /// backoff. Preferably an EDS/RDS/SDS response with no resources (nothing
+    /// re-sent); a full-state type is repeated only when no such request is
+    /// coming: a per-type CDS/LDS stream, or a client whose clusters and
+    /// listeners name no endpoints, routes or secrets served on this stream.
+    fn keepalive(&mut self) -> Option<SotwResponse> {
+        if self.answered || self.snapshot.is_none() {
+            return None;
+        }
+        let named = ResourceType::ALL.into_iter().find(|ty| {
+            !ty.is_full_state_in_sotw()
+                && self.types[ty.index()].as_ref().is_some_and(Self::settled)
+        });
+        let (ty, wire) = match named {
+            Some(ty) => (ty, Arc::new(ResourceMap::new())),
+            None => {
+                if self.named_request_expected() {
+                    return None;
+                }
+                // The smallest full-state type, repeated as the client holds it.
+                let ty = ResourceType::ALL
+                    .into_iter()
+                    .filter(|ty| {
+                        ty.is_full_state_in_sotw()
+                            && self.types[ty.index()].as_ref().is_some_and(Self::settled)
+                    })
+                    .min_by_key(|ty| {
+                        let st = self.types[ty.index()].as_ref().expect("settled");
+                        st.acked
+                            .values()
+                            .map(|r| r.any_bytes().len())
+                            .sum::<usize>()
+                    })?;
+                let acked = self.types[ty.index()]
+                    .as_ref()
+                    .expect("settled")
+                    .acked
+                    .clone();
+                (ty, acked)
+            }
+        };
+        let nonce = self.nonces.next();
+        let st = self.types[ty.index()].as_mut().expect("settled");
+        let version = st.acked_version.clone().expect("settled");
+        st.last_nonce = Some(nonce.clone());
+        st.in_flight = Some(InFlight {
+            nonce: nonce.clone(),
+            version: version.clone(),
+            resources: st.acked.clone(),
+        });
+        Some(SotwResponse {
+            ty,
+            version,
+            nonce,
+            resources: wire,
+        })
+    }
+
+    /// On ADS, a request for EDS, RDS or SDS is still to come
+    /// ([`super::named_request_expected`]).
+    fn named_request_expected(&self) -> bool {
+        self.only.is_none()
+            && !self.resume_released
+            && super::named_request_expected(|t| self.types[t.index()].is_some(), self)
+    }
+
+    fn next_planned(&mut self) -> Option<SotwResponse> {
         let snap = self.snapshot.clone()?;
         for ty in ResourceType::ALL {
             let ready = matches!(&self.types[ty.index()], Some(st) if st.in_flight.is_none());
@@ -853,5 +977,46 @@ mod tests {
         let st = m.types[eds.index()].as_ref().unwrap();
         assert!(Arc::ptr_eq(&st.acked, s3.resources(eds)));
         drop(keep);
+    }
+    /// Issue 8 §1: a stream resumed at the current versions sends exactly one
+    /// response — EDS, empty, at the version the client holds — once the
+    /// snapshot is known and the EDS request its clusters announce has come.
+    #[test]
+    fn a_resumed_stream_sends_one_empty_eds_response() {
+        let s1 = snapshot(3, 1, None);
+        let (cds, eds) = (ResourceType::Cluster, ResourceType::ClusterLoadAssignment);
+        let names: Vec<String> = (0..3).map(|i| format!("c{i:04}")).collect();
+        let mut m = SotwMachine::new(None);
+        m.handle_request(&DiscoveryRequest {
+            type_url: cds.type_url().into(),
+            version_info: s1.version(cds).to_string(),
+            ..Default::default()
+        });
+        assert!(m.next_response().is_none(), "not ready: nothing");
+        m.set_snapshot(Some(s1.clone()));
+        assert!(m.next_response().is_none(), "waits for the EDS request");
+        m.handle_request(&DiscoveryRequest {
+            type_url: eds.type_url().into(),
+            version_info: s1.version(eds).to_string(),
+            resource_names: names.clone(),
+            ..Default::default()
+        });
+        let r = m.next_response().expect("one response");
+        assert_eq!(r.ty, eds);
+        assert!(r.resources.is_empty());
+        assert_eq!(&r.version, s1.version(eds));
+        assert!(m.next_response().is_none(), "only one");
+        ack(&mut m, &r, &names);
+        assert!(m.next_response().is_none());
+        let st = m.types[eds.index()].as_ref().unwrap();
+        assert_eq!(st.acked.len(), 3, "the client still holds everything");
+        // Changes are pushed as before.
+        let s2 = snapshot(3, 2, Some(&s1));
+        m.set_snapshot(Some(s2));
+        let r2 = m.next_response().expect("the change");
+        assert_eq!(
+            r2.resources.keys().map(|k| &**k).collect::<Vec<_>>(),
+            ["c0001"]
+        );
     }
 }

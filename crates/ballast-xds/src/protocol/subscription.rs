@@ -1,12 +1,27 @@
 //! Which resources of one type a stream wants, following the xDS wildcard rules
 //! for State-of-the-World and Delta (including legacy wildcard).
+//!
+//! An empty first request is a (legacy) wildcard subscription only for the
+//! types that have wildcard: Listener and Cluster. For EDS, RDS and SDS an
+//! empty name list means "not interested" (the xDS spec; Envoy never sends
+//! one, other clients do), so the machines pass `first` only for those types
+//! ([`empty_first_request_is_wildcard`]).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use crate::resource::ResourceType;
 use crate::snapshot::ResourceMap;
 
 pub const WILDCARD: &str = "*";
+
+/// Whether an empty first request for `ty` subscribes to everything (legacy
+/// wildcard). Only LDS and CDS: answering an empty EDS request with every
+/// load assignment would make the server believe the client holds what it
+/// ignored, and a later request naming them would get nothing.
+pub fn empty_first_request_is_wildcard(ty: ResourceType) -> bool {
+    matches!(ty, ResourceType::Listener | ResourceType::Cluster)
+}
 
 /// Explicitly subscribed names. When they are exactly the names of a snapshot
 /// map (Envoy's EDS subscription is every cluster), the map's keys are shared
@@ -392,6 +407,22 @@ mod tests {
             sub.apply_sotw(&s(&["b", "c"]), false),
             vec![Arc::<str>::from("c")]
         );
+    }
+
+    #[test]
+    fn empty_first_request_is_wildcard_only_for_listeners_and_clusters() {
+        use ResourceType::*;
+        for ty in ResourceType::ALL {
+            let mut sub = Subscription::default();
+            let added = sub.apply_sotw(&[], empty_first_request_is_wildcard(ty));
+            let wildcard = matches!(ty, Listener | Cluster);
+            assert_eq!(sub.is_wildcard(), wildcard, "{ty}");
+            assert_eq!(!added.is_empty(), wildcard, "{ty}");
+            assert!(!sub.covers("a") || wildcard, "{ty}");
+            let mut sub = Subscription::default();
+            sub.apply_delta(&[], &[], empty_first_request_is_wildcard(ty));
+            assert_eq!(sub.is_wildcard(), wildcard, "{ty}");
+        }
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub async fn fetch(
         .await
         .map_err(|_| Status::unavailable("shutting down"))?
         .clone();
-    let mut machine = SotwMachine::new(Some(ty));
+    let mut machine = SotwMachine::for_fetch(ty);
     let mut one = req.clone();
     one.type_url = ty.type_url().to_string();
     one.response_nonce.clear();
