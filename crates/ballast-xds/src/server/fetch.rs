@@ -43,6 +43,10 @@ pub async fn fetch(
         ));
     }
     let group = (shared.grouper)(node).map_err(Status::invalid_argument)?;
+    // A fetch may wait long (held until ready): it counts as a stream.
+    let _permit = shared
+        .admission
+        .open(&shared.limits, &*shared.observer, None)?;
     let handle = shared
         .registry
         .open(node.clone(), group.as_str().into(), StreamKind::Rest(ty));

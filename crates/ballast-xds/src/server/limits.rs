@@ -29,7 +29,8 @@ pub struct Limits {
     pub max_streams_per_connection: usize,
     /// Most concurrent xDS streams of one node id (default 1,024).
     pub max_streams_per_node: usize,
-    /// Most concurrent xDS streams on the server (default 100,000).
+    /// Most concurrent xDS streams on the server, unary and REST fetches
+    /// in progress included (default 100,000).
     pub max_streams: usize,
     /// Longest `node.id` and `node.cluster`, in bytes (default 1 KiB).
     pub max_node_id_bytes: usize,
