@@ -12,6 +12,12 @@
 //! (its make-before-break gating then starts from the truth, not from empty).
 //! Resources are shared `Arc`s, so the history costs little beyond the
 //! resource versions that exist only in older snapshots.
+//!
+//! Slots are created for any group a client names (Ballast groups by the
+//! client-chosen `node.cluster`), so they must not outlive their use: a slot
+//! with no snapshot and no watcher is freed when the server's last watcher of
+//! it goes away, and otherwise swept lazily as new slots are created.
+//! [`SnapshotCache::clear`] drops a group the application no longer serves.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -32,13 +38,38 @@ struct SlotInner {
 
 type Slot = Arc<SlotInner>;
 
+impl SlotInner {
+    /// Nobody needs this slot: no snapshot, no watcher, and no caller
+    /// holding it (`held` = references the caller itself knows of).
+    fn unused(self: &Slot, held: usize) -> bool {
+        Arc::strong_count(self) <= held
+            && self.tx.receiver_count() == 0
+            && self.tx.borrow().is_none()
+    }
+}
+
+#[derive(Default)]
+struct Groups {
+    map: HashMap<Arc<str>, Slot>,
+    /// Size after the last sweep: the next sweep runs when the map has doubled
+    /// since, so sweeping costs O(1) amortised per created slot.
+    swept_at: usize,
+}
+
+impl Groups {
+    fn sweep(&mut self) {
+        self.map.retain(|_, s| !s.unused(1));
+        self.swept_at = self.map.len();
+    }
+}
+
 #[derive(Clone)]
 pub struct SnapshotCache {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    groups: Mutex<HashMap<Arc<str>, Slot>>,
+    groups: Mutex<Groups>,
     ready: watch::Sender<bool>,
     history: usize,
 }
@@ -60,7 +91,7 @@ impl SnapshotCacheBuilder {
     pub fn build(self) -> SnapshotCache {
         SnapshotCache {
             inner: Arc::new(Inner {
-                groups: Mutex::new(HashMap::new()),
+                groups: Mutex::new(Groups::default()),
                 ready: watch::Sender::new(false),
                 history: self.history,
             }),
@@ -101,16 +132,62 @@ impl SnapshotCache {
     }
 
     fn slot(&self, group: &str) -> Slot {
-        let mut groups = self.inner.groups.lock();
-        if let Some(s) = groups.get(group) {
+        Self::slot_in(&mut self.inner.groups.lock(), group)
+    }
+
+    fn slot_in(groups: &mut Groups, group: &str) -> Slot {
+        if let Some(s) = groups.map.get(group) {
             return s.clone();
+        }
+        if groups.map.len() >= (2 * groups.swept_at).max(64) {
+            groups.sweep();
         }
         let slot: Slot = Arc::new(SlotInner {
             tx: watch::Sender::new(None),
             history: Mutex::new(VecDeque::new()),
         });
-        groups.insert(group.into(), slot.clone());
+        groups.map.insert(group.into(), slot.clone());
         slot
+    }
+
+    /// Forgets a group (go-control-plane's `ClearSnapshot`): its snapshot and
+    /// history are dropped and its watchers see `None`, so streams of that
+    /// group hold their requests as before its first snapshot (proxies keep
+    /// what they have; nothing is removed from them). Call it when the
+    /// application stops serving a group for good, e.g. a deleted gateway:
+    /// clients naming it afterwards are held until a snapshot is set again.
+    /// The slot itself is freed once no watcher remains.
+    pub fn clear(&self, group: &str) {
+        let slot = {
+            let mut groups = self.inner.groups.lock();
+            let Some(slot) = groups.map.get(group).cloned() else {
+                return;
+            };
+            // Kept while watched: its watchers must see the group's next
+            // snapshot if one is set again.
+            if Arc::strong_count(&slot) <= 2 && slot.tx.receiver_count() == 0 {
+                groups.map.remove(group);
+            }
+            slot
+        };
+        slot.history.lock().clear();
+        slot.tx.send_replace(None);
+    }
+
+    /// Frees `group`'s slot if it has no snapshot, no watcher and no other
+    /// user: the server calls it when a stream or fetch that watched the group
+    /// ends, so groups named by clients leave nothing behind.
+    pub(crate) fn release(&self, group: &str) {
+        let mut groups = self.inner.groups.lock();
+        if groups.map.get(group).is_some_and(|s| s.unused(1)) {
+            groups.map.remove(group);
+        }
+    }
+
+    /// How many group slots exist (with or without a snapshot); for tests and
+    /// memory accounting.
+    pub fn slot_count(&self) -> usize {
+        self.inner.groups.lock().map.len()
     }
 
     /// Publishes a group's snapshot atomically. The snapshot was checked for
@@ -137,26 +214,41 @@ impl SnapshotCache {
     }
 
     pub fn snapshot(&self, group: &str) -> Option<Arc<Snapshot>> {
-        let slot = self.inner.groups.lock().get(group).cloned();
+        let slot = self.inner.groups.lock().map.get(group).cloned();
         slot.and_then(|s| s.tx.borrow().clone())
     }
 
     /// The group's recently published snapshots, newest (the current one) first.
     pub fn history(&self, group: &str) -> Vec<Arc<Snapshot>> {
-        let slot = self.inner.groups.lock().get(group).cloned();
+        let slot = self.inner.groups.lock().map.get(group).cloned();
         slot.map(|s| s.history.lock().iter().cloned().collect())
             .unwrap_or_default()
     }
 
     /// Watches a group's snapshot; `None` until its first one is published.
+    /// A slot created only for this watch is freed lazily after the receiver
+    /// is dropped (see [`SnapshotCache::watch_group`] to free it at once).
     pub fn watch(&self, group: &str) -> watch::Receiver<Option<Arc<Snapshot>>> {
-        self.slot(group).tx.subscribe()
+        // Subscribed under the lock, so a concurrent release sees the watcher.
+        let mut groups = self.inner.groups.lock();
+        Self::slot_in(&mut groups, group).tx.subscribe()
+    }
+
+    /// Like [`SnapshotCache::watch`], but the group's slot is freed as soon as
+    /// the returned watch is dropped, if it is then unused.
+    pub fn watch_group(&self, group: &str) -> GroupWatch {
+        GroupWatch {
+            rx: Some(self.watch(group)),
+            cache: self.clone(),
+            group: group.into(),
+        }
     }
 
     /// Groups that have a snapshot, sorted.
     pub fn groups(&self) -> Vec<Arc<str>> {
         let groups = self.inner.groups.lock();
         let mut out: Vec<Arc<str>> = groups
+            .map
             .iter()
             .filter(|(_, s)| s.tx.borrow().is_some())
             .map(|(g, _)| g.clone())
@@ -168,6 +260,35 @@ impl SnapshotCache {
     /// Ready for this group: the server is ready and the group has a snapshot.
     pub fn is_group_ready(&self, group: &str) -> bool {
         self.is_ready() && self.snapshot(group).is_some()
+    }
+}
+
+/// A group's snapshot receiver that frees the group's slot when dropped
+/// (if nothing else uses it). Derefs to the `watch::Receiver`.
+pub struct GroupWatch {
+    rx: Option<watch::Receiver<Option<Arc<Snapshot>>>>,
+    cache: SnapshotCache,
+    group: Arc<str>,
+}
+
+impl std::ops::Deref for GroupWatch {
+    type Target = watch::Receiver<Option<Arc<Snapshot>>>;
+    fn deref(&self) -> &Self::Target {
+        self.rx.as_ref().expect("present until drop")
+    }
+}
+
+impl std::ops::DerefMut for GroupWatch {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.rx.as_mut().expect("present until drop")
+    }
+}
+
+impl Drop for GroupWatch {
+    fn drop(&mut self) {
+        // The receiver goes first, so the slot no longer counts it.
+        drop(self.rx.take());
+        self.cache.release(&self.group);
     }
 }
 
@@ -233,5 +354,51 @@ mod tests {
         let other = Arc::new(snap([3, 3, 3, 3]).resources(EDS).as_ref().clone());
         assert_eq!(names(a.changed_since(EDS, &other)), None);
         assert!(!a.same_keys_since(EDS, &other), "unknown: not the same");
+    }
+
+    /// `clear` drops a group's snapshot and history; a watcher sees `None`
+    /// and keeps the slot (it must see the group's next snapshot), which is
+    /// freed once the last watcher goes. Unwatched groups go at once.
+    #[test]
+    fn clear_forgets_a_group_and_its_watchers_see_none() {
+        let cache = SnapshotCache::new();
+        cache.set_snapshot("g", snap([1, 1, 1, 1]));
+        cache.set_snapshot("h", snap([1, 1, 1, 1]));
+        let mut rx = cache.watch_group("g");
+        assert!(rx.borrow_and_update().is_some());
+        cache.clear("g");
+        assert!(rx.has_changed().unwrap());
+        assert!(rx.borrow_and_update().is_none());
+        assert!(cache.snapshot("g").is_none() && cache.history("g").is_empty());
+        assert_eq!(cache.groups(), vec![Arc::<str>::from("h")]);
+        assert_eq!(cache.slot_count(), 2, "kept while watched");
+        let s2 = cache.set_snapshot("g", snap([2, 2, 2, 2]));
+        assert!(Arc::ptr_eq(rx.borrow_and_update().as_ref().unwrap(), &s2));
+        cache.clear("g");
+        drop(rx);
+        assert_eq!(cache.slot_count(), 1, "freed with its last watcher");
+        cache.clear("h");
+        assert_eq!(cache.slot_count(), 0, "unwatched: freed at once");
+        cache.clear("never-seen");
+    }
+
+    /// Slots created by plain `watch` calls (library users) are swept lazily
+    /// once their receivers are gone: their number stays bounded.
+    #[test]
+    fn unwatched_empty_slots_are_swept_as_new_ones_are_created() {
+        let cache = SnapshotCache::new();
+        cache.set_snapshot("kept", snap([1, 1, 1, 1]));
+        let held = cache.watch("held");
+        for i in 0..10_000 {
+            drop(cache.watch(&format!("g{i}")));
+            assert!(
+                cache.slot_count() <= 130,
+                "{} slots at {i}",
+                cache.slot_count()
+            );
+        }
+        assert!(cache.snapshot("kept").is_some());
+        assert!(cache.inner.groups.lock().map.contains_key("held"));
+        drop(held);
     }
 }

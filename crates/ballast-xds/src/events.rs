@@ -75,6 +75,15 @@ pub enum XdsEvent {
         ty: ResourceType,
         bytes: usize,
     },
+    /// A request or stream was refused by a server limit
+    /// ([`crate::server::limits`]); `limit` is its name (e.g. `request_bytes`).
+    LimitExceeded {
+        limit: &'static str,
+        /// The node, when known at the time of the check.
+        node: Option<Arc<str>>,
+        value: usize,
+        max: usize,
+    },
     /// Node state dropped after its last stream closed and the grace period passed.
     Evicted {
         node: Arc<str>,

@@ -161,19 +161,23 @@ impl Resource {
             return Err(ResourceError::EmptyName { ty: M::TYPE });
         }
         let value = msg.encode_to_vec();
+        // Maps are encoded in HashMap order: hash a canonical form (§3.5).
+        let version = crate::version::message_version(descriptor(M::TYPE), &value);
         Ok(Arc::new(Self::assemble(
             M::TYPE,
             name.into(),
             &value,
             msg.refs(),
+            version,
         )))
     }
 
     /// Builds a resource from the already encoded bytes of an `M` named `name`
     /// whose references are `refs` (e.g. a message assembled from cached encoded
     /// parts). The caller vouches that `value` is `M`'s encoding with that name and
-    /// those references; the version is the content hash of exactly `value`, as
-    /// with [`Resource::new`].
+    /// those references; the version is the content hash of exactly `value`
+    /// (unlike [`Resource::new`], map entries are not sorted first: to keep
+    /// versions deterministic, encode maps with sorted keys or avoid them).
     pub fn from_encoded<M: XdsResource>(
         name: &str,
         value: &[u8],
@@ -182,7 +186,14 @@ impl Resource {
         if name.is_empty() {
             return Err(ResourceError::EmptyName { ty: M::TYPE });
         }
-        Ok(Arc::new(Self::assemble(M::TYPE, name.into(), value, refs)))
+        let version = content_version(value);
+        Ok(Arc::new(Self::assemble(
+            M::TYPE,
+            name.into(),
+            value,
+            refs,
+            version,
+        )))
     }
 
     /// Builds a resource from an `Any` (type URL + encoded value), decoding it
@@ -207,7 +218,13 @@ impl Resource {
         }
     }
 
-    fn assemble(ty: ResourceType, name: Arc<str>, value: &[u8], mut refs: Vec<Ref>) -> Resource {
+    fn assemble(
+        ty: ResourceType,
+        name: Arc<str>,
+        value: &[u8],
+        mut refs: Vec<Ref>,
+        version: String,
+    ) -> Resource {
         let type_url = ty.type_url();
         // Any { type_url = 1; value = 2; }
         let mut buf = BytesMut::with_capacity(type_url.len() + value.len() + 12);
@@ -220,7 +237,7 @@ impl Resource {
         refs.dedup();
         Resource {
             ty,
-            version: content_version(value).into(),
+            version: version.into(),
             name,
             any: buf.freeze(),
             value_start,
@@ -261,6 +278,25 @@ impl Resource {
             value: self.value_bytes().to_vec(),
         }
     }
+}
+
+/// The descriptor of a resource type's message (for canonical versions).
+fn descriptor(ty: ResourceType) -> &'static prost_reflect::MessageDescriptor {
+    static DESCRIPTORS: std::sync::LazyLock<Vec<prost_reflect::MessageDescriptor>> =
+        std::sync::LazyLock::new(|| {
+            ResourceType::ALL
+                .iter()
+                .map(|t| {
+                    let name = t.type_url().rsplit('/').next().unwrap_or_default();
+                    crate::json::pool()
+                        .get_message_by_name(name)
+                        .expect("every resource type is in the bundled descriptors")
+                })
+                .collect()
+        });
+    let d = &DESCRIPTORS[ResourceType::ALL.iter().position(|t| *t == ty).unwrap_or(0)];
+    debug_assert!(ty.type_url().ends_with(d.full_name()));
+    d
 }
 
 /// An Envoy message that can be served as an xDS resource.
@@ -669,5 +705,52 @@ mod tests {
             })
             .is_err()
         );
+    }
+
+    /// Versions of resources with map fields (metadata Structs, and maps of
+    /// `Any`s packing Structs) do not depend on HashMap order: built with keys
+    /// inserted in opposite orders, the encodings differ, the versions do not.
+    #[test]
+    fn equal_content_with_maps_has_equal_versions() {
+        use envoy_types::pb::envoy::config::core::v3::Metadata;
+        use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+        let value = |s: &str| Value {
+            kind: Some(Kind::StringValue(s.into())),
+        };
+        let build = |keys: &[String]| {
+            let st = Struct {
+                fields: keys.iter().map(|k| (k.clone(), value(k))).collect(),
+            };
+            let mut md = Metadata::default();
+            for k in keys {
+                md.filter_metadata.insert(k.clone(), st.clone());
+                md.typed_filter_metadata.insert(
+                    k.clone(),
+                    Any {
+                        type_url: "type.googleapis.com/google.protobuf.Struct".into(),
+                        value: st.encode_to_vec(),
+                    },
+                );
+            }
+            Cluster {
+                metadata: Some(md),
+                ..eds_cluster("c", "c")
+            }
+        };
+        let keys: Vec<String> = (0..32).map(|i| format!("k{i}")).collect();
+        let rev: Vec<String> = keys.iter().rev().cloned().collect();
+        let (a, b) = (build(&keys), build(&rev));
+        assert_ne!(
+            a.encode_to_vec(),
+            b.encode_to_vec(),
+            "HashMap orders differ"
+        );
+        let (ra, rb) = (Resource::new(&a).unwrap(), Resource::new(&b).unwrap());
+        assert_eq!(ra.version(), rb.version());
+        // The bytes sent stay prost's own.
+        assert_eq!(rb.value_bytes(), b.encode_to_vec());
+        let mut c = build(&keys);
+        c.metadata.as_mut().unwrap().filter_metadata.remove("k3");
+        assert_ne!(Resource::new(&c).unwrap().version(), ra.version());
     }
 }

@@ -2,11 +2,204 @@
 //! version on every replica and after every restart, so a proxy that fails over
 //! receives nothing it already has.
 
+use prost_reflect::{Kind, MessageDescriptor};
 use xxhash_rust::xxh3::Xxh3;
 
 /// Version of one resource: a hash of its encoded bytes.
 pub fn content_version(bytes: &[u8]) -> String {
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
+}
+
+/// Version of one encoded message of type `desc`: the hash of its canonical
+/// encoding, in which the entries of every `map` field (also inside `Any`s)
+/// are sorted. prost writes maps in `HashMap` order, which differs between
+/// processes, so equal content could otherwise get different versions.
+/// Costs one scan of the bytes; a second pass and a copy only when some map
+/// has two or more entries.
+pub fn message_version(desc: &MessageDescriptor, bytes: &[u8]) -> String {
+    if needs_sorting(desc, bytes, 0) {
+        let mut out = Vec::with_capacity(bytes.len());
+        canonical_into(desc, bytes, &mut out, 0);
+        debug_assert_eq!(out.len(), bytes.len(), "sorting keeps the length");
+        content_version(&out)
+    } else {
+        content_version(bytes)
+    }
+}
+
+/// Nesting beyond this is hashed as is (prost's own decode limit is 100).
+const MAX_DEPTH: u32 = 64;
+
+/// One field of an encoded message.
+struct Field<'a> {
+    number: u32,
+    /// The whole field: key, (length,) payload.
+    raw: &'a [u8],
+    /// Payload of a length-delimited field.
+    payload: Option<&'a [u8]>,
+}
+
+/// Iterates the fields of an encoded message; stops (`None`) at the end or
+/// at anything it cannot parse (groups, truncation), after which the caller
+/// hashes the rest as it is.
+struct Fields<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Field<'a>;
+    fn next(&mut self) -> Option<Field<'a>> {
+        let start = self.pos;
+        let mut rest = &self.buf[start..];
+        if rest.is_empty() {
+            return None;
+        }
+        let key = prost::encoding::decode_varint(&mut rest).ok()?;
+        let number = u32::try_from(key >> 3).ok()?;
+        let mut payload = None;
+        match key & 7 {
+            0 => {
+                prost::encoding::decode_varint(&mut rest).ok()?;
+            }
+            1 => rest = rest.get(8..)?,
+            5 => rest = rest.get(4..)?,
+            2 => {
+                let len = usize::try_from(prost::encoding::decode_varint(&mut rest).ok()?).ok()?;
+                payload = Some(rest.get(..len)?);
+                rest = &rest[len..];
+            }
+            _ => return None,
+        }
+        self.pos = self.buf.len() - rest.len();
+        Some(Field {
+            number,
+            raw: &self.buf[start..self.pos],
+            payload,
+        })
+    }
+}
+
+fn fields(buf: &[u8]) -> Fields<'_> {
+    Fields { buf, pos: 0 }
+}
+
+/// The message type of a length-delimited field's payload, if it is one.
+fn message_kind(desc: &MessageDescriptor, number: u32) -> Option<(MessageDescriptor, bool)> {
+    let f = desc.get_field(number)?;
+    match f.kind() {
+        Kind::Message(m) => Some((m, f.is_map())),
+        _ => None,
+    }
+}
+
+/// The type packed in an `Any`'s payload and the payload's value bytes.
+fn any_content(any: &[u8]) -> Option<(MessageDescriptor, &[u8])> {
+    let (mut url, mut value) = (None, None);
+    for f in fields(any) {
+        match f.number {
+            1 => url = f.payload,
+            2 => value = f.payload,
+            _ => {}
+        }
+    }
+    let url = std::str::from_utf8(url?).ok()?;
+    let name = url.rsplit('/').next()?;
+    Some((crate::json::pool().get_message_by_name(name)?, value?))
+}
+
+const ANY: &str = "google.protobuf.Any";
+
+fn needs_sorting(desc: &MessageDescriptor, bytes: &[u8], depth: u32) -> bool {
+    if depth > MAX_DEPTH {
+        return false;
+    }
+    if desc.full_name() == ANY {
+        return any_content(bytes).is_some_and(|(d, v)| needs_sorting(&d, v, depth + 1));
+    }
+    let mut last_map: Option<u32> = None;
+    let mut maps_seen: Vec<u32> = Vec::new();
+    for f in fields(bytes) {
+        let Some(payload) = f.payload else { continue };
+        let Some((m, is_map)) = message_kind(desc, f.number) else {
+            continue;
+        };
+        if is_map {
+            // A second entry of a map: its order is HashMap order.
+            if last_map == Some(f.number) || maps_seen.contains(&f.number) {
+                return true;
+            }
+            maps_seen.push(f.number);
+            last_map = Some(f.number);
+        }
+        if needs_sorting(&m, payload, depth + 1) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Writes `bytes` with every map's entries sorted (recursively); lengths are
+/// unchanged, so length prefixes are copied as they are.
+fn canonical_into(desc: &MessageDescriptor, bytes: &[u8], out: &mut Vec<u8>, depth: u32) {
+    if depth > MAX_DEPTH {
+        out.extend_from_slice(bytes);
+        return;
+    }
+    if desc.full_name() == ANY {
+        canonical_any(bytes, out, depth);
+        return;
+    }
+    let mut it = fields(bytes);
+    let mut emitted_maps: Vec<u32> = Vec::new();
+    for f in it.by_ref() {
+        let kind = f.payload.and_then(|_| message_kind(desc, f.number));
+        match (kind, f.payload) {
+            (Some((m, true)), _) => {
+                if emitted_maps.contains(&f.number) {
+                    continue;
+                }
+                emitted_maps.push(f.number);
+                // All entries of this map, wherever they are, sorted.
+                let mut entries: Vec<Vec<u8>> = fields(bytes)
+                    .filter(|e| e.number == f.number)
+                    .map(|e| {
+                        let p = e.payload.unwrap_or_default();
+                        let head = e.raw.len() - p.len();
+                        let mut v = e.raw[..head].to_vec();
+                        canonical_into(&m, p, &mut v, depth + 1);
+                        v
+                    })
+                    .collect();
+                entries.sort_unstable();
+                for e in entries {
+                    out.extend_from_slice(&e);
+                }
+            }
+            (Some((m, false)), Some(p)) => {
+                out.extend_from_slice(&f.raw[..f.raw.len() - p.len()]);
+                canonical_into(&m, p, out, depth + 1);
+            }
+            _ => out.extend_from_slice(f.raw),
+        }
+    }
+    // Whatever could not be parsed, as it is.
+    out.extend_from_slice(&bytes[it.pos..]);
+}
+
+fn canonical_any(bytes: &[u8], out: &mut Vec<u8>, depth: u32) {
+    let content = any_content(bytes);
+    let mut it = fields(bytes);
+    for f in it.by_ref() {
+        match (&content, f.number, f.payload) {
+            (Some((d, _)), 2, Some(p)) => {
+                out.extend_from_slice(&f.raw[..f.raw.len() - p.len()]);
+                canonical_into(d, p, out, depth + 1);
+            }
+            _ => out.extend_from_slice(f.raw),
+        }
+    }
+    out.extend_from_slice(&bytes[it.pos..]);
 }
 
 /// Version of a set of resources: a hash of the sorted (name, version) pairs.
@@ -28,6 +221,61 @@ pub fn set_version<'a>(items: impl IntoIterator<Item = (&'a str, &'a str)>) -> S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind as VKind};
+    use prost::Message;
+
+    fn string(s: &str) -> Value {
+        Value {
+            kind: Some(VKind::StringValue(s.into())),
+        }
+    }
+
+    /// A Struct with `keys` inserted in the given order, one nested Struct.
+    fn build(keys: &[String]) -> Struct {
+        let mut s = Struct::default();
+        for k in keys {
+            let inner = Struct {
+                fields: (0..8).map(|i| (format!("inner-{i}"), string(k))).collect(),
+            };
+            s.fields.insert(
+                k.clone(),
+                Value {
+                    kind: Some(VKind::StructValue(inner)),
+                },
+            );
+        }
+        s
+    }
+
+    /// The same Struct content built in different insertion orders (and so
+    /// different HashMap orders) has one version; other content another.
+    #[test]
+    fn map_order_does_not_change_the_version() {
+        let desc = crate::json::pool()
+            .get_message_by_name("google.protobuf.Struct")
+            .unwrap();
+        let keys: Vec<String> = (0..64).map(|i| format!("key-{i}")).collect();
+        let a = build(&keys).encode_to_vec();
+        let mut rev = keys.clone();
+        rev.reverse();
+        let b = build(&rev).encode_to_vec();
+        assert_ne!(a, b, "the encodings differ (HashMap order)");
+        assert_ne!(content_version(&a), content_version(&b));
+        assert_eq!(message_version(&desc, &a), message_version(&desc, &b));
+        let mut other = build(&keys);
+        other.fields.insert("key-0".into(), string("changed"));
+        assert_ne!(
+            message_version(&desc, &other.encode_to_vec()),
+            message_version(&desc, &a)
+        );
+        // No map with two entries: the plain content hash, no copy needed.
+        let one = Struct {
+            fields: [("only".to_string(), string("x"))].into(),
+        }
+        .encode_to_vec();
+        assert!(!needs_sorting(&desc, &one, 0));
+        assert_eq!(message_version(&desc, &one), content_version(&one));
+    }
 
     #[test]
     fn set_version_is_sensitive_to_names_and_versions() {

@@ -81,6 +81,8 @@ enum Command {
         /// Test hook: the port of the built-in quickstart Gateway.
         #[arg(long, default_value = "10000", hide = true)]
         quickstart_port: u16,
+        #[command(flatten)]
+        limits: serve::LimitArgs,
     },
     /// Check config: exit 0, or print every error with file:line:col and exit 1.
     Validate {
@@ -162,6 +164,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             debounce_max,
             initial_sync_delay,
             quickstart_port,
+            limits,
         } => {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(serve::serve(serve::ServeOptions {
@@ -178,6 +181,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 debounce_max,
                 initial_sync_delay,
                 quickstart_port,
+                limits: limits.limits(),
             }))?;
             Ok(ExitCode::SUCCESS)
         }

@@ -30,6 +30,11 @@ pub struct GatewayLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    pub limit: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabel {
     pub source: String,
 }
@@ -44,6 +49,8 @@ pub struct Metrics {
     pub nacks: Family<TypeLabel, Counter>,
     pub oversized: Family<TypeLabel, Counter>,
     pub evictions: Counter,
+    /// Requests and streams refused by an xDS server limit, by limit name.
+    pub limit_rejections: Family<LimitLabel, Counter>,
     /// Publish of a gateway's snapshot → ACK by a proxy of that gateway.
     pub convergence: Histogram,
     /// Response sent → its ACK.
@@ -73,6 +80,7 @@ impl Metrics {
             nacks: Family::default(),
             oversized: Family::default(),
             evictions: Counter::default(),
+            limit_rejections: Family::default(),
             convergence: latency(),
             ack_latency: latency(),
             translate_seconds: latency(),
@@ -113,6 +121,11 @@ impl Metrics {
             "node_evictions",
             "Node states evicted after the grace period",
             m.evictions.clone(),
+        );
+        registry.register(
+            "xds_limit_rejections",
+            "Requests and streams refused by an xDS server limit, by limit",
+            m.limit_rejections.clone(),
         );
         registry.register(
             "convergence_seconds",
@@ -176,6 +189,13 @@ impl Metrics {
             ] {
                 f.get_or_create(&ty(t)).inc_by(0);
             }
+        }
+        for limit in ballast_xds::server::limits::name::ALL {
+            m.limit_rejections
+                .get_or_create(&LimitLabel {
+                    limit: limit.to_string(),
+                })
+                .inc_by(0);
         }
         let mut m = m;
         m.registry = registry;
@@ -272,6 +292,13 @@ impl XdsObserver for MetricsObserver {
             XdsEvent::Evicted { .. } => {
                 m.evictions.inc();
             }
+            XdsEvent::LimitExceeded { limit, .. } => {
+                m.limit_rejections
+                    .get_or_create(&LimitLabel {
+                        limit: limit.to_string(),
+                    })
+                    .inc();
+            }
         }
     }
 }
@@ -282,5 +309,38 @@ impl MetricsObserver {
             metrics,
             streams_per_node: Mutex::new(HashMap::new()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_rejections_are_counted_by_limit_name() {
+        let m = Metrics::new();
+        let text = m.encode();
+        assert!(
+            text.contains("ballast_xds_limit_rejections_total{limit=\"streams_per_node\"} 0"),
+            "{text}"
+        );
+        let o = MetricsObserver::new(m.clone());
+        for _ in 0..2 {
+            o.on_event(&XdsEvent::LimitExceeded {
+                limit: "streams_per_node",
+                node: Some("n".into()),
+                value: 3,
+                max: 2,
+            });
+        }
+        let text = m.encode();
+        assert!(
+            text.contains("ballast_xds_limit_rejections_total{limit=\"streams_per_node\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ballast_xds_limit_rejections_total{limit=\"request_bytes\"} 0"),
+            "{text}"
+        );
     }
 }

@@ -11,6 +11,7 @@
 
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -20,6 +21,8 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::codec::{ChunkedMessage, Chunks, WritePos};
+use super::limits::{self, Limits, NameCount};
+use crate::events::XdsObserver;
 
 /// The response body of one streaming call: messages from `rx`, then trailers
 /// (`grpc-status: 0` when the channel closes, or the error sent on it).
@@ -108,17 +111,22 @@ impl<R: ChunkedMessage + Unpin> Body for ResponseBody<R> {
 
 type BoxBody = Pin<Box<dyn Body<Data = Bytes, Error = Status> + Send>>;
 
-/// Length-prefixed gRPC messages decoded from a request body with prost.
+/// Length-prefixed gRPC messages decoded from a request body with prost,
+/// within the server's limits on size and names per request.
 pub(crate) struct RequestStream<T> {
     body: BoxBody,
     buf: BytesMut,
     max: usize,
+    max_names: usize,
+    observer: Arc<dyn XdsObserver>,
+    /// The stream's node once known, for reports.
+    node: Option<Arc<str>>,
     ended: bool,
     _t: PhantomData<fn() -> T>,
 }
 
-impl<T: prost::Message + Default> RequestStream<T> {
-    pub(crate) fn new<B>(body: B, max: usize) -> Self
+impl<T: prost::Message + Default + NameCount> RequestStream<T> {
+    pub(crate) fn new<B>(body: B, limits: &Limits, observer: Arc<dyn XdsObserver>) -> Self
     where
         B: Body + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -127,10 +135,18 @@ impl<T: prost::Message + Default> RequestStream<T> {
         RequestStream {
             body: Box::pin(body),
             buf: BytesMut::new(),
-            max,
+            max: limits.max_request_bytes,
+            max_names: limits.max_resource_names,
+            observer,
+            node: None,
             ended: false,
             _t: PhantomData,
         }
+    }
+
+    /// Names the stream's node in later limit reports.
+    pub(crate) fn set_node(&mut self, node: Arc<str>) {
+        self.node = Some(node);
     }
 
     /// The next message, `None` at the end of the stream.
@@ -151,6 +167,9 @@ impl<T: prost::Message + Default> RequestStream<T> {
                 Some(Err(status)) => return Err(status),
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
+                        // Grows with the bytes that arrived, never with the
+                        // length a header declares (a 5-byte header must not
+                        // make us allocate megabytes).
                         self.buf.extend_from_slice(&data);
                     }
                 }
@@ -170,13 +189,17 @@ impl<T: prost::Message + Default> RequestStream<T> {
             ));
         }
         if len > self.max {
-            return Err(Status::resource_exhausted(format!(
-                "request of {len} bytes exceeds the limit of {} bytes",
-                self.max
-            )));
+            return Err(limits::exceeded(
+                &*self.observer,
+                self.node.as_ref(),
+                limits::name::REQUEST_BYTES,
+                "the request message size in bytes",
+                len,
+                self.max,
+                false,
+            ));
         }
         if self.buf.len() < 5 + len {
-            self.buf.reserve(5 + len - self.buf.len());
             return Ok(None);
         }
         self.buf.advance(5);
@@ -186,6 +209,18 @@ impl<T: prost::Message + Default> RequestStream<T> {
         if self.buf.is_empty() {
             // Idle streams hold no buffer.
             self.buf = BytesMut::new();
+        }
+        let names = msg.name_count();
+        if names > self.max_names {
+            return Err(limits::exceeded(
+                &*self.observer,
+                self.node.as_ref(),
+                limits::name::RESOURCE_NAMES,
+                "the number of resource names in the request",
+                names,
+                self.max_names,
+                false,
+            ));
         }
         Ok(Some(msg))
     }
@@ -213,5 +248,102 @@ where
                 frame.map_data(|mut d| d.copy_to_bytes(d.remaining()))
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::XdsEvent;
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    use parking_lot::Mutex;
+
+    struct Empty;
+    impl Body for Empty {
+        type Data = Bytes;
+        type Error = Status;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            Poll::Pending
+        }
+    }
+
+    fn stream(limits: &Limits) -> (RequestStream<DiscoveryRequest>, Arc<Mutex<Vec<XdsEvent>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        let observer: Arc<dyn XdsObserver> = Arc::new(move |e: &XdsEvent| s.lock().push(e.clone()));
+        (RequestStream::new(Empty, limits, observer), seen)
+    }
+
+    fn header(len: u32) -> [u8; 5] {
+        let l = len.to_be_bytes();
+        [0, l[0], l[1], l[2], l[3]]
+    }
+
+    /// A header declaring a message at the limit allocates nothing up front:
+    /// the buffer grows only with the bytes that arrive.
+    #[test]
+    fn a_declared_length_is_not_reserved_before_the_bytes_arrive() {
+        let limits = Limits::default();
+        let (mut rs, _) = stream(&limits);
+        rs.buf
+            .extend_from_slice(&header(limits.max_request_bytes as u32));
+        rs.buf.extend_from_slice(b"0123456789");
+        assert!(rs.decode().unwrap().is_none());
+        assert!(
+            rs.buf.capacity() < 64 * 1024,
+            "{} bytes reserved for 15 received",
+            rs.buf.capacity()
+        );
+    }
+
+    #[test]
+    fn an_oversized_request_is_refused_by_its_header() {
+        let (mut rs, seen) = stream(&Limits::default());
+        rs.buf.extend_from_slice(&header(u32::MAX));
+        let e = rs.decode().unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            e.message()
+                .contains("is 4294967295, over the request_bytes limit of 4194304"),
+            "{e}"
+        );
+        assert!(matches!(
+            &seen.lock()[..],
+            [XdsEvent::LimitExceeded {
+                limit: "request_bytes",
+                value: 4294967295,
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn too_many_names_in_one_request_are_refused() {
+        let limits = Limits {
+            max_resource_names: 3,
+            ..Limits::default()
+        };
+        let (mut rs, seen) = stream(&limits);
+        rs.set_node("n1".into());
+        for n in [3, 4] {
+            let req = DiscoveryRequest {
+                resource_names: (0..n).map(|i| i.to_string()).collect(),
+                ..Default::default()
+            };
+            let body = prost::Message::encode_to_vec(&req);
+            rs.buf.extend_from_slice(&header(body.len() as u32));
+            rs.buf.extend_from_slice(&body);
+        }
+        assert_eq!(rs.decode().unwrap().unwrap().resource_names.len(), 3);
+        let e = rs.decode().unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.message().contains("resource_names limit of 3"), "{e}");
+        assert!(matches!(
+            &seen.lock()[..],
+            [XdsEvent::LimitExceeded { limit: "resource_names", value: 4, node: Some(n), .. }] if &**n == "n1"
+        ));
     }
 }

@@ -28,8 +28,25 @@ pub async fn fetch(
         .node
         .as_ref()
         .ok_or_else(|| Status::invalid_argument("request must carry node"))?;
-    let group = (server.shared.grouper)(node).map_err(Status::invalid_argument)?;
     let shared = &server.shared;
+    super::limits::check_node(&shared.limits, &*shared.observer, node)?;
+    let names = req.resource_names.len();
+    if names > shared.limits.max_resource_names {
+        return Err(super::limits::exceeded(
+            &*shared.observer,
+            None,
+            super::limits::name::RESOURCE_NAMES,
+            "the number of resource names in the request",
+            names,
+            shared.limits.max_resource_names,
+            false,
+        ));
+    }
+    let group = (shared.grouper)(node).map_err(Status::invalid_argument)?;
+    // A fetch may wait long (held until ready): it counts as a stream.
+    let _permit = shared
+        .admission
+        .open(&shared.limits, &*shared.observer, None)?;
     let handle = shared
         .registry
         .open(node.clone(), group.as_str().into(), StreamKind::Rest(ty));
@@ -39,7 +56,8 @@ pub async fn fetch(
         .wait_for(|r| *r)
         .await
         .map_err(|_| Status::unavailable("shutting down"))?;
-    let mut snap_rx = shared.cache.watch(&group);
+    // Frees the group's cache slot when the fetch ends (or is abandoned).
+    let mut snap_rx = shared.cache.watch_group(&group);
     let snap = snap_rx
         .wait_for(|s| s.is_some())
         .await

@@ -7,13 +7,13 @@ use std::marker::PhantomData;
 use std::task::{Context, Poll};
 
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use tonic::Status;
 use tonic::body::Body;
-use tonic::server::{Grpc, NamedService, UnaryService};
-use tonic::{Request, Response, Status};
+use tonic::server::NamedService;
 
 use super::XdsServer;
 use super::body::{RequestStream, ResponseBody};
-use super::codec::{ChunkedMessage, XdsCodec};
+use super::codec::ChunkedMessage;
 use super::stream::Machine;
 use crate::events::StreamKind;
 use crate::protocol::SotwResponse;
@@ -96,9 +96,6 @@ impl<S: ServiceSpec> NamedService for XdsService<S> {
     const NAME: &'static str = S::NAME;
 }
 
-/// Max request size we accept (gRPC default is 4 MiB; requests are small).
-const MAX_REQUEST: usize = 16 * 1024 * 1024;
-
 impl<S, B> tower_service::Service<http::Request<B>> for XdsService<S>
 where
     S: ServiceSpec,
@@ -141,14 +138,7 @@ where
                     req,
                 )
             } else if method.starts_with("Fetch") && !is_ads {
-                let svc = FetchSvc {
-                    server,
-                    ty: S::TYPE.expect("per-type"),
-                };
-                Grpc::new(XdsCodec::<SotwResponse, DiscoveryRequest>::default())
-                    .max_decoding_message_size(MAX_REQUEST)
-                    .unary(svc, req)
-                    .await
+                unary_fetch(server, S::TYPE.expect("per-type"), req).await
             } else {
                 Status::unimplemented(format!("unknown method {method}")).into_http()
             };
@@ -156,8 +146,6 @@ where
         })
     }
 }
-
-type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 /// Serves a bidirectional xDS stream: requests decoded by [`RequestStream`],
 /// responses written by [`ResponseBody`] around the resources' shared bytes.
@@ -180,8 +168,21 @@ where
         return Status::unimplemented(format!("request compression {enc:?} is not supported"))
             .into_http();
     }
-    let requests = RequestStream::<M::Req>::new(req.into_body(), MAX_REQUEST);
-    let rx = super::stream::spawn(server, machine, kind, requests);
+    let shared = &server.shared;
+    let conn = req
+        .extensions()
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|c| Some((c.local_addr, c.remote_addr?)));
+    let permit = match shared
+        .admission
+        .open(&shared.limits, &*shared.observer, conn)
+    {
+        Ok(p) => p,
+        Err(status) => return status.into_http(),
+    };
+    let requests =
+        RequestStream::<M::Req>::new(req.into_body(), &shared.limits, shared.observer.clone());
+    let rx = super::stream::spawn(server, machine, kind, requests, permit);
     let mut resp = http::Response::new(Body::new(ResponseBody::new(rx)));
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -190,26 +191,48 @@ where
     resp
 }
 
-struct FetchSvc {
+/// Serves a unary `Fetch*` call: the request is read with the same limits as
+/// a stream's (tonic's decoder would reserve the declared length up front).
+async fn unary_fetch<B>(
     server: XdsServer,
     ty: ResourceType,
-}
-
-impl UnaryService<DiscoveryRequest> for FetchSvc {
-    type Response = SotwResponse;
-    type Future = BoxFuture<Result<Response<SotwResponse>, Status>>;
-
-    fn call(&mut self, request: Request<DiscoveryRequest>) -> Self::Future {
-        let server = self.server.clone();
-        let ty = self.ty;
-        Box::pin(async move {
-            let mut req = request.into_inner();
-            // A gRPC Fetch always answers; "not modified" is a REST notion.
-            req.version_info.clear();
-            match super::fetch::fetch(&server, ty, &req).await? {
-                Some(resp) => Ok(Response::new(resp)),
-                None => Err(Status::internal("no response computed")),
-            }
-        })
+    req: http::Request<B>,
+) -> http::Response<Body>
+where
+    B: http_body::Body + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
+    if let Some(enc) = req.headers().get("grpc-encoding")
+        && enc.as_bytes() != b"identity"
+    {
+        return Status::unimplemented(format!("request compression {enc:?} is not supported"))
+            .into_http();
     }
+    let shared = &server.shared;
+    let mut requests = RequestStream::<DiscoveryRequest>::new(
+        req.into_body(),
+        &shared.limits,
+        shared.observer.clone(),
+    );
+    let mut request = match requests.message().await {
+        Ok(Some(r)) => r,
+        Ok(None) => return Status::invalid_argument("no request message").into_http(),
+        Err(status) => return status.into_http(),
+    };
+    // A gRPC Fetch always answers; "not modified" is a REST notion.
+    request.version_info.clear();
+    let resp = match super::fetch::fetch(&server, ty, &request).await {
+        Ok(Some(resp)) => resp,
+        Ok(None) => return Status::internal("no response computed").into_http(),
+        Err(status) => return status.into_http(),
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<SotwResponse, Status>>(1);
+    tx.try_send(Ok(resp)).expect("room for one");
+    drop(tx);
+    let mut out = http::Response::new(Body::new(ResponseBody::new(rx)));
+    out.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    out
 }

@@ -9,6 +9,7 @@ pub mod codec;
 pub mod csds;
 pub mod fetch;
 pub mod grpc;
+pub mod limits;
 pub mod rest;
 pub mod stream;
 
@@ -22,6 +23,7 @@ use tokio::net::TcpListener;
 use crate::cache::SnapshotCache;
 use crate::events::{NoopObserver, XdsObserver};
 use crate::registry::{DEFAULT_GRACE, NodeRegistry};
+pub use limits::Limits;
 
 /// Maps a node to the group whose snapshot it is served; an error closes the
 /// stream with that message.
@@ -42,6 +44,9 @@ pub(crate) struct Shared {
     pub cache: SnapshotCache,
     pub registry: NodeRegistry,
     pub grouper: NodeGrouper,
+    pub limits: Limits,
+    pub observer: Arc<dyn XdsObserver>,
+    pub admission: Arc<limits::Admission>,
 }
 
 /// An xDS management server over a [`SnapshotCache`].
@@ -55,9 +60,15 @@ pub struct XdsServerBuilder {
     grouper: NodeGrouper,
     observer: Arc<dyn XdsObserver>,
     grace: Duration,
+    limits: Limits,
 }
 
 impl XdsServerBuilder {
+    /// Limits on request sizes, names per request, streams and node sizes.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
     pub fn grouper(mut self, grouper: NodeGrouper) -> Self {
         self.grouper = grouper;
         self
@@ -74,9 +85,12 @@ impl XdsServerBuilder {
     pub fn build(self) -> XdsServer {
         XdsServer {
             shared: Arc::new(Shared {
-                registry: NodeRegistry::new(self.grace, self.observer),
+                registry: NodeRegistry::new(self.grace, self.observer.clone()),
                 cache: self.cache,
                 grouper: self.grouper,
+                limits: self.limits,
+                observer: self.observer,
+                admission: Default::default(),
             }),
         }
     }
@@ -89,6 +103,7 @@ impl XdsServer {
             grouper: group_by_node_id(),
             observer: Arc::new(NoopObserver),
             grace: DEFAULT_GRACE,
+            limits: Limits::default(),
         }
     }
 

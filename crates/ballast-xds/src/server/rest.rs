@@ -3,7 +3,8 @@
 //! or `304 Not Modified` when the client's `version_info` is current.
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -29,6 +30,9 @@ pub(crate) fn add_routes(server: &XdsServer, router: &mut axum::Router) {
     ] {
         let sub = axum::Router::new()
             .route(path, post(handle))
+            .layer(DefaultBodyLimit::max(
+                server.shared.limits.max_rest_body_bytes,
+            ))
             .with_state((server.clone(), ty));
         r = r.merge(sub);
     }
@@ -44,7 +48,32 @@ fn error(status: StatusCode, message: String) -> Response {
         .into_response()
 }
 
-async fn handle(State((server, ty)): State<(XdsServer, ResourceType)>, body: Bytes) -> Response {
+async fn handle(
+    State((server, ty)): State<(XdsServer, ResourceType)>,
+    headers: axum::http::HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            // The body was cut off at the limit: its size is known only when declared.
+            let max = server.shared.limits.max_rest_body_bytes;
+            let declared = headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse().ok());
+            let status = super::limits::exceeded(
+                &*server.shared.observer,
+                None,
+                super::limits::name::REST_BODY_BYTES,
+                "the request body size in bytes",
+                declared.unwrap_or(max + 1),
+                max,
+                false,
+            );
+            return error(StatusCode::PAYLOAD_TOO_LARGE, status.message().to_string());
+        }
+        Err(e) => return error(e.status(), e.body_text()),
+    };
     let req: DiscoveryRequest = match json::message_from_json(&body) {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),

@@ -34,7 +34,7 @@ pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
 /// What the driver needs from a protocol machine.
 pub(crate) trait Machine: Send + 'static {
-    type Req: prost::Message + Default + Send + 'static;
+    type Req: prost::Message + Default + super::limits::NameCount + Send + 'static;
     type Resp: WireMessage + Send + 'static;
     fn handle(&mut self, req: &Self::Req, history: &[Arc<Snapshot>]) -> RequestOutcome;
     /// The request reports what the client holds from an earlier stream:
@@ -126,6 +126,7 @@ pub(crate) fn spawn<M: Machine>(
     machine: M,
     kind: StreamKind,
     requests: RequestStream<M::Req>,
+    permit: super::limits::Permit,
 ) -> mpsc::Receiver<Result<M::Resp, Status>> {
     let (tx, rx) = mpsc::channel(1);
     let span = info_span!(
@@ -135,7 +136,7 @@ pub(crate) fn spawn<M: Machine>(
     );
     tokio::spawn(
         async move {
-            if let Err(status) = run(&server.shared, machine, kind, requests, &tx).await {
+            if let Err(status) = run(&server.shared, machine, kind, requests, permit, &tx).await {
                 let _ = tx.send(Err(status)).await;
             }
         }
@@ -149,6 +150,7 @@ async fn run<M: Machine>(
     machine: M,
     kind: StreamKind,
     mut requests: RequestStream<M::Req>,
+    mut permit: super::limits::Permit,
     tx: &RespTx<M::Resp>,
 ) -> Result<(), Status> {
     // The first request names the node; nothing is sent before we know it.
@@ -161,13 +163,20 @@ async fn run<M: Machine>(
     if node.id.is_empty() {
         return Err(Status::invalid_argument("node.id is empty"));
     }
+    super::limits::check_node(&shared.limits, &*shared.observer, &node)?;
+    let id: Arc<str> = node.id.as_str().into();
+    shared
+        .admission
+        .identify(&mut permit, &shared.limits, &*shared.observer, &id)?;
+    requests.set_node(id);
     let group = (shared.grouper)(&node).map_err(Status::invalid_argument)?;
     tracing::Span::current().record("node", node.id.as_str());
     let handle = shared.registry.open(node, group.as_str().into(), kind);
     let node_id = handle.node().clone();
     let observer = handle.observer().clone();
     let mut ready_rx = shared.cache.watch_ready();
-    let mut snap_rx = shared.cache.watch(&group);
+    // Frees the group's cache slot when the stream ends, if then unused.
+    let mut snap_rx = shared.cache.watch_group(&group);
     let mut sent_at: [Option<(Arc<str>, Instant)>; 5] = Default::default();
 
     // Status pages and CSDS read the machine when asked (the lock is never
@@ -233,7 +242,7 @@ async fn run<M: Machine>(
                 Ok(None) => return Ok(()),
                 Err(status) => {
                     debug!(%status, "stream ended");
-                    return Ok(());
+                    return Err(status); // e.g. a limit: the client learns which
                 }
             },
             r = ready_rx.changed() => { if r.is_err() { return Ok(()); } }

@@ -55,6 +55,78 @@ pub struct ServeOptions {
     pub debounce_max: Duration,
     pub initial_sync_delay: Duration,
     pub quickstart_port: u16,
+    pub limits: ballast_xds::server::Limits,
+}
+
+/// `ballast serve` flags for the xDS server's limits (docs/operations.md, "Limits").
+#[derive(clap::Args, Debug, Clone)]
+pub struct LimitArgs {
+    /// Largest gRPC request message (bytes, or with KiB/MiB/GiB).
+    #[arg(long, default_value = "4MiB", value_parser = size)]
+    pub max_request_bytes: usize,
+    /// Most resource names in one request (SotW names; Delta subscribe +
+    /// unsubscribe + initial versions).
+    #[arg(long, default_value_t = ballast_xds::server::Limits::default().max_resource_names, value_parser = count)]
+    pub max_resource_names: usize,
+    /// Most concurrent xDS streams on one connection.
+    #[arg(long, default_value_t = ballast_xds::server::Limits::default().max_streams_per_connection, value_parser = count)]
+    pub max_streams_per_connection: usize,
+    /// Most concurrent xDS streams of one node id.
+    #[arg(long, default_value_t = ballast_xds::server::Limits::default().max_streams_per_node, value_parser = count)]
+    pub max_streams_per_node: usize,
+    /// Most concurrent xDS streams in total.
+    #[arg(long, default_value_t = ballast_xds::server::Limits::default().max_streams, value_parser = count)]
+    pub max_streams: usize,
+    /// Longest node.id and node.cluster.
+    #[arg(long, default_value = "1KiB", value_parser = size)]
+    pub max_node_id_bytes: usize,
+    /// Largest encoded node.metadata.
+    #[arg(long, default_value = "64KiB", value_parser = size)]
+    pub max_node_metadata_bytes: usize,
+    /// Largest REST-JSON request body (413 beyond).
+    #[arg(long, default_value = "4MiB", value_parser = size)]
+    pub max_rest_body_bytes: usize,
+}
+
+impl LimitArgs {
+    pub fn limits(&self) -> ballast_xds::server::Limits {
+        ballast_xds::server::Limits {
+            max_request_bytes: self.max_request_bytes,
+            max_resource_names: self.max_resource_names,
+            max_streams_per_connection: self.max_streams_per_connection,
+            max_streams_per_node: self.max_streams_per_node,
+            max_streams: self.max_streams,
+            max_node_id_bytes: self.max_node_id_bytes,
+            max_node_metadata_bytes: self.max_node_metadata_bytes,
+            max_rest_body_bytes: self.max_rest_body_bytes,
+        }
+    }
+}
+
+/// A positive count.
+fn count(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{s:?}: {e}")),
+    }
+}
+
+/// A positive size in bytes: `4194304`, `4MiB`, `64KiB`, `1GiB`.
+fn size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (num, mul) = [("GiB", 1usize << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)]
+        .into_iter()
+        .find_map(|(suf, m)| t.strip_suffix(suf).map(|n| (n.trim(), m)))
+        .unwrap_or((t, 1));
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (bytes, or a number with KiB, MiB or GiB)"))?;
+    match n.checked_mul(mul) {
+        Some(0) => Err("must be at least 1 byte".into()),
+        Some(v) if v <= u32::MAX as usize => Ok(v),
+        _ => Err(format!("{s:?} is too large (at most 4GiB - 1)")),
+    }
 }
 
 pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
@@ -100,6 +172,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         .grouper(Arc::new(crate::grouping::gateway_of))
         .observer(observer)
         .grace(opts.grace)
+        .limits(opts.limits)
         .build();
 
     // Printed for tests and scripts that bind port 0.
@@ -148,6 +221,53 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        limits: LimitArgs,
+    }
+
+    #[test]
+    fn limit_flags_default_to_the_library_limits_and_parse_sizes() {
+        use clap::Parser;
+        let d = Cli::try_parse_from(["x"]).unwrap().limits.limits();
+        assert_eq!(d, ballast_xds::server::Limits::default());
+        let c = Cli::try_parse_from([
+            "x",
+            "--max-request-bytes=64KiB",
+            "--max-resource-names=7",
+            "--max-streams-per-connection=2",
+            "--max-streams-per-node=3",
+            "--max-streams=9",
+            "--max-node-id-bytes=100",
+            "--max-node-metadata-bytes=1MiB",
+            "--max-rest-body-bytes=512",
+        ])
+        .unwrap()
+        .limits
+        .limits();
+        assert_eq!(
+            c,
+            ballast_xds::server::Limits {
+                max_request_bytes: 65536,
+                max_resource_names: 7,
+                max_streams_per_connection: 2,
+                max_streams_per_node: 3,
+                max_streams: 9,
+                max_node_id_bytes: 100,
+                max_node_metadata_bytes: 1 << 20,
+                max_rest_body_bytes: 512,
+            }
+        );
+        for bad in [
+            "--max-streams=0",
+            "--max-request-bytes=4TiB",
+            "--max-request-bytes=5GiB",
+        ] {
+            assert!(Cli::try_parse_from(["x", bad]).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn quickstart_follows_the_admin_address() {
