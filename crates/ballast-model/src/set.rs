@@ -1008,6 +1008,64 @@ mod tests {
     }
 
     proptest! {
+        /// Per-object last known good against a reference model, over random reloads: an object
+        /// defined once and valid is served as defined; one defined invalidly or more than once
+        /// keeps what was served before (nothing at first); one defined nowhere is gone. The
+        /// result does not depend on the order files are given in.
+        #[test]
+        fn assemble_matches_the_per_object_model(
+            // Per step, per file f0..f2: backends (name b0..b3, port; port 0 is invalid).
+            steps in proptest::collection::vec(
+                proptest::collection::vec(proptest::collection::vec((0u8..4, 0u16..3), 0..3), 3),
+                1..6,
+            ),
+        ) {
+            let mut prev: Option<ConfigSet> = None;
+            let mut model: BTreeMap<String, u32> = BTreeMap::new();
+            for step in steps {
+                let files: Vec<(String, String)> = step
+                    .iter()
+                    .enumerate()
+                    .map(|(i, objs)| {
+                        let text = objs
+                            .iter()
+                            .map(|(n, port)| backend(&format!("b{n}"), *port))
+                            .collect::<Vec<_>>()
+                            .join("---\n");
+                        (format!("f{i}.yaml"), text)
+                    })
+                    .collect();
+                let mut defs: BTreeMap<String, Vec<u16>> = BTreeMap::new();
+                for objs in &step {
+                    for (n, port) in objs {
+                        defs.entry(format!("b{n}")).or_default().push(*port);
+                    }
+                }
+                model.retain(|name, _| defs.contains_key(name));
+                for (name, ports) in &defs {
+                    if let [port] = ports[..] && port != 0 {
+                        model.insert(name.clone(), port.into());
+                    }
+                }
+                let parse = |files: &mut dyn Iterator<Item = &(String, String)>| {
+                    files
+                        .map(|(f, t)| (Arc::from(f.as_str()), crate::parse::parse_file_report(f, t)))
+                        .collect::<Vec<_>>()
+                };
+                let (set, report) = ConfigSet::assemble(prev.as_ref(), parse(&mut files.iter()));
+                let (rev, rev_report) = ConfigSet::assemble(prev.as_ref(), parse(&mut files.iter().rev()));
+                prop_assert_eq!(&set, &rev);
+                prop_assert_eq!(&report, &rev_report);
+                let got: BTreeMap<String, u32> = set
+                    .backends
+                    .iter()
+                    .map(|(k, b)| (k.name.clone(), *b.spec.endpoints[0].port))
+                    .collect();
+                prop_assert_eq!(&got, &model);
+                prev = Some(set);
+            }
+        }
+
         /// The set and the errors do not depend on the order files are given in.
         #[test]
         fn build_is_independent_of_file_order(

@@ -181,7 +181,7 @@ async fn bad_edit_to_one_route_keeps_it_and_a_good_edit_applies() {
     )
     .unwrap();
     ballast.wait_ready().await.unwrap();
-    let _envoy = Envoy::start(&EnvoyConfig::new(
+    let envoy = Envoy::start(&EnvoyConfig::new(
         ballast.xds,
         "envoy-lkg-object",
         "default/edge",
@@ -200,6 +200,8 @@ async fn bad_edit_to_one_route_keeps_it_and_a_good_edit_applies() {
         .map(|i| (format!("h{i}.example.com"), "/".to_owned()))
         .collect();
     let traffic = Traffic::start(TrafficConfig::with_requests(gw, hosts));
+    let before = virtual_hosts(&envoy.config_dump(false).await.unwrap());
+    assert_eq!(before.len(), n);
 
     // One atomic write: r0 moves to bb but with an unknown field (invalid), r1 moves to bb
     // (valid).
@@ -216,11 +218,18 @@ async fn bad_edit_to_one_route_keeps_it_and_a_good_edit_applies() {
     })
     .await
     .unwrap();
-    // The bad route keeps its last good version (to a).
+    // The bad route keeps its last good version (to a), and in Envoy only h1 changed.
     assert_eq!(
         host_get(gw, "h0.example.com").await.unwrap(),
         (200, "a".into())
     );
+    let after = virtual_hosts(&envoy.config_dump(false).await.unwrap());
+    let changed: Vec<&String> = before
+        .keys()
+        .filter(|h| before.get(*h) != after.get(*h))
+        .collect();
+    assert_eq!(changed, ["h1.example.com"]);
+    assert_eq!(after.len(), n);
     let (_, body) = ballast.get("/debug/sources").await.unwrap();
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     let src = &v["sources"][0];
@@ -371,4 +380,28 @@ spec:
     })
     .await
     .unwrap();
+}
+
+/// Every virtual host in an Envoy config dump, by its first domain.
+fn virtual_hosts(
+    dump: &serde_json::Value,
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    fn walk(
+        v: &serde_json::Value,
+        out: &mut std::collections::BTreeMap<String, serde_json::Value>,
+    ) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(d) = m.get("domains").and_then(|d| d[0].as_str()) {
+                    out.insert(d.to_owned(), v.clone());
+                }
+                m.values().for_each(|c| walk(c, out));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|c| walk(c, out)),
+            _ => {}
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(dump, &mut out);
+    out
 }
