@@ -2,10 +2,10 @@
 //!
 //! Each reload reads *all* configured files and assembles one [`ConfigSet`] over the one served
 //! now: every valid change is applied together, while an invalid object keeps its last good
-//! version and a file with a YAML syntax error keeps its last good objects (per-object last known
-//! good, invariant 8); a path that cannot be walked rejects the reload whole. Events are debounced (see
-//! [`FileSourceOptions`]) so that files written together — a route and its backend renamed in
-//! two files, a `git checkout`, a ConfigMap update — land in the same reload.
+//! version and a file with a YAML syntax error keeps its last good objects (per-object last
+//! known good, invariant 8); a path that cannot be walked rejects the reload whole. Events are
+//! debounced (see [`FileSourceOptions`]) so that files written together — a route and its
+//! backend renamed in two files, a `git checkout`, a ConfigMap update — land in the same reload.
 
 mod walk;
 mod watch;
