@@ -6,10 +6,11 @@
 //! resources elsewhere. Everything here is deterministic (`BTreeMap`s, sorted errors), so the
 //! same files give the same set and the same messages on every replica.
 //!
-//! Invalid input never produces a `ConfigSet` (last known good, invariant 8 in
-//! docs/architecture.md): structurally invalid objects are errors; *unresolved references*
-//! between valid objects (a route to a missing Backend) load fine and are reported as status, as
-//! in Gateway API.
+//! Invalid input never enters a `ConfigSet` (last known good, per object, invariant 8 in
+//! docs/architecture.md): an invalid object is an error and [`ConfigSet::assemble`] keeps its
+//! previous version; kinds Ballast does not implement are skipped with a warning; *unresolved
+//! references* between valid objects (a route to a missing Backend) load fine and are reported
+//! as status, as in Gateway API.
 #![forbid(unsafe_code)]
 
 pub mod duration;
@@ -26,8 +27,8 @@ pub use duration::{DurationError, format_duration, parse_duration};
 pub use error::{ConfigError, ObjectRef};
 pub use hostname::{ANY_HOST, effective_hostnames, hostname_matches, intersect, validate_hostname};
 pub use kinds::*;
-pub use parse::parse_file;
-pub use set::ConfigSet;
+pub use parse::{parse_file, parse_file_report};
+pub use set::{ConfigSet, FileParse, LoadReport, ObjectId, Rejected, Skipped};
 pub use spanned::{Pos, Spanned};
 pub use validate::MAX_WEIGHT;
 

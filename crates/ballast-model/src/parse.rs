@@ -14,30 +14,66 @@ use crate::error::{ConfigError, ObjectRef, sort_errors};
 use crate::kinds::secret::SecretDoc;
 use crate::kinds::{
     Backend, BackendSpec, DEFAULT_NAMESPACE, Gateway, GatewaySpec, HttpRoute, HttpRouteSpec, Kind,
-    Metadata, Object, Source,
+    KindMatch, Metadata, Object, ObjectKey, Source,
 };
+use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
 use crate::validate;
 
-/// Parses one file of multi-document YAML. Empty documents are skipped. Returns every object, or
-/// every error found (sorted by position); never panics, whatever the input.
+/// Parses one file of multi-document YAML. Empty documents and kinds Ballast does not implement
+/// are skipped. Returns every object, or every error found (sorted by position); never panics,
+/// whatever the input. [`parse_file_report`] keeps the good objects of a file with errors.
 pub fn parse_file(path: &str, text: &str) -> Result<Vec<Object>, Vec<ConfigError>> {
-    let file: Arc<str> = Arc::from(path);
-    let mut objects = Vec::new();
-    let mut errors = Vec::new();
-    for doc in split_documents(text) {
-        match parse_document(&file, doc) {
-            Ok(Some(o)) => objects.push(o),
-            Ok(None) => {}
-            Err(mut e) => errors.append(&mut e),
-        }
-    }
+    let parsed = parse_file_report(path, text);
+    let errors = parsed.errors();
     if errors.is_empty() {
-        Ok(objects)
+        Ok(parsed.objects)
     } else {
-        sort_errors(&mut errors);
         Err(errors)
     }
+}
+
+/// Parses one file document by document, keeping everything a per-object load needs: the valid
+/// objects, the invalid ones by identity (so their last good version can be kept), errors no
+/// object can be blamed for (a YAML syntax error, a document without a name), skipped kinds.
+pub fn parse_file_report(path: &str, text: &str) -> FileParse {
+    let file: Arc<str> = Arc::from(path);
+    let mut out = FileParse::default();
+    for doc in split_documents(text) {
+        match parse_document(&file, doc) {
+            Ok(Parsed::Empty) => {}
+            Ok(Parsed::Object(o)) => out.objects.push(o),
+            Ok(Parsed::Skipped(s)) => out.skipped.push(s),
+            Err(mut errors) => {
+                sort_errors(&mut errors);
+                match blamed_object(&errors) {
+                    Some(id) => out.invalid.push((id, errors)),
+                    None => out.file_errors.append(&mut errors),
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The object every error of one document names, if they all name the same one.
+fn blamed_object(errors: &[ConfigError]) -> Option<ObjectId> {
+    let first = errors.first()?.object.as_ref()?;
+    let name = first.name.as_ref()?;
+    errors
+        .iter()
+        .all(|e| e.object.as_ref() == Some(first))
+        .then(|| ObjectId {
+            kind: first.kind,
+            key: ObjectKey::new(&first.namespace, name),
+        })
+}
+
+/// One document's outcome.
+enum Parsed {
+    Empty,
+    Object(Object),
+    Skipped(Skipped),
 }
 
 /// One YAML document: its text and the number of file lines before it.
@@ -190,17 +226,17 @@ fn field_path(path: &serde_path_to_error::Path) -> String {
     out
 }
 
-/// Parses and validates one document; `Ok(None)` for an empty one.
-fn parse_document(file: &Arc<str>, doc: DocText<'_>) -> Result<Option<Object>, Vec<ConfigError>> {
+/// Parses and validates one document.
+fn parse_document(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<ConfigError>> {
     let _offset = LineOffsetGuard::set(doc.line_offset);
     if let Some(result) = parse_fast(file, doc) {
-        return result;
+        return result.map(|o| o.map_or(Parsed::Empty, Parsed::Object));
     }
     parse_two_pass(file, doc)
 }
 
 /// The general path: a lenient header read, then a strict read as the header's kind.
-fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Option<Object>, Vec<ConfigError>> {
+fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<ConfigError>> {
     let first_line = Pos::new(doc.line_offset + 1, 1);
     let error =
         |pos: Pos, object: Option<ObjectRef>, field: Option<String>, message: String| ConfigError {
@@ -213,7 +249,7 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Option<Object>, V
 
     let header: Spanned<Header> = match deserialize::<Option<Spanned<Header>>>(doc.text) {
         Ok(Some(h)) => h,
-        Ok(None) => return Ok(None),
+        Ok(None) => return Ok(Parsed::Empty),
         Err(e) => {
             // A type error at the root means the document is not a mapping at all.
             let not_a_mapping = e.field.is_none()
@@ -247,21 +283,23 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Option<Object>, V
             "missing field `kind`".into(),
         )]);
     };
-    let Some(kind) = Kind::from_kind_str(kind_text) else {
-        return Err(vec![error(
-            kind_text.pos,
-            None,
-            Some("kind".into()),
-            format!(
-                "unknown kind {:?}; supported: Gateway, HTTPRoute ({}), Backend ({}), Secret ({})",
-                kind_text.value,
-                Kind::Gateway.api_version(),
-                Kind::Backend.api_version(),
-                Kind::Secret.api_version()
-            ),
-        )]);
-    };
     let meta = header.metadata.as_ref();
+    let api_version = header.api_version.as_ref().map(|v| v.value.as_str());
+    let kind = match Kind::classify(api_version, kind_text) {
+        KindMatch::Known(k) | KindMatch::WrongVersion(k) => k,
+        KindMatch::Unknown => {
+            return Ok(Parsed::Skipped(Skipped {
+                file: file.clone(),
+                pos: doc_pos,
+                api_version: api_version.unwrap_or_default().to_owned(),
+                kind: kind_text.value.clone(),
+                namespace: meta
+                    .and_then(|m| m.namespace.clone())
+                    .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
+                name: meta.and_then(|m| m.name.clone()),
+            }));
+        }
+    };
     let object = ObjectRef {
         kind,
         namespace: meta
@@ -311,7 +349,7 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Option<Object>, V
         Kind::Secret => deserialize::<SecretDoc>(doc.text).map(Typed::Secret),
     }
     .map_err(strict_error)?;
-    finish(file, object, doc_pos, typed).map(Some)
+    finish(file, object, doc_pos, typed).map(Parsed::Object)
 }
 
 /// A document deserialized as its kind, not yet validated.
@@ -840,7 +878,10 @@ spec:
         for text in yaml.iter().copied().chain([CANONICAL, broken_route]) {
             for doc in split_documents(text) {
                 let _g = LineOffsetGuard::set(doc.line_offset);
-                let slow = parse_two_pass(&file, doc);
+                let slow = parse_two_pass(&file, doc).map(|p| match p {
+                    Parsed::Object(o) => Some(o),
+                    _ => None,
+                });
                 let Some(fast) = parse_fast(&file, doc) else {
                     continue;
                 };
@@ -918,12 +959,65 @@ spec:
     }
 
     #[test]
-    fn unknown_kind_and_api_version() {
+    fn unknown_kinds_are_skipped_not_errors() {
+        let text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n---\n\
+            apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\n\
+            metadata: {name: g, namespace: apps}\nspec: {from: [], to: []}\n---\n\
+            apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: Backend\nmetadata: {name: b}\n\
+            spec: {endpoints: [{fqdn: {hostname: x.example.com, port: 80}}]}\n---\n\
+            kind: SomethingElse\n---\n{CANONICAL}"
+            .replace("{CANONICAL}", CANONICAL);
+        let p = parse_file_report("f.yaml", &text);
+        assert!(p.errors().is_empty(), "{:?}", p.errors());
+        assert_eq!(p.objects.len(), 3);
+        let got: Vec<String> = p.skipped.iter().map(|s| s.to_string()).collect();
         assert_eq!(
-            one_error("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n"),
-            "f.yaml:2:7: kind: unknown kind \"ConfigMap\"; supported: Gateway, HTTPRoute \
-             (gateway.networking.k8s.io/v1), Backend (ballast.dev/v1alpha1), Secret (v1)"
+            got,
+            [
+                "f.yaml:1:1: skipped ConfigMap default/x (v1): kind not implemented by Ballast",
+                "f.yaml:5:1: skipped ReferenceGrant apps/g (gateway.networking.k8s.io/v1beta1): kind not implemented by Ballast",
+                "f.yaml:10:1: skipped Backend default/b (gateway.envoyproxy.io/v1alpha1): kind not implemented by Ballast",
+                "f.yaml:15:1: skipped SomethingElse (no apiVersion): kind not implemented by Ballast",
+            ]
         );
+        // The strict entry point agrees: skipped kinds are no errors.
+        assert_eq!(parse_file("f.yaml", &text).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn invalid_objects_are_kept_apart_from_file_errors() {
+        let text = format!(
+            "{CANONICAL}---\napiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {{name: bad}}\n\
+             spec: {{endpoints: [{{address: 10.0.0.1, port: 0}}], extra: 1}}\n---\nkind: Backend\n\
+             apiVersion: ballast.dev/v1alpha1\nmetadata: {{namespace: x}}\nspec: {{}}\n"
+        );
+        let p = parse_file_report("f.yaml", &text);
+        assert_eq!(p.objects.len(), 3, "the good documents are kept");
+        assert_eq!(p.invalid.len(), 1);
+        assert_eq!(
+            p.invalid[0].0,
+            ObjectId {
+                kind: Kind::Backend,
+                key: ObjectKey::new("default", "bad")
+            }
+        );
+        assert_eq!(
+            p.invalid[0].1[0].to_string(),
+            "f.yaml:37:51: Backend default/bad: spec.extra: unknown field `extra`, expected one \
+             of endpoints, loadBalancer, connectTimeout, healthCheck"
+        );
+        // No name: nothing to blame but the file.
+        assert_eq!(p.file_errors.len(), 1, "{:?}", p.file_errors);
+        // A YAML syntax error is the file's too.
+        let p = parse_file_report("f.yaml", &format!("{CANONICAL}---\nkind: [\n"));
+        assert_eq!(
+            (p.objects.len(), p.invalid.len(), p.file_errors.len()),
+            (3, 0, 1)
+        );
+    }
+
+    #[test]
+    fn wrong_api_version_of_our_kinds() {
         assert_eq!(
             one_error(
                 "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: HTTPRoute\nmetadata: {name: r, namespace: n}\nspec: {}\n"
@@ -1022,14 +1116,13 @@ spec:
     #[test]
     fn every_broken_document_is_reported() {
         let text = format!(
-            "{GW}  - {{ name: a, port: 0, protocol: HTTP }}\n---\nkind: Nope\n---\n{CANONICAL}"
+            "{GW}  - {{ name: a, port: 0, protocol: HTTP }}\n---\nmetadata: {{}}\n---\n{CANONICAL}"
         );
         assert_eq!(
             errors(&text),
             vec![
                 "f.yaml:7:22: Gateway default/edge: spec.listeners[0].port: port 0 is out of range 1..=65535",
-                "f.yaml:9:7: kind: unknown kind \"Nope\"; supported: Gateway, HTTPRoute \
-                 (gateway.networking.k8s.io/v1), Backend (ballast.dev/v1alpha1), Secret (v1)",
+                "f.yaml:9:1: missing field `kind`",
             ]
         );
     }

@@ -3,13 +3,111 @@
 //! Values are `Arc`s so a set is cheap to clone and two sets can be compared object by object
 //! (unchanged objects usually share their `Arc`, making the comparison a pointer check).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::sync::Arc;
+
+use serde::Serialize;
 
 use crate::error::{ConfigError, ObjectRef, sort_errors};
 use crate::hostname::effective_hostnames;
 use crate::kinds::*;
 use crate::parse::parse_file;
+use crate::spanned::Pos;
+
+/// An object's identity across loads: what per-object last known good is keyed by.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ObjectId {
+    pub kind: Kind,
+    pub key: ObjectKey,
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.kind, self.key)
+    }
+}
+
+/// A document of a kind Ballast does not implement: skipped with a warning, never an error
+/// (real manifests carry ReferenceGrants and other projects' policy kinds).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Skipped {
+    pub file: Arc<str>,
+    pub pos: Pos,
+    /// Empty when the document has none.
+    pub api_version: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: Option<String>,
+}
+
+impl fmt::Display for Skipped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: skipped {}", self.file, self.pos, self.kind)?;
+        if let Some(name) = &self.name {
+            write!(f, " {}/{}", self.namespace, name)?;
+        }
+        let api = if self.api_version.is_empty() {
+            "no apiVersion"
+        } else {
+            &self.api_version
+        };
+        write!(f, " ({api}): kind not implemented by Ballast")
+    }
+}
+
+/// One file's documents, parsed one by one ([`crate::parse::parse_file_report`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileParse {
+    pub objects: Vec<Object>,
+    /// Invalid objects whose identity is known, with their errors.
+    pub invalid: Vec<(ObjectId, Vec<ConfigError>)>,
+    /// Errors no single object can be blamed for (YAML syntax, a document without a name, an
+    /// unreadable file): the whole file keeps its last good objects.
+    pub file_errors: Vec<ConfigError>,
+    pub skipped: Vec<Skipped>,
+}
+
+impl FileParse {
+    /// A file that could not be read at all.
+    pub fn unreadable(error: ConfigError) -> Self {
+        FileParse {
+            file_errors: vec![error],
+            ..FileParse::default()
+        }
+    }
+
+    /// Every error, sorted by position.
+    pub fn errors(&self) -> Vec<ConfigError> {
+        let mut errors = self.file_errors.clone();
+        for (_, e) in &self.invalid {
+            errors.extend(e.iter().cloned());
+        }
+        sort_errors(&mut errors);
+        errors
+    }
+}
+
+/// An object this load could not apply, and what is served instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejected {
+    pub id: ObjectId,
+    pub errors: Vec<ConfigError>,
+    /// Where the last good version still served was read from; `None`: never valid, not served.
+    pub serving: Option<crate::kinds::Source>,
+}
+
+/// What [`ConfigSet::assemble`] did besides building the set.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Every error, sorted by file and position.
+    pub errors: Vec<ConfigError>,
+    pub skipped: Vec<Skipped>,
+    /// Invalid or duplicated objects, by identity.
+    pub rejected: Vec<Rejected>,
+    /// Files with errors no object can be blamed for: their last good objects are kept whole.
+    pub held_files: Vec<Arc<str>>,
+}
 
 /// All objects of a config, in deterministic (namespace, name) order per kind.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -168,6 +266,100 @@ impl ConfigSet {
         } else {
             Err(errors)
         }
+    }
+
+    /// Per-object last known good (invariant 8): builds the set to serve from every file's
+    /// parse and the previous set `prev`.
+    ///
+    /// - A valid object defined once is taken as it is now.
+    /// - An invalid object keeps its version in `prev` (found by kind, namespace and name, in
+    ///   whatever file it was); if it never was valid it is not served.
+    /// - An object defined more than once (valid definitions) is a duplicate: an error at every
+    ///   definition after the first (by file and position), and the object is treated as invalid
+    ///   (its previous version stays). Which definition "wins" thus never depends on file names,
+    ///   and adding a second copy never changes what is served.
+    /// - A file with errors no object can be blamed for (YAML syntax, unreadable) keeps all its
+    ///   objects of `prev`, unless they are now validly defined in another file.
+    /// - An object of `prev` found nowhere is gone (deleted from the files).
+    ///
+    /// Files must be given in a deterministic order; the result does not depend on it.
+    pub fn assemble(
+        prev: Option<&ConfigSet>,
+        files: impl IntoIterator<Item = (Arc<str>, FileParse)>,
+    ) -> (ConfigSet, LoadReport) {
+        let mut report = LoadReport::default();
+        let mut defs: BTreeMap<ObjectId, Vec<Object>> = BTreeMap::new();
+        let mut bad: BTreeMap<ObjectId, Vec<ConfigError>> = BTreeMap::new();
+        let mut held: BTreeSet<Arc<str>> = BTreeSet::new();
+        for (file, parse) in files {
+            report.skipped.extend(parse.skipped);
+            if !parse.file_errors.is_empty() {
+                report.errors.extend(parse.file_errors);
+                for (_, e) in parse.invalid {
+                    report.errors.extend(e);
+                }
+                held.insert(file);
+                continue;
+            }
+            for o in parse.objects {
+                let id = ObjectId {
+                    kind: o.kind(),
+                    key: o.key(),
+                };
+                defs.entry(id).or_default().push(o);
+            }
+            for (id, e) in parse.invalid {
+                report.errors.extend(e.iter().cloned());
+                bad.entry(id).or_default().extend(e);
+            }
+        }
+        let mut set = ConfigSet::default();
+        for (id, mut objs) in defs {
+            if objs.len() > 1 {
+                objs.sort_by(|a, b| a.source().cmp(b.source()));
+                for o in &objs[1..] {
+                    let e = ConfigError {
+                        file: o.source().file.clone(),
+                        pos: o.source().pos,
+                        object: Some(ObjectRef {
+                            kind: id.kind,
+                            namespace: id.key.namespace.clone(),
+                            name: Some(id.key.name.clone()),
+                        }),
+                        field: None,
+                        message: format!("duplicate: also defined at {}", objs[0].source()),
+                    };
+                    report.errors.push(e.clone());
+                    bad.entry(id.clone()).or_default().push(e);
+                }
+            } else if !bad.contains_key(&id) {
+                set.insert(objs.pop().expect("one definition"));
+            }
+        }
+        for (id, mut errors) in bad {
+            let last_good = prev.and_then(|p| p.get(id.kind, &id.key));
+            let serving = last_good.as_ref().map(|o| o.source().clone());
+            if let Some(o) = last_good {
+                set.insert(o);
+            }
+            sort_errors(&mut errors);
+            report.rejected.push(Rejected {
+                id,
+                errors,
+                serving,
+            });
+        }
+        if let Some(prev) = prev.filter(|_| !held.is_empty()) {
+            for o in prev.objects() {
+                if held.contains(&o.source().file) && set.get(o.kind(), &o.key()).is_none() {
+                    set.insert(o);
+                }
+            }
+        }
+        sort_errors(&mut report.errors);
+        report.skipped.sort();
+        report.held_files = held.into_iter().collect();
+        (set, report)
     }
 
     /// Adds or replaces an object.
@@ -545,7 +737,7 @@ mod tests {
     #[test]
     fn errors_of_all_files_are_reported() {
         let r = ConfigSet::build([
-            ("b.yaml", "kind: X\n".to_owned()),
+            ("b.yaml", "apiVersion: v1\n".to_owned()),
             ("a.yaml", backend("web", 0)),
             ("c.yaml", backend("ok", 80)),
         ]);
@@ -553,7 +745,7 @@ mod tests {
             msgs(r),
             vec![
                 "a.yaml:5:42: Backend default/web: spec.endpoints[0].port: port 0 is out of range 1..=65535",
-                "b.yaml:1:7: kind: unknown kind \"X\"; supported: Gateway, HTTPRoute (gateway.networking.k8s.io/v1), Backend (ballast.dev/v1alpha1), Secret (v1)",
+                "b.yaml:1:1: missing field `kind`",
             ]
         );
     }
@@ -605,7 +797,275 @@ mod tests {
         assert_eq!(set.objects().count(), 1);
     }
 
+    fn route(name: &str, host: &str, backend: &str) -> String {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{ name: {name} }}\nspec:\n  hostnames: [{host}]\n  rules: [{{ backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}] }}]\n"
+        )
+    }
+
+    /// Parses `(file, text)` pairs and assembles them over `prev`.
+    fn assemble(prev: Option<&ConfigSet>, files: &[(&str, String)]) -> (ConfigSet, LoadReport) {
+        ConfigSet::assemble(
+            prev,
+            files
+                .iter()
+                .map(|(f, t)| (Arc::from(*f), crate::parse::parse_file_report(f, t))),
+        )
+    }
+
+    fn port(set: &ConfigSet, name: &str) -> Option<u32> {
+        set.backends
+            .get(&ObjectKey::new("default", name))
+            .map(|b| *b.spec.endpoints[0].port)
+    }
+
+    fn host(set: &ConfigSet, name: &str) -> Option<String> {
+        set.http_routes
+            .get(&ObjectKey::new("default", name))
+            .map(|r| r.spec.hostnames[0].value.clone())
+    }
+
+    #[test]
+    fn invalid_edit_keeps_only_that_objects_last_good_version() {
+        let v1 = [
+            (
+                "a.yaml",
+                format!("{}---\n{}", backend("a", 80), backend("b", 80)),
+            ),
+            (
+                "r.yaml",
+                format!(
+                    "{}---\n{}",
+                    route("r1", "one.example", "a"),
+                    route("r2", "two.example", "b")
+                ),
+            ),
+        ];
+        let (good, report) = assemble(None, &v1);
+        assert_eq!(report, LoadReport::default());
+        assert_eq!(good.len(), 4);
+        // One reload: b gets an invalid port, a a valid one; r1 gets an unknown field, r2 a new
+        // host; a new backend c appears.
+        let v2 = [
+            (
+                "a.yaml",
+                format!(
+                    "{}---\n{}---\n{}",
+                    backend("a", 81),
+                    backend("b", 0),
+                    backend("c", 82)
+                ),
+            ),
+            (
+                "r.yaml",
+                format!(
+                    "{}---\n{}",
+                    route("r1", "uno.example", "a").replace("spec:\n", "spec:\n  bogus: 1\n"),
+                    route("r2", "dos.example", "b")
+                ),
+            ),
+        ];
+        let (set, report) = assemble(Some(&good), &v2);
+        assert_eq!(port(&set, "a"), Some(81), "valid edit applies");
+        assert_eq!(
+            port(&set, "b"),
+            Some(80),
+            "invalid edit keeps the last good version"
+        );
+        assert_eq!(port(&set, "c"), Some(82));
+        assert_eq!(host(&set, "r1").as_deref(), Some("one.example"));
+        assert_eq!(host(&set, "r2").as_deref(), Some("dos.example"));
+        let msgs: Vec<String> = report.errors.iter().map(|e| e.to_string()).collect();
+        assert_eq!(msgs.len(), 2, "{msgs:#?}");
+        assert!(
+            msgs[0].starts_with("a.yaml:11:42: Backend default/b: spec.endpoints[0].port:"),
+            "{msgs:#?}"
+        );
+        assert!(
+            msgs[1].starts_with("r.yaml:5:3: HTTPRoute default/r1: "),
+            "{msgs:#?}"
+        );
+        let rejected: Vec<(String, Option<String>)> = report
+            .rejected
+            .iter()
+            .map(|r| (r.id.to_string(), r.serving.as_ref().map(|s| s.to_string())))
+            .collect();
+        assert_eq!(
+            rejected,
+            [
+                (
+                    "HTTPRoute default/r1".to_owned(),
+                    Some("r.yaml:1:1".to_owned())
+                ),
+                (
+                    "Backend default/b".to_owned(),
+                    Some("a.yaml:7:1".to_owned())
+                ),
+            ]
+        );
+        // The next reload still keeps b's last good version, and fixing it applies.
+        let (set2, _) = assemble(Some(&set), &v2);
+        assert_eq!(set2, set);
+        let v3 = [("a.yaml", backend("b", 90)), ("r.yaml", String::new())];
+        let (set3, report) = assemble(Some(&set2), &v3);
+        assert!(report.errors.is_empty());
+        assert_eq!(port(&set3, "b"), Some(90));
+        assert_eq!(set3.len(), 1, "objects deleted from the files are removed");
+    }
+
+    #[test]
+    fn syntax_error_keeps_that_files_last_good_objects() {
+        let v1 = [
+            (
+                "a.yaml",
+                format!("{}---\n{}", backend("a", 80), backend("b", 80)),
+            ),
+            ("c.yaml", backend("c", 80)),
+        ];
+        let (good, _) = assemble(None, &v1);
+        // a.yaml breaks (and its b is gone from the text); c.yaml changes validly.
+        let v2 = [
+            ("a.yaml", format!("{}---\nkind: [\n", backend("a", 81))),
+            ("c.yaml", backend("c", 81)),
+        ];
+        let (set, report) = assemble(Some(&good), &v2);
+        assert_eq!(report.held_files, vec![Arc::<str>::from("a.yaml")]);
+        assert_eq!(report.errors.len(), 1);
+        assert!(
+            report.errors[0].to_string().starts_with("a.yaml:7:"),
+            "{:?}",
+            report.errors
+        );
+        assert_eq!(
+            (port(&set, "a"), port(&set, "b")),
+            (Some(80), Some(80)),
+            "a.yaml held whole"
+        );
+        assert_eq!(port(&set, "c"), Some(81), "other files apply");
+        // An object that moved out of the broken file into a good one takes its new definition.
+        let v3 = [
+            ("a.yaml", "kind: [\n".to_owned()),
+            (
+                "c.yaml",
+                format!("{}---\n{}", backend("c", 81), backend("a", 85)),
+            ),
+        ];
+        let (set, _) = assemble(Some(&set), &v3);
+        assert_eq!((port(&set, "a"), port(&set, "b")), (Some(85), Some(80)));
+        // At cold start a broken file contributes nothing, and the rest loads.
+        let (cold, report) = assemble(None, &v2);
+        assert_eq!((cold.len(), report.errors.len()), (1, 1));
+    }
+
+    #[test]
+    fn cold_start_serves_everything_but_the_never_valid_object() {
+        let files = [
+            ("a.yaml", format!("{}---\n{}", backend("a", 0), backend("b", 80))),
+            ("r.yaml", route("r", "r.example", "b")),
+            ("x.yaml", "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: g}\nspec: {}\n".to_owned()),
+        ];
+        let (set, report) = assemble(None, &files);
+        assert_eq!(set.len(), 2);
+        assert_eq!(port(&set, "a"), None);
+        assert_eq!(report.rejected.len(), 1);
+        assert_eq!(report.rejected[0].serving, None);
+        assert_eq!(report.skipped.len(), 1);
+        assert_eq!(report.skipped[0].kind, "ReferenceGrant");
+        assert_eq!(report.errors.len(), 1);
+    }
+
+    #[test]
+    fn duplicates_keep_the_last_good_version_whatever_the_file_names() {
+        let (good, _) = assemble(None, &[("m.yaml", backend("a", 80))]);
+        // A second copy appears in a file sorting before and after: neither is applied.
+        for other in ["a.yaml", "z.yaml"] {
+            let files = [("m.yaml", backend("a", 80)), (other, backend("a", 99))];
+            let (set, report) = assemble(Some(&good), &files);
+            assert_eq!(port(&set, "a"), Some(80), "{other}");
+            assert_eq!(report.errors.len(), 1);
+            let (first, second) = if other == "a.yaml" {
+                ("a.yaml", "m.yaml")
+            } else {
+                ("m.yaml", "z.yaml")
+            };
+            assert_eq!(
+                report.errors[0].to_string(),
+                format!("{second}:1:1: Backend default/a: duplicate: also defined at {first}:1:1")
+            );
+        }
+        // At cold start a duplicated object is not served; the rest is.
+        let files = [
+            ("a.yaml", backend("a", 80)),
+            ("b.yaml", backend("a", 81)),
+            ("c.yaml", backend("c", 80)),
+        ];
+        let (set, report) = assemble(None, &files);
+        assert_eq!((set.len(), report.rejected.len()), (1, 1));
+        // Removing one copy applies the other.
+        let (set, report) = assemble(Some(&good), &files[1..]);
+        assert!(report.errors.is_empty());
+        assert_eq!(port(&set, "a"), Some(81));
+    }
+
     proptest! {
+        /// Per-object last known good against a reference model, over random reloads: an object
+        /// defined once and valid is served as defined; one defined invalidly or more than once
+        /// keeps what was served before (nothing at first); one defined nowhere is gone. The
+        /// result does not depend on the order files are given in.
+        #[test]
+        fn assemble_matches_the_per_object_model(
+            // Per step, per file f0..f2: backends (name b0..b3, port; port 0 is invalid).
+            steps in proptest::collection::vec(
+                proptest::collection::vec(proptest::collection::vec((0u8..4, 0u16..3), 0..3), 3),
+                1..6,
+            ),
+        ) {
+            let mut prev: Option<ConfigSet> = None;
+            let mut model: BTreeMap<String, u32> = BTreeMap::new();
+            for step in steps {
+                let files: Vec<(String, String)> = step
+                    .iter()
+                    .enumerate()
+                    .map(|(i, objs)| {
+                        let text = objs
+                            .iter()
+                            .map(|(n, port)| backend(&format!("b{n}"), *port))
+                            .collect::<Vec<_>>()
+                            .join("---\n");
+                        (format!("f{i}.yaml"), text)
+                    })
+                    .collect();
+                let mut defs: BTreeMap<String, Vec<u16>> = BTreeMap::new();
+                for objs in &step {
+                    for (n, port) in objs {
+                        defs.entry(format!("b{n}")).or_default().push(*port);
+                    }
+                }
+                model.retain(|name, _| defs.contains_key(name));
+                for (name, ports) in &defs {
+                    if let [port] = ports[..] && port != 0 {
+                        model.insert(name.clone(), port.into());
+                    }
+                }
+                let parse = |files: &mut dyn Iterator<Item = &(String, String)>| {
+                    files
+                        .map(|(f, t)| (Arc::from(f.as_str()), crate::parse::parse_file_report(f, t)))
+                        .collect::<Vec<_>>()
+                };
+                let (set, report) = ConfigSet::assemble(prev.as_ref(), parse(&mut files.iter()));
+                let (rev, rev_report) = ConfigSet::assemble(prev.as_ref(), parse(&mut files.iter().rev()));
+                prop_assert_eq!(&set, &rev);
+                prop_assert_eq!(&report, &rev_report);
+                let got: BTreeMap<String, u32> = set
+                    .backends
+                    .iter()
+                    .map(|(k, b)| (k.name.clone(), *b.spec.endpoints[0].port))
+                    .collect();
+                prop_assert_eq!(&got, &model);
+                prev = Some(set);
+            }
+        }
+
         /// The set and the errors do not depend on the order files are given in.
         #[test]
         fn build_is_independent_of_file_order(

@@ -7,11 +7,16 @@
 //! never reaches into its consumers (docs/architecture.md §1).
 //!
 //! The guarantees every source keeps:
-//! - **Last known good** (invariant 8): a load that fails in any way leaves `config` and
-//!   `generation` untouched and records every error, with file:line:col, in `last_error`.
+//! - **Last known good, per object** (invariant 8): an invalid object keeps its last good
+//!   version (a never-valid one is not served), a file with a YAML syntax error keeps its last
+//!   good objects, and every other change of the same load applies; every error, with
+//!   file:line:col, is in `last_error` and per object in `report`. Kinds Ballast does not
+//!   implement are skipped (`report.skipped`). A load that cannot see all its inputs (a
+//!   configured path missing) leaves `config` and `generation` untouched.
 //! - **Atomic**: a published config is always the result of one complete load of all inputs,
 //!   never a mix of old and new files.
-//! - **Ready before serving** (invariant 1): `synced` turns true only with the first good load.
+//! - **Ready before serving** (invariant 1): `synced` turns true with the first load that saw
+//!   all its inputs, whatever errors individual objects have.
 //! - **No churn**: a load that gives the same config as the current one publishes nothing new.
 //!
 //! Several `--config` paths are best given to *one* [`FileSource`]: it loads them as a single
@@ -23,5 +28,5 @@
 pub mod file;
 mod state;
 
-pub use file::{FileSource, FileSourceOptions, load_paths};
+pub use file::{FileSource, FileSourceOptions, Loaded, load_paths, load_paths_report};
 pub use state::{Source, SourceState, StaticSource, merge_states};

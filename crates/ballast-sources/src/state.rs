@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use ballast_model::{ConfigError, ConfigSet};
+use ballast_model::{ConfigError, ConfigSet, LoadReport};
 use tokio::sync::watch;
 
 /// The state a source publishes: last known good config and sync status.
@@ -22,8 +22,13 @@ pub struct SourceState {
     pub config: Option<Arc<ConfigSet>>,
     /// Bumps on every new good config (0 means none yet). Unchanged by rejected or no-op loads.
     pub generation: u64,
-    /// Errors of the latest attempt, sorted by file and position; `None` if it succeeded.
+    /// Errors of the latest attempt, sorted by file and position; `None` if it had none. With
+    /// per-object last known good a load can apply *and* have errors (invalid objects kept at
+    /// their last good version, see `report`).
     pub last_error: Option<Arc<Vec<ConfigError>>>,
+    /// What the latest applied load rejected (per object, with the version still served),
+    /// held (files kept whole) and skipped (kinds Ballast does not implement).
+    pub report: Arc<LoadReport>,
     pub last_attempt: Option<SystemTime>,
     pub last_success: Option<SystemTime>,
     /// Files in the last good config.
@@ -39,6 +44,7 @@ impl SourceState {
             config: None,
             generation: 0,
             last_error: None,
+            report: Arc::default(),
             last_attempt: None,
             last_success: None,
             files: 0,
@@ -53,9 +59,23 @@ impl SourceState {
     /// a new generation (with an empty `ConfigSet::diff`) so status messages point at the
     /// right line; an identical rewrite does not.
     pub fn apply_success(&mut self, set: ConfigSet, files: usize, now: SystemTime) -> bool {
+        self.apply_load(set, files, LoadReport::default(), now)
+    }
+
+    /// Records a load assembled per object ([`ConfigSet::assemble`]): `set` is served (it
+    /// already holds the last good version of every invalid object) and the source is synced
+    /// even if the report has errors, so one bad object never holds readiness hostage
+    /// (invariant 8). `last_success` moves only for a load without errors. Returns whether
+    /// anything a consumer or a human acts on changed (same rules as [`Self::apply_success`]).
+    pub fn apply_load(
+        &mut self,
+        set: ConfigSet,
+        files: usize,
+        report: LoadReport,
+        now: SystemTime,
+    ) -> bool {
         self.last_attempt = Some(now);
-        self.last_success = Some(now);
-        let mut changed = self.last_error.take().is_some();
+        let mut changed = false;
         if !self.synced {
             self.synced = true;
             changed = true;
@@ -70,6 +90,17 @@ impl SourceState {
             changed = true;
         }
         self.files = files;
+        if report.errors.is_empty() {
+            self.last_success = Some(now);
+            changed |= self.last_error.take().is_some();
+        } else if self.last_error.as_deref() != Some(&report.errors) {
+            self.last_error = Some(Arc::new(report.errors.clone()));
+            changed = true;
+        }
+        if *self.report != report {
+            self.report = Arc::new(report);
+            changed = true;
+        }
         changed
     }
 
@@ -78,7 +109,11 @@ impl SourceState {
     pub fn apply_failure(&mut self, errors: Vec<ConfigError>, now: SystemTime) -> bool {
         self.last_attempt = Some(now);
         let changed = self.last_error.as_deref() != Some(&errors);
-        self.last_error = Some(Arc::new(errors));
+        if changed {
+            // The same errors keep their `Arc`: a consumer counting error reports by identity
+            // (the errors metric) counts each new set of errors once.
+            self.last_error = Some(Arc::new(errors));
+        }
         changed
     }
 }
@@ -178,7 +213,7 @@ mod tests {
         assert!(!s.apply_success(backend("a.yaml", "a", 80), 1, now));
         assert_eq!(s.generation, 1);
         // Failure keeps the config; the same failure again is no news.
-        let err = ballast_model::parse_file("x.yaml", "kind: X\n").unwrap_err();
+        let err = ballast_model::parse_file("x.yaml", "apiVersion: v1\n").unwrap_err();
         assert!(s.apply_failure(err.clone(), now));
         assert!(!s.apply_failure(err, now));
         assert_eq!(s.generation, 1);
@@ -191,6 +226,34 @@ mod tests {
         assert_eq!(s.generation, 2);
         assert!(s.apply_success(backend("b.yaml", "a", 81), 1, now));
         assert_eq!(s.generation, 3);
+    }
+
+    #[test]
+    fn load_with_errors_syncs_and_reports_once() {
+        let now = SystemTime::now();
+        let mut s = SourceState::new("t");
+        let text = "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: { name: a }\nspec:\n  endpoints: [{ address: 10.0.0.1, port: 0 }]\n";
+        let parse = || {
+            [(
+                Arc::from("a.yaml"),
+                ballast_model::parse_file_report("a.yaml", text),
+            )]
+        };
+        let (set, report) = ConfigSet::assemble(None, parse());
+        assert!(s.apply_load(set, 1, report.clone(), now));
+        assert!(s.synced, "one invalid object does not hold the sync");
+        assert_eq!((s.generation, s.last_success), (1, None));
+        let first = s.last_error.clone().unwrap();
+        assert_eq!(first.len(), 1);
+        assert_eq!(*s.report, report);
+        // The same load again: nothing new, and the errors keep their identity.
+        let (set, report) = ConfigSet::assemble(s.config.as_deref(), parse());
+        assert!(!s.apply_load(set, 1, report, now));
+        assert!(Arc::ptr_eq(&first, s.last_error.as_ref().unwrap()));
+        // A clean load clears errors and the report.
+        assert!(s.apply_success(backend("a.yaml", "a", 80), 1, now));
+        assert!(s.last_error.is_none() && s.report.rejected.is_empty());
+        assert_eq!(s.generation, 2);
     }
 
     #[test]

@@ -362,17 +362,88 @@ async fn missing_path_is_an_error_until_it_appears() {
     until(&mut rx, "edit", |s| port_of(s, "web") == Some(7070)).await;
 }
 
+/// Per-object last known good at a cold start: the never-valid object is not served,
+/// everything else is, and the source reports synced with its errors (readiness is not held
+/// hostage by one object).
 #[tokio::test]
-async fn failed_initial_load_stays_unsynced_until_fixed() {
+async fn initial_load_with_an_invalid_object_syncs_without_it() {
     let d = tempfile::tempdir().unwrap();
     three_files(d.path());
-    write(&d.path().join("backends/web.yml"), "kind: Nope\n");
+    write(&d.path().join("backends/web.yml"), &backend("web", 0));
+    write(&d.path().join("api.yaml"), &backend("api", 9090));
     let mut rx = start(vec![d.path().to_path_buf()], fast());
-    let s = until(&mut rx, "initial error", |s| s.last_error.is_some()).await;
-    assert!(!s.synced && s.config.is_none());
-    write(&d.path().join("backends/web.yml"), &backend("web", 8080));
-    let s = until(&mut rx, "sync", |s| s.synced).await;
+    let s = until(&mut rx, "initial sync", |s| s.synced).await;
     assert_eq!(s.generation, 1);
+    assert_eq!((port_of(&s, "web"), port_of(&s, "api")), (None, Some(9090)));
+    assert_eq!(s.config.as_ref().unwrap().http_routes.len(), 1);
+    let errs = errors(&s);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(
+        errs[0].contains("web.yml:5:43: Backend default/web:"),
+        "{errs:#?}"
+    );
+    assert_eq!(s.report.rejected.len(), 1);
+    assert_eq!(
+        s.report.rejected[0].serving, None,
+        "never valid, not served"
+    );
+    assert!(s.last_success.is_none(), "no load without errors yet");
+    write(&d.path().join("backends/web.yml"), &backend("web", 8080));
+    let s = until(&mut rx, "fix", |s| port_of(s, "web") == Some(8080)).await;
+    assert_eq!(s.generation, 2);
+    assert!(s.last_error.is_none() && s.report.rejected.is_empty());
+}
+
+/// One reload with a bad edit to one object and good edits to others: only the bad one keeps
+/// its last good version.
+#[tokio::test]
+async fn bad_edit_to_one_object_and_good_edits_apply_together() {
+    let d = tempfile::tempdir().unwrap();
+    three_files(d.path());
+    write(&d.path().join("api.yaml"), &backend("api", 9090));
+    let mut rx = start(vec![d.path().to_path_buf()], fast());
+    until(&mut rx, "initial sync", |s| s.synced).await;
+    // Both files in one burst: web goes invalid (unknown field), api moves to 9091.
+    write(
+        &d.path().join("backends/web.yml"),
+        &backend("web", 8081).replace("spec:\n", "spec:\n  typo: 1\n"),
+    );
+    write(&d.path().join("api.yaml"), &backend("api", 9091));
+    let s = until(&mut rx, "api edit", |s| port_of(s, "api") == Some(9091)).await;
+    assert_eq!(
+        port_of(&s, "web"),
+        Some(8080),
+        "web keeps its last good version"
+    );
+    let errs = errors(&s);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(
+        errs[0].contains("web.yml:5:3: Backend default/web: spec.typo: unknown field"),
+        "{errs:#?}"
+    );
+    let serving = s.report.rejected[0].serving.as_ref().unwrap();
+    assert!(serving.file.ends_with("backends/web.yml"), "{serving}");
+    // Deleting the bad object's file removes it (deletion is not invalidity).
+    fs::remove_file(d.path().join("backends/web.yml")).unwrap();
+    let s = until(&mut rx, "deletion", |s| port_of(s, "web").is_none()).await;
+    assert!(s.last_error.is_none());
+}
+
+/// Kinds Ballast does not implement are skipped with a warning, never a reason not to sync.
+#[tokio::test]
+async fn unknown_kinds_are_skipped_and_the_rest_syncs() {
+    let d = tempfile::tempdir().unwrap();
+    three_files(d.path());
+    write(
+        &d.path().join("grants.yaml"),
+        "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: { name: g, namespace: apps }\nspec:\n  from: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: default }]\n  to: [{ group: '', kind: Service }]\n---\napiVersion: gateway.envoyproxy.io/v1alpha1\nkind: ClientTrafficPolicy\nmetadata: { name: p }\nspec: { targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }] }\n",
+    );
+    let mut rx = start(vec![d.path().to_path_buf()], fast());
+    let s = until(&mut rx, "initial sync", |s| s.synced).await;
+    assert!(s.last_error.is_none(), "{:?}", errors(&s));
+    assert_eq!(s.config.as_ref().unwrap().len(), 3);
+    let kinds: Vec<&str> = s.report.skipped.iter().map(|k| k.kind.as_str()).collect();
+    assert_eq!(kinds, ["ReferenceGrant", "ClientTrafficPolicy"]);
 }
 
 /// A single file path, saved the way editors do: write a temporary file and rename it over.

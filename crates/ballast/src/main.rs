@@ -185,7 +185,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Validate { paths } => match ballast_sources::load_paths(&paths) {
+        Command::Validate { paths } => match ballast_sources::load_paths_report(&paths) {
             Err(errors) => {
                 for e in &errors {
                     println!("{e}");
@@ -193,7 +193,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{} error(s)", errors.len());
                 Ok(ExitCode::from(1))
             }
-            Ok(config) => {
+            // Every error (exit 1 for CI), though `serve` would serve everything else.
+            Ok(loaded) if !loaded.report.errors.is_empty() => {
+                for e in &loaded.report.errors {
+                    println!("{e}");
+                }
+                for s in &loaded.report.skipped {
+                    println!("warning: {s}");
+                }
+                println!("{} error(s)", loaded.report.errors.len());
+                Ok(ExitCode::from(1))
+            }
+            Ok(loaded) => {
+                for s in &loaded.report.skipped {
+                    println!("warning: {s}");
+                }
+                let config = loaded.set;
                 let status = ballast_model::status::compute(&config);
                 let problems = status.problems();
                 for p in &problems {

@@ -39,6 +39,12 @@ pub struct SourceLabel {
     pub source: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceKindLabel {
+    pub source: String,
+    pub kind: String,
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub connected_proxies: Gauge,
@@ -62,6 +68,10 @@ pub struct Metrics {
     pub source_synced: Family<SourceLabel, Gauge>,
     pub source_errors: Family<SourceLabel, Counter>,
     pub source_generation: Family<SourceLabel, Gauge>,
+    /// Objects of kinds Ballast does not implement in a source's latest load.
+    pub source_skipped: Family<SourceKindLabel, Gauge>,
+    /// Every (source, kind) ever set above, so a kind no longer skipped reads 0.
+    skipped_seen: Mutex<std::collections::HashSet<SourceKindLabel>>,
     pub ready: Gauge,
     /// Last publish instant per gateway, for the convergence histogram.
     published_at: Mutex<HashMap<Arc<str>, Instant>>,
@@ -90,6 +100,8 @@ impl Metrics {
             source_synced: Family::default(),
             source_errors: Family::default(),
             source_generation: Family::default(),
+            source_skipped: Family::default(),
+            skipped_seen: Mutex::default(),
             ready: Gauge::default(),
             published_at: Mutex::new(HashMap::new()),
             registry: Registry::default(),
@@ -171,6 +183,11 @@ impl Metrics {
             "source_generation",
             "Generation of a source's last good config",
             m.source_generation.clone(),
+        );
+        registry.register(
+            "source_skipped_objects",
+            "Objects of kinds Ballast does not implement, skipped in a source's latest load",
+            m.source_skipped.clone(),
         );
         registry.register(
             "ready",
@@ -308,6 +325,28 @@ impl MetricsObserver {
         MetricsObserver {
             metrics,
             streams_per_node: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl Metrics {
+    /// Sets `ballast_source_skipped_objects` for `source` from its latest load.
+    pub fn set_source_skipped(&self, source: &str, skipped: &[ballast_model::Skipped]) {
+        let mut counts: std::collections::BTreeMap<&str, i64> = Default::default();
+        for s in skipped {
+            *counts.entry(s.kind.as_str()).or_default() += 1;
+        }
+        let mut seen = self.skipped_seen.lock();
+        for l in seen.iter().filter(|l| l.source == source) {
+            self.source_skipped.get_or_create(l).set(0);
+        }
+        for (kind, n) in counts {
+            let l = SourceKindLabel {
+                source: source.to_owned(),
+                kind: kind.to_owned(),
+            };
+            self.source_skipped.get_or_create(&l).set(n);
+            seen.insert(l);
         }
     }
 }

@@ -156,6 +156,56 @@ spec:
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
 }
 
+/// Kinds Ballast does not implement are warnings (exit 0); with an error too, every error and
+/// every warning is printed and the exit code is 1 (for CI).
+#[test]
+fn validate_warns_about_skipped_kinds_and_still_fails_on_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("all.yaml"),
+        many_routes(10000, 2, &[loopback(8080)]),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("grant.yaml"),
+        "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: { name: g, namespace: backends }\nspec: { from: [], to: [] }\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: { name: grpc }\nspec: {}\n",
+    )
+    .unwrap();
+    let d = path(dir.path());
+    let out = ballast_cmd(&["validate", d]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    for expected in [
+        format!(
+            "warning: {d}/grant.yaml:1:1: skipped ReferenceGrant backends/g (gateway.networking.k8s.io/v1beta1): kind not implemented by Ballast"
+        ),
+        format!(
+            "warning: {d}/grant.yaml:6:1: skipped GRPCRoute default/grpc (gateway.networking.k8s.io/v1): kind not implemented by Ballast"
+        ),
+        "1 gateway(s), 2 route(s), 2 backend(s), 0 secret(s): ok".to_owned(),
+    ] {
+        assert!(
+            text.lines().any(|l| l == expected),
+            "missing `{expected}` in:\n{text}"
+        );
+    }
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: { name: bad }\nspec: { endpoints: [{ address: 127.0.0.1, port: 0 }] }\n---\nkind: [\n",
+    )
+    .unwrap();
+    let out = ballast_cmd(&["validate", d]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains(&format!("{d}/bad.yaml:4:")), "{text}");
+    assert!(text.contains(&format!("{d}/bad.yaml:6:")), "{text}");
+    assert!(
+        text.contains("warning: ") && text.contains("skipped GRPCRoute"),
+        "{text}"
+    );
+    assert!(text.contains("2 error(s)"), "{text}");
+}
+
 /// Parses `ballast translate` output: `---`-separated JSON documents.
 fn documents(text: &str) -> Vec<Value> {
     text.split("\n---\n")

@@ -159,3 +159,249 @@ async fn guard_holds_mass_deletion_then_applies_it() {
     assert_eq!(host_get(gw, "h3.example.com").await.unwrap().0, 200);
     assert_eq!(ballast.metric("ballast_guard_held").await.unwrap(), 0.0);
 }
+
+/// Per-object last known good (invariant 8) with real Envoy: in one reload a bad edit to one
+/// route and a good edit to another. The good edit reaches Envoy; the bad route keeps serving
+/// its old version; /debug/sources names the error by file:line:col; no request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_edit_to_one_route_keeps_it_and_a_good_edit_applies() {
+    let a = Upstream::start("a").await.unwrap();
+    let b = Upstream::start("b").await.unwrap();
+    let gw_port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("all.yaml");
+    let n = 50;
+    let extra = backend("bb", &[b.addr()]);
+    let v1 = many_routes(gw_port, n, &[a.addr()]) + &extra;
+    write_atomic(&file, &v1);
+    let ballast = Ballast::start(
+        free_addr(),
+        free_addr(),
+        &["--config", dir.path().to_str().unwrap()],
+    )
+    .unwrap();
+    ballast.wait_ready().await.unwrap();
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-lkg-object",
+        "default/edge",
+        AdsMode::DeltaGrpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(gw_port);
+    let last = format!("h{}.example.com", n - 1);
+    wait_until(T, POLL, || async {
+        matches!(host_get(gw, &last).await, Ok((200, _)))
+    })
+    .await
+    .unwrap();
+    let hosts: Vec<(String, String)> = (0..n)
+        .map(|i| (format!("h{i}.example.com"), "/".to_owned()))
+        .collect();
+    let traffic = Traffic::start(TrafficConfig::with_requests(gw, hosts));
+    let before = virtual_hosts(&envoy.config_dump(false).await.unwrap());
+    assert_eq!(before.len(), n);
+
+    // One atomic write: r0 moves to bb but with an unknown field (invalid), r1 moves to bb
+    // (valid).
+    let r0_old = route("r0", "h0.example.com", "b0");
+    let r1_old = route("r1", "h1.example.com", "b1");
+    assert!(v1.contains(&r0_old) && v1.contains(&r1_old));
+    let r0_bad = route("r0", "h0.example.com", "bb").replace("spec:\n", "spec:\n  bogus: 1\n");
+    let v2 = v1
+        .replace(&r0_old, &r0_bad)
+        .replace(&r1_old, &route("r1", "h1.example.com", "bb"));
+    write_atomic(&file, &v2);
+    wait_until(T, POLL, || async {
+        matches!(host_get(gw, "h1.example.com").await, Ok((200, body)) if body == "b")
+    })
+    .await
+    .unwrap();
+    // The bad route keeps its last good version (to a), and in Envoy only h1 changed.
+    assert_eq!(
+        host_get(gw, "h0.example.com").await.unwrap(),
+        (200, "a".into())
+    );
+    let after = virtual_hosts(&envoy.config_dump(false).await.unwrap());
+    let changed: Vec<&String> = before
+        .keys()
+        .filter(|h| before.get(*h) != after.get(*h))
+        .collect();
+    assert_eq!(changed, ["h1.example.com"]);
+    assert_eq!(after.len(), n);
+    let (_, body) = ballast.get("/debug/sources").await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let src = &v["sources"][0];
+    let bogus_line = v2.lines().position(|l| l == "  bogus: 1").unwrap() + 1;
+    let expected = format!(
+        "{}:{bogus_line}:3: HTTPRoute default/r0: spec.bogus: unknown field `bogus`",
+        file.display()
+    );
+    let errors = src["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{src:#}");
+    assert!(
+        errors[0].as_str().unwrap().starts_with(&expected),
+        "{expected} in {src:#}"
+    );
+    assert_eq!(src["rejected"][0]["name"], "r0", "{src:#}");
+    assert!(
+        src["rejected"][0]["serving"]
+            .as_str()
+            .is_some_and(|s| s.starts_with(&file.display().to_string())),
+        "{src:#}"
+    );
+    assert_eq!(src["synced"], true);
+    assert_eq!(ballast.get("/readyz").await.unwrap().0, 200);
+    assert!(ballast.metric("ballast_source_errors_total").await.unwrap() >= 1.0);
+    // `ballast validate` still fails (CI) and names the same place.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .arg("validate")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&expected),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Let traffic run over every host for a while after the change: none fails.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let report = traffic.stop().await;
+    report.assert_all_ok();
+
+    // Fixing r0 applies it.
+    write_atomic(&file, &v2.replace("  bogus: 1\n", ""));
+    wait_until(T, POLL, || async {
+        matches!(host_get(gw, "h0.example.com").await, Ok((200, body)) if body == "b")
+    })
+    .await
+    .unwrap();
+}
+
+/// A directory as real Gateway API users have it (a ReferenceGrant, another project's policy
+/// kind) plus one never-valid object starts ready and serves everything else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unimplemented_kinds_and_a_never_valid_object_start_ready() {
+    let a = Upstream::start("a").await.unwrap();
+    let gw_port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("all.yaml"),
+        many_routes(gw_port, 3, &[a.addr()]),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("grants.yaml"),
+        "apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: { name: allow-routes, namespace: backends }
+spec:
+  from: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: default }]
+  to: [{ group: '', kind: Service }]
+---
+apiVersion: gateway.envoyproxy.io/v1alpha1
+kind: BackendTrafficPolicy
+metadata: { name: retries }
+spec:
+  targetRefs: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, name: r0 }]
+  retry: { numRetries: 3 }
+",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("broken.yaml"),
+        backend("broken", &[a.addr()]).replace("connectTimeout: 1s", "connectTimeout: soon"),
+    )
+    .unwrap();
+    let ballast = Ballast::start(
+        free_addr(),
+        free_addr(),
+        &["--config", dir.path().to_str().unwrap()],
+    )
+    .unwrap();
+    ballast.wait_ready().await.unwrap();
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-lkg-kinds",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(gw_port);
+    for i in 0..3 {
+        let host = format!("h{i}.example.com");
+        wait_until(T, POLL, || async {
+            matches!(host_get(gw, &host).await, Ok((200, body)) if body == "a")
+        })
+        .await
+        .unwrap();
+    }
+    let (_, body) = ballast.get("/debug/sources").await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let src = &v["sources"][0];
+    let skipped: Vec<&str> = src["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        skipped,
+        ["ReferenceGrant", "BackendTrafficPolicy"],
+        "{src:#}"
+    );
+    assert_eq!(src["rejected"][0]["name"], "broken", "{src:#}");
+    assert_eq!(src["rejected"][0]["serving"], serde_json::Value::Null);
+    assert!(
+        src["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("broken.yaml:6:19: Backend default/broken: spec.connectTimeout:"),
+        "{src:#}"
+    );
+    assert_eq!(
+        ballast
+            .metric("ballast_source_skipped_objects")
+            .await
+            .unwrap(),
+        2.0
+    );
+    // Deleting the grants file: the gauge follows.
+    std::fs::remove_file(dir.path().join("grants.yaml")).unwrap();
+    wait_until(T, POLL, || async {
+        ballast
+            .metric("ballast_source_skipped_objects")
+            .await
+            .unwrap_or(-1.0)
+            == 0.0
+    })
+    .await
+    .unwrap();
+}
+
+/// Every virtual host in an Envoy config dump, by its first domain.
+fn virtual_hosts(
+    dump: &serde_json::Value,
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    fn walk(
+        v: &serde_json::Value,
+        out: &mut std::collections::BTreeMap<String, serde_json::Value>,
+    ) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(d) = m.get("domains").and_then(|d| d[0].as_str()) {
+                    out.insert(d.to_owned(), v.clone());
+                }
+                m.values().for_each(|c| walk(c, out));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|c| walk(c, out)),
+            _ => {}
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(dump, &mut out);
+    out
+}

@@ -65,6 +65,35 @@ impl Kind {
     pub fn from_kind_str(kind: &str) -> Option<Kind> {
         Kind::ALL.into_iter().find(|k| k.as_str() == kind)
     }
+
+    /// What Ballast makes of a document's `apiVersion` and `kind`. This (with [`Kind::ALL`]
+    /// and [`Kind::api_version`]) is the one place that decides which kinds are implemented:
+    /// everything else is skipped with a warning, so real manifests (ReferenceGrant, policy
+    /// kinds of other projects) load (invariant 8).
+    pub fn classify(api_version: Option<&str>, kind: &str) -> KindMatch {
+        let Some(k) = Kind::from_kind_str(kind) else {
+            return KindMatch::Unknown;
+        };
+        let group = |v: &str| v.rsplit_once('/').map_or("", |(g, _)| g).to_owned();
+        match api_version {
+            Some(v) if v == k.api_version() => KindMatch::Known(k),
+            // Our group (or none given): meant for us, with a version we do not serve.
+            None => KindMatch::WrongVersion(k),
+            Some(v) if group(v) == group(k.api_version()) => KindMatch::WrongVersion(k),
+            // Same kind name in another group (e.g. Envoy Gateway's `Backend`): not ours.
+            Some(_) => KindMatch::Unknown,
+        }
+    }
+}
+
+/// The result of [`Kind::classify`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KindMatch {
+    Known(Kind),
+    /// One of our kinds with an apiVersion Ballast does not serve: an error.
+    WrongVersion(Kind),
+    /// A kind Ballast does not implement: skipped with a warning.
+    Unknown,
 }
 
 impl fmt::Display for Kind {

@@ -1,10 +1,11 @@
 //! The file source: config from files and directories, watched and reloaded atomically.
 //!
-//! Each reload reads *all* configured files and builds one [`ConfigSet`]; it is published only
-//! if everything read and validated, so a set of changed files is applied as one consistent
-//! config or not at all (last known good, invariant 8). Events are debounced (see
-//! [`FileSourceOptions`]) so that files written together — a route and its backend renamed in
-//! two files, a `git checkout`, a ConfigMap update — land in the same reload.
+//! Each reload reads *all* configured files and assembles one [`ConfigSet`] over the one served
+//! now: every valid change is applied together, while an invalid object keeps its last good
+//! version and a file with a YAML syntax error keeps its last good objects (per-object last
+//! known good, invariant 8); a path that cannot be walked rejects the reload whole. Events are
+//! debounced (see [`FileSourceOptions`]) so that files written together — a route and its
+//! backend renamed in two files, a `git checkout`, a ConfigMap update — land in the same reload.
 
 mod walk;
 mod watch;
@@ -19,7 +20,7 @@ use tokio::sync::{Notify, watch as tokio_watch};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::state::{Source, SourceState};
-pub use walk::{FileError, is_config_name};
+pub use walk::{FileError, Loaded, is_config_name};
 pub use watch::Debouncer;
 use watch::{Watches, is_relevant};
 
@@ -95,10 +96,23 @@ impl Source for FileSource {
     }
 }
 
-/// Loads once, synchronously (for `ballast validate` / `translate`): every error, with
-/// positions, sorted by file and position. Same discovery and rules as [`FileSource`].
+/// Loads once, synchronously, strictly (for `ballast translate`): the set only if there is no
+/// error at all, else every error, sorted by file and position. Same discovery and rules as
+/// [`FileSource`]; kinds Ballast does not implement are skipped.
 pub fn load_paths(paths: &[PathBuf]) -> Result<ConfigSet, Vec<ConfigError>> {
-    walk::load(paths).map(|l| l.set)
+    let loaded = walk::load(paths)?;
+    if loaded.report.errors.is_empty() {
+        Ok(loaded.set)
+    } else {
+        Err(loaded.report.errors)
+    }
+}
+
+/// Loads once as a cold-started [`FileSource`] would (for `ballast validate`): the set that would
+/// be served and the report of every error and skipped object. `Err` only when a configured
+/// path cannot be walked.
+pub fn load_paths_report(paths: &[PathBuf]) -> Result<Loaded, Vec<ConfigError>> {
+    walk::load(paths)
 }
 
 /// The blocking half of the source: the watches and the parse cache, moved to a blocking
@@ -114,7 +128,11 @@ impl Worker {
     /// One load. Watch first, then look: anything that changes after the watch is in place
     /// raises an event, anything before it is seen by the walk. Returns whether every watch is
     /// in place.
-    fn load(&mut self, paths: &[PathBuf]) -> (bool, Result<walk::Loaded, Vec<ConfigError>>) {
+    fn load(
+        &mut self,
+        paths: &[PathBuf],
+        prev: Option<&ConfigSet>,
+    ) -> (bool, Result<walk::Loaded, Vec<ConfigError>>) {
         let mut complete = self.watches.reconcile(paths, &self.link_dirs);
         let discovered = walk::discover(paths);
         let links = walk::link_target_dirs(&discovered.files);
@@ -122,7 +140,7 @@ impl Worker {
             complete &= self.watches.reconcile(paths, &links);
             self.link_dirs = links;
         }
-        (complete, self.loader.read(discovered))
+        (complete, self.loader.read(discovered, prev))
     }
 }
 
@@ -187,8 +205,10 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
                 .take()
                 .expect("the worker is returned after every load");
             let p = paths.clone();
+            // Only this task publishes, so the config read here is still current at publish.
+            let prev = tx.borrow().config.clone();
             let joined = tokio::task::spawn_blocking(move || {
-                let (complete, result) = w.load(&p);
+                let (complete, result) = w.load(&p, prev.as_deref());
                 (w, complete, result)
             })
             .await;
@@ -240,11 +260,13 @@ fn publish(
         Ok(loaded) => {
             let objects = loaded.set.len();
             let files = loaded.files;
+            let report = loaded.report;
+            log_report(name, &report, &tx.borrow());
             let mut changes = None;
             tx.send_if_modified(|s| {
                 let old = s.config.clone();
                 let before = s.generation;
-                let changed = s.apply_success(loaded.set, files, now);
+                let changed = s.apply_load(loaded.set, files, report, now);
                 if s.generation != before {
                     changes = Some(match (&old, &s.config) {
                         (Some(old), Some(new)) => old.diff(new).len(),
@@ -262,6 +284,7 @@ fn publish(
                     objects,
                     changes,
                     initial,
+                    errors = state.report.errors.len(),
                     "config loaded"
                 ),
                 None => tracing::debug!(source = %name, files, "config reloaded, unchanged"),
@@ -285,5 +308,44 @@ fn publish(
                 "config rejected, keeping the last good config:\n{text}"
             );
         }
+    }
+}
+
+/// Logs a load's errors and skipped objects when they differ from the last load's (a reload
+/// of unrelated files must not repeat every warning).
+fn log_report(name: &str, report: &ballast_model::LoadReport, current: &SourceState) {
+    if report.errors != current.report.errors && !report.errors.is_empty() {
+        let text = report
+            .errors
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let kept = report
+            .rejected
+            .iter()
+            .filter(|r| r.serving.is_some())
+            .count();
+        tracing::warn!(
+            source = %name,
+            errors = report.errors.len(),
+            rejected_objects = report.rejected.len(),
+            kept_last_good = kept,
+            held_files = report.held_files.len(),
+            "config has errors; applying everything else, invalid objects keep their last good version:\n{text}"
+        );
+    }
+    if report.skipped != current.report.skipped && !report.skipped.is_empty() {
+        let text = report
+            .skipped
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
+        tracing::warn!(
+            source = %name,
+            skipped = report.skipped.len(),
+            "skipping objects of kinds Ballast does not implement:\n{text}"
+        );
     }
 }

@@ -1,9 +1,10 @@
 //! Finding and reading config files: the configured paths, directories walked recursively for
 //! `*.yaml`/`*.yml`, in a deterministic order.
 //!
-//! Every problem becomes a [`ConfigError`] naming the path, so a missing directory or an
-//! unreadable file is reported like a syntax error and rejects the load (last known good)
-//! instead of silently dropping that file's objects from the config.
+//! Every problem becomes a [`ConfigError`] naming the path. A missing path or an unlistable
+//! directory rejects the whole load (last known good); an unreadable file keeps its last good
+//! objects, like a file with a YAML syntax error (per-object last known good, invariant 8), so
+//! neither silently drops that file's objects from the config.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs;
@@ -11,7 +12,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use ballast_model::{ConfigError, ConfigSet, Object, Pos, parse_file};
+use std::sync::Arc;
+
+use ballast_model::{ConfigError, ConfigSet, FileParse, LoadReport, Pos, parse_file_report};
 
 /// A file-level problem (the YAML inside is the model's business).
 #[derive(Debug, thiserror::Error)]
@@ -220,18 +223,19 @@ pub fn link_target_dirs(files: &[PathBuf]) -> Vec<PathBuf> {
     dirs.into_iter().collect()
 }
 
-/// A good load: the set and how many files it came from.
+/// A load: the set to serve, how many files it came from, and what was rejected or skipped.
 #[derive(Debug)]
 pub struct Loaded {
     pub set: ConfigSet,
     pub files: usize,
+    pub report: LoadReport,
 }
 
-/// Discovers and reads every file and builds one set; any error anywhere rejects the whole load,
-/// and every error found is reported (file problems and YAML problems, sorted by file and
-/// position).
+/// Discovers and reads every file and builds one set, as at a cold start: invalid objects are
+/// left out and reported. `Err` (every error, sorted) only when a configured path cannot be
+/// walked, because then the set might silently miss whole directories.
 pub fn load(paths: &[PathBuf]) -> Result<Loaded, Vec<ConfigError>> {
-    Loader::default().read(discover(paths))
+    Loader::default().read(discover(paths), None)
 }
 
 /// Reads config files, remembering each file's parse from the previous load.
@@ -239,52 +243,51 @@ pub fn load(paths: &[PathBuf]) -> Result<Loaded, Vec<ConfigError>> {
 /// Every load still reads every file (that is what makes it atomic and simple), but only a file
 /// whose text changed is parsed again: editing one route among thousands costs one file's
 /// parse, and the unchanged files' objects keep their `Arc`s, so `ConfigSet::diff` downstream
-/// sees them as pointer-equal. The result is the same as `ConfigSet::build` of all the texts.
+/// sees them as pointer-equal. The result is the same as parsing every text afresh.
 #[derive(Debug, Default)]
 pub struct Loader {
-    /// Display path → (text, parsed objects) of files that parsed cleanly last time.
-    cache: HashMap<String, (String, Vec<Object>)>,
+    /// Display path → (text, parse) of the files read last time.
+    cache: HashMap<String, (String, FileParse)>,
 }
 
 impl Loader {
-    /// Reads the discovered files and builds one set (see [`load`]).
-    pub fn read(&mut self, discovered: Discovered) -> Result<Loaded, Vec<ConfigError>> {
-        let Discovered { files, mut errors } = discovered;
-        let mut objects = Vec::new();
+    /// Reads the discovered files and assembles one set over `prev`, the set served now
+    /// ([`ConfigSet::assemble`]: invalid objects keep their version in `prev`). `Err` with every
+    /// error when discovery failed (see [`load`]).
+    pub fn read(
+        &mut self,
+        discovered: Discovered,
+        prev: Option<&ConfigSet>,
+    ) -> Result<Loaded, Vec<ConfigError>> {
+        let Discovered { files, errors } = discovered;
+        let mut parses = Vec::with_capacity(files.len());
         let mut cache = HashMap::with_capacity(files.len());
         for f in &files {
-            let text = match read_one(f) {
-                Ok(t) => t,
-                Err(e) => {
-                    errors.push(e.at(f));
-                    continue;
-                }
-            };
             let name = f.display().to_string();
-            let parsed = match self.cache.remove(&name) {
-                Some((old, parsed)) if old == text => Ok(parsed),
-                _ => parse_file(&name, &text),
-            };
-            match parsed {
-                Ok(parsed) => {
-                    objects.extend(parsed.iter().cloned());
-                    cache.insert(name, (text, parsed));
+            let parse = match read_one(f) {
+                Ok(text) => {
+                    let parse = match self.cache.remove(&name) {
+                        Some((old, parse)) if old == text => parse,
+                        _ => parse_file_report(&name, &text),
+                    };
+                    cache.insert(name.clone(), (text, parse.clone()));
+                    parse
                 }
-                Err(mut e) => errors.append(&mut e),
-            }
+                Err(e) => FileParse::unreadable(e.at(f)),
+            };
+            parses.push((Arc::<str>::from(name), parse));
         }
         // Only files seen in this load are remembered: the cache never outgrows the config.
         self.cache = cache;
-        match ConfigSet::from_objects(objects) {
-            Ok(set) if errors.is_empty() => Ok(Loaded {
+        let (set, report) = ConfigSet::assemble(prev, parses);
+        if errors.is_empty() {
+            Ok(Loaded {
                 set,
                 files: files.len(),
-            }),
-            Ok(_) => Err(sorted(errors)),
-            Err(mut more) => {
-                errors.append(&mut more);
-                Err(sorted(errors))
-            }
+                report,
+            })
+        } else {
+            Err(sorted(errors.into_iter().chain(report.errors).collect()))
         }
     }
 }
@@ -402,47 +405,39 @@ mod tests {
         #![proptest_config(proptest::prelude::ProptestConfig { cases: 32, ..Default::default() })]
 
         /// Over any sequence of edits (files written, changed, broken, deleted), a loader that
-        /// remembers earlier parses gives exactly what `ConfigSet::build` of all the texts gives: same set, same
-        /// positions, same errors.
+        /// remembers earlier parses gives exactly what a fresh loader gives over the same
+        /// previous set: same set, same positions, same report.
         #[test]
         fn cached_loads_equal_fresh_loads(
-            // Each step: for files f0..f3, None = absent, Some((name, port)); port 0 is invalid.
+            // Each step: for files f0..f3, None = absent, Some((name, port)); port 0 is invalid,
+            // name 9 a YAML syntax error.
             steps in proptest::collection::vec(
-                proptest::collection::vec(proptest::option::of((0u8..4, 0u16..3)), 4),
+                proptest::collection::vec(proptest::option::of((0u8..5, 0u16..3)), 4),
                 1..6,
             ),
         ) {
             let d = tempfile::tempdir().unwrap();
             let paths = vec![d.path().to_path_buf()];
             let mut loader = Loader::default();
+            let mut prev: Option<ConfigSet> = None;
             for step in steps {
                 for (i, file) in step.iter().enumerate() {
                     let p = d.path().join(format!("f{i}.yaml"));
                     match file {
+                        Some((4, _)) => fs::write(&p, "kind: [\n").unwrap(),
                         Some((n, port)) => fs::write(&p, backend(&format!("b{n}"), *port)).unwrap(),
                         None => { let _ = fs::remove_file(&p); }
                     }
                 }
-                let cached = loader.read(discover(&paths));
-                // The reference: the model's own all-at-once build of every file's text.
-                let found = discover(&paths);
-                proptest::prop_assert!(found.errors.is_empty());
-                let n = found.files.len();
-                let fresh = ConfigSet::build(found.files.iter().map(|f| {
-                    (f.display().to_string(), fs::read_to_string(f).unwrap())
-                }))
-                .map(|set| Loaded { set, files: n });
-                match (cached, fresh) {
-                    (Ok(a), Ok(b)) => {
-                        proptest::prop_assert_eq!(&a.set, &b.set);
-                        proptest::prop_assert_eq!(a.files, b.files);
-                        let sa: Vec<_> = a.set.objects().map(|o| o.source().clone()).collect();
-                        let sb: Vec<_> = b.set.objects().map(|o| o.source().clone()).collect();
-                        proptest::prop_assert_eq!(sa, sb);
-                    }
-                    (Err(a), Err(b)) => proptest::prop_assert_eq!(a, b),
-                    (a, b) => proptest::prop_assert!(false, "cached {a:?} vs fresh {b:?}"),
-                }
+                let cached = loader.read(discover(&paths), prev.as_ref()).unwrap();
+                let fresh = Loader::default().read(discover(&paths), prev.as_ref()).unwrap();
+                proptest::prop_assert_eq!(&cached.set, &fresh.set);
+                proptest::prop_assert_eq!(cached.files, fresh.files);
+                proptest::prop_assert_eq!(&cached.report, &fresh.report);
+                let sa: Vec<_> = cached.set.objects().map(|o| o.source().clone()).collect();
+                let sb: Vec<_> = fresh.set.objects().map(|o| o.source().clone()).collect();
+                proptest::prop_assert_eq!(sa, sb);
+                prev = Some(cached.set);
             }
         }
     }
@@ -454,14 +449,42 @@ mod tests {
         fs::write(d.path().join("b.yaml"), backend("b", 1)).unwrap();
         let paths = vec![d.path().to_path_buf()];
         let mut loader = Loader::default();
-        let first = loader.read(discover(&paths)).unwrap().set;
+        let first = loader.read(discover(&paths), None).unwrap().set;
         fs::write(d.path().join("b.yaml"), backend("b", 2)).unwrap();
-        let second = loader.read(discover(&paths)).unwrap().set;
+        let second = loader.read(discover(&paths), Some(&first)).unwrap().set;
         let k = |n: &str| ballast_model::ObjectKey::new("default", n);
         assert!(std::sync::Arc::ptr_eq(
             &first.backends[&k("a")],
             &second.backends[&k("a")]
         ));
         assert_ne!(first.backends[&k("b")], second.backends[&k("b")]);
+    }
+
+    /// The file source's view of per-object last known good: an unreadable file (here: not
+    /// UTF-8) keeps its last good objects; other files' changes apply.
+    #[test]
+    fn unreadable_file_keeps_its_last_good_objects() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("a.yaml"), backend("a", 1)).unwrap();
+        fs::write(d.path().join("b.yaml"), backend("b", 1)).unwrap();
+        let paths = vec![d.path().to_path_buf()];
+        let mut loader = Loader::default();
+        let first = loader.read(discover(&paths), None).unwrap();
+        fs::write(d.path().join("a.yaml"), b"\xff\xfe").unwrap();
+        fs::write(d.path().join("b.yaml"), backend("b", 2)).unwrap();
+        let second = loader.read(discover(&paths), Some(&first.set)).unwrap();
+        let k = |n: &str| ballast_model::ObjectKey::new("default", n);
+        assert_eq!(second.set.backends[&k("a")], first.set.backends[&k("a")]);
+        assert_eq!(*second.set.backends[&k("b")].spec.endpoints[0].port, 2);
+        assert_eq!(second.report.errors.len(), 1);
+        assert!(
+            second.report.errors[0]
+                .to_string()
+                .ends_with("a.yaml:0:0: not valid UTF-8"),
+            "{:?}",
+            second.report.errors
+        );
+        // A cold start without a previous set cannot keep anything of it.
+        assert_eq!(load(&paths).unwrap().set.len(), 1);
     }
 }

@@ -203,10 +203,35 @@ async fn sources(State(s): State<AdminState>) -> Response {
                 "last_attempt": time(src.last_attempt),
                 "last_success": time(src.last_success),
                 "errors": errors,
+                "rejected": rejected_json(&src.report),
+                "held_files": src.report.held_files.iter().map(|f| &**f).collect::<Vec<_>>(),
+                "skipped": src.report.skipped.iter().map(|s| json!({
+                    "file": &*s.file, "line": s.pos.line, "column": s.pos.column,
+                    "apiVersion": s.api_version, "kind": s.kind,
+                    "namespace": s.namespace, "name": s.name, "message": s.to_string(),
+                })).collect::<Vec<_>>(),
             }],
             "status": status,
         }),
     )
+}
+
+/// Per-object errors: what each invalid object's problems are and which version is served
+/// instead (`serving`: where its last good version was read; `null`: not served).
+fn rejected_json(report: &ballast_model::LoadReport) -> Vec<Value> {
+    report
+        .rejected
+        .iter()
+        .map(|r| {
+            json!({
+                "kind": r.id.kind,
+                "namespace": r.id.key.namespace,
+                "name": r.id.key.name,
+                "serving": r.serving.as_ref().map(|s| s.to_string()),
+                "errors": r.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
 }
 
 async fn pipeline(State(s): State<AdminState>) -> Response {

@@ -255,6 +255,8 @@ impl Pipeline {
             .get_or_create(&label)
             .set(state.generation as i64);
         self.metrics.source_errors.get_or_create(&label).inc_by(0);
+        self.metrics
+            .set_source_skipped(&state.name, &state.report.skipped);
         if let Some(errors) = &state.last_error {
             let id = Arc::as_ptr(errors) as *const () as usize;
             if *last_error_seen != Some(id) {
