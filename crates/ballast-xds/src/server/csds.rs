@@ -166,8 +166,17 @@ impl ClientStatusDiscoveryService for Csds {
     ) -> Result<Response<CsdsStream>, Status> {
         let mut requests = request.into_inner();
         let me = Csds(self.0.clone());
+        let drain = self.0.shared.drain.clone();
         let out = async_stream_lite(move |tx| async move {
-            while let Ok(Some(req)) = requests.message().await {
+            loop {
+                let req = tokio::select! {
+                    r = requests.message() => r,
+                    _ = drain.cancelled() => {
+                        let _ = tx.try_send(Err(super::shutting_down()));
+                        break;
+                    }
+                };
+                let Ok(Some(req)) = req else { break };
                 if tx.send(me.status(&req)).await.is_err() {
                     break;
                 }
