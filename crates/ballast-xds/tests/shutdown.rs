@@ -147,8 +147,15 @@ async fn serve_completes_within_the_grace_when_a_client_stops_reading() {
     let log = EventLog::new();
     let server = start(cache, Duration::from_millis(500), &log).await;
 
-    // Default client windows (64 KiB): the CDS response is larger.
-    let ch = common::client::channel(server.addr).await;
+    // HTTP/2's default windows (64 KiB; hyper's own default is 2 MiB): the
+    // CDS response is several times larger.
+    let ch = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .initial_stream_window_size(Some(65_535))
+        .initial_connection_window_size(Some(65_535))
+        .connect()
+        .await
+        .unwrap();
     let mut client = AggregatedDiscoveryServiceClient::new(ch);
     let (tx, rx) = mpsc::channel(4);
     tx.send(request(ResourceType::Cluster, "stalled"))
