@@ -65,7 +65,12 @@ async fn fetch_held_during_shutdown_is_503() {
         let _ = rx.await;
     }));
     let held = tokio::spawn(async move {
-        post(addr, "/v3/discovery:clusters", r#"{"node":{"id":"rest-held"}}"#).await
+        post(
+            addr,
+            "/v3/discovery:clusters",
+            r#"{"node":{"id":"rest-held"}}"#,
+        )
+        .await
     });
     // Held: the request reached the server and waits.
     ballast_testkit::wait_until(T, Duration::from_millis(20), || async {
@@ -77,5 +82,9 @@ async fn fetch_held_during_shutdown_is_503() {
     let (status, text) = tokio::time::timeout(T, held).await.unwrap().unwrap();
     assert_eq!(status, 503, "{text}");
     assert!(text.contains("shutting down"), "{text}");
-    tokio::time::timeout(T, task).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(T, task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }

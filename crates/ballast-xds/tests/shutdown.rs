@@ -115,14 +115,33 @@ async fn shutdown_ends_streams_with_unavailable_and_serve_completes() {
     server.stop.send(()).unwrap();
 
     for (what, next) in [
-        ("sotw", tokio::time::timeout(T, sotw.message()).await.map(|r| r.map(|_| ()))),
-        ("delta", tokio::time::timeout(T, delta.message()).await.map(|r| r.map(|_| ()))),
-        ("silent", tokio::time::timeout(T, silent.message()).await.map(|r| r.map(|_| ()))),
+        (
+            "sotw",
+            tokio::time::timeout(T, sotw.message())
+                .await
+                .map(|r| r.map(|_| ())),
+        ),
+        (
+            "delta",
+            tokio::time::timeout(T, delta.message())
+                .await
+                .map(|r| r.map(|_| ())),
+        ),
+        (
+            "silent",
+            tokio::time::timeout(T, silent.message())
+                .await
+                .map(|r| r.map(|_| ())),
+        ),
     ] {
         let status = next
             .unwrap_or_else(|_| panic!("{what}: the stream did not end after shutdown"))
             .expect_err("the stream ends with a status, not a clean end");
-        assert_eq!(status.code(), tonic::Code::Unavailable, "{what}: {status:?}");
+        assert_eq!(
+            status.code(),
+            tonic::Code::Unavailable,
+            "{what}: {status:?}"
+        );
     }
     // Clients keep their streams' senders open: the server ends them alone.
     let done = tokio::time::timeout(T, server.task)

@@ -15,7 +15,13 @@ use common::*;
 fn run_and_stop(extra: &[&str]) -> (Vec<u8>, Vec<u8>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
         .args(extra)
-        .args(["serve", "--xds-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--xds-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ])
         .env("RUST_LOG", "info")
         .env_remove("NO_COLOR")
         .stdin(Stdio::null())
@@ -82,9 +88,10 @@ fn json_logs_are_one_object_per_line() {
         assert!(v["target"].is_string(), "{v}");
     }
     assert!(
-        lines
-            .iter()
-            .any(|v| v["level"] == "INFO" && v["message"].as_str().is_some_and(|m| m.contains("shutting down"))),
+        lines.iter().any(|v| v["level"] == "INFO"
+            && v["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("shutting down"))),
         "{text}"
     );
 }
@@ -97,5 +104,8 @@ fn unknown_log_format_is_rejected() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--log-format") && err.contains("json"), "{err}");
+    assert!(
+        err.contains("--log-format") && err.contains("json"),
+        "{err}"
+    );
 }

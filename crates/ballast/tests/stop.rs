@@ -29,9 +29,9 @@ async fn node_synced(ballast: &Ballast, node: &str) -> bool {
     v["proxies"].as_array().unwrap().iter().any(|p| {
         p["node"] == node
             && p["connected"] == true
-            && p["types"].as_array().is_some_and(|t| {
-                t.len() >= 4 && t.iter().all(|t| t["state"] == "SYNCED")
-            })
+            && p["types"]
+                .as_array()
+                .is_some_and(|t| t.len() >= 4 && t.iter().all(|t| t["state"] == "SYNCED"))
     })
 }
 
@@ -102,7 +102,10 @@ async fn scenario(mode: AdsMode, node: &str) {
     // until something changes, so per-type state may read NOT_SENT; the
     // change below proves the stream is live and in sync.)
     wait_until(T, POLL, || async {
-        next.metric("ballast_connected_proxies").await.unwrap_or(0.0) >= 1.0
+        next.metric("ballast_connected_proxies")
+            .await
+            .unwrap_or(0.0)
+            >= 1.0
     })
     .await
     .unwrap();

@@ -102,4 +102,3 @@ async fn handle(State((server, ty)): State<(XdsServer, ResourceType)>, body: Byt
         Err(status) => error(http_status(status.code()), status.message().to_string()),
     }
 }
-

@@ -3,10 +3,10 @@
 
 pub mod pipeline;
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::future::IntoFuture;
 use std::time::Duration;
 
 use anyhow::Context;
