@@ -124,10 +124,10 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         options: ballast_translate::Options::default(),
         status: status_tx,
     };
-    let pipeline_task = tokio::spawn(pipeline.run(source_rx.clone()));
+    let mut pipeline_task = tokio::spawn(pipeline.run(source_rx.clone()));
 
     // One drain signal for the whole process: SIGTERM/SIGINT cancel it;
-    // /readyz, the xDS server and the pipeline watch it.
+    // /readyz and the xDS server (every stream) watch it.
     let stop = CancellationToken::new();
     // A second signal cuts the drain short.
     let stop_now = CancellationToken::new();
@@ -159,7 +159,6 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             .clone()
             .serve_with_shutdown(xds_listener, stop.clone().cancelled_owned()),
     );
-    let mut pipeline_task = pipeline_task;
 
     // Biased: once stopping, the xDS server ending is expected, not an error.
     tokio::select! {
