@@ -162,3 +162,79 @@ async fn sigterm_under_traffic_sotw() {
 async fn sigterm_under_traffic_delta() {
     scenario(AdsMode::DeltaGrpc, "envoy-stop-delta").await;
 }
+
+/// A client that stops reading holds its HTTP/2 stream open (flow control
+/// blocks the rest of a response larger than its window): the process still
+/// exits 0 within `--shutdown-grace`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_within_the_grace_when_a_client_stops_reading() {
+    use ballast_xds::ResourceType;
+    use ballast_xds::envoy_types::pb::envoy::config::core::v3::Node;
+    use ballast_xds::envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    use ballast_xds::envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+
+    let dir = tempfile::tempdir().unwrap();
+    // ~2,000 clusters: a CDS response of several times 64 KiB.
+    let up = loopback(9);
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        many_routes(ballast_testkit::free_port(), 2000, &[up]),
+    )
+    .unwrap();
+    let config = dir.path().to_str().unwrap().to_string();
+    let xds = free_addr();
+    let mut ballast = Ballast::start(
+        xds,
+        free_addr(),
+        &["--config", &config, "--shutdown-grace", "1s"],
+    )
+    .unwrap();
+    ballast.wait_ready().await.unwrap();
+
+    let channel = tonic::transport::Channel::from_shared(format!("http://{xds}"))
+        .unwrap()
+        .initial_stream_window_size(Some(65_535))
+        .initial_connection_window_size(Some(65_535))
+        .connect()
+        .await
+        .unwrap();
+    let mut client = AggregatedDiscoveryServiceClient::new(channel);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(DiscoveryRequest {
+        node: Some(Node {
+            id: "stalled".into(),
+            cluster: "default/edge".into(),
+            ..Default::default()
+        }),
+        type_url: ResourceType::Cluster.type_url().into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let stalled = client
+        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    // The response was handed to the transport; the client never reads it.
+    wait_until(T, POLL, || async {
+        ballast
+            .metric("ballast_xds_responses_total")
+            .await
+            .unwrap_or(0.0)
+            >= 1.0
+    })
+    .await
+    .unwrap();
+
+    ballast.terminate();
+    let status = ballast.wait_exit(Duration::from_secs(1) + SLACK);
+    let status = status.unwrap_or_else(|| {
+        panic!(
+            "ballast still running after SIGTERM with a stalled client; log:\n{}",
+            ballast.log_tail()
+        )
+    });
+    assert!(status.success(), "exit status {status:?}");
+    drop((stalled, tx));
+}
