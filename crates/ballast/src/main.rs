@@ -20,8 +20,38 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "ballast", version, about = "An Envoy xDS control plane")]
 struct Cli {
+    /// Log line format on stderr: `text` (colours only on a terminal) or
+    /// `json` (one object per line, for log pipelines).
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs go to stderr; ANSI colours only when stderr is a terminal, so files,
+/// journald and log shippers get plain text.
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,h2=warn,tower=warn,hyper=warn".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -83,6 +113,11 @@ enum Command {
         quickstart_port: u16,
         #[command(flatten)]
         limits: serve::LimitArgs,
+        /// On SIGTERM/SIGINT: /readyz fails at once, xDS streams end with
+        /// UNAVAILABLE (Envoy keeps its config and reconnects), and the process
+        /// exits 0 within this, even if clients misbehave.
+        #[arg(long, default_value = "5s", value_parser = duration)]
+        shutdown_grace: Duration,
     },
     /// Check config: exit 0, or print every error with file:line:col and exit 1.
     Validate {
@@ -134,14 +169,9 @@ fn gateway_key(s: &str) -> ballast_model::ObjectKey {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,h2=warn,tower=warn,hyper=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -165,9 +195,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             initial_sync_delay,
             quickstart_port,
             limits,
+            shutdown_grace,
         } => {
             let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(serve::serve(serve::ServeOptions {
+            let served = rt.block_on(serve::serve(serve::ServeOptions {
                 configs,
                 xds_addr,
                 admin_addr,
@@ -182,7 +213,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 initial_sync_delay,
                 quickstart_port,
                 limits: limits.limits(),
-            }))?;
+                shutdown_grace,
+            }));
+            // The grace already bounded the stop: do not wait for blocking
+            // tasks (file reads, watchers) on the way out.
+            rt.shutdown_background();
+            served?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Validate { paths } => match ballast_sources::load_paths_report(&paths) {

@@ -52,17 +52,20 @@ pub async fn fetch(
         .open(node.clone(), group.as_str().into(), StreamKind::Rest(ty));
     // Held until ready (invariant 1, docs/architecture.md); the client's deadline bounds the wait.
     let mut ready = shared.cache.watch_ready();
-    ready
-        .wait_for(|r| *r)
-        .await
-        .map_err(|_| Status::unavailable("shutting down"))?;
     // Frees the group's cache slot when the fetch ends (or is abandoned).
     let mut snap_rx = shared.cache.watch_group(&group);
-    let snap = snap_rx
-        .wait_for(|s| s.is_some())
-        .await
-        .map_err(|_| Status::unavailable("shutting down"))?
-        .clone();
+    // A held fetch ends when the server shuts down (UNAVAILABLE, REST 503).
+    let snap = tokio::select! {
+        r = async {
+            ready.wait_for(|r| *r).await.map_err(|_| super::shutting_down())?;
+            Ok::<_, Status>(snap_rx
+                .wait_for(|s| s.is_some())
+                .await
+                .map_err(|_| super::shutting_down())?
+                .clone())
+        } => r?,
+        _ = shared.drain.cancelled() => return Err(super::shutting_down()),
+    };
     let mut machine = SotwMachine::for_fetch(ty);
     let mut one = req.clone();
     one.type_url = ty.type_url().to_string();

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use crate::cache::SnapshotCache;
 use crate::events::{NoopObserver, XdsObserver};
@@ -40,6 +41,17 @@ pub fn group_by_node_id() -> NodeGrouper {
     })
 }
 
+/// How long [`XdsServer::serve_with_shutdown`] waits for connections to
+/// close after shutdown began, by default.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The status every open stream ends with when the server shuts down: Envoy
+/// (and gRPC clients) keep their config and retry UNAVAILABLE, reconnecting to
+/// whichever replica answers.
+pub fn shutting_down() -> tonic::Status {
+    tonic::Status::unavailable("the xDS server is shutting down")
+}
+
 pub(crate) struct Shared {
     pub cache: SnapshotCache,
     pub registry: NodeRegistry,
@@ -47,6 +59,10 @@ pub(crate) struct Shared {
     pub limits: Limits,
     pub observer: Arc<dyn XdsObserver>,
     pub admission: Arc<limits::Admission>,
+    /// The one drain signal every long-lived task (streams, fetches, CSDS)
+    /// watches; cancelled once, when shutdown begins.
+    pub drain: CancellationToken,
+    pub shutdown_grace: Duration,
 }
 
 /// An xDS management server over a [`SnapshotCache`].
@@ -61,6 +77,7 @@ pub struct XdsServerBuilder {
     observer: Arc<dyn XdsObserver>,
     grace: Duration,
     limits: Limits,
+    shutdown_grace: Duration,
 }
 
 impl XdsServerBuilder {
@@ -82,6 +99,14 @@ impl XdsServerBuilder {
         self.grace = grace;
         self
     }
+    /// The bound on [`XdsServer::serve_with_shutdown`] after shutdown began:
+    /// streams are ended at once, and connections that still have not closed
+    /// after this long (a client that stopped reading) are abandoned, so the
+    /// future completes even if clients misbehave. Default 5 s.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
     pub fn build(self) -> XdsServer {
         XdsServer {
             shared: Arc::new(Shared {
@@ -91,6 +116,8 @@ impl XdsServerBuilder {
                 limits: self.limits,
                 observer: self.observer,
                 admission: Default::default(),
+                drain: CancellationToken::new(),
+                shutdown_grace: self.shutdown_grace,
             }),
         }
     }
@@ -104,7 +131,21 @@ impl XdsServer {
             observer: Arc::new(NoopObserver),
             grace: DEFAULT_GRACE,
             limits: Limits::default(),
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         }
+    }
+
+    /// Begins shutdown: every open stream ends with UNAVAILABLE, new streams
+    /// and fetches are refused the same way, and a running
+    /// [`serve_with_shutdown`](Self::serve_with_shutdown) stops. For servers
+    /// embedded in another tonic server via [`routes`](Self::routes).
+    /// Irreversible: a shut-down server serves nothing more.
+    pub fn shutdown(&self) {
+        self.shared.drain.cancel();
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shared.drain.is_cancelled()
     }
 
     pub fn cache(&self) -> &SnapshotCache {
@@ -133,23 +174,48 @@ impl XdsServer {
         routes
     }
 
-    /// Serves on `listener` until `shutdown` resolves. HTTP/2 windows are
-    /// sized like Envoy's so large pushes are not throttled by flow control.
+    /// Serves on `listener` until `shutdown` resolves (or [`shutdown`](Self::shutdown)
+    /// is called); then every stream ends with UNAVAILABLE, and the future
+    /// completes once connections closed, or after the builder's
+    /// `shutdown_grace` at the latest. HTTP/2 windows are sized like Envoy's
+    /// so large pushes are not throttled by flow control.
     pub async fn serve_with_shutdown(
         self,
         listener: TcpListener,
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), tonic::transport::Error> {
+        let drain = self.shared.drain.clone();
+        let grace = self.shared.shutdown_grace;
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        tonic::transport::Server::builder()
+        // tonic stops accepting and closes idle connections on the same
+        // signal the streams watch.
+        let serve = tonic::transport::Server::builder()
             .accept_http1(true)
             .initial_stream_window_size(Some(16 * 1024 * 1024))
             .initial_connection_window_size(Some(64 * 1024 * 1024))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .add_routes(self.routes())
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await
+            .serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned());
+        tokio::pin!(serve);
+        tokio::select! {
+            r = &mut serve => return r,
+            _ = shutdown => drain.cancel(),
+            _ = drain.cancelled() => {}
+        }
+        tracing::info!(?grace, "xDS server shutting down: ending every stream");
+        match tokio::time::timeout(grace, serve).await {
+            Ok(r) => r,
+            Err(_) => {
+                // A client that stops reading keeps its connection open
+                // forever; its streams are already ended on our side.
+                tracing::warn!(
+                    ?grace,
+                    "connections still open after the shutdown grace; abandoning them"
+                );
+                Ok(())
+            }
+        }
     }
 
     /// Binds `addr` and serves forever.

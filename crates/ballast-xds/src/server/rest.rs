@@ -16,18 +16,20 @@ use super::codec::WireMessage;
 use crate::json;
 use crate::resource::ResourceType;
 
+const ENDPOINTS: [(&str, ResourceType); 5] = [
+    ("/v3/discovery:clusters", ResourceType::Cluster),
+    (
+        "/v3/discovery:endpoints",
+        ResourceType::ClusterLoadAssignment,
+    ),
+    ("/v3/discovery:listeners", ResourceType::Listener),
+    ("/v3/discovery:routes", ResourceType::RouteConfiguration),
+    ("/v3/discovery:secrets", ResourceType::Secret),
+];
+
 pub(crate) fn add_routes(server: &XdsServer, router: &mut axum::Router) {
     let mut r = std::mem::take(router);
-    for (path, ty) in [
-        ("/v3/discovery:clusters", ResourceType::Cluster),
-        (
-            "/v3/discovery:endpoints",
-            ResourceType::ClusterLoadAssignment,
-        ),
-        ("/v3/discovery:listeners", ResourceType::Listener),
-        ("/v3/discovery:routes", ResourceType::RouteConfiguration),
-        ("/v3/discovery:secrets", ResourceType::Secret),
-    ] {
+    for (path, ty) in ENDPOINTS {
         let sub = axum::Router::new()
             .route(path, post(handle))
             .layer(DefaultBodyLimit::max(
@@ -36,7 +38,40 @@ pub(crate) fn add_routes(server: &XdsServer, router: &mut axum::Router) {
             .with_state((server.clone(), ty));
         r = r.merge(sub);
     }
+    // Without this, tonic's fallback answers any other path with HTTP 200
+    // and an empty body, which a REST client takes for success.
+    r = r.route("/v3/{endpoint}", post(unknown));
     *router = r;
+}
+
+async fn unknown(axum::extract::Path(endpoint): axum::extract::Path<String>) -> Response {
+    let known: Vec<&str> = ENDPOINTS.iter().map(|(p, _)| *p).collect();
+    error(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no REST-xDS endpoint /v3/{endpoint}; this server answers POST on {}",
+            known.join(", ")
+        ),
+    )
+}
+
+/// The HTTP status for a gRPC status, so REST clients can tell their own
+/// mistakes (4xx) from a server that is going away (503: retry elsewhere).
+fn http_status(code: tonic::Code) -> StatusCode {
+    use tonic::Code;
+    match code {
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+            StatusCode::BAD_REQUEST
+        }
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
 }
 
 fn error(status: StatusCode, message: String) -> Response {
@@ -93,6 +128,6 @@ async fn handle(
                 Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
             }
         }
-        Err(status) => error(StatusCode::BAD_REQUEST, status.message().to_string()),
+        Err(status) => error(http_status(status.code()), status.message().to_string()),
     }
 }

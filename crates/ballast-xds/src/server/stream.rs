@@ -136,8 +136,16 @@ pub(crate) fn spawn<M: Machine>(
     );
     tokio::spawn(
         async move {
-            if let Err(status) = run(&server.shared, machine, kind, requests, permit, &tx).await {
-                let _ = tx.send(Err(status)).await;
+            let shared = &server.shared;
+            if let Err(status) = run(shared, machine, kind, requests, permit, &tx).await {
+                // A client that stopped reading must not keep a draining
+                // server's task alive: the status waits at most the grace.
+                let bound = if shared.drain.is_cancelled() {
+                    shared.shutdown_grace
+                } else {
+                    std::time::Duration::MAX
+                };
+                let _ = tokio::time::timeout(bound, tx.send(Err(status))).await;
             }
         }
         .instrument(span),
@@ -153,8 +161,13 @@ async fn run<M: Machine>(
     mut permit: super::limits::Permit,
     tx: &RespTx<M::Resp>,
 ) -> Result<(), Status> {
+    let drain = &shared.drain;
     // The first request names the node; nothing is sent before we know it.
-    let Some(first) = requests.message().await? else {
+    let first = tokio::select! {
+        msg = requests.message() => msg?,
+        _ = drain.cancelled() => return Err(super::shutting_down()),
+    };
+    let Some(first) = first else {
         return Ok(());
     };
     let node = M::node(&first)
@@ -223,8 +236,11 @@ async fn run<M: Machine>(
             }
             debug!(%ty, %version, %nonce, resources, removed, bytes, "send");
             sent_at[ty.index()] = Some((nonce, Instant::now()));
-            if tx.send(Ok(resp)).await.is_err() {
-                return Ok(()); // client went away
+            tokio::select! {
+                r = tx.send(Ok(resp)) => if r.is_err() {
+                    return Ok(()); // client went away
+                },
+                _ = drain.cancelled() => return Err(super::shutting_down()),
             }
             observer.on_event(&XdsEvent::ResponseSent {
                 node: node_id.clone(),
@@ -245,6 +261,9 @@ async fn run<M: Machine>(
                     return Err(status); // e.g. a limit: the client learns which
                 }
             },
+            // Shutdown ends the stream with a status Envoy retries (it
+            // keeps its config and reconnects to another replica).
+            _ = drain.cancelled() => return Err(super::shutting_down()),
             r = ready_rx.changed() => { if r.is_err() { return Ok(()); } }
             r = snap_rx.changed() => { if r.is_err() { return Ok(()); } }
             _ = tokio::time::sleep_until(resume_deadline), if !resume_released => {

@@ -15,6 +15,7 @@ use ballast_xds::{ResourceType, XdsServer};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 use crate::serve::pipeline::PipelineStatus;
@@ -25,6 +26,9 @@ pub struct AdminState {
     pub status: watch::Receiver<PipelineStatus>,
     pub source: watch::Receiver<SourceState>,
     pub metrics: Arc<Metrics>,
+    /// Cancelled when the process begins to stop: readiness fails at once so
+    /// load balancers and orchestrators stop sending new work here.
+    pub stopping: CancellationToken,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -55,6 +59,9 @@ fn time(t: Option<SystemTime>) -> Value {
 }
 
 async fn readyz(State(s): State<AdminState>) -> Response {
+    if s.stopping.is_cancelled() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+    }
     let ready = s.status.borrow().ready;
     if ready {
         (StatusCode::OK, "ready\n").into_response()
@@ -237,4 +244,43 @@ fn rejected_json(report: &ballast_model::LoadReport) -> Vec<Value> {
 async fn pipeline(State(s): State<AdminState>) -> Response {
     let v = serde_json::to_value(&*s.status.borrow()).unwrap_or(Value::Null);
     json_response(StatusCode::OK, v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ballast_xds::SnapshotCache;
+
+    fn state(ready: bool) -> AdminState {
+        let mut source = SourceState::new("test");
+        source.synced = true;
+        AdminState {
+            server: XdsServer::builder(SnapshotCache::new()).build(),
+            status: watch::channel(PipelineStatus {
+                ready,
+                ..Default::default()
+            })
+            .1,
+            source: watch::channel(source).1,
+            metrics: Metrics::new(),
+            stopping: CancellationToken::new(),
+        }
+    }
+
+    async fn body(r: Response) -> (StatusCode, String) {
+        let code = r.status();
+        let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+        (code, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// A stopping server fails readiness at once, even though it is ready.
+    #[tokio::test]
+    async fn readyz_fails_as_soon_as_stopping_begins() {
+        let s = state(true);
+        assert_eq!(body(readyz(State(s.clone())).await).await.0, StatusCode::OK);
+        s.stopping.cancel();
+        let (code, text) = body(readyz(State(s)).await).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(text, "shutting down\n");
+    }
 }

@@ -3,6 +3,7 @@
 
 pub mod pipeline;
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +14,8 @@ use ballast_sources::{FileSource, FileSourceOptions, Source, StaticSource};
 use ballast_xds::{SnapshotCache, XdsServer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tracing::info;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
 
 use crate::guard::GuardConfig;
 use crate::metrics::{Metrics, MetricsObserver};
@@ -56,6 +58,9 @@ pub struct ServeOptions {
     pub initial_sync_delay: Duration,
     pub quickstart_port: u16,
     pub limits: ballast_xds::server::Limits,
+    /// Bound on a graceful stop: streams end at once, the process exits
+    /// within this even if clients misbehave.
+    pub shutdown_grace: Duration,
 }
 
 /// `ballast serve` flags for the xDS server's limits (docs/operations.md, "Limits").
@@ -173,8 +178,12 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         .observer(observer)
         .grace(opts.grace)
         .limits(opts.limits)
+        .shutdown_grace(opts.shutdown_grace)
         .build();
 
+    // Registered before anything is announced, so a SIGTERM right after
+    // start-up is a graceful stop too (not the default: die at once).
+    let mut signals = StopSignals::new()?;
     // Printed for tests and scripts that bind port 0.
     println!("xds listening on {}", xds_listener.local_addr()?);
     println!("admin listening on {}", admin_listener.local_addr()?);
@@ -188,34 +197,91 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         options: ballast_translate::Options::default(),
         status: status_tx,
     };
-    let pipeline_task = tokio::spawn(pipeline.run(source_rx.clone()));
+    let mut pipeline_task = tokio::spawn(pipeline.run(source_rx.clone()));
 
+    // One drain signal for the whole process: SIGTERM/SIGINT cancel it;
+    // /readyz and the xDS server (every stream) watch it.
+    let stop = CancellationToken::new();
+    // A second signal cuts the drain short.
+    let stop_now = CancellationToken::new();
+    tokio::spawn({
+        let (stop, stop_now) = (stop.clone(), stop_now.clone());
+        async move {
+            signals.recv().await;
+            stop.cancel();
+            signals.recv().await;
+            stop_now.cancel();
+        }
+    });
+    // The admin server outlives the xDS drain, so probes see 503 meanwhile.
+    let admin_stop = CancellationToken::new();
     let admin = crate::admin::router(crate::admin::AdminState {
         server: server.clone(),
         status: status_rx,
         source: source_rx,
         metrics,
+        stopping: stop.clone(),
     });
-    let admin_task = tokio::spawn(async move { axum::serve(admin_listener, admin).await });
-    let xds_task = tokio::spawn(server.serve_with_shutdown(xds_listener, shutdown_signal()));
+    let mut admin_task = tokio::spawn(
+        axum::serve(admin_listener, admin)
+            .with_graceful_shutdown(admin_stop.clone().cancelled_owned())
+            .into_future(),
+    );
+    let mut xds_task = tokio::spawn(
+        server
+            .clone()
+            .serve_with_shutdown(xds_listener, stop.clone().cancelled_owned()),
+    );
 
+    // Biased: once stopping, the xDS server ending is expected, not an error.
     tokio::select! {
-        r = xds_task => { r??; }
-        r = admin_task => { r??; anyhow::bail!("admin server stopped"); }
-        r = pipeline_task => { r?; anyhow::bail!("pipeline stopped"); }
+        biased;
+        _ = stop.cancelled() => {}
+        r = &mut xds_task => { r??; anyhow::bail!("xDS server stopped"); }
+        r = &mut admin_task => { r??; anyhow::bail!("admin server stopped"); }
+        r = &mut pipeline_task => { r?; anyhow::bail!("pipeline stopped"); }
     }
+    let deadline = tokio::time::Instant::now() + opts.shutdown_grace;
+    info!(grace = ?opts.shutdown_grace, "shutting down: /readyz answers 503, xDS streams end with UNAVAILABLE");
+    pipeline_task.abort();
+    // The library bounds its own drain by the same grace; a second signal
+    // cuts it short.
+    tokio::select! {
+        r = tokio::time::timeout_at(deadline, &mut xds_task) => match r {
+            Ok(Ok(Err(e))) => warn!(error = %e, "xDS server ended with an error while stopping"),
+            Ok(Err(e)) => warn!(error = %e, "xDS server task failed while stopping"),
+            Ok(Ok(Ok(()))) => {}
+            Err(_) => warn!("xDS server did not stop within the grace"),
+        },
+        _ = stop_now.cancelled() => warn!("second signal: stopping now"),
+    }
+    admin_stop.cancel();
+    let _ = tokio::time::timeout_at(deadline, &mut admin_task).await;
+    info!("stopped");
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term.recv() => {},
+/// SIGTERM (orchestrators) and SIGINT (Ctrl-C).
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn new() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        })
     }
-    info!("shutting down");
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {},
+            _ = self.int.recv() => {},
+        }
+    }
 }
 
 #[cfg(test)]

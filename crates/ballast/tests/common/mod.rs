@@ -70,6 +70,16 @@ impl Ballast {
         self.child.id()
     }
 
+    /// SIGTERM, as an orchestrator stopping the process would.
+    pub fn terminate(&self) {
+        signal(self.child.id(), "TERM");
+    }
+
+    /// The exit status, waiting at most `bound` (None: still running).
+    pub fn wait_exit(&mut self, bound: Duration) -> Option<std::process::ExitStatus> {
+        wait_exit(&mut self.child, bound)
+    }
+
     /// SIGKILL, as a crash would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -112,6 +122,31 @@ impl Drop for Ballast {
             eprintln!("--- ballast log tail ---\n{}", self.log_tail());
         }
         self.kill();
+    }
+}
+
+/// Sends `SIG<name>` to `pid` with the system's `kill`.
+pub fn signal(pid: u32, name: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "kill -{name} {pid}");
+}
+
+/// Polls `child` until it exits or `bound` passes (None: still running).
+pub fn wait_exit(child: &mut Child, bound: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(POLL);
     }
 }
 

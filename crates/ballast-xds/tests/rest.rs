@@ -1,0 +1,90 @@
+//! Issue 8 §2 — REST-JSON errors a client can act on: an unknown
+//! `/v3/discovery:<type>` is 404 with a message (it was 200 with an empty
+//! body), and a request the server cannot answer because it is shutting down
+//! is 503 (retry elsewhere), not 400.
+
+mod common;
+
+use std::time::Duration;
+
+use ballast_xds::{SnapshotCache, XdsServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const T: Duration = Duration::from_secs(30);
+
+async fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(T, s.read_to_end(&mut out))
+        .await
+        .expect("an answer within the bound")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out).to_string();
+    let code = text.get(9..12).unwrap_or("0").parse().unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (code, body)
+}
+
+#[tokio::test]
+async fn unknown_discovery_type_is_404_with_a_message() {
+    let cache = SnapshotCache::new();
+    cache.set_snapshot("g", common::fixture(&["a"], "a", 1));
+    cache.set_ready(true);
+    let s = common::start(cache, Duration::from_secs(30)).await;
+    let body = r#"{"node":{"id":"rest-1"}}"#;
+    let (status, text) = post(s.addr, "/v3/discovery:clustres", body).await;
+    assert_eq!(status, 404, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let msg = v["error"].as_str().unwrap();
+    assert!(msg.contains("/v3/discovery:clustres"), "{msg}");
+    assert!(msg.contains("/v3/discovery:clusters"), "{msg}");
+    // The known endpoints still answer.
+    let (status, text) = post(s.addr, "/v3/discovery:clusters", body).await;
+    assert_eq!(status, 200, "{text}");
+}
+
+#[tokio::test]
+async fn fetch_held_during_shutdown_is_503() {
+    common::init_tracing();
+    // Not ready: the fetch is held (DESIGN §3.1) until shutdown ends it.
+    let cache = SnapshotCache::new();
+    let server = XdsServer::builder(cache)
+        .grouper(common::one_group())
+        .build();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.clone().serve_with_shutdown(listener, async {
+        let _ = rx.await;
+    }));
+    let held = tokio::spawn(async move {
+        post(
+            addr,
+            "/v3/discovery:clusters",
+            r#"{"node":{"id":"rest-held"}}"#,
+        )
+        .await
+    });
+    // Held: the request reached the server and waits.
+    ballast_testkit::wait_until(T, Duration::from_millis(20), || async {
+        !server.registry().nodes().is_empty()
+    })
+    .await
+    .unwrap();
+    stop.send(()).unwrap();
+    let (status, text) = tokio::time::timeout(T, held).await.unwrap().unwrap();
+    assert_eq!(status, 503, "{text}");
+    assert!(text.contains("shutting down"), "{text}");
+    tokio::time::timeout(T, task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
