@@ -45,7 +45,7 @@ pub async fn fetch(
     let group = (shared.grouper)(node).map_err(Status::invalid_argument)?;
     // A fetch may wait long (held until ready): it counts as a stream.
     let _permit = shared
-        .admission
+        .stream_counts
         .open(&shared.limits, &*shared.observer, None)?;
     let handle = shared
         .registry

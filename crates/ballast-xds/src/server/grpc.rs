@@ -174,7 +174,7 @@ where
         .get::<tonic::transport::server::TcpConnectInfo>()
         .and_then(|c| Some((c.local_addr, c.remote_addr?)));
     let permit = match shared
-        .admission
+        .stream_counts
         .open(&shared.limits, &*shared.observer, conn)
     {
         Ok(p) => p,

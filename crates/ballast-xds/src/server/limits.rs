@@ -158,7 +158,7 @@ impl NameCount for DeltaDiscoveryRequest {
 
 /// Counts open streams, in total, per connection and per node.
 #[derive(Default)]
-pub(crate) struct Admission {
+pub(crate) struct StreamCounts {
     counts: Mutex<Counts>,
 }
 
@@ -175,12 +175,12 @@ pub(crate) type ConnKey = (Option<SocketAddr>, SocketAddr);
 
 /// A stream's place in the counts, returned when it is dropped.
 pub(crate) struct Permit {
-    admission: Arc<Admission>,
+    counts_of: Arc<StreamCounts>,
     conn: Option<ConnKey>,
     node: Option<Arc<str>>,
 }
 
-impl Admission {
+impl StreamCounts {
     /// Admits a new stream on `conn`, or says which limit it exceeds.
     pub(crate) fn open(
         self: &Arc<Self>,
@@ -220,7 +220,7 @@ impl Admission {
         }
         c.total += 1;
         Ok(Permit {
-            admission: self.clone(),
+            counts_of: self.clone(),
             conn,
             node: None,
         })
@@ -256,7 +256,7 @@ impl Admission {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        let mut c = self.admission.counts.lock();
+        let mut c = self.counts_of.counts.lock();
         c.total -= 1;
         if let Some(k) = self.conn
             && let Some(n) = c.per_conn.get_mut(&k)
@@ -291,7 +291,7 @@ mod tests {
             max_streams_per_node: 1,
             ..Limits::default()
         };
-        let a = Arc::new(Admission::default());
+        let a = Arc::new(StreamCounts::default());
         let conn = Some((None, "127.0.0.1:1".parse().unwrap()));
         let other = Some((None, "127.0.0.1:2".parse().unwrap()));
         let p1 = a.open(&limits, &NoopObserver, conn).unwrap();

@@ -58,7 +58,7 @@ pub(crate) struct Shared {
     pub grouper: NodeGrouper,
     pub limits: Limits,
     pub observer: Arc<dyn XdsObserver>,
-    pub admission: Arc<limits::Admission>,
+    pub stream_counts: Arc<limits::StreamCounts>,
     /// The one drain signal every long-lived task (streams, fetches, CSDS)
     /// watches; cancelled once, when shutdown begins.
     pub drain: CancellationToken,
@@ -115,7 +115,7 @@ impl XdsServerBuilder {
                 grouper: self.grouper,
                 limits: self.limits,
                 observer: self.observer,
-                admission: Default::default(),
+                stream_counts: Default::default(),
                 drain: CancellationToken::new(),
                 shutdown_grace: self.shutdown_grace,
             }),

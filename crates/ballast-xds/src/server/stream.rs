@@ -179,7 +179,7 @@ async fn run<M: Machine>(
     super::limits::check_node(&shared.limits, &*shared.observer, &node)?;
     let id: Arc<str> = node.id.as_str().into();
     shared
-        .admission
+        .stream_counts
         .identify(&mut permit, &shared.limits, &*shared.observer, &id)?;
     requests.set_node(id);
     let group = (shared.grouper)(&node).map_err(Status::invalid_argument)?;
