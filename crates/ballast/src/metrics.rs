@@ -44,6 +44,9 @@ pub struct Metrics {
     pub nacks: Family<TypeLabel, Counter>,
     pub oversized: Family<TypeLabel, Counter>,
     pub evictions: Counter,
+    /// Streams and fetches refused by node-identity authorization. No labels:
+    /// the gateway name comes from the (possibly hostile) client.
+    pub xds_denied: Counter,
     /// Publish of a gateway's snapshot → ACK by a proxy of that gateway.
     pub convergence: Histogram,
     /// Response sent → its ACK.
@@ -73,6 +76,7 @@ impl Metrics {
             nacks: Family::default(),
             oversized: Family::default(),
             evictions: Counter::default(),
+            xds_denied: Counter::default(),
             convergence: latency(),
             ack_latency: latency(),
             translate_seconds: latency(),
@@ -113,6 +117,11 @@ impl Metrics {
             "node_evictions",
             "Node states evicted after the grace period",
             m.evictions.clone(),
+        );
+        registry.register(
+            "xds_denied",
+            "xDS streams and fetches refused: the client certificate may not be served that gateway",
+            m.xds_denied.clone(),
         );
         registry.register(
             "convergence_seconds",
@@ -271,6 +280,9 @@ impl XdsObserver for MetricsObserver {
             }
             XdsEvent::Evicted { .. } => {
                 m.evictions.inc();
+            }
+            XdsEvent::Rejected { .. } => {
+                m.xds_denied.inc();
             }
         }
     }

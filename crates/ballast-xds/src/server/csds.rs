@@ -56,7 +56,18 @@ fn string_matches(m: &StringMatcher, s: &str) -> Result<bool, Status> {
 impl Csds {
     /// Answers one request: every node matched, per resource.
     pub fn status(&self, req: &ClientStatusRequest) -> Result<ClientStatusResponse, Status> {
+        self.status_for(req, None)
+    }
+
+    /// [`Csds::status`] as seen by `peer`: only nodes the admission policy
+    /// lets it see (all of them without a policy).
+    pub fn status_for(
+        &self,
+        req: &ClientStatusRequest,
+        peer: Option<&crate::security::PeerIdentity>,
+    ) -> Result<ClientStatusResponse, Status> {
         let mut nodes = self.0.registry().nodes();
+        nodes.retain(|n| self.0.shared.may_see(peer, &n.node, &n.group));
         if let Some(node) = &req.node {
             nodes.retain(|n| *n.id == node.id);
         }
@@ -164,11 +175,12 @@ impl ClientStatusDiscoveryService for Csds {
         &self,
         request: Request<Streaming<ClientStatusRequest>>,
     ) -> Result<Response<CsdsStream>, Status> {
+        let peer = crate::security::ConnInfo::peer_of(request.extensions());
         let mut requests = request.into_inner();
         let me = Csds(self.0.clone());
         let out = async_stream_lite(move |tx| async move {
             while let Ok(Some(req)) = requests.message().await {
-                if tx.send(me.status(&req)).await.is_err() {
+                if tx.send(me.status_for(&req, peer.as_deref())).await.is_err() {
                     break;
                 }
             }
@@ -180,7 +192,9 @@ impl ClientStatusDiscoveryService for Csds {
         &self,
         request: Request<ClientStatusRequest>,
     ) -> Result<Response<ClientStatusResponse>, Status> {
-        self.status(request.get_ref()).map(Response::new)
+        let peer = crate::security::ConnInfo::peer_of(request.extensions());
+        self.status_for(request.get_ref(), peer.as_deref())
+            .map(Response::new)
     }
 }
 

@@ -180,8 +180,9 @@ where
         return Status::unimplemented(format!("request compression {enc:?} is not supported"))
             .into_http();
     }
+    let peer = crate::security::ConnInfo::peer_of(req.extensions());
     let requests = RequestStream::<M::Req>::new(req.into_body(), MAX_REQUEST);
-    let rx = super::stream::spawn(server, machine, kind, requests);
+    let rx = super::stream::spawn(server, machine, kind, requests, peer);
     let mut resp = http::Response::new(Body::new(ResponseBody::new(rx)));
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -203,10 +204,11 @@ impl UnaryService<DiscoveryRequest> for FetchSvc {
         let server = self.server.clone();
         let ty = self.ty;
         Box::pin(async move {
+            let peer = crate::security::ConnInfo::peer_of(request.extensions());
             let mut req = request.into_inner();
             // A gRPC Fetch always answers; "not modified" is a REST notion.
             req.version_info.clear();
-            match super::fetch::fetch(&server, ty, &req).await? {
+            match super::fetch::fetch_as(&server, ty, &req, peer.as_deref()).await? {
                 Some(resp) => Ok(Response::new(resp)),
                 None => Err(Status::internal("no response computed")),
             }

@@ -22,6 +22,10 @@ use tokio::net::TcpListener;
 use crate::cache::SnapshotCache;
 use crate::events::{NoopObserver, XdsObserver};
 use crate::registry::{DEFAULT_GRACE, NodeRegistry};
+use crate::security::admission::RejectionLog;
+use crate::security::{
+    Access, Admission, AdmissionRequest, PeerIdentity, RejectionRecord, TlsReloader,
+};
 
 /// Maps a node to the group whose snapshot it is served; an error closes the
 /// stream with that message.
@@ -42,6 +46,54 @@ pub(crate) struct Shared {
     pub cache: SnapshotCache,
     pub registry: NodeRegistry,
     pub grouper: NodeGrouper,
+    pub tls: Option<Arc<TlsReloader>>,
+    pub admission: Option<Admission>,
+    pub rejections: RejectionLog,
+    pub observer: Arc<dyn XdsObserver>,
+}
+
+impl Shared {
+    /// Stream admission (see [`XdsServerBuilder::admission`]): a refusal is
+    /// recorded and becomes `PERMISSION_DENIED` naming identity and group.
+    pub(crate) fn admit(
+        &self,
+        peer: Option<&PeerIdentity>,
+        node: &Node,
+        group: &str,
+    ) -> Result<(), tonic::Status> {
+        let Some(admission) = &self.admission else {
+            return Ok(());
+        };
+        let req = AdmissionRequest {
+            peer,
+            node,
+            group,
+            access: Access::Config,
+        };
+        admission(&req).map_err(|rejection| {
+            tracing::warn!(node = %node.id, %rejection, "xDS request refused");
+            self.rejections.push(node, &rejection);
+            self.observer.on_event(&crate::events::XdsEvent::Rejected {
+                node: node.id.as_str().into(),
+                group: group.into(),
+                identity: rejection.identity.clone(),
+            });
+            tonic::Status::permission_denied(rejection.to_string())
+        })
+    }
+
+    /// Whether `peer` may read the status of `node` (CSDS); no record.
+    pub(crate) fn may_see(&self, peer: Option<&PeerIdentity>, node: &Node, group: &str) -> bool {
+        self.admission.as_ref().is_none_or(|a| {
+            a(&AdmissionRequest {
+                peer,
+                node,
+                group,
+                access: Access::ClientStatus,
+            })
+            .is_ok()
+        })
+    }
 }
 
 /// An xDS management server over a [`SnapshotCache`].
@@ -55,9 +107,27 @@ pub struct XdsServerBuilder {
     grouper: NodeGrouper,
     observer: Arc<dyn XdsObserver>,
     grace: Duration,
+    tls: Option<Arc<TlsReloader>>,
+    admission: Option<Admission>,
 }
 
 impl XdsServerBuilder {
+    /// Serve TLS (or mTLS, when the files name a client CA) instead of
+    /// plaintext; gRPC and REST-JSON alike. The files are re-read when they
+    /// change (see [`TlsReloader`]). Use [`TlsReloader::new`] to load them.
+    pub fn tls(mut self, tls: Arc<TlsReloader>) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+    /// Decides, per stream, fetch and CSDS entry, whether the peer (its
+    /// client certificate's identity, `None` without one) may be served a
+    /// node's group. Refused streams and fetches get `PERMISSION_DENIED`
+    /// before anything is sent; CSDS lists only admitted nodes. Without a
+    /// policy, everything is admitted (the loopback default).
+    pub fn admission(mut self, admission: Admission) -> Self {
+        self.admission = Some(admission);
+        self
+    }
     pub fn grouper(mut self, grouper: NodeGrouper) -> Self {
         self.grouper = grouper;
         self
@@ -74,9 +144,13 @@ impl XdsServerBuilder {
     pub fn build(self) -> XdsServer {
         XdsServer {
             shared: Arc::new(Shared {
-                registry: NodeRegistry::new(self.grace, self.observer),
+                registry: NodeRegistry::new(self.grace, self.observer.clone()),
                 cache: self.cache,
                 grouper: self.grouper,
+                tls: self.tls,
+                admission: self.admission,
+                rejections: RejectionLog::default(),
+                observer: self.observer,
             }),
         }
     }
@@ -89,6 +163,8 @@ impl XdsServer {
             grouper: group_by_node_id(),
             observer: Arc::new(NoopObserver),
             grace: DEFAULT_GRACE,
+            tls: None,
+            admission: None,
         }
     }
 
@@ -98,6 +174,16 @@ impl XdsServer {
 
     pub fn registry(&self) -> &NodeRegistry {
         &self.shared.registry
+    }
+
+    /// The most recent refused requests (bounded) and how many there were since start.
+    pub fn rejections(&self) -> (Vec<RejectionRecord>, u64) {
+        self.shared.rejections.snapshot()
+    }
+
+    /// The TLS configuration of the xDS port, if any.
+    pub fn tls(&self) -> Option<&Arc<TlsReloader>> {
+        self.shared.tls.as_ref()
     }
 
     /// Every gRPC service (ADS, CDS, EDS, LDS, RDS, SDS, CSDS) and the REST-JSON
@@ -125,7 +211,7 @@ impl XdsServer {
         listener: TcpListener,
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), tonic::transport::Error> {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let incoming = crate::security::tls::incoming(listener, self.shared.tls.clone());
         tonic::transport::Server::builder()
             .accept_http1(true)
             .initial_stream_window_size(Some(16 * 1024 * 1024))

@@ -44,12 +44,17 @@ fn error(status: StatusCode, message: String) -> Response {
         .into_response()
 }
 
-async fn handle(State((server, ty)): State<(XdsServer, ResourceType)>, body: Bytes) -> Response {
+async fn handle(
+    State((server, ty)): State<(XdsServer, ResourceType)>,
+    ext: axum::http::Extensions,
+    body: Bytes,
+) -> Response {
+    let peer = crate::security::ConnInfo::peer_of(&ext);
     let req: DiscoveryRequest = match json::message_from_json(&body) {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    match super::fetch::fetch(&server, ty, &req).await {
+    match super::fetch::fetch_as(&server, ty, &req, peer.as_deref()).await {
         Ok(None) => StatusCode::NOT_MODIFIED.into_response(),
         Ok(Some(resp)) => {
             let mut buf = Vec::with_capacity(resp.encoded_len());
@@ -63,6 +68,9 @@ async fn handle(State((server, ty)): State<(XdsServer, ResourceType)>, body: Byt
                     .into_response(),
                 Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
             }
+        }
+        Err(status) if status.code() == tonic::Code::PermissionDenied => {
+            error(StatusCode::FORBIDDEN, status.message().to_string())
         }
         Err(status) => error(StatusCode::BAD_REQUEST, status.message().to_string()),
     }

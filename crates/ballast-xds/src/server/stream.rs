@@ -126,6 +126,7 @@ pub(crate) fn spawn<M: Machine>(
     machine: M,
     kind: StreamKind,
     requests: RequestStream<M::Req>,
+    peer: Option<Arc<crate::security::PeerIdentity>>,
 ) -> mpsc::Receiver<Result<M::Resp, Status>> {
     let (tx, rx) = mpsc::channel(1);
     let span = info_span!(
@@ -135,7 +136,7 @@ pub(crate) fn spawn<M: Machine>(
     );
     tokio::spawn(
         async move {
-            if let Err(status) = run(&server.shared, machine, kind, requests, &tx).await {
+            if let Err(status) = run(&server.shared, machine, kind, requests, &tx, peer).await {
                 let _ = tx.send(Err(status)).await;
             }
         }
@@ -150,6 +151,7 @@ async fn run<M: Machine>(
     kind: StreamKind,
     mut requests: RequestStream<M::Req>,
     tx: &RespTx<M::Resp>,
+    peer: Option<Arc<crate::security::PeerIdentity>>,
 ) -> Result<(), Status> {
     // The first request names the node; nothing is sent before we know it.
     let Some(first) = requests.message().await? else {
@@ -162,6 +164,7 @@ async fn run<M: Machine>(
         return Err(Status::invalid_argument("node.id is empty"));
     }
     let group = (shared.grouper)(&node).map_err(Status::invalid_argument)?;
+    shared.admit(peer.as_deref(), &node, &group)?;
     tracing::Span::current().record("node", node.id.as_str());
     let handle = shared.registry.open(node, group.as_str().into(), kind);
     let node_id = handle.node().clone();
