@@ -16,6 +16,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+pub mod auth;
+
 use crate::metrics::Metrics;
 use crate::serve::pipeline::PipelineStatus;
 
@@ -125,7 +127,23 @@ async fn proxies(State(s): State<AdminState>) -> Response {
             })
         })
         .collect();
-    json_response(StatusCode::OK, json!({ "proxies": list }))
+    let (recent, denied) = s.server.rejections();
+    let rejected: Vec<Value> = recent
+        .iter()
+        .map(|r| {
+            json!({
+                "at": time(Some(r.at)),
+                "node": r.node,
+                "identity": r.rejection.identity,
+                "gateway": r.rejection.group,
+                "message": r.rejection.to_string(),
+            })
+        })
+        .collect();
+    json_response(
+        StatusCode::OK,
+        json!({ "proxies": list, "rejected": rejected, "denied_total": denied }),
+    )
 }
 
 #[derive(Deserialize)]

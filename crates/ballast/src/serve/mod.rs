@@ -2,6 +2,7 @@
 //! server, plus the admin server.
 
 pub mod pipeline;
+pub mod security;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -55,9 +56,16 @@ pub struct ServeOptions {
     pub debounce_max: Duration,
     pub initial_sync_delay: Duration,
     pub quickstart_port: u16,
+    pub security: security::SecurityFlags,
 }
 
 pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
+    let sec = security::prepare(
+        &opts.security,
+        opts.xds_addr,
+        opts.admin_addr,
+        &opts.configs,
+    )?;
     // Bound first: the quickstart config routes to the actual admin address.
     let xds_listener = TcpListener::bind(opts.xds_addr)
         .await
@@ -96,11 +104,17 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     let cache = SnapshotCache::new();
     let observer = Arc::new(MetricsObserver::new(metrics.clone()));
-    let server = XdsServer::builder(cache.clone())
+    let mut builder = XdsServer::builder(cache.clone())
         .grouper(Arc::new(crate::grouping::gateway_of))
         .observer(observer)
-        .grace(opts.grace)
-        .build();
+        .grace(opts.grace);
+    if let Some(tls) = sec.tls {
+        builder = builder.tls(tls);
+    }
+    if let Some(admission) = sec.admission {
+        builder = builder.admission(admission);
+    }
+    let server = builder.build();
 
     // Printed for tests and scripts that bind port 0.
     println!("xds listening on {}", xds_listener.local_addr()?);
@@ -117,12 +131,15 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     };
     let pipeline_task = tokio::spawn(pipeline.run(source_rx.clone()));
 
-    let admin = crate::admin::router(crate::admin::AdminState {
+    let mut admin = crate::admin::router(crate::admin::AdminState {
         server: server.clone(),
         status: status_rx,
         source: source_rx,
         metrics,
     });
+    if let Some(token) = sec.admin_token {
+        admin = crate::admin::auth::require_token(admin, token);
+    }
     let admin_task = tokio::spawn(async move { axum::serve(admin_listener, admin).await });
     let xds_task = tokio::spawn(server.serve_with_shutdown(xds_listener, shutdown_signal()));
 
