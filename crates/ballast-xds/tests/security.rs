@@ -709,6 +709,29 @@ async fn rotation_reaches_new_connections_and_keeps_open_streams() {
     let (reloads, errors, _) = s.server.tls().unwrap().counters();
     assert_eq!(reloads, 1);
     assert!(errors >= 1);
+    write_atomic(&p.files.key, &key2);
+
+    // The client CA is re-read too: after replacing it, a client of the old
+    // CA is refused and one of the new CA admitted.
+    let new_ca = crate::ca("new CA");
+    write_atomic(p.files.client_ca.as_ref().unwrap(), &new_ca.pem);
+    let new_client = client_leaf(&new_ca, "spiffe://t/ns/a");
+    let addr = s.addr;
+    let fetch = |client: (String, String)| {
+        let ca = ca.clone();
+        async move {
+            let tls = connect(addr, &ca, Some(&client), b"h2").await?;
+            call(
+                tls,
+                SDS_FETCH,
+                &sotw("ns/a", ResourceType::Secret, &["secret-a"]),
+            )
+            .await
+        }
+    };
+    assert!(fetch(a.clone()).await.is_err(), "old CA's client refused");
+    let w = fetch(new_client).await.unwrap();
+    assert!(w.contains(SECRET_A), "new CA's client served: {w:?}");
     drop(req_tx);
     drop(p.dir);
 }

@@ -100,3 +100,32 @@ static_resources:
         port = o.xds_addr.port(),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_dir_names_missing_files_and_uses_absolute_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = tls_transport_socket(dir.path(), "default/edge")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("gateway-default-edge.pem is missing") && e.contains("ballast certs issue"),
+            "{e}"
+        );
+        crate::certs::init(dir.path(), &[], 1).unwrap();
+        crate::certs::issue(dir.path(), "default", "edge", "ballast.local", None, 1).unwrap();
+        let yaml = tls_transport_socket(dir.path(), "default/edge").unwrap();
+        let abs = std::path::absolute(dir.path()).unwrap();
+        for f in [
+            "gateway-default-edge.pem",
+            "gateway-default-edge-key.pem",
+            "ca.pem",
+        ] {
+            assert!(yaml.contains(&abs.join(f).display().to_string()), "{yaml}");
+        }
+        assert!(yaml.contains("UpstreamTlsContext"), "{yaml}");
+    }
+}
