@@ -88,6 +88,12 @@ pub enum XdsEvent {
     Evicted {
         node: Arc<str>,
     },
+    /// A stream or fetch refused by the admission policy (wrong identity for the group).
+    Rejected {
+        node: Arc<str>,
+        group: Arc<str>,
+        identity: String,
+    },
 }
 
 /// Receives events synchronously from stream tasks; must be cheap and never block.

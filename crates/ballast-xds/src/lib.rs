@@ -18,6 +18,7 @@ pub mod json;
 pub mod protocol;
 pub mod registry;
 pub mod resource;
+pub mod security;
 pub mod server;
 pub mod simple;
 pub mod snapshot;

@@ -3,7 +3,9 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod authz;
 mod bootstrap;
+mod certs;
 mod grouping;
 mod guard;
 mod metrics;
@@ -118,6 +120,8 @@ enum Command {
         /// exits 0 within this, even if clients misbehave.
         #[arg(long, default_value = "5s", value_parser = duration)]
         shutdown_grace: Duration,
+        #[command(flatten)]
+        security: Box<serve::security::SecurityFlags>,
     },
     /// Check config: exit 0, or print every error with file:line:col and exit 1.
     Validate {
@@ -149,7 +153,14 @@ enum Command {
         /// Envoy's own admin port on 127.0.0.1 (0: any free port).
         #[arg(long, default_value = "9901")]
         envoy_admin_port: u16,
+        /// Connect with mTLS using `ballast certs` files from this directory
+        /// (ca.pem and gateway-<ns>-<name>{,-key}.pem).
+        #[arg(long, value_name = "DIR")]
+        tls_dir: Option<PathBuf>,
     },
+    /// Development certificates for mTLS on the xDS port.
+    #[command(subcommand)]
+    Certs(CertsCommand),
     /// Connected proxies and their per-type sync state.
     Status {
         /// The admin address of `ballast serve`.
@@ -158,6 +169,48 @@ enum Command {
         /// Print the raw JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Bearer token for an admin API bound off loopback.
+        #[arg(long, value_name = "FILE")]
+        admin_token_file: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum CertsCommand {
+    /// Create a development CA and a server certificate for the xDS port in DIR.
+    Init {
+        dir: PathBuf,
+        /// Extra DNS names or IPs for the server certificate (localhost,
+        /// 127.0.0.1 and ::1 are always included). Repeatable.
+        #[arg(long = "server-name", value_name = "NAME")]
+        server_names: Vec<String>,
+        #[arg(long, default_value = "365")]
+        days: u32,
+    },
+    /// Issue a client certificate for the Envoys of one gateway (SPIFFE ID
+    /// spiffe://<trust-domain>/ns/<ns>/gw/<name>).
+    Issue {
+        /// `namespace/name` or `name` (namespace `default`).
+        #[arg(long)]
+        gateway: String,
+        dir: PathBuf,
+        #[arg(long, default_value = authz::DEFAULT_TRUST_DOMAIN)]
+        trust_domain: String,
+        /// Another URI SAN instead of the gateway's SPIFFE ID (e.g. an admin
+        /// identity listed in --authz-file).
+        #[arg(long)]
+        identity: Option<String>,
+        #[arg(long, default_value = "30")]
+        days: u32,
+    },
+    /// Re-issue the xDS port's server certificate (rotation: `ballast serve`
+    /// picks it up for new connections without a restart).
+    Server {
+        dir: PathBuf,
+        #[arg(long = "server-name", value_name = "NAME")]
+        server_names: Vec<String>,
+        #[arg(long, default_value = "365")]
+        days: u32,
     },
 }
 
@@ -196,6 +249,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             quickstart_port,
             limits,
             shutdown_grace,
+            security,
         } => {
             let rt = tokio::runtime::Runtime::new()?;
             let served = rt.block_on(serve::serve(serve::ServeOptions {
@@ -214,6 +268,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 quickstart_port,
                 limits: limits.limits(),
                 shutdown_grace,
+                security: *security,
             }));
             // The grace already bounded the stop: do not wait for blocking
             // tasks (file reads, watchers) on the way out.
@@ -304,6 +359,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             node_id,
             delta,
             envoy_admin_port,
+            tls_dir,
         } => {
             let key = gateway_key(&gateway);
             print!(
@@ -314,12 +370,59 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     xds_addr,
                     delta,
                     envoy_admin_port,
-                })
+                    tls_dir,
+                })?
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { admin_addr, json } => {
-            let body = status_cmd::admin_get(admin_addr, "/debug/proxies")?;
+        Command::Certs(cmd) => {
+            match cmd {
+                CertsCommand::Init {
+                    dir,
+                    server_names,
+                    days,
+                } => {
+                    certs::init(&dir, &server_names, days)?;
+                    println!("CA and xDS server certificate written to {}", dir.display());
+                }
+                CertsCommand::Issue {
+                    gateway,
+                    dir,
+                    trust_domain,
+                    identity,
+                    days,
+                } => {
+                    let key = gateway_key(&gateway);
+                    let (c, k) = certs::issue(
+                        &dir,
+                        &key.namespace,
+                        &key.name,
+                        &trust_domain,
+                        identity.as_deref(),
+                        days,
+                    )?;
+                    println!("{}\n{}", c.display(), k.display());
+                }
+                CertsCommand::Server {
+                    dir,
+                    server_names,
+                    days,
+                } => {
+                    certs::server(&dir, &server_names, days)?;
+                    println!("{}", dir.join(certs::SERVER).display());
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status {
+            admin_addr,
+            json,
+            admin_token_file,
+        } => {
+            let token = admin_token_file
+                .map(|f| admin::auth::read_token(&f))
+                .transpose()?;
+            let body = status_cmd::admin_get_with(admin_addr, "/debug/proxies", token.as_deref())?;
             if json {
                 print!("{body}");
             } else {

@@ -57,6 +57,9 @@ pub struct Metrics {
     pub evictions: Counter,
     /// Requests and streams refused by an xDS server limit, by limit name.
     pub limit_rejections: Family<LimitLabel, Counter>,
+    /// Streams and fetches refused by node-identity authorization. No labels:
+    /// the gateway name comes from the (possibly hostile) client.
+    pub xds_denied: Counter,
     /// Publish of a gateway's snapshot → ACK by a proxy of that gateway.
     pub convergence: Histogram,
     /// Response sent → its ACK.
@@ -91,6 +94,7 @@ impl Metrics {
             oversized: Family::default(),
             evictions: Counter::default(),
             limit_rejections: Family::default(),
+            xds_denied: Counter::default(),
             convergence: latency(),
             ack_latency: latency(),
             translate_seconds: latency(),
@@ -138,6 +142,9 @@ impl Metrics {
             "xds_limit_rejections",
             "Requests and streams refused by an xDS server limit, by limit",
             m.limit_rejections.clone(),
+            "xds_denied",
+            "xDS streams and fetches refused: the client certificate may not be served that gateway",
+            m.xds_denied.clone(),
         );
         registry.register(
             "convergence_seconds",
@@ -315,6 +322,8 @@ impl XdsObserver for MetricsObserver {
                         limit: limit.to_string(),
                     })
                     .inc();
+            XdsEvent::Rejected { .. } => {
+                m.xds_denied.inc();
             }
         }
     }

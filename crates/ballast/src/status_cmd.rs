@@ -8,13 +8,17 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::Value;
 
-/// GET `path` from the admin server (plain HTTP/1.0; no client dependency).
-pub fn admin_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+/// GET `path` from the admin server (plain HTTP/1.0; no client dependency),
+/// with a bearer token when the admin API requires one.
+pub fn admin_get_with(addr: SocketAddr, path: &str, token: Option<&str>) -> anyhow::Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).with_context(|| {
         format!("connecting to the admin server at {addr} (is `ballast serve` running?)")
     })?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}\r\n")?;
     let mut out = String::new();
     s.read_to_string(&mut out)?;
     let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
@@ -81,12 +85,31 @@ pub fn render(proxies: &Value) -> String {
         out.push_str(&n);
         out.push('\n');
     }
+    // Refused by node-identity authorization (most recent last).
+    for r in proxies["rejected"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "DENIED {}: {}\n",
+            r["node"].as_str().unwrap_or("?"),
+            r["message"].as_str().unwrap_or("")
+        ));
+    }
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn renders_rejections() {
+        let v = serde_json::json!({"proxies": [], "rejected": [{"node": "evil",
+            "message": "identity spiffe://ballast.local/ns/default/gw/a may not be served default/b"}]});
+        let t = render(&v);
+        assert!(
+            t.contains("DENIED evil: identity spiffe://ballast.local/ns/default/gw/a may not be served default/b"),
+            "{t}"
+        );
+    }
 
     #[test]
     fn renders_table_with_nacks() {

@@ -172,7 +172,18 @@ impl Csds {
     /// `node_matchers` matches (all nodes when there are none). `req.node`
     /// identifies the requester, as the spec says; it does not filter.
     pub fn status(&self, req: &ClientStatusRequest) -> Result<ClientStatusResponse, Status> {
+        self.status_for(req, None)
+    }
+
+    /// [`Csds::status`] as seen by `peer`: only nodes the admission policy
+    /// lets it see (all of them without a policy).
+    pub fn status_for(
+        &self,
+        req: &ClientStatusRequest,
+        peer: Option<&crate::security::PeerIdentity>,
+    ) -> Result<ClientStatusResponse, Status> {
         let mut nodes = self.0.registry().nodes();
+        nodes.retain(|n| self.0.shared.may_see(peer, &n.node, &n.group));
         if let Some(requester) = &req.node {
             tracing::debug!(requester = %requester.id, "CSDS request");
         }
@@ -276,6 +287,7 @@ impl ClientStatusDiscoveryService for Csds {
         &self,
         request: Request<Streaming<ClientStatusRequest>>,
     ) -> Result<Response<CsdsStream>, Status> {
+        let peer = crate::security::ConnInfo::peer_of(request.extensions());
         let mut requests = request.into_inner();
         let me = Csds(self.0.clone());
         let drain = self.0.shared.drain.clone();
@@ -289,7 +301,7 @@ impl ClientStatusDiscoveryService for Csds {
                     }
                 };
                 let Ok(Some(req)) = req else { break };
-                if tx.send(me.status(&req)).await.is_err() {
+                if tx.send(me.status_for(&req, peer.as_deref())).await.is_err() {
                     break;
                 }
             }
@@ -301,7 +313,9 @@ impl ClientStatusDiscoveryService for Csds {
         &self,
         request: Request<ClientStatusRequest>,
     ) -> Result<Response<ClientStatusResponse>, Status> {
-        self.status(request.get_ref()).map(Response::new)
+        let peer = crate::security::ConnInfo::peer_of(request.extensions());
+        self.status_for(request.get_ref(), peer.as_deref())
+            .map(Response::new)
     }
 }
 

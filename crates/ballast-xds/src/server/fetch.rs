@@ -12,10 +12,22 @@ use crate::resource::ResourceType;
 
 /// Computes the response to a one-shot request. `Ok(None)`: the client's
 /// `version_info` is already current (REST answers 304 Not Modified).
+/// Anonymous: under an admission policy, see [`fetch_as`].
 pub async fn fetch(
     server: &XdsServer,
     ty: ResourceType,
     req: &DiscoveryRequest,
+) -> Result<Option<SotwResponse>, Status> {
+    fetch_as(server, ty, req, None).await
+}
+
+/// [`fetch`] on behalf of `peer` (the client certificate's identity), which
+/// the server's admission policy must admit for the node's group.
+pub async fn fetch_as(
+    server: &XdsServer,
+    ty: ResourceType,
+    req: &DiscoveryRequest,
+    peer: Option<&crate::security::PeerIdentity>,
 ) -> Result<Option<SotwResponse>, Status> {
     if req.type_url != ty.type_url() && !req.type_url.is_empty() {
         return Err(Status::invalid_argument(format!(
@@ -43,6 +55,7 @@ pub async fn fetch(
         ));
     }
     let group = (shared.grouper)(node).map_err(Status::invalid_argument)?;
+    shared.admit(peer, node, &group)?;
     // A fetch may wait long (held until ready): it counts as a stream.
     let _permit = shared
         .stream_counts

@@ -172,7 +172,13 @@ where
     let conn = req
         .extensions()
         .get::<tonic::transport::server::TcpConnectInfo>()
-        .and_then(|c| Some((c.local_addr, c.remote_addr?)));
+        .and_then(|c| Some((c.local_addr, c.remote_addr?)))
+        // The xDS server's own listener (plaintext or TLS) says where the
+        // connection comes from; the remote address identifies it.
+        .or_else(|| {
+            let c = req.extensions().get::<crate::security::ConnInfo>()?;
+            Some((None, c.remote?))
+        });
     let permit = match shared
         .stream_counts
         .open(&shared.limits, &*shared.observer, conn)
@@ -180,9 +186,10 @@ where
         Ok(p) => p,
         Err(status) => return status.into_http(),
     };
+    let peer = crate::security::ConnInfo::peer_of(req.extensions());
     let requests =
         RequestStream::<M::Req>::new(req.into_body(), &shared.limits, shared.observer.clone());
-    let rx = super::stream::spawn(server, machine, kind, requests, permit);
+    let rx = super::stream::spawn(server, machine, kind, requests, permit, peer);
     let mut resp = http::Response::new(Body::new(ResponseBody::new(rx)));
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -209,6 +216,7 @@ where
             .into_http();
     }
     let shared = &server.shared;
+    let peer = crate::security::ConnInfo::peer_of(req.extensions());
     let mut requests = RequestStream::<DiscoveryRequest>::new(
         req.into_body(),
         &shared.limits,
@@ -221,7 +229,7 @@ where
     };
     // A gRPC Fetch always answers; "not modified" is a REST notion.
     request.version_info.clear();
-    let resp = match super::fetch::fetch(&server, ty, &request).await {
+    let resp = match super::fetch::fetch_as(&server, ty, &request, peer.as_deref()).await {
         Ok(Some(resp)) => resp,
         Ok(None) => return Status::internal("no response computed").into_http(),
         Err(status) => return status.into_http(),

@@ -25,6 +25,10 @@ use crate::cache::SnapshotCache;
 use crate::events::{NoopObserver, XdsObserver};
 use crate::registry::{DEFAULT_GRACE, NodeRegistry};
 pub use limits::Limits;
+use crate::security::admission::RejectionLog;
+use crate::security::{
+    Access, Admission, AdmissionRequest, PeerIdentity, RejectionRecord, TlsReloader,
+};
 
 /// Maps a node to the group whose snapshot it is served; an error closes the
 /// stream with that message.
@@ -63,6 +67,53 @@ pub(crate) struct Shared {
     /// watches; cancelled once, when shutdown begins.
     pub drain: CancellationToken,
     pub shutdown_grace: Duration,
+    pub tls: Option<Arc<TlsReloader>>,
+    pub admission: Option<Admission>,
+    pub rejections: RejectionLog,
+}
+
+impl Shared {
+    /// Stream admission (see [`XdsServerBuilder::admission`]): a refusal is
+    /// recorded and becomes `PERMISSION_DENIED` naming identity and group.
+    pub(crate) fn admit(
+        &self,
+        peer: Option<&PeerIdentity>,
+        node: &Node,
+        group: &str,
+    ) -> Result<(), tonic::Status> {
+        let Some(admission) = &self.admission else {
+            return Ok(());
+        };
+        let req = AdmissionRequest {
+            peer,
+            node,
+            group,
+            access: Access::Config,
+        };
+        admission(&req).map_err(|rejection| {
+            tracing::warn!(node = %node.id, %rejection, "xDS request refused");
+            self.rejections.push(node, &rejection);
+            self.observer.on_event(&crate::events::XdsEvent::Rejected {
+                node: node.id.as_str().into(),
+                group: group.into(),
+                identity: rejection.identity.clone(),
+            });
+            tonic::Status::permission_denied(rejection.to_string())
+        })
+    }
+
+    /// Whether `peer` may read the status of `node` (CSDS); no record.
+    pub(crate) fn may_see(&self, peer: Option<&PeerIdentity>, node: &Node, group: &str) -> bool {
+        self.admission.as_ref().is_none_or(|a| {
+            a(&AdmissionRequest {
+                peer,
+                node,
+                group,
+                access: Access::ClientStatus,
+            })
+            .is_ok()
+        })
+    }
 }
 
 /// An xDS management server over a [`SnapshotCache`].
@@ -78,12 +129,30 @@ pub struct XdsServerBuilder {
     grace: Duration,
     limits: Limits,
     shutdown_grace: Duration,
+    tls: Option<Arc<TlsReloader>>,
+    admission: Option<Admission>,
 }
 
 impl XdsServerBuilder {
     /// Limits on request sizes, names per request, streams and node sizes.
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
+        self
+    }
+    /// Serve TLS (or mTLS, when the files name a client CA) instead of
+    /// plaintext; gRPC and REST-JSON alike. The files are re-read when they
+    /// change (see [`TlsReloader`]). Use [`TlsReloader::new`] to load them.
+    pub fn tls(mut self, tls: Arc<TlsReloader>) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+    /// Decides, per stream, fetch and CSDS entry, whether the peer (its
+    /// client certificate's identity, `None` without one) may be served a
+    /// node's group. Refused streams and fetches get `PERMISSION_DENIED`
+    /// before anything is sent; CSDS lists only admitted nodes. Without a
+    /// policy, everything is admitted (the loopback default).
+    pub fn admission(mut self, admission: Admission) -> Self {
+        self.admission = Some(admission);
         self
     }
     pub fn grouper(mut self, grouper: NodeGrouper) -> Self {
@@ -114,10 +183,13 @@ impl XdsServerBuilder {
                 cache: self.cache,
                 grouper: self.grouper,
                 limits: self.limits,
-                observer: self.observer,
+                observer: self.observer.clone(),
                 stream_counts: Default::default(),
                 drain: CancellationToken::new(),
                 shutdown_grace: self.shutdown_grace,
+                tls: self.tls,
+                admission: self.admission,
+                rejections: RejectionLog::default(),
             }),
         }
     }
@@ -132,6 +204,8 @@ impl XdsServer {
             grace: DEFAULT_GRACE,
             limits: Limits::default(),
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            tls: None,
+            admission: None,
         }
     }
 
@@ -154,6 +228,16 @@ impl XdsServer {
 
     pub fn registry(&self) -> &NodeRegistry {
         &self.shared.registry
+    }
+
+    /// The most recent refused requests (bounded) and how many there were since start.
+    pub fn rejections(&self) -> (Vec<RejectionRecord>, u64) {
+        self.shared.rejections.snapshot()
+    }
+
+    /// The TLS configuration of the xDS port, if any.
+    pub fn tls(&self) -> Option<&Arc<TlsReloader>> {
+        self.shared.tls.as_ref()
     }
 
     /// Every gRPC service (ADS, CDS, EDS, LDS, RDS, SDS, CSDS) and the REST-JSON
@@ -186,7 +270,7 @@ impl XdsServer {
     ) -> Result<(), tonic::transport::Error> {
         let drain = self.shared.drain.clone();
         let grace = self.shared.shutdown_grace;
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let incoming = crate::security::tls::incoming(listener, self.shared.tls.clone());
         // tonic stops accepting and closes idle connections on the same
         // signal the streams watch.
         let serve = tonic::transport::Server::builder()

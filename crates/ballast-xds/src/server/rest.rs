@@ -86,6 +86,7 @@ fn error(status: StatusCode, message: String) -> Response {
 async fn handle(
     State((server, ty)): State<(XdsServer, ResourceType)>,
     headers: axum::http::HeaderMap,
+    ext: axum::http::Extensions,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let body = match body {
@@ -109,11 +110,12 @@ async fn handle(
         }
         Err(e) => return error(e.status(), e.body_text()),
     };
+    let peer = crate::security::ConnInfo::peer_of(&ext);
     let req: DiscoveryRequest = match json::message_from_json(&body) {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    match super::fetch::fetch(&server, ty, &req).await {
+    match super::fetch::fetch_as(&server, ty, &req, peer.as_deref()).await {
         Ok(None) => StatusCode::NOT_MODIFIED.into_response(),
         Ok(Some(resp)) => {
             let mut buf = Vec::with_capacity(resp.encoded_len());

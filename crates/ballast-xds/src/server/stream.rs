@@ -127,6 +127,7 @@ pub(crate) fn spawn<M: Machine>(
     kind: StreamKind,
     requests: RequestStream<M::Req>,
     permit: super::limits::Permit,
+    peer: Option<Arc<crate::security::PeerIdentity>>,
 ) -> mpsc::Receiver<Result<M::Resp, Status>> {
     let (tx, rx) = mpsc::channel(1);
     let span = info_span!(
@@ -137,7 +138,7 @@ pub(crate) fn spawn<M: Machine>(
     tokio::spawn(
         async move {
             let shared = &server.shared;
-            if let Err(status) = run(shared, machine, kind, requests, permit, &tx).await {
+            if let Err(status) = run(shared, machine, kind, requests, permit, &tx, peer).await {
                 // A client that stopped reading must not keep a draining
                 // server's task alive: the status waits at most the grace.
                 let bound = if shared.drain.is_cancelled() {
@@ -160,6 +161,7 @@ async fn run<M: Machine>(
     mut requests: RequestStream<M::Req>,
     mut permit: super::limits::Permit,
     tx: &RespTx<M::Resp>,
+    peer: Option<Arc<crate::security::PeerIdentity>>,
 ) -> Result<(), Status> {
     let drain = &shared.drain;
     // The first request names the node; nothing is sent before we know it.
@@ -183,6 +185,7 @@ async fn run<M: Machine>(
         .identify(&mut permit, &shared.limits, &*shared.observer, &id)?;
     requests.set_node(id);
     let group = (shared.grouper)(&node).map_err(Status::invalid_argument)?;
+    shared.admit(peer.as_deref(), &node, &group)?;
     tracing::Span::current().record("node", node.id.as_str());
     let handle = shared.registry.open(node, group.as_str().into(), kind);
     let node_id = handle.node().clone();

@@ -17,6 +17,8 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+pub mod auth;
+
 use crate::metrics::Metrics;
 use crate::serve::pipeline::PipelineStatus;
 
@@ -132,7 +134,23 @@ async fn proxies(State(s): State<AdminState>) -> Response {
             })
         })
         .collect();
-    json_response(StatusCode::OK, json!({ "proxies": list }))
+    let (recent, denied) = s.server.rejections();
+    let rejected: Vec<Value> = recent
+        .iter()
+        .map(|r| {
+            json!({
+                "at": time(Some(r.at)),
+                "node": r.node,
+                "identity": r.rejection.identity,
+                "gateway": r.rejection.group,
+                "message": r.rejection.to_string(),
+            })
+        })
+        .collect();
+    json_response(
+        StatusCode::OK,
+        json!({ "proxies": list, "rejected": rejected, "denied_total": denied }),
+    )
 }
 
 #[derive(Deserialize)]

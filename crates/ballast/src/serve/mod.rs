@@ -2,6 +2,7 @@
 //! server, plus the admin server.
 
 pub mod pipeline;
+pub mod security;
 
 use std::future::IntoFuture;
 use std::net::SocketAddr;
@@ -61,6 +62,7 @@ pub struct ServeOptions {
     /// Bound on a graceful stop: streams end at once, the process exits
     /// within this even if clients misbehave.
     pub shutdown_grace: Duration,
+    pub security: security::SecurityFlags,
 }
 
 /// `ballast serve` flags for the xDS server's limits (docs/operations.md, "Limits").
@@ -135,6 +137,12 @@ fn size(s: &str) -> Result<usize, String> {
 }
 
 pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
+    let sec = security::prepare(
+        &opts.security,
+        opts.xds_addr,
+        opts.admin_addr,
+        &opts.configs,
+    )?;
     // Bound first: the quickstart config routes to the actual admin address.
     let xds_listener = TcpListener::bind(opts.xds_addr)
         .await
@@ -173,13 +181,19 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     let cache = SnapshotCache::new();
     let observer = Arc::new(MetricsObserver::new(metrics.clone()));
-    let server = XdsServer::builder(cache.clone())
+    let mut builder = XdsServer::builder(cache.clone())
         .grouper(Arc::new(crate::grouping::gateway_of))
         .observer(observer)
         .grace(opts.grace)
         .limits(opts.limits)
-        .shutdown_grace(opts.shutdown_grace)
-        .build();
+        .shutdown_grace(opts.shutdown_grace);
+    if let Some(tls) = sec.tls {
+        builder = builder.tls(tls);
+    }
+    if let Some(admission) = sec.admission {
+        builder = builder.admission(admission);
+    }
+    let server = builder.build();
 
     // Registered before anything is announced, so a SIGTERM right after
     // start-up is a graceful stop too (not the default: die at once).
@@ -215,13 +229,16 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     });
     // The admin server outlives the xDS drain, so probes see 503 meanwhile.
     let admin_stop = CancellationToken::new();
-    let admin = crate::admin::router(crate::admin::AdminState {
+    let mut admin = crate::admin::router(crate::admin::AdminState {
         server: server.clone(),
         status: status_rx,
         source: source_rx,
         metrics,
         stopping: stop.clone(),
     });
+    if let Some(token) = sec.admin_token {
+        admin = crate::admin::auth::require_token(admin, token);
+    }
     let mut admin_task = tokio::spawn(
         axum::serve(admin_listener, admin)
             .with_graceful_shutdown(admin_stop.clone().cancelled_owned())
