@@ -10,6 +10,7 @@ pub mod csds;
 pub mod fetch;
 pub mod grpc;
 pub mod rest;
+pub mod resume_guard;
 pub mod stream;
 
 use std::net::SocketAddr;
@@ -42,6 +43,7 @@ pub(crate) struct Shared {
     pub cache: SnapshotCache,
     pub registry: NodeRegistry,
     pub grouper: NodeGrouper,
+    pub resume_guard: Option<resume_guard::ResumeGuardConfig>,
 }
 
 /// An xDS management server over a [`SnapshotCache`].
@@ -55,9 +57,17 @@ pub struct XdsServerBuilder {
     grouper: NodeGrouper,
     observer: Arc<dyn XdsObserver>,
     grace: Duration,
+    resume_guard: Option<resume_guard::ResumeGuardConfig>,
 }
 
 impl XdsServerBuilder {
+    /// Holds a resuming client's first push when it would remove more than
+    /// a share of what the client reports holding (see [`resume_guard`]);
+    /// off by default.
+    pub fn resume_guard(mut self, cfg: Option<resume_guard::ResumeGuardConfig>) -> Self {
+        self.resume_guard = cfg;
+        self
+    }
     pub fn grouper(mut self, grouper: NodeGrouper) -> Self {
         self.grouper = grouper;
         self
@@ -77,6 +87,7 @@ impl XdsServerBuilder {
                 registry: NodeRegistry::new(self.grace, self.observer),
                 cache: self.cache,
                 grouper: self.grouper,
+                resume_guard: self.resume_guard,
             }),
         }
     }
@@ -89,6 +100,7 @@ impl XdsServer {
             grouper: group_by_node_id(),
             observer: Arc::new(NoopObserver),
             grace: DEFAULT_GRACE,
+            resume_guard: None,
         }
     }
 

@@ -15,6 +15,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use super::body::RequestStream;
 use super::codec::WireMessage;
+use super::resume_guard::{GuardNews, ReportsHoldings, ResumeGuard};
 use super::{Shared, XdsServer};
 use crate::events::{StreamKind, XdsEvent};
 use crate::protocol::delta::DeltaMachine;
@@ -34,7 +35,7 @@ pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
 /// What the driver needs from a protocol machine.
 pub(crate) trait Machine: Send + 'static {
-    type Req: prost::Message + Default + Send + 'static;
+    type Req: prost::Message + Default + Send + ReportsHoldings + 'static;
     type Resp: WireMessage + Send + 'static;
     fn handle(&mut self, req: &Self::Req, history: &[Arc<Snapshot>]) -> RequestOutcome;
     /// The request reports what the client holds from an earlier stream:
@@ -178,6 +179,11 @@ async fn run<M: Machine>(
         handle.set_status_source(Arc::new(move || m.lock().status()));
     }
 
+    let only = match kind {
+        StreamKind::Sotw(t) | StreamKind::Delta(t) => t,
+        StreamKind::Rest(t) => Some(t),
+    };
+    let mut guard = ResumeGuard::new(shared.resume_guard.clone(), only);
     let mut pending = Some(first);
     let resume_deadline = tokio::time::Instant::now() + RESUME_HOLD;
     let mut resume_released = false;
@@ -190,6 +196,7 @@ async fn run<M: Machine>(
             } else {
                 Vec::new()
             };
+            guard.observe(&req, tokio::time::Instant::now());
             let outcome = machine.lock().handle(&req, &history);
             record(&*observer, &node_id, handle.group(), &outcome, &mut sent_at);
         }
@@ -197,6 +204,21 @@ async fn run<M: Machine>(
             snap_rx.borrow_and_update().clone()
         } else {
             None
+        };
+        let current = if guard.is_holding() {
+            let now = tokio::time::Instant::now();
+            let (admitted, news) = guard.admit(current, || shared.cache.history(&group), now);
+            report_guard(
+                &*observer,
+                &node_id,
+                handle.group(),
+                news,
+                guard.deadline(),
+                now,
+            );
+            admitted
+        } else {
+            current
         };
         machine.lock().set_snapshot(current);
         loop {
@@ -238,10 +260,50 @@ async fn run<M: Machine>(
             },
             r = ready_rx.changed() => { if r.is_err() { return Ok(()); } }
             r = snap_rx.changed() => { if r.is_err() { return Ok(()); } }
+            _ = sleep_until(guard.deadline()) => {}
             _ = tokio::time::sleep_until(resume_deadline), if !resume_released => {
                 resume_released = true;
                 machine.lock().release_resume_hold();
             }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn report_guard(
+    observer: &dyn crate::events::XdsObserver,
+    node: &Arc<str>,
+    group: &Arc<str>,
+    news: Option<GuardNews>,
+    deadline: Option<tokio::time::Instant>,
+    now: tokio::time::Instant,
+) {
+    match news {
+        None => {}
+        Some(GuardNews::Held { reason }) => {
+            warn!(%reason, "resume guard: holding the first push");
+            observer.on_event(&XdsEvent::ResumeHeld {
+                node: node.clone(),
+                group: group.clone(),
+                reason,
+                settle_left: deadline
+                    .map(|d| d.saturating_duration_since(now))
+                    .unwrap_or_default(),
+            });
+        }
+        Some(GuardNews::Released(why)) => {
+            warn!(?why, "resume guard: first push released");
+            observer.on_event(&XdsEvent::ResumeReleased {
+                node: node.clone(),
+                group: group.clone(),
+                why,
+            });
         }
     }
 }
