@@ -17,7 +17,8 @@ use tracing::info;
 
 use crate::guard::GuardConfig;
 use crate::metrics::{Metrics, MetricsObserver};
-use pipeline::{Pipeline, PipelineStatus};
+use ballast_xds::server::resume_guard::ResumeGuardConfig;
+use pipeline::{GuardInfo, Pipeline, PipelineStatus};
 
 pub const QUICKSTART: &str = include_str!("../quickstart.yaml");
 
@@ -55,6 +56,8 @@ pub struct ServeOptions {
     pub debounce_max: Duration,
     pub initial_sync_delay: Duration,
     pub quickstart_port: u16,
+    /// Where the guard keeps the last published inventories (issue 16).
+    pub state_dir: PathBuf,
 }
 
 pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
@@ -96,10 +99,18 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     let cache = SnapshotCache::new();
     let observer = Arc::new(MetricsObserver::new(metrics.clone()));
+    let client_holds = observer.client_holds.clone();
+    // A reconnecting proxy's report of what it holds is a baseline too: it
+    // protects it even without a state file (a fresh replica taking over).
+    let resume_guard = opts.guard.enabled.then(|| ResumeGuardConfig {
+        max_removal: opts.guard.max_removal,
+        settle: opts.guard.settle,
+    });
     let server = XdsServer::builder(cache.clone())
         .grouper(Arc::new(crate::grouping::gateway_of))
         .observer(observer)
         .grace(opts.grace)
+        .resume_guard(resume_guard)
         .build();
 
     // Printed for tests and scripts that bind port 0.
@@ -107,13 +118,36 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     println!("admin listening on {}", admin_listener.local_addr()?);
 
     let source_rx = source.start();
-    let (status_tx, status_rx) = watch::channel(PipelineStatus::default());
+    let loaded = if opts.guard.enabled {
+        crate::state::load_or_warn(&opts.state_dir)
+    } else {
+        crate::state::Loaded::default()
+    };
+    let (state_tx, state_rx) = watch::channel(Arc::new(crate::state::Inventories::new()));
+    let state_task = tokio::spawn(crate::state::writer(opts.state_dir.clone(), state_rx));
+    let (status_tx, status_rx) = watch::channel(PipelineStatus {
+        guard: GuardInfo {
+            enabled: opts.guard.enabled,
+            max_removal: opts.guard.max_removal,
+            settle_ms: opts.guard.settle.as_millis(),
+            state_file: Some(crate::state::path_in(&opts.state_dir)),
+            restart_baseline: Vec::new(),
+            state_written_at: loaded.written_at,
+        },
+        ..PipelineStatus::default()
+    });
     let pipeline = Pipeline {
         cache: cache.clone(),
         metrics: metrics.clone(),
         guard: opts.guard,
         options: ballast_translate::Options::default(),
         status: status_tx,
+        baseline: loaded
+            .gateways
+            .into_iter()
+            .map(|(k, inv)| (crate::gateway_key(&k), inv))
+            .collect(),
+        state: Some(state_tx),
     };
     let pipeline_task = tokio::spawn(pipeline.run(source_rx.clone()));
 
@@ -122,6 +156,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         status: status_rx,
         source: source_rx,
         metrics,
+        client_holds,
     });
     let admin_task = tokio::spawn(async move { axum::serve(admin_listener, admin).await });
     let xds_task = tokio::spawn(server.serve_with_shutdown(xds_listener, shutdown_signal()));
@@ -130,6 +165,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         r = xds_task => { r??; }
         r = admin_task => { r??; anyhow::bail!("admin server stopped"); }
         r = pipeline_task => { r?; anyhow::bail!("pipeline stopped"); }
+        r = state_task => { r?; anyhow::bail!("state writer stopped"); }
     }
     Ok(())
 }
