@@ -102,7 +102,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let client_holds = observer.client_holds.clone();
     // A reconnecting proxy's report of what it holds is a baseline too: it
     // protects it even without a state file (a fresh replica taking over).
-    let resume_guard = opts.guard.enabled.then(|| ResumeGuardConfig {
+    let resume_guard = opts.guard.enabled.then_some(ResumeGuardConfig {
         max_removal: opts.guard.max_removal,
         settle: opts.guard.settle,
     });
