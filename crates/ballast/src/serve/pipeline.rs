@@ -373,3 +373,155 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ballast_sources::{Source, StaticSource};
+    use std::time::Duration;
+
+    const CONFIG: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: { name: edge }
+spec:
+  gatewayClassName: ballast
+  listeners:
+  - { name: http, port: 10000, protocol: HTTP }
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: { name: web }
+spec:
+  parentRefs: [{ name: edge }]
+  hostnames: [web.example.com]
+  rules:
+  - backendRefs: [{ group: ballast.dev, kind: Backend, name: web }]
+---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: { name: web }
+spec:
+  endpoints:
+  - { address: 127.0.0.1, port: 8080 }
+";
+
+    /// An inventory of `n` clusters (and nothing else) that no config has.
+    fn lost(n: usize) -> Inventory {
+        Inventory {
+            clusters: (0..n).map(|i| format!("lost{i}")).collect(),
+            ..Inventory::default()
+        }
+    }
+
+    struct Run {
+        cache: SnapshotCache,
+        status: watch::Receiver<PipelineStatus>,
+        state: watch::Receiver<Arc<Inventories>>,
+        _task: tokio::task::JoinHandle<()>,
+    }
+
+    fn run(baseline: BTreeMap<ObjectKey, Inventory>, enabled: bool) -> Run {
+        let source = Box::new(StaticSource::from_files("t", [("t.yaml", CONFIG)]).unwrap());
+        let cache = SnapshotCache::new();
+        let (status_tx, status) = watch::channel(PipelineStatus::default());
+        let (state_tx, state) = watch::channel(Arc::new(Inventories::new()));
+        let pipeline = Pipeline {
+            cache: cache.clone(),
+            metrics: Metrics::new(),
+            guard: GuardConfig {
+                enabled,
+                max_removal: 0.5,
+                settle: Duration::from_millis(300),
+            },
+            options: Options::default(),
+            status: status_tx,
+            baseline,
+            state: Some(state_tx),
+        };
+        let task = tokio::spawn(pipeline.run(source.start()));
+        Run {
+            cache,
+            status,
+            state,
+            _task: task,
+        }
+    }
+
+    async fn until(mut f: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !f() {
+            assert!(tokio::time::Instant::now() < deadline, "condition not met");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn edge() -> ObjectKey {
+        ObjectKey::new("default", "edge")
+    }
+
+    #[tokio::test]
+    async fn first_snapshot_is_judged_against_the_state_file() {
+        let r = run([(edge(), lost(10))].into(), true);
+        until(|| r.status.borrow().ready).await;
+        // Ready, yet nothing published for the held gateway: its proxies wait.
+        let held = r.status.borrow().gateways["default/edge"].held.clone();
+        let held = held.expect("held");
+        assert_eq!(held.origin, HoldOrigin::Restart);
+        assert!(
+            held.reason.contains("would remove 10 of 10 clusters"),
+            "{}",
+            held.reason
+        );
+        assert!(
+            held.reason.contains("before the restart"),
+            "{}",
+            held.reason
+        );
+        assert!(r.cache.snapshot("default/edge").is_none());
+        assert_eq!(
+            r.status.borrow().guard.restart_baseline,
+            vec!["default/edge"]
+        );
+        // After the settle period the source wins.
+        until(|| r.cache.snapshot("default/edge").is_some()).await;
+        assert!(r.status.borrow().gateways["default/edge"].held.is_none());
+        assert!(r.status.borrow().guard.restart_baseline.is_empty());
+        until(|| {
+            r.state
+                .borrow()
+                .get("default/edge")
+                .is_some_and(|i| i.clusters.len() == 1 && !i.clusters.contains("lost0"))
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_gateway_gone_while_down_is_judged_as_a_removal() {
+        let old = ObjectKey::new("default", "old");
+        let r = run([(old.clone(), lost(5))].into(), true);
+        until(|| r.status.borrow().ready).await;
+        // The gateway the source has is published at once (nothing to compare).
+        assert!(r.cache.snapshot("default/edge").is_some());
+        let held = r.status.borrow().gateways["default/old"].held.clone();
+        assert_eq!(held.expect("held").origin, HoldOrigin::Restart);
+        assert!(
+            r.state.borrow().contains_key("default/old"),
+            "kept while held"
+        );
+        // Applied after the settle period: its proxies get an empty config.
+        until(|| r.cache.snapshot("default/old").is_some()).await;
+        assert_eq!(r.cache.snapshot("default/old").unwrap().total(), 0);
+        assert!(r.status.borrow().gateways["default/old"].removed);
+        until(|| !r.state.borrow().contains_key("default/old")).await;
+    }
+
+    #[tokio::test]
+    async fn no_guard_ignores_the_state_file() {
+        let r = run([(edge(), lost(10))].into(), false);
+        until(|| r.status.borrow().ready).await;
+        assert!(r.cache.snapshot("default/edge").is_some());
+        assert!(r.status.borrow().gateways["default/edge"].held.is_none());
+        // Still written, so turning the guard on again starts from now.
+        until(|| r.state.borrow().contains_key("default/edge")).await;
+    }
+}
