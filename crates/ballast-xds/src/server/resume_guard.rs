@@ -204,7 +204,7 @@ impl ResumeGuard {
         if matches!(self.phase, Phase::Initial) {
             if reported.is_none() {
                 // A client that holds nothing from an earlier stream: nothing to protect.
-                self.phase = Phase::Open;
+                self.open();
                 return;
             }
             self.phase = Phase::Gathering;
@@ -213,6 +213,13 @@ impl ResumeGuard {
         if let Some((ty, r)) = reported {
             self.reported[ty.index()] = Some(r);
         }
+    }
+
+    /// Nothing more to judge: the reports are dropped (a stream may live for
+    /// days; thousands of names per stream must not).
+    fn open(&mut self) {
+        self.phase = Phase::Open;
+        self.reported = Default::default();
     }
 
     /// When the stream must call [`Self::admit`] again even if nothing else happens.
@@ -259,18 +266,18 @@ impl ResumeGuard {
                     // Nothing to push yet (not ready, or no snapshot for the
                     // group): judge the first one that comes, within the settle period.
                     if settled {
-                        self.phase = Phase::Open;
+                        self.open();
                     }
                     return (None, None);
                 };
                 if settled {
                     // The client has waited the settle period already.
-                    self.phase = Phase::Open;
+                    self.open();
                     return (Some(snap), None);
                 }
                 match self.judge(&cfg, &snap, history) {
                     None => {
-                        self.phase = Phase::Open;
+                        self.open();
                         (Some(snap), None)
                     }
                     Some(reason) => {
@@ -281,7 +288,7 @@ impl ResumeGuard {
             }
             Phase::Held { judged } => {
                 if settled {
-                    self.phase = Phase::Open;
+                    self.open();
                     return (
                         current,
                         Some(GuardNews::Released(ResumeRelease::SettleElapsed)),
@@ -295,7 +302,7 @@ impl ResumeGuard {
                 }
                 match self.judge(&cfg, &snap, history) {
                     None => {
-                        self.phase = Phase::Open;
+                        self.open();
                         (
                             Some(snap),
                             Some(GuardNews::Released(ResumeRelease::SourceChanged)),
@@ -450,6 +457,7 @@ mod tests {
             Some(GuardNews::Released(ResumeRelease::SettleElapsed))
         );
         assert!(!g.is_holding());
+        assert!(g.reported.iter().all(Option::is_none), "reports dropped");
     }
 
     #[test]
