@@ -29,6 +29,9 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use tokio::time::Instant;
 
+use tracing::warn;
+
+use crate::events::{XdsEvent, XdsObserver};
 use crate::resource::ResourceType;
 use crate::snapshot::Snapshot;
 
@@ -315,6 +318,56 @@ impl ResumeGuard {
                     }
                 }
             }
+        }
+    }
+
+    /// For the stream driver: [`Self::admit`], with its news reported as
+    /// events and logs.
+    pub(crate) fn filter(
+        &mut self,
+        current: Option<Arc<Snapshot>>,
+        history: impl FnOnce() -> Vec<Arc<Snapshot>>,
+        observer: &dyn XdsObserver,
+        node: &Arc<str>,
+        group: &Arc<str>,
+    ) -> Option<Arc<Snapshot>> {
+        if !self.is_holding() {
+            return current;
+        }
+        let now = Instant::now();
+        let (admitted, news) = self.admit(current, history, now);
+        match news {
+            None => {}
+            Some(GuardNews::Held { reason }) => {
+                warn!(%reason, "resume guard: holding the first push");
+                observer.on_event(&XdsEvent::ResumeHeld {
+                    node: node.clone(),
+                    group: group.clone(),
+                    reason,
+                    settle_left: self
+                        .deadline()
+                        .map(|d| d.saturating_duration_since(now))
+                        .unwrap_or_default(),
+                });
+            }
+            Some(GuardNews::Released(why)) => {
+                warn!(?why, "resume guard: first push released");
+                observer.on_event(&XdsEvent::ResumeReleased {
+                    node: node.clone(),
+                    group: group.clone(),
+                    why,
+                });
+            }
+        }
+        admitted
+    }
+
+    /// Resolves at [`Self::deadline`] (never without one): the stream calls
+    /// [`Self::filter`] again then.
+    pub(crate) async fn wake(&self) {
+        match self.deadline() {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
         }
     }
 

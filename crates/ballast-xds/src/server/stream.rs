@@ -15,7 +15,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use super::body::RequestStream;
 use super::codec::WireMessage;
-use super::resume_guard::{GuardNews, ReportsHoldings, ResumeGuard};
+use super::resume_guard::{ReportsHoldings, ResumeGuard};
 use super::{Shared, XdsServer};
 use crate::events::{StreamKind, XdsEvent};
 use crate::protocol::delta::DeltaMachine;
@@ -205,21 +205,13 @@ async fn run<M: Machine>(
         } else {
             None
         };
-        let current = if guard.is_holding() {
-            let now = tokio::time::Instant::now();
-            let (admitted, news) = guard.admit(current, || shared.cache.history(&group), now);
-            report_guard(
-                &*observer,
-                &node_id,
-                handle.group(),
-                news,
-                guard.deadline(),
-                now,
-            );
-            admitted
-        } else {
-            current
-        };
+        let current = guard.filter(
+            current,
+            || shared.cache.history(&group),
+            &*observer,
+            &node_id,
+            handle.group(),
+        );
         machine.lock().set_snapshot(current);
         loop {
             let next = machine.lock().next();
@@ -260,50 +252,11 @@ async fn run<M: Machine>(
             },
             r = ready_rx.changed() => { if r.is_err() { return Ok(()); } }
             r = snap_rx.changed() => { if r.is_err() { return Ok(()); } }
-            _ = sleep_until(guard.deadline()) => {}
+            _ = guard.wake() => {}
             _ = tokio::time::sleep_until(resume_deadline), if !resume_released => {
                 resume_released = true;
                 machine.lock().release_resume_hold();
             }
-        }
-    }
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
-}
-
-fn report_guard(
-    observer: &dyn crate::events::XdsObserver,
-    node: &Arc<str>,
-    group: &Arc<str>,
-    news: Option<GuardNews>,
-    deadline: Option<tokio::time::Instant>,
-    now: tokio::time::Instant,
-) {
-    match news {
-        None => {}
-        Some(GuardNews::Held { reason }) => {
-            warn!(%reason, "resume guard: holding the first push");
-            observer.on_event(&XdsEvent::ResumeHeld {
-                node: node.clone(),
-                group: group.clone(),
-                reason,
-                settle_left: deadline
-                    .map(|d| d.saturating_duration_since(now))
-                    .unwrap_or_default(),
-            });
-        }
-        Some(GuardNews::Released(why)) => {
-            warn!(?why, "resume guard: first push released");
-            observer.on_event(&XdsEvent::ResumeReleased {
-                node: node.clone(),
-                group: group.clone(),
-                why,
-            });
         }
     }
 }
