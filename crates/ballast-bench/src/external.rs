@@ -66,6 +66,9 @@ impl External {
                 .args(["--xds-addr", &xds.to_string()])
                 .args(["--admin-addr", &admin.to_string()])
                 .args(extra)
+                // Its own guard state beside its log: runs never share it.
+                .arg("--state-dir")
+                .arg(log.with_extension("state"))
                 .env("RUST_LOG", "warn");
             let t0 = Instant::now();
             let mut proc = Proc::spawn("ballast", cmd, log)?;

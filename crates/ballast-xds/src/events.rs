@@ -84,6 +84,22 @@ pub enum XdsEvent {
         value: usize,
         max: usize,
     },
+    /// A resuming client's first push would remove more than the resume
+    /// guard's share of what it reports holding: nothing is delivered to
+    /// the stream until the source changes or the settle period passes.
+    ResumeHeld {
+        node: Arc<str>,
+        group: Arc<str>,
+        reason: String,
+        /// When the hold ends if the source still says so, from now.
+        settle_left: Duration,
+    },
+    /// A held first push was delivered.
+    ResumeReleased {
+        node: Arc<str>,
+        group: Arc<str>,
+        why: crate::server::resume_guard::ResumeRelease,
+    },
     /// Node state dropped after its last stream closed and the grace period passed.
     Evicted {
         node: Arc<str>,

@@ -10,6 +10,7 @@ mod grouping;
 mod guard;
 mod metrics;
 mod serve;
+mod state;
 mod status_cmd;
 
 use std::net::SocketAddr;
@@ -95,9 +96,16 @@ enum Command {
         /// How long a held publish waits before it is applied if still wanted.
         #[arg(long, default_value = "10s", value_parser = duration)]
         guard_settle: Duration,
-        /// Turn the blast-radius guard off.
+        /// Turn the blast-radius guard off: live holds, the restart baseline
+        /// (state file) and the baseline reported by reconnecting proxies.
         #[arg(long)]
         no_guard: bool,
+        /// Where the guard keeps the last published inventory of each gateway
+        /// (names only), so a restart into a shrunken source is held too.
+        /// Default: $STATE_DIRECTORY, else $XDG_STATE_HOME/ballast, else
+        /// ~/.local/state/ballast. One directory per ballast instance.
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
         /// How long a disconnected proxy's state is kept.
         #[arg(long, default_value = "30s", value_parser = duration)]
         node_grace: Duration,
@@ -242,6 +250,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             guard_max_removal,
             guard_settle,
             no_guard,
+            state_dir,
             node_grace,
             debounce_quiet,
             debounce_max,
@@ -269,6 +278,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 limits: limits.limits(),
                 shutdown_grace,
                 security: *security,
+                state_dir: state_dir.unwrap_or_else(state::default_dir),
             }));
             // The grace already bounded the stop: do not wait for blocking
             // tasks (file reads, watchers) on the way out.
@@ -428,6 +438,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 let v: serde_json::Value = serde_json::from_str(&body)?;
                 print!("{}", status_cmd::render(&v));
+                // The guard's holds (a server without /debug/pipeline: none shown).
+                if let Ok(p) = status_cmd::admin_get(admin_addr, "/debug/pipeline")
+                    && let Ok(p) = serde_json::from_str::<serde_json::Value>(&p)
+                {
+                    print!("{}", status_cmd::render_guard(&p));
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -68,6 +68,11 @@ pub struct Metrics {
     pub publishes: Family<GatewayLabel, Counter>,
     pub guard_holds: Family<GatewayLabel, Counter>,
     pub guard_held: Family<GatewayLabel, Gauge>,
+    /// Holds judged against the state file: a gateway's first snapshot after a restart.
+    pub guard_restart_holds: Family<GatewayLabel, Counter>,
+    /// First pushes to resuming clients held against what they reported holding.
+    pub guard_client_holds: Family<GatewayLabel, Counter>,
+    pub guard_client_held: Family<GatewayLabel, Gauge>,
     pub source_synced: Family<SourceLabel, Gauge>,
     pub source_errors: Family<SourceLabel, Counter>,
     pub source_generation: Family<SourceLabel, Gauge>,
@@ -101,6 +106,9 @@ impl Metrics {
             publishes: Family::default(),
             guard_holds: Family::default(),
             guard_held: Family::default(),
+            guard_restart_holds: Family::default(),
+            guard_client_holds: Family::default(),
+            guard_client_held: Family::default(),
             source_synced: Family::default(),
             source_errors: Family::default(),
             source_generation: Family::default(),
@@ -177,6 +185,21 @@ impl Metrics {
             m.guard_held.clone(),
         );
         registry.register(
+            "guard_restart_holds",
+            "Holds of a gateway's first snapshot after a restart, judged against the state file",
+            m.guard_restart_holds.clone(),
+        );
+        registry.register(
+            "guard_client_holds",
+            "First pushes to reconnecting proxies held: they would remove most of what the proxy reported holding",
+            m.guard_client_holds.clone(),
+        );
+        registry.register(
+            "guard_client_held",
+            "Proxies whose first push is held now, by gateway",
+            m.guard_client_held.clone(),
+        );
+        registry.register(
             "source_synced",
             "1 once a source finished its initial sync",
             m.source_synced.clone(),
@@ -198,7 +221,7 @@ impl Metrics {
         );
         registry.register(
             "ready",
-            "1 once every source synced and every gateway has a snapshot",
+            "1 once every source synced (gateways held by the guard may have no snapshot yet)",
             m.ready.clone(),
         );
         // Counters that may stay at zero for a long time are exported as 0 from
@@ -257,11 +280,36 @@ fn kind(k: &StreamKind) -> KindLabel {
     }
 }
 
+/// A proxy whose first push the resume guard holds, for status pages.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ClientHold {
+    pub gateway: String,
+    pub reason: String,
+    pub since: std::time::SystemTime,
+    /// When the hold ends if the source still says so.
+    pub until: std::time::SystemTime,
+}
+
+/// Held proxies by node id.
+pub type ClientHolds = Arc<Mutex<std::collections::BTreeMap<String, ClientHold>>>;
+
 /// Turns xDS events into metrics; cheap and non-blocking.
 pub struct MetricsObserver {
     pub metrics: Arc<Metrics>,
     /// Open streams per node: a node is connected while it has one.
     streams_per_node: Mutex<HashMap<Arc<str>, u32>>,
+    pub client_holds: ClientHolds,
+}
+
+impl MetricsObserver {
+    fn end_client_hold(&self, node: &str) {
+        if let Some(h) = self.client_holds.lock().remove(node) {
+            self.metrics
+                .guard_client_held
+                .get_or_create(&GatewayLabel { gateway: h.gateway })
+                .dec();
+        }
+    }
 }
 
 impl XdsObserver for MetricsObserver {
@@ -285,9 +333,36 @@ impl XdsObserver for MetricsObserver {
                     if *n == 0 {
                         per.remove(node);
                         m.connected_proxies.dec();
+                        drop(per);
+                        self.end_client_hold(node);
                     }
                 }
             }
+            XdsEvent::ResumeHeld {
+                node,
+                group,
+                reason,
+                settle_left,
+            } => {
+                let label = GatewayLabel {
+                    gateway: group.to_string(),
+                };
+                m.guard_client_holds.get_or_create(&label).inc();
+                let now = std::time::SystemTime::now();
+                let before = self.client_holds.lock().insert(
+                    node.to_string(),
+                    ClientHold {
+                        gateway: group.to_string(),
+                        reason: reason.clone(),
+                        since: now,
+                        until: now + *settle_left,
+                    },
+                );
+                if before.is_none() {
+                    m.guard_client_held.get_or_create(&label).inc();
+                }
+            }
+            XdsEvent::ResumeReleased { node, .. } => self.end_client_hold(node),
             XdsEvent::Request { .. } => {}
             XdsEvent::ResponseSent { ty: t, bytes, .. } => {
                 m.responses.get_or_create(&ty(*t)).inc();
@@ -334,6 +409,7 @@ impl MetricsObserver {
         MetricsObserver {
             metrics,
             streams_per_node: Mutex::new(HashMap::new()),
+            client_holds: Default::default(),
         }
     }
 }

@@ -96,6 +96,32 @@ pub fn render(proxies: &Value) -> String {
     out
 }
 
+/// Lines about gateways the blast-radius guard holds, from `/debug/pipeline`,
+/// saying what each was judged against.
+pub fn render_guard(pipeline: &Value) -> String {
+    let mut out = String::new();
+    let gateways = pipeline["gateways"].as_object().into_iter().flatten();
+    for (name, g) in gateways {
+        let held = &g["held"];
+        if held.is_null() {
+            continue;
+        }
+        let origin = match held["origin"].as_str() {
+            Some("restart") => "first snapshot after a restart, judged against the state file",
+            _ => "live change",
+        };
+        out.push_str(&format!(
+            "guard: gateway {name} held ({origin}): {}; applied after the settle period ({} ms) unless the source changes\n",
+            held["reason"].as_str().unwrap_or("?"),
+            held["settle_ms"].as_u64().unwrap_or(0),
+        ));
+    }
+    if pipeline["guard"]["enabled"] == Value::Bool(false) {
+        out.push_str("guard: off (--no-guard)\n");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +134,29 @@ mod tests {
         assert!(
             t.contains("DENIED evil: identity spiffe://ballast.local/ns/default/gw/a may not be served default/b"),
             "{t}"
+        );
+    }
+
+    #[test]
+    fn renders_guard_holds_with_their_origin() {
+        let v = serde_json::json!({
+            "guard": {"enabled": true},
+            "gateways": {
+                "default/edge": {"held": {"reason": "would remove 80 of 100 routes", "origin": "restart", "settle_ms": 5000}},
+                "default/other": {"held": {"reason": "would remove 3 of 4 clusters", "origin": "live", "settle_ms": 5000}},
+                "default/calm": {"held": null}
+            }
+        });
+        let t = render_guard(&v);
+        assert!(t.contains("guard: gateway default/edge held (first snapshot after a restart, judged against the state file): would remove 80 of 100 routes"), "{t}");
+        assert!(
+            t.contains("guard: gateway default/other held (live change)"),
+            "{t}"
+        );
+        assert!(!t.contains("calm"), "{t}");
+        assert_eq!(
+            render_guard(&serde_json::json!({"guard": {"enabled": false}, "gateways": {}})),
+            "guard: off (--no-guard)\n"
         );
     }
 

@@ -11,6 +11,7 @@ pub mod fetch;
 pub mod grpc;
 pub mod limits;
 pub mod rest;
+pub mod resume_guard;
 pub mod stream;
 
 use std::net::SocketAddr;
@@ -70,6 +71,7 @@ pub(crate) struct Shared {
     pub tls: Option<Arc<TlsReloader>>,
     pub admission: Option<Admission>,
     pub rejections: RejectionLog,
+    pub resume_guard: Option<resume_guard::ResumeGuardConfig>,
 }
 
 impl Shared {
@@ -131,6 +133,7 @@ pub struct XdsServerBuilder {
     shutdown_grace: Duration,
     tls: Option<Arc<TlsReloader>>,
     admission: Option<Admission>,
+    resume_guard: Option<resume_guard::ResumeGuardConfig>,
 }
 
 impl XdsServerBuilder {
@@ -153,6 +156,13 @@ impl XdsServerBuilder {
     /// policy, everything is admitted (the loopback default).
     pub fn admission(mut self, admission: Admission) -> Self {
         self.admission = Some(admission);
+        self
+    }
+    /// Holds a resuming client's first push when it would remove more than
+    /// a share of what the client reports holding (see [`resume_guard`]);
+    /// off by default.
+    pub fn resume_guard(mut self, cfg: Option<resume_guard::ResumeGuardConfig>) -> Self {
+        self.resume_guard = cfg;
         self
     }
     pub fn grouper(mut self, grouper: NodeGrouper) -> Self {
@@ -190,6 +200,7 @@ impl XdsServerBuilder {
                 tls: self.tls,
                 admission: self.admission,
                 rejections: RejectionLog::default(),
+                resume_guard: self.resume_guard,
             }),
         }
     }
@@ -206,6 +217,7 @@ impl XdsServer {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             tls: None,
             admission: None,
+            resume_guard: None,
         }
     }
 

@@ -15,6 +15,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use super::body::RequestStream;
 use super::codec::WireMessage;
+use super::resume_guard::{ReportsHoldings, ResumeGuard};
 use super::{Shared, XdsServer};
 use crate::events::{StreamKind, XdsEvent};
 use crate::protocol::delta::DeltaMachine;
@@ -34,7 +35,12 @@ pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
 /// What the driver needs from a protocol machine.
 pub(crate) trait Machine: Send + 'static {
-    type Req: prost::Message + Default + super::limits::NameCount + Send + 'static;
+    type Req: prost::Message
+        + Default
+        + super::limits::NameCount
+        + ReportsHoldings
+        + Send
+        + 'static;
     type Resp: WireMessage + Send + 'static;
     fn handle(&mut self, req: &Self::Req, history: &[Arc<Snapshot>]) -> RequestOutcome;
     /// The request reports what the client holds from an earlier stream:
@@ -203,6 +209,11 @@ async fn run<M: Machine>(
         handle.set_status_source(Arc::new(move || m.lock().status()));
     }
 
+    let only = match kind {
+        StreamKind::Sotw(t) | StreamKind::Delta(t) => t,
+        StreamKind::Rest(t) => Some(t),
+    };
+    let mut guard = ResumeGuard::new(shared.resume_guard.clone(), only);
     let mut pending = Some(first);
     let resume_deadline = tokio::time::Instant::now() + RESUME_HOLD;
     let mut resume_released = false;
@@ -215,6 +226,7 @@ async fn run<M: Machine>(
             } else {
                 Vec::new()
             };
+            guard.observe(&req, tokio::time::Instant::now());
             let outcome = machine.lock().handle(&req, &history);
             record(&*observer, &node_id, handle.group(), &outcome, &mut sent_at);
         }
@@ -223,6 +235,13 @@ async fn run<M: Machine>(
         } else {
             None
         };
+        let current = guard.filter(
+            current,
+            || shared.cache.history(&group),
+            &*observer,
+            &node_id,
+            handle.group(),
+        );
         machine.lock().set_snapshot(current);
         loop {
             let next = machine.lock().next();
@@ -269,6 +288,7 @@ async fn run<M: Machine>(
             _ = drain.cancelled() => return Err(super::shutting_down()),
             r = ready_rx.changed() => { if r.is_err() { return Ok(()); } }
             r = snap_rx.changed() => { if r.is_err() { return Ok(()); } }
+            _ = guard.wake() => {}
             _ = tokio::time::sleep_until(resume_deadline), if !resume_released => {
                 resume_released = true;
                 machine.lock().release_resume_hold();

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod auth;
 
-use crate::metrics::Metrics;
+use crate::metrics::{ClientHolds, Metrics};
 use crate::serve::pipeline::PipelineStatus;
 
 #[derive(Clone)]
@@ -31,6 +31,8 @@ pub struct AdminState {
     /// Cancelled when the process begins to stop: readiness fails at once so
     /// load balancers and orchestrators stop sending new work here.
     pub stopping: CancellationToken,
+    /// Proxies whose first push the resume guard holds.
+    pub client_holds: ClientHolds,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -101,6 +103,14 @@ async fn metrics(State(s): State<AdminState>) -> Response {
 async fn proxies(State(s): State<AdminState>) -> Response {
     let nodes = s.server.registry().nodes();
     let cache = s.server.cache();
+    let holds = s.client_holds.lock().clone();
+    let gateway_holds: BTreeMap<String, String> = s
+        .status
+        .borrow()
+        .gateways
+        .iter()
+        .filter_map(|(g, st)| Some((g.clone(), st.held.as_ref()?.reason.clone())))
+        .collect();
     let list: Vec<Value> = nodes
         .iter()
         .map(|n| {
@@ -127,7 +137,18 @@ async fn proxies(State(s): State<AdminState>) -> Response {
                 "node": &*n.id,
                 "gateway": &*n.group,
                 "gateway_known": snapshot.is_some(),
-                "waiting": if snapshot.is_none() { Some(format!("no gateway {} in the config", n.group)) } else { None },
+                "waiting": match (&snapshot, gateway_holds.get(&*n.group), holds.get(&*n.id)) {
+                    (None, Some(reason), _) => Some(format!("gateway {} is held by the blast-radius guard: {reason}", n.group)),
+                    (None, None, _) => Some(format!("no gateway {} in the config", n.group)),
+                    (Some(_), _, Some(h)) => Some(format!("first push held by the blast-radius guard (the proxy's own report): {}", h.reason)),
+                    _ => None,
+                },
+                "guard_hold": holds.get(&*n.id).map(|h| json!({
+                    "origin": "client_report",
+                    "reason": h.reason,
+                    "since": time(Some(h.since)),
+                    "until": time(Some(h.until)),
+                })),
                 "connected": n.connected,
                 "streams": n.streams.iter().map(|(id, k)| json!({"id": id, "kind": k.label()})).collect::<Vec<_>>(),
                 "types": types,
@@ -260,7 +281,24 @@ fn rejected_json(report: &ballast_model::LoadReport) -> Vec<Value> {
 }
 
 async fn pipeline(State(s): State<AdminState>) -> Response {
-    let v = serde_json::to_value(&*s.status.borrow()).unwrap_or(Value::Null);
+    let mut v = serde_json::to_value(&*s.status.borrow()).unwrap_or(Value::Null);
+    // Per proxy: the resume guard judges each reconnecting proxy's report.
+    let holds: Vec<Value> = s
+        .client_holds
+        .lock()
+        .iter()
+        .map(|(node, h)| {
+            json!({
+                "node": node,
+                "gateway": h.gateway,
+                "origin": "client_report",
+                "reason": h.reason,
+                "since": time(Some(h.since)),
+                "until": time(Some(h.until)),
+            })
+        })
+        .collect();
+    v["client_holds"] = Value::Array(holds);
     json_response(StatusCode::OK, v)
 }
 
@@ -282,6 +320,7 @@ mod tests {
             source: watch::channel(source).1,
             metrics: Metrics::new(),
             stopping: CancellationToken::new(),
+            client_holds: Default::default(),
         }
     }
 

@@ -20,7 +20,8 @@ use tracing::{info, warn};
 
 use crate::guard::GuardConfig;
 use crate::metrics::{Metrics, MetricsObserver};
-use pipeline::{Pipeline, PipelineStatus};
+use ballast_xds::server::resume_guard::ResumeGuardConfig;
+use pipeline::{GuardInfo, Pipeline, PipelineStatus};
 
 pub const QUICKSTART: &str = include_str!("../quickstart.yaml");
 
@@ -63,6 +64,8 @@ pub struct ServeOptions {
     /// within this even if clients misbehave.
     pub shutdown_grace: Duration,
     pub security: security::SecurityFlags,
+    /// Where the guard keeps the last published inventories (issue 16).
+    pub state_dir: PathBuf,
 }
 
 /// `ballast serve` flags for the xDS server's limits (docs/operations.md, "Limits").
@@ -181,12 +184,20 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     let cache = SnapshotCache::new();
     let observer = Arc::new(MetricsObserver::new(metrics.clone()));
+    let client_holds = observer.client_holds.clone();
+    // A reconnecting proxy's report of what it holds is a baseline too: it
+    // protects it even without a state file (a fresh replica taking over).
+    let resume_guard = opts.guard.enabled.then_some(ResumeGuardConfig {
+        max_removal: opts.guard.max_removal,
+        settle: opts.guard.settle,
+    });
     let mut builder = XdsServer::builder(cache.clone())
         .grouper(Arc::new(crate::grouping::gateway_of))
         .observer(observer)
         .grace(opts.grace)
         .limits(opts.limits)
-        .shutdown_grace(opts.shutdown_grace);
+        .shutdown_grace(opts.shutdown_grace)
+        .resume_guard(resume_guard);
     if let Some(tls) = sec.tls {
         builder = builder.tls(tls);
     }
@@ -203,13 +214,36 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     println!("admin listening on {}", admin_listener.local_addr()?);
 
     let source_rx = source.start();
-    let (status_tx, status_rx) = watch::channel(PipelineStatus::default());
+    let loaded = if opts.guard.enabled {
+        crate::state::load_or_warn(&opts.state_dir)
+    } else {
+        crate::state::Loaded::default()
+    };
+    let (state_tx, state_rx) = watch::channel(Arc::new(crate::state::Inventories::new()));
+    let mut state_task = tokio::spawn(crate::state::writer(opts.state_dir.clone(), state_rx));
+    let (status_tx, status_rx) = watch::channel(PipelineStatus {
+        guard: GuardInfo {
+            enabled: opts.guard.enabled,
+            max_removal: opts.guard.max_removal,
+            settle_ms: opts.guard.settle.as_millis(),
+            state_file: Some(crate::state::path_in(&opts.state_dir)),
+            restart_baseline: Vec::new(),
+            state_written_at: loaded.written_at,
+        },
+        ..PipelineStatus::default()
+    });
     let pipeline = Pipeline {
         cache: cache.clone(),
         metrics: metrics.clone(),
         guard: opts.guard,
         options: ballast_translate::Options::default(),
         status: status_tx,
+        baseline: loaded
+            .gateways
+            .into_iter()
+            .map(|(k, inv)| (crate::gateway_key(&k), inv))
+            .collect(),
+        state: Some(state_tx),
     };
     let mut pipeline_task = tokio::spawn(pipeline.run(source_rx.clone()));
 
@@ -235,6 +269,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         source: source_rx,
         metrics,
         stopping: stop.clone(),
+        client_holds,
     });
     if let Some(token) = sec.admin_token {
         admin = crate::admin::auth::require_token(admin, token);
@@ -257,6 +292,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         r = &mut xds_task => { r??; anyhow::bail!("xDS server stopped"); }
         r = &mut admin_task => { r??; anyhow::bail!("admin server stopped"); }
         r = &mut pipeline_task => { r?; anyhow::bail!("pipeline stopped"); }
+        r = &mut state_task => { r?; anyhow::bail!("state writer stopped"); }
     }
     let deadline = tokio::time::Instant::now() + opts.shutdown_grace;
     info!(grace = ?opts.shutdown_grace, "shutting down: /readyz answers 503, xDS streams end with UNAVAILABLE");
@@ -272,6 +308,9 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         },
         _ = stop_now.cancelled() => warn!("second signal: stopping now"),
     }
+    // The pipeline's end closes the state channel: the writer saves the
+    // last published inventories and ends (bounded by the same grace).
+    let _ = tokio::time::timeout_at(deadline, &mut state_task).await;
     admin_stop.cancel();
     let _ = tokio::time::timeout_at(deadline, &mut admin_task).await;
     info!("stopped");

@@ -3,6 +3,7 @@
 //! everything it knows is published through `watch` for the admin API.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -18,6 +19,7 @@ use tracing::{error, info, warn};
 
 use crate::guard::{GuardConfig, Inventory, judge};
 use crate::metrics::{GatewayLabel, Metrics, SourceLabel};
+use crate::state::Inventories;
 
 /// What the pipeline knows, for `/readyz`, `/debug/*` and `ballast status`.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -27,6 +29,21 @@ pub struct PipelineStatus {
     pub generation: Option<u64>,
     pub gateways: BTreeMap<String, GatewayStatus>,
     pub last_translate_ms: Option<f64>,
+    pub guard: GuardInfo,
+}
+
+/// The guard's configuration and restart baseline, for status pages.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GuardInfo {
+    pub enabled: bool,
+    pub max_removal: f64,
+    pub settle_ms: u128,
+    /// Where the last published inventories are kept across restarts.
+    pub state_file: Option<PathBuf>,
+    /// Gateways of the state file not yet published since the start: their
+    /// first snapshot is judged against it.
+    pub restart_baseline: Vec<String>,
+    pub state_written_at: Option<SystemTime>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -42,9 +59,20 @@ pub struct GatewayStatus {
     pub error: Option<String>,
 }
 
+/// What a held publish was judged against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldOrigin {
+    /// The snapshot published before, by this process.
+    Live,
+    /// The inventory in the state file: the gateway's first snapshot after a restart.
+    Restart,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct HeldStatus {
     pub reason: String,
+    pub origin: HoldOrigin,
     pub since: SystemTime,
     pub settle_ms: u128,
 }
@@ -63,16 +91,29 @@ pub struct Pipeline {
     pub guard: GuardConfig,
     pub options: Options,
     pub status: watch::Sender<PipelineStatus>,
+    /// Inventories from the state file (issue 16), by gateway.
+    pub baseline: BTreeMap<ObjectKey, Inventory>,
+    /// Receives every gateway's last published inventory for the state file.
+    pub state: Option<watch::Sender<Arc<Inventories>>>,
 }
+
+/// Published snapshots and their inventories, by gateway.
+type Published = BTreeMap<ObjectKey, (Arc<Snapshot>, Arc<Inventory>)>;
 
 fn group_of(key: &ObjectKey) -> String {
     format!("{}/{}", key.namespace, key.name)
 }
 
 impl Pipeline {
-    pub async fn run(self, mut source: watch::Receiver<SourceState>) {
+    pub async fn run(mut self, mut source: watch::Receiver<SourceState>) {
         let mut translator = Translator::new(self.options.clone());
-        let mut published: BTreeMap<ObjectKey, (Arc<Snapshot>, Inventory)> = BTreeMap::new();
+        let mut baseline = std::mem::take(&mut self.baseline);
+        if !self.guard.enabled {
+            baseline.clear();
+        }
+        self.status
+            .send_modify(|s| s.guard.restart_baseline = baseline.keys().map(group_of).collect());
+        let mut published: Published = BTreeMap::new();
         let mut held: BTreeMap<ObjectKey, Held> = BTreeMap::new();
         let mut last_generation: Option<u64> = None;
         let mut last_error_seen: Option<usize> = None;
@@ -101,9 +142,13 @@ impl Pipeline {
                     for (key, resources) in &out.changed {
                         let prev = published.get(key).map(|p| p.0.clone());
                         match resources.snapshot(prev) {
-                            Ok(snap) => {
-                                self.offer(key, Some(Arc::new(snap)), &mut published, &mut held)
-                            }
+                            Ok(snap) => self.offer(
+                                key,
+                                Some(Arc::new(snap)),
+                                &mut published,
+                                &mut held,
+                                &mut baseline,
+                            ),
                             Err(e) => {
                                 error!(gateway = %key, error = %e, "translation produced an inconsistent snapshot; keeping the last one");
                                 self.status.send_modify(|s| {
@@ -114,11 +159,21 @@ impl Pipeline {
                         }
                     }
                     for key in &out.removed {
-                        self.offer(key, None, &mut published, &mut held);
+                        self.offer(key, None, &mut published, &mut held, &mut baseline);
                     }
                 }
             }
             if state.synced && !self.status.borrow().ready {
+                // Gateways served before the restart that the synced source no
+                // longer has: their removal is judged like a live one.
+                let gone: Vec<ObjectKey> = baseline
+                    .keys()
+                    .filter(|k| !published.contains_key(*k) && !held.contains_key(*k))
+                    .cloned()
+                    .collect();
+                for key in gone {
+                    self.offer(&key, None, &mut published, &mut held, &mut baseline);
+                }
                 // Every gateway of the initial config is published (above, synchronously).
                 self.cache.set_ready(true);
                 self.metrics.ready.set(1);
@@ -137,7 +192,7 @@ impl Pipeline {
                     for key in due {
                         let h = held.remove(&key).expect("due");
                         warn!(gateway = %key, reason = %h.status.reason, "guard: settle period over and the source still says so; applying");
-                        self.publish(&key, h.snapshot, h.inventory, &mut published);
+                        self.publish(&key, h.snapshot, Arc::new(h.inventory), &mut published, &mut baseline);
                     }
                 }
             }
@@ -149,19 +204,29 @@ impl Pipeline {
         &self,
         key: &ObjectKey,
         snapshot: Option<Arc<Snapshot>>,
-        published: &mut BTreeMap<ObjectKey, (Arc<Snapshot>, Inventory)>,
+        published: &mut Published,
         held: &mut BTreeMap<ObjectKey, Held>,
+        baseline: &mut BTreeMap<ObjectKey, Inventory>,
     ) {
         let inventory = snapshot.as_deref().map(Inventory::of).unwrap_or_default();
-        let current = published.get(key).map(|p| &p.1);
+        let (current, origin) = match published.get(key) {
+            Some(p) => (Some(&*p.1), HoldOrigin::Live),
+            None => (baseline.get(key), HoldOrigin::Restart),
+        };
         match judge(&self.guard, current, &inventory) {
             None => {
                 if held.remove(key).is_some() {
                     info!(gateway = %key, "guard: the source changed its mind; hold released");
                 }
-                self.publish(key, snapshot, inventory, published);
+                self.publish(key, snapshot, Arc::new(inventory), published, baseline);
             }
             Some(reason) => {
+                let reason = match origin {
+                    HoldOrigin::Live => reason,
+                    HoldOrigin::Restart => {
+                        format!("{reason} of what was served before the restart (state file)")
+                    }
+                };
                 let label = GatewayLabel {
                     gateway: group_of(key),
                 };
@@ -175,6 +240,9 @@ impl Pipeline {
                     None => {
                         warn!(gateway = %key, %reason, settle = ?self.guard.settle, "guard: holding snapshot");
                         self.metrics.guard_holds.get_or_create(&label).inc();
+                        if origin == HoldOrigin::Restart {
+                            self.metrics.guard_restart_holds.get_or_create(&label).inc();
+                        }
                         held.insert(
                             key.clone(),
                             Held {
@@ -183,6 +251,7 @@ impl Pipeline {
                                 deadline: tokio::time::Instant::now() + self.guard.settle,
                                 status: HeldStatus {
                                     reason,
+                                    origin,
                                     since: SystemTime::now(),
                                     settle_ms: self.guard.settle.as_millis(),
                                 },
@@ -202,9 +271,11 @@ impl Pipeline {
         &self,
         key: &ObjectKey,
         snapshot: Option<Arc<Snapshot>>,
-        inventory: Inventory,
-        published: &mut BTreeMap<ObjectKey, (Arc<Snapshot>, Inventory)>,
+        inventory: Arc<Inventory>,
+        published: &mut Published,
+        baseline: &mut BTreeMap<ObjectKey, Inventory>,
     ) {
+        let from_baseline = baseline.remove(key).is_some();
         let group = group_of(key);
         // A removed gateway's proxies get an empty snapshot: the deletion was
         // deliberate (and passed the guard), not an accident of the control plane.
@@ -218,6 +289,18 @@ impl Pipeline {
         };
         self.metrics.guard_held.get_or_create(&label).set(0);
         self.metrics.guard_holds.get_or_create(&label).inc_by(0);
+        self.metrics
+            .guard_restart_holds
+            .get_or_create(&label)
+            .inc_by(0);
+        self.metrics
+            .guard_client_holds
+            .get_or_create(&label)
+            .inc_by(0);
+        self.metrics
+            .guard_client_held
+            .get_or_create(&label)
+            .inc_by(0);
         let gs = GatewayStatus {
             published: true,
             published_at: Some(SystemTime::now()),
@@ -239,6 +322,25 @@ impl Pipeline {
             published.insert(key.clone(), (snap, inventory));
         } else {
             published.remove(key);
+        }
+        if from_baseline {
+            self.status.send_modify(|s| {
+                s.guard.restart_baseline = baseline.keys().map(group_of).collect()
+            });
+        }
+        if let Some(state) = &self.state {
+            // Gateways still waiting on their baseline keep it in the file: a
+            // second restart during the hold must not forget it.
+            let all: Inventories = published
+                .iter()
+                .map(|(k, (_, inv))| (group_of(k), inv.clone()))
+                .chain(
+                    baseline
+                        .iter()
+                        .map(|(k, inv)| (group_of(k), Arc::new(inv.clone()))),
+                )
+                .collect();
+            state.send_replace(Arc::new(all));
         }
     }
 
@@ -271,5 +373,157 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ballast_sources::{Source, StaticSource};
+    use std::time::Duration;
+
+    const CONFIG: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: { name: edge }
+spec:
+  gatewayClassName: ballast
+  listeners:
+  - { name: http, port: 10000, protocol: HTTP }
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: { name: web }
+spec:
+  parentRefs: [{ name: edge }]
+  hostnames: [web.example.com]
+  rules:
+  - backendRefs: [{ group: ballast.dev, kind: Backend, name: web }]
+---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: { name: web }
+spec:
+  endpoints:
+  - { address: 127.0.0.1, port: 8080 }
+";
+
+    /// An inventory of `n` clusters (and nothing else) that no config has.
+    fn lost(n: usize) -> Inventory {
+        Inventory {
+            clusters: (0..n).map(|i| format!("lost{i}")).collect(),
+            ..Inventory::default()
+        }
+    }
+
+    struct Run {
+        cache: SnapshotCache,
+        status: watch::Receiver<PipelineStatus>,
+        state: watch::Receiver<Arc<Inventories>>,
+        _task: tokio::task::JoinHandle<()>,
+    }
+
+    fn run(baseline: BTreeMap<ObjectKey, Inventory>, enabled: bool) -> Run {
+        let source = Box::new(StaticSource::from_files("t", [("t.yaml", CONFIG)]).unwrap());
+        let cache = SnapshotCache::new();
+        let (status_tx, status) = watch::channel(PipelineStatus::default());
+        let (state_tx, state) = watch::channel(Arc::new(Inventories::new()));
+        let pipeline = Pipeline {
+            cache: cache.clone(),
+            metrics: Metrics::new(),
+            guard: GuardConfig {
+                enabled,
+                max_removal: 0.5,
+                settle: Duration::from_millis(300),
+            },
+            options: Options::default(),
+            status: status_tx,
+            baseline,
+            state: Some(state_tx),
+        };
+        let task = tokio::spawn(pipeline.run(source.start()));
+        Run {
+            cache,
+            status,
+            state,
+            _task: task,
+        }
+    }
+
+    async fn until(mut f: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !f() {
+            assert!(tokio::time::Instant::now() < deadline, "condition not met");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn edge() -> ObjectKey {
+        ObjectKey::new("default", "edge")
+    }
+
+    #[tokio::test]
+    async fn first_snapshot_is_judged_against_the_state_file() {
+        let r = run([(edge(), lost(10))].into(), true);
+        until(|| r.status.borrow().ready).await;
+        // Ready, yet nothing published for the held gateway: its proxies wait.
+        let held = r.status.borrow().gateways["default/edge"].held.clone();
+        let held = held.expect("held");
+        assert_eq!(held.origin, HoldOrigin::Restart);
+        assert!(
+            held.reason.contains("would remove 10 of 10 clusters"),
+            "{}",
+            held.reason
+        );
+        assert!(
+            held.reason.contains("before the restart"),
+            "{}",
+            held.reason
+        );
+        assert!(r.cache.snapshot("default/edge").is_none());
+        assert_eq!(
+            r.status.borrow().guard.restart_baseline,
+            vec!["default/edge"]
+        );
+        // After the settle period the source wins.
+        until(|| r.cache.snapshot("default/edge").is_some()).await;
+        assert!(r.status.borrow().gateways["default/edge"].held.is_none());
+        assert!(r.status.borrow().guard.restart_baseline.is_empty());
+        until(|| {
+            r.state
+                .borrow()
+                .get("default/edge")
+                .is_some_and(|i| i.clusters.len() == 1 && !i.clusters.contains("lost0"))
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_gateway_gone_while_down_is_judged_as_a_removal() {
+        let old = ObjectKey::new("default", "old");
+        let r = run([(old.clone(), lost(5))].into(), true);
+        until(|| r.status.borrow().ready).await;
+        // The gateway the source has is published at once (nothing to compare).
+        assert!(r.cache.snapshot("default/edge").is_some());
+        let held = r.status.borrow().gateways["default/old"].held.clone();
+        assert_eq!(held.expect("held").origin, HoldOrigin::Restart);
+        assert!(
+            r.state.borrow().contains_key("default/old"),
+            "kept while held"
+        );
+        // Applied after the settle period: its proxies get an empty config.
+        until(|| r.cache.snapshot("default/old").is_some()).await;
+        assert_eq!(r.cache.snapshot("default/old").unwrap().total(), 0);
+        assert!(r.status.borrow().gateways["default/old"].removed);
+        until(|| !r.state.borrow().contains_key("default/old")).await;
+    }
+
+    #[tokio::test]
+    async fn no_guard_ignores_the_state_file() {
+        let r = run([(edge(), lost(10))].into(), false);
+        until(|| r.status.borrow().ready).await;
+        assert!(r.cache.snapshot("default/edge").is_some());
+        assert!(r.status.borrow().gateways["default/edge"].held.is_none());
+        // Still written, so turning the guard on again starts from now.
+        until(|| r.state.borrow().contains_key("default/edge")).await;
     }
 }

@@ -24,9 +24,17 @@ pub struct Ballast {
 
 impl Ballast {
     /// Starts `ballast serve` with fixed ports (so a restart reuses them).
+    /// Unless `args` name a `--state-dir`, each process gets its own empty
+    /// one: runs never share the guard's state.
     pub fn start(xds: SocketAddr, admin: SocketAddr, args: &[&str]) -> Result<Ballast> {
         let dir = tempfile::tempdir()?;
         let log = dir.path().join("ballast.log");
+        let own_state = dir.path().join("state");
+        let state: Vec<&std::ffi::OsStr> = if args.contains(&"--state-dir") {
+            vec![]
+        } else {
+            vec!["--state-dir".as_ref(), own_state.as_os_str()]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
             .arg("serve")
             .arg("--xds-addr")
@@ -34,6 +42,7 @@ impl Ballast {
             .arg("--admin-addr")
             .arg(admin.to_string())
             .args(args)
+            .args(state)
             .env(
                 "RUST_LOG",
                 std::env::var("BALLAST_TEST_LOG").unwrap_or_else(|_| "info".into()),

@@ -1,0 +1,367 @@
+//! The guard's state file: the last published inventory of every gateway
+//! (names only), so the blast-radius guard's baseline outlives the process
+//! (issue 16). A restart into a shrunken source is then judged against what
+//! was served before, exactly like a live mass removal.
+//!
+//! The file is small (names, not resources), versioned (`format`), and
+//! written atomically (temporary file, fsync, rename, fsync of the directory):
+//! a crash mid-write leaves the previous file. A missing, corrupt or newer
+//! file is a warning and the server starts without a baseline.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::guard::Inventory;
+
+/// The format this build writes and reads.
+pub const FORMAT: u64 = 1;
+pub const FILE_NAME: &str = "guard-state.json";
+
+/// The minimum time between two writes: under heavy churn the file lags the
+/// latest publish by at most this much, and costs at most one write a second.
+pub const MIN_WRITE_INTERVAL: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid state file: {message}")]
+    Corrupt { path: PathBuf, message: String },
+    #[error("{path} has format version {found}; this build reads version {FORMAT}")]
+    Version { path: PathBuf, found: String },
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Inventories by gateway (`namespace/name`), as published.
+pub type Inventories = BTreeMap<String, Arc<Inventory>>;
+
+#[derive(Serialize, Deserialize)]
+struct FileV1 {
+    format: u64,
+    /// Seconds since the Unix epoch, for operators.
+    written_at: f64,
+    gateways: BTreeMap<String, GatewayV1>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct GatewayV1 {
+    listeners: Vec<String>,
+    clusters: Vec<String>,
+    /// (route configuration, virtual host, route id in hex: the route's name
+    /// or its encoded match).
+    routes: Vec<(String, String, String)>,
+}
+
+/// A loaded baseline.
+#[derive(Clone, Debug, Default)]
+pub struct Loaded {
+    pub gateways: BTreeMap<String, Inventory>,
+    pub written_at: Option<SystemTime>,
+}
+
+pub fn path_in(dir: &Path) -> PathBuf {
+    dir.join(FILE_NAME)
+}
+
+/// Reads the state file in `dir`; `Ok(None)` when there is none.
+pub fn load(dir: &Path) -> Result<Option<Loaded>, StateError> {
+    let path = path_in(dir);
+    let text = match std::fs::read(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(StateError::Read { path, source }),
+    };
+    let corrupt = |message: String| StateError::Corrupt {
+        path: path.clone(),
+        message,
+    };
+    // The version first: a newer format may have any shape.
+    let value: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| corrupt(e.to_string()))?;
+    match value.get("format") {
+        Some(v) if v.as_u64() == Some(FORMAT) => {}
+        Some(v) => {
+            return Err(StateError::Version {
+                path,
+                found: v.to_string(),
+            });
+        }
+        None => return Err(corrupt("no \"format\" field".into())),
+    }
+    let file: FileV1 = serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))?;
+    let mut gateways = BTreeMap::new();
+    for (name, g) in file.gateways {
+        let mut routes = std::collections::BTreeSet::new();
+        for (rc, vh, id) in g.routes {
+            let id = hex_decode(&id)
+                .ok_or_else(|| corrupt(format!("gateway {name}: route id {id:?} is not hex")))?;
+            routes.insert((rc, vh, id));
+        }
+        gateways.insert(
+            name,
+            Inventory {
+                listeners: g.listeners.into_iter().collect(),
+                clusters: g.clusters.into_iter().collect(),
+                routes,
+            },
+        );
+    }
+    Ok(Some(Loaded {
+        gateways,
+        written_at: (file.written_at.is_finite() && file.written_at >= 0.0)
+            .then(|| SystemTime::UNIX_EPOCH + Duration::from_secs_f64(file.written_at)),
+    }))
+}
+
+/// Loads the baseline for the guard: problems are warnings, never fatal.
+pub fn load_or_warn(dir: &Path) -> Loaded {
+    match load(dir) {
+        Ok(Some(l)) => {
+            info!(path = %path_in(dir).display(), gateways = l.gateways.len(), "guard: loaded the last published inventories; first snapshots are judged against them");
+            l
+        }
+        Ok(None) => {
+            info!(path = %path_in(dir).display(), "guard: no state file; starting without a restart baseline");
+            Loaded::default()
+        }
+        Err(e) => {
+            warn!(error = %e, "guard: ignoring the state file; starting without a restart baseline");
+            Loaded::default()
+        }
+    }
+}
+
+/// Writes `gateways` to the state file in `dir`, atomically.
+pub fn write(dir: &Path, gateways: &Inventories) -> Result<(), StateError> {
+    let path = path_in(dir);
+    let err = |source| StateError::Write {
+        path: path.clone(),
+        source,
+    };
+    let file = FileV1 {
+        format: FORMAT,
+        written_at: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0),
+        gateways: gateways
+            .iter()
+            .map(|(name, inv)| {
+                (
+                    name.clone(),
+                    GatewayV1 {
+                        listeners: inv.listeners.iter().cloned().collect(),
+                        clusters: inv.clusters.iter().cloned().collect(),
+                        routes: inv
+                            .routes
+                            .iter()
+                            .map(|(rc, vh, id)| (rc.clone(), vh.clone(), hex_encode(id)))
+                            .collect(),
+                    },
+                )
+            })
+            .collect(),
+    };
+    let bytes = serde_json::to_vec(&file).expect("serializable");
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let tmp = dir.join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        // The rename itself must survive a power loss.
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(err)
+}
+
+/// Writes the latest inventories whenever they change, at most once per
+/// [`MIN_WRITE_INTERVAL`], off the async threads.
+pub async fn writer(dir: PathBuf, mut rx: watch::Receiver<Arc<Inventories>>) {
+    let mut failing = false;
+    while rx.changed().await.is_ok() {
+        let latest = rx.borrow_and_update().clone();
+        let d = dir.clone();
+        match tokio::task::spawn_blocking(move || write(&d, &latest)).await {
+            Ok(Ok(())) => {
+                if failing {
+                    info!(path = %path_in(&dir).display(), "guard: state file written again");
+                }
+                failing = false;
+            }
+            Ok(Err(e)) => {
+                if !failing {
+                    warn!(error = %e, "guard: cannot write the state file; a restart will start without a baseline");
+                }
+                failing = true;
+            }
+            Err(e) => warn!(error = %e, "guard: state writer task failed"),
+        }
+        tokio::time::sleep(MIN_WRITE_INTERVAL).await;
+    }
+}
+
+/// The default `--state-dir`: systemd's `$STATE_DIRECTORY`, else
+/// `$XDG_STATE_HOME/ballast`, else `~/.local/state/ballast`, else `./.ballast-state`.
+pub fn default_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("STATE_DIRECTORY").filter(|d| !d.is_empty()) {
+        // systemd may list several, separated by ':'.
+        let first = d
+            .to_string_lossy()
+            .split(':')
+            .next()
+            .unwrap_or("")
+            .to_string();
+        if !first.is_empty() {
+            return PathBuf::from(first);
+        }
+    }
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("ballast");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(h).join(".local/state/ballast");
+    }
+    PathBuf::from(".ballast-state")
+}
+
+fn hex_encode(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inv(n: usize) -> Arc<Inventory> {
+        Arc::new(Inventory {
+            listeners: ["l0".to_string()].into(),
+            clusters: (0..n).map(|i| format!("c{i}")).collect(),
+            routes: (0..n)
+                .map(|i| ("rc".to_string(), format!("vh{i}"), vec![0, 0xff, i as u8]))
+                .collect(),
+        })
+    }
+
+    fn sample() -> Inventories {
+        [
+            ("default/edge".to_string(), inv(100)),
+            ("a/b".into(), inv(0)),
+        ]
+        .into()
+    }
+
+    #[test]
+    fn round_trips_and_is_small() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(load(dir.path()).unwrap().is_none(), "no file yet");
+        write(dir.path(), &sample()).unwrap();
+        let loaded = load(dir.path()).unwrap().unwrap();
+        assert_eq!(loaded.gateways.len(), 2);
+        assert_eq!(loaded.gateways["default/edge"], *inv(100));
+        assert_eq!(loaded.gateways["a/b"], *inv(0));
+        assert!(loaded.written_at.is_some());
+        let size = std::fs::metadata(path_in(dir.path())).unwrap().len();
+        assert!(size < 10_000, "names only: {size} bytes");
+    }
+
+    #[test]
+    fn corrupt_files_are_errors_that_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        for text in [
+            "",
+            "{\"format\": 1, \"gateways\": {",
+            "[1, 2]",
+            "{\"gateways\": {}}",
+            "{\"format\": 1, \"written_at\": 0, \"gateways\": {\"g\": {\"listeners\": 3}}}",
+            "{\"format\": 1, \"written_at\": 0, \"gateways\": {\"g\": {\"listeners\": [], \"clusters\": [], \"routes\": [[\"rc\", \"vh\", \"zz\"]]}}}",
+        ] {
+            std::fs::write(path_in(dir.path()), text).unwrap();
+            let e = load(dir.path()).unwrap_err();
+            assert!(matches!(e, StateError::Corrupt { .. }), "{text}: {e}");
+            assert!(e.to_string().contains(FILE_NAME), "{e}");
+            // Never fatal: the server starts without a baseline.
+            assert!(load_or_warn(dir.path()).gateways.is_empty());
+        }
+    }
+
+    #[test]
+    fn other_format_versions_are_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        for v in ["2", "0", "\"1\""] {
+            // A newer version may have any shape: not even parsed.
+            std::fs::write(
+                path_in(dir.path()),
+                format!("{{\"format\": {v}, \"gateways\": [\"new shape\"]}}"),
+            )
+            .unwrap();
+            let e = load(dir.path()).unwrap_err();
+            assert!(
+                matches!(&e, StateError::Version { found, .. } if found == v),
+                "{e}"
+            );
+            assert!(e.to_string().contains("this build reads version 1"), "{e}");
+            assert!(load_or_warn(dir.path()).gateways.is_empty());
+        }
+    }
+
+    #[test]
+    fn writes_are_atomic() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &sample()).unwrap();
+        let before = std::fs::read(path_in(dir.path())).unwrap();
+        // A write that fails midway (the temporary file's name is taken by a
+        // directory, as if the disk refused it) leaves the previous file whole.
+        let tmp = dir
+            .path()
+            .join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
+        std::fs::create_dir(&tmp).unwrap();
+        assert!(write(dir.path(), &Inventories::new()).is_err());
+        assert_eq!(std::fs::read(path_in(dir.path())).unwrap(), before);
+        std::fs::remove_dir(&tmp).unwrap();
+        // A successful write replaces it and leaves no temporary file behind.
+        write(dir.path(), &Inventories::new()).unwrap();
+        assert!(load(dir.path()).unwrap().unwrap().gateways.is_empty());
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(FILE_NAME)]);
+    }
+
+    #[test]
+    fn creates_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let nested = dir.path().join("a/b");
+        write(&nested, &sample()).unwrap();
+        assert!(load(&nested).unwrap().is_some());
+    }
+}
