@@ -439,7 +439,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let v: serde_json::Value = serde_json::from_str(&body)?;
                 print!("{}", status_cmd::render(&v));
                 // The guard's holds (a server without /debug/pipeline: none shown).
-                if let Ok(p) = status_cmd::admin_get(admin_addr, "/debug/pipeline")
+                if let Ok(p) =
+                    status_cmd::admin_get_with(admin_addr, "/debug/pipeline", token.as_deref())
                     && let Ok(p) = serde_json::from_str::<serde_json::Value>(&p)
                 {
                     print!("{}", status_cmd::render_guard(&p));

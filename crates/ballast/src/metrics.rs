@@ -150,6 +150,8 @@ impl Metrics {
             "xds_limit_rejections",
             "Requests and streams refused by an xDS server limit, by limit",
             m.limit_rejections.clone(),
+        );
+        registry.register(
             "xds_denied",
             "xDS streams and fetches refused: the client certificate may not be served that gateway",
             m.xds_denied.clone(),
@@ -397,6 +399,7 @@ impl XdsObserver for MetricsObserver {
                         limit: limit.to_string(),
                     })
                     .inc();
+            }
             XdsEvent::Rejected { .. } => {
                 m.xds_denied.inc();
             }

@@ -25,11 +25,11 @@ use tokio_util::sync::CancellationToken;
 use crate::cache::SnapshotCache;
 use crate::events::{NoopObserver, XdsObserver};
 use crate::registry::{DEFAULT_GRACE, NodeRegistry};
-pub use limits::Limits;
 use crate::security::admission::RejectionLog;
 use crate::security::{
     Access, Admission, AdmissionRequest, PeerIdentity, RejectionRecord, TlsReloader,
 };
+pub use limits::Limits;
 
 /// Maps a node to the group whose snapshot it is served; an error closes the
 /// stream with that message.

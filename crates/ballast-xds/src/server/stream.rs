@@ -35,12 +35,7 @@ pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
 /// What the driver needs from a protocol machine.
 pub(crate) trait Machine: Send + 'static {
-    type Req: prost::Message
-        + Default
-        + super::limits::NameCount
-        + ReportsHoldings
-        + Send
-        + 'static;
+    type Req: prost::Message + Default + super::limits::NameCount + ReportsHoldings + Send + 'static;
     type Resp: WireMessage + Send + 'static;
     fn handle(&mut self, req: &Self::Req, history: &[Arc<Snapshot>]) -> RequestOutcome;
     /// The request reports what the client holds from an earlier stream:
