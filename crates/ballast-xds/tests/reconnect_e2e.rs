@@ -1,4 +1,4 @@
-//! Issue 8 §1 — prompt reconnects (DESIGN §3.2). Envoy resets its xDS
+//! Issue 8 §1 — prompt reconnects (invariant 2, docs/architecture.md). Envoy resets its xDS
 //! reconnect backoff only when a stream delivers a message. A server that
 //! sends nothing on a resumed stream (the client already holds everything)
 //! makes every cut cost more: with Envoy's default backoff (500 ms base, 30 s

@@ -53,7 +53,7 @@ async fn unknown_discovery_type_is_404_with_a_message() {
 #[tokio::test]
 async fn fetch_held_during_shutdown_is_503() {
     common::init_tracing();
-    // Not ready: the fetch is held (DESIGN §3.1) until shutdown ends it.
+    // Not ready: the fetch is held (invariant 1, docs/architecture.md) until shutdown ends it.
     let cache = SnapshotCache::new();
     let server = XdsServer::builder(cache)
         .grouper(common::one_group())

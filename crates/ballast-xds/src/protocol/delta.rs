@@ -2,7 +2,7 @@
 //! name; the server tracks what each client holds.
 //!
 //! Every stream gets at least one response once the client's state is known
-//! (DESIGN §3.2): Envoy resets its reconnect backoff only when a stream
+//! (invariant 2, docs/architecture.md): Envoy resets its reconnect backoff only when a stream
 //! delivers a message, so a stream that owes the client nothing (resumed at
 //! the current versions) gets a response with no resources and no removals,
 //! which Envoy applies as an empty update and ACKs.

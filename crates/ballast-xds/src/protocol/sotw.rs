@@ -2,7 +2,7 @@
 //! resources of one type (all of them for LDS/CDS wildcard).
 //!
 //! Every stream gets at least one response once the client's state is known
-//! (DESIGN §3.2): Envoy resets its reconnect backoff only when a stream
+//! (invariant 2, docs/architecture.md): Envoy resets its reconnect backoff only when a stream
 //! delivers a message, so a resumed stream that owes the client nothing still
 //! gets a no-op ([`SotwMachine`]'s keepalive): an EDS, RDS or SDS response with
 //! no resources at the version the client holds (Envoy's SotW mux calls a

@@ -1,4 +1,4 @@
-//! Limits on what one client may make the server hold or do (DESIGN §3.3):
+//! Limits on what one client may make the server hold or do (invariant 3, docs/architecture.md):
 //! request sizes, names per request, streams, node identity sizes. Each
 //! rejection names the limit and the value, and is reported as
 //! [`XdsEvent::LimitExceeded`] so it can be counted by limit name.
