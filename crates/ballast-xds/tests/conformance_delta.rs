@@ -82,6 +82,10 @@ async fn explicit_wildcard_can_be_removed() {
     assert_eq!(names(&r), ["a", "b"]);
     c.ack(&r).await;
     c.subscribe(CDS, &["a"], &["*"]).await;
+    // Every subscribed name is answered.
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["a"]);
+    c.ack(&r).await;
     c.expect_quiet().await;
     // Only a is still subscribed: new cluster c is not sent, b's removal is not sent.
     cache.set_snapshot("g", fixture(&["a", "c"], "a", 5));
@@ -231,4 +235,177 @@ async fn nack_state_clears_when_config_returns_to_what_the_client_kept() {
     // The rejected version is still never resent; a new one is.
     cache.set_snapshot("g", fixture(&["a"], "a", 3));
     assert_eq!(names(&c.recv().await), ["a"]);
+}
+
+/// Issue #8: an upsert in flight while its name is unsubscribed is not held
+/// once ACKed; subscribing again is answered with the resource.
+#[tokio::test]
+async fn resubscribe_after_unsubscribe_with_update_in_flight_is_answered() {
+    let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(EDS, &["a"], &[]).await;
+    let r1 = c.recv().await;
+    c.ack(&r1).await;
+    cache.set_snapshot("g", fixture(&["a"], "a", 2));
+    let r2 = c.recv().await;
+    assert_eq!(names(&r2), ["a"]);
+    // The client unsubscribes before the update reaches it, then ACKs it.
+    c.subscribe(EDS, &[], &["a"]).await;
+    c.ack(&r2).await;
+    c.expect_quiet().await;
+    c.subscribe(EDS, &["a"], &[]).await;
+    let r3 = c.recv().await;
+    assert_eq!(names(&r3), ["a"], "a re-subscription is answered");
+    assert_eq!(r3.resources[0].version, r2.resources[0].version);
+}
+
+/// Issue #8: a subscription to a name the client already receives (through
+/// the wildcard) is answered too: Envoy waits for the server on it.
+#[tokio::test]
+async fn subscribing_to_a_held_name_is_answered() {
+    let (_cache, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &["*"], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    c.subscribe(CDS, &["a"], &[]).await;
+    assert_eq!(names(&c.recv().await), ["a"]);
+}
+
+/// Issue #8: Envoy's CDS and LDS apply the valid resources of a response they
+/// NACK (and its removals), so the resources of a NACKed response may be held:
+/// when they go away their removal is sent.
+#[tokio::test]
+async fn resources_of_a_nacked_response_are_removed_when_they_go_away() {
+    let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &[], &[]).await;
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["a"]);
+    c.ack(&r).await;
+    cache.set_snapshot("g", fixture(&["a", "x", "y"], "a", 1));
+    let bad = c.recv().await;
+    assert_eq!(names(&bad), ["x", "y"]);
+    // y is invalid, x was applied (as Envoy's CDS does).
+    c.nack(&bad).await;
+    c.expect_quiet().await;
+    cache.set_snapshot("g", fixture(&["a"], "a", 1));
+    let r = c.recv().await;
+    assert!(r.resources.is_empty());
+    assert_eq!(r.removed_resources, ["x", "y"]);
+    c.ack(&r).await;
+    c.expect_quiet().await;
+}
+
+/// [`fixture`] whose cluster `x` has a connect timeout of `x_timeout` seconds
+/// (another version of the cluster).
+fn with_x(names: &[&str], route_to: &str, x_timeout: u64) -> ballast_xds::Snapshot {
+    use ballast_xds::simple;
+    let mut b = ballast_xds::Snapshot::builder();
+    for n in names {
+        let t = if *n == "x" { x_timeout } else { 1 };
+        b.message(&simple::eds_cluster(n, Duration::from_secs(t)))
+            .unwrap();
+        b.message(&simple::load_assignment(n, &[("127.0.0.1", 1)]))
+            .unwrap();
+    }
+    b.message(&simple::http_listener("l1", "127.0.0.1", 0, "r1"))
+        .unwrap();
+    b.message(&simple::route_config("r1", &[("*", &[(route_to, 1)])]))
+        .unwrap();
+    b.build().unwrap()
+}
+
+/// Issue #8: a route to a cluster that came in a NACKed response is not sent
+/// until the cluster is re-sent and ACKed (it may have been the invalid one).
+#[tokio::test]
+async fn routes_wait_for_clusters_of_a_nacked_response() {
+    let (cache, s) = ready_server(with_x(&["a"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &[], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    c.subscribe(EDS, &["a"], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    c.subscribe(RDS, &["r1"], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    // x and y come together; the client rejects the response.
+    cache.set_snapshot("g", with_x(&["a", "x", "y"], "a", 1));
+    let bad = c.recv().await;
+    assert_eq!(names(&bad), ["x", "y"]);
+    c.nack(&bad).await;
+    c.expect_quiet().await;
+    c.subscribe(EDS, &["x", "y"], &[]).await;
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["x", "y"]);
+    c.ack(&r).await;
+    // A route to x must wait: the client may not have x.
+    cache.set_snapshot("g", with_x(&["a", "x", "y"], "x", 1));
+    c.expect_quiet().await;
+    // x changes: sent again; once ACKed, the route follows.
+    cache.set_snapshot("g", with_x(&["a", "x", "y"], "x", 2));
+    let r = c.recv().await;
+    assert_eq!(r.type_url, CDS.type_url());
+    assert_eq!(names(&r), ["x"]);
+    c.ack(&r).await;
+    // x is (re-)created at the client: its endpoints are sent again first.
+    let r = c.recv().await;
+    assert_eq!(r.type_url, EDS.type_url());
+    assert_eq!(names(&r), ["x"]);
+    c.ack(&r).await;
+    let r = c.recv().await;
+    assert_eq!(r.type_url, RDS.type_url());
+    c.ack(&r).await;
+    c.expect_quiet().await;
+}
+
+/// Issue #8: legacy wildcard is only an empty first request: a first request
+/// that only unsubscribes is not one.
+#[tokio::test]
+async fn first_request_with_only_unsubscribe_is_not_wildcard() {
+    let (_cache, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &[], &["zz"]).await;
+    c.expect_quiet().await;
+    c.subscribe(CDS, &["b"], &[]).await;
+    assert_eq!(names(&c.recv().await), ["b"]);
+}
+
+/// Issue #8: `"*"` is the wildcard wherever it sorts among the names.
+#[tokio::test]
+async fn wildcard_is_recognised_anywhere_in_the_list() {
+    let (_cache, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    // "!x" sorts before "*".
+    c.subscribe(CDS, &["!x", "*"], &[]).await;
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["a", "b"]);
+    assert_eq!(r.removed_resources, ["!x"]);
+}
+
+/// Issue #8: with wildcard and an explicit name, unsubscribing the name is
+/// answered: the resource stays (the wildcard covers it) and is sent again.
+#[tokio::test]
+async fn unsubscribing_a_name_the_wildcard_covers_is_answered() {
+    let (_cache, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &["*", "a", "ghost"], &[]).await;
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["a", "b"]);
+    assert_eq!(r.removed_resources, ["ghost"]);
+    c.ack(&r).await;
+    c.expect_quiet().await;
+    c.subscribe(CDS, &[], &["a"]).await;
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["a"]);
+    assert!(r.removed_resources.is_empty());
+    c.ack(&r).await;
+    c.expect_quiet().await;
+    // A name that does not exist is answered as removed.
+    c.subscribe(CDS, &[], &["ghost"]).await;
+    let r = c.recv().await;
+    assert!(r.resources.is_empty());
+    assert_eq!(r.removed_resources, ["ghost"]);
 }

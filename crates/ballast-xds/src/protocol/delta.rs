@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 
-use super::subscription::Subscription;
+use super::subscription::{Subscription, WILDCARD};
 use super::{
     ClientViews, DeltaResponse, Nonces, RequestOutcome, Seeker, TypeView, find_version,
     hard_refs_ready, referenced_by_client, resume_holds_removals, share_if_whole, without_names,
@@ -30,6 +30,16 @@ struct DeltaType {
     told_absent: BTreeSet<Arc<str>>,
     /// name → version the client rejected; never sent again.
     rejected: BTreeMap<Arc<str>, Arc<str>>,
+    /// Resources of a NACKed response of several resources: Envoy's CDS and
+    /// LDS apply the valid ones (and the removals) and NACK the rest, so the
+    /// client may or may not hold these (the resource sent, or for a removal
+    /// the one it held). Neither held (references to them wait) nor absent
+    /// (their removal is sent; their references are not removed).
+    maybe: BTreeMap<Arc<str>, Arc<Resource>>,
+    /// Names unsubscribed while the wildcard still covers them: the client
+    /// waits for the server on them, so each is answered, as removed if it
+    /// does not exist.
+    answer: BTreeSet<Arc<str>>,
     in_flight: Option<InFlight>,
     last_nonce: Option<Arc<str>>,
     sent_version: Option<Arc<str>>,
@@ -79,21 +89,65 @@ impl Plan {
 }
 
 impl DeltaType {
+    /// Every name in `subscribe` is answered (Envoy waits for the server on
+    /// each, even one it held: it forgot it on unsubscribing, or re-created
+    /// the resource that uses it), and so is every name in `unsubscribe` that
+    /// the wildcard still covers. They no longer count as held, including by
+    /// the ACK of a response in flight (the client may have dropped it).
+    /// O((s + u) log n): one set of names, one pass over what is in flight.
+    fn must_answer(&mut self, subscribe: &[String], unsubscribe: &[String]) {
+        let still_covered = unsubscribe
+            .iter()
+            .filter(|n| *n != WILDCARD && self.sub.covers(n));
+        let names: BTreeSet<&str> = subscribe
+            .iter()
+            .filter(|n| *n != WILDCARD)
+            .chain(still_covered.clone())
+            .map(String::as_str)
+            .collect();
+        for n in still_covered {
+            self.answer.insert(n.as_str().into());
+        }
+        if let Some(f) = &mut self.in_flight {
+            let strip: BTreeSet<&str> = names
+                .iter()
+                .copied()
+                .chain(unsubscribe.iter().map(String::as_str))
+                .collect();
+            f.upserts.retain(|r| !strip.contains(r.name()));
+        }
+        if names.is_empty() {
+            return;
+        }
+        if names.iter().any(|n| self.acked.contains_key(*n)) {
+            Arc::make_mut(&mut self.acked).retain(|n, _| !names.contains(&**n));
+        }
+        for n in &names {
+            self.unknown.remove(*n);
+            self.told_absent.remove(*n);
+            self.rejected.remove(*n);
+            self.maybe.remove(*n);
+        }
+    }
+
     /// The client holds what `f` sent. In place (no copy of the map), or the
     /// snapshot's own map when the client now holds exactly that.
     fn apply_ack(&mut self, f: &InFlight) {
         for r in &f.upserts {
             self.rejected.remove(r.name());
             self.unknown.remove(r.name());
+            self.maybe.remove(r.name());
         }
         for n in &f.removed {
             self.unknown.remove(n);
             self.rejected.remove(n);
+            self.maybe.remove(n);
         }
         self.clean = f.clean_after.clone();
         if let Some(whole) = &f.clean_after
             && self.rejected.is_empty()
             && self.unknown.is_empty()
+            && self.maybe.is_empty()
         {
             // Clean against `whole` with nothing rejected: the client holds a
             // subset of `whole` at its versions, so equal sizes mean equal maps.
@@ -213,13 +267,23 @@ impl DeltaMachine {
         {
             let f = st.in_flight.take().expect("matched");
             if let Some(err) = &req.error_detail {
+                // A NACK of one resource (or one removal) is about it; of
+                // several, any may have been applied (see `maybe`).
+                let partial = f.upserts.len() + f.removed.len() > 1;
                 for r in &f.upserts {
                     st.rejected
                         .insert(r.name_arc().clone(), r.version_arc().clone());
+                    if partial {
+                        st.maybe.insert(r.name_arc().clone(), r.clone());
+                    }
                 }
                 for n in &f.removed {
                     if st.acked.contains_key(n) || st.unknown.contains_key(n) {
                         st.rejected.insert(n.clone(), REMOVAL.into());
+                    }
+                    if partial && let Some(old) = st.acked.get(n).cloned() {
+                        Arc::make_mut(&mut st.acked).remove(n);
+                        st.maybe.entry(n.clone()).or_insert(old);
                     }
                 }
                 st.clean = None;
@@ -261,9 +325,11 @@ impl DeltaMachine {
             first,
             known.as_ref(),
         );
-        for name in &req.resource_names_subscribe {
-            // Always answer a (re)subscription to a name we said is absent.
-            st.told_absent.remove(name.as_str());
+        if !first {
+            st.must_answer(
+                &req.resource_names_subscribe,
+                &req.resource_names_unsubscribe,
+            );
         }
         if !req.resource_names_unsubscribe.is_empty() {
             let dropped: Vec<&String> = req
@@ -279,6 +345,7 @@ impl DeltaMachine {
                 st.unknown.remove(n.as_str());
                 st.told_absent.remove(n.as_str());
                 st.rejected.remove(n.as_str());
+                st.maybe.remove(n.as_str());
             }
             // Wildcard removed: drop what is no longer covered.
             if st.acked.keys().any(|n| !st.sub.covers(n)) {
@@ -351,6 +418,7 @@ impl DeltaMachine {
                 continue;
             }
             st.clean = None;
+            st.answer.clear();
             let nonce = self.nonces.next();
             let version = snap.version(ty).clone();
             let Plan {
@@ -375,7 +443,9 @@ impl DeltaMachine {
                 upserts
                     .iter()
                     .filter(|r| {
+                        // Or may hold it, from a NACKed response.
                         held.get(r.name())
+                            .or_else(|| st.maybe.get(r.name()))
                             .is_some_and(|old| old.version() != r.version())
                     })
                     .flat_map(|r| r.refs().iter())
@@ -443,9 +513,14 @@ impl DeltaMachine {
         // Candidates come in name order: the client's view is walked once.
         let mut held = Seeker::new(&*st.acked);
         let mut consider = |res: &Arc<Resource>, plan: &mut Plan| {
+            // A response the client NACKed may have left another version.
             if held
                 .get(res.name())
                 .is_some_and(|h| Arc::ptr_eq(h, res) || h.version() == res.version())
+                && st
+                    .maybe
+                    .get(res.name())
+                    .is_none_or(|m| m.version() == res.version())
             {
                 return;
             }
@@ -471,6 +546,7 @@ impl DeltaMachine {
             !whole.contains_key(n)
                 && !st.acked.contains_key(n)
                 && !st.unknown.contains_key(n)
+                && !st.maybe.contains_key(n)
                 && !st.told_absent.contains(n)
         };
         let mut gone: Vec<&Arc<str>> = Vec::new();
@@ -494,6 +570,11 @@ impl DeltaMachine {
                         .filter(|n| !known.contains_key(n) && removable(n)),
                 );
                 gone.extend(st.unknown.keys().filter(|n| removable(n)));
+                gone.extend(
+                    st.maybe
+                        .keys()
+                        .filter(|n| !whole.contains_key(*n) && removable(n)),
+                );
                 let mut known = Seeker::new(&**whole);
                 let mut held = Seeker::new(&*st.acked);
                 plan.absent = st
@@ -502,6 +583,15 @@ impl DeltaMachine {
                     .filter(|n| !known.contains_key(n) && !held.contains_key(n) && is_absent(n))
                     .cloned()
                     .collect();
+                // Unsubscribed names the wildcard covers that do not exist.
+                plan.absent.extend(
+                    st.answer
+                        .iter()
+                        .filter(|n| !st.sub.contains(n) && is_absent(n))
+                        .cloned(),
+                );
+                plan.absent.sort();
+                plan.absent.dedup();
             }
             Scope::Names(names) => {
                 let mut known = Seeker::new(&**whole);
@@ -513,7 +603,9 @@ impl DeltaMachine {
                             }
                         }
                         None => {
-                            if (st.acked.contains_key(name) || st.unknown.contains_key(name))
+                            if (st.acked.contains_key(name)
+                                || st.unknown.contains_key(name)
+                                || st.maybe.contains_key(name))
                                 && removable(name)
                             {
                                 gone.push(name);
@@ -597,6 +689,8 @@ impl ClientViews for DeltaMachine {
     fn for_each_held(&self, f: &mut dyn FnMut(&Resource)) {
         for st in self.types.iter().flatten() {
             st.acked.values().for_each(|r| f(r));
+            // What the client may hold is referenced too: not removed under it.
+            st.maybe.values().for_each(|r| f(r));
             if let Some(fl) = &st.in_flight {
                 fl.upserts.iter().for_each(|r| f(r));
             }
