@@ -366,6 +366,43 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Delta subscription updates (done in one pass per list) match a
+        /// plain model: names subscribed then unsubscribed, in that order;
+        /// the new names are those subscribed that were not before and are
+        /// not unsubscribed by the same request.
+        #[test]
+        fn delta_updates_match_the_model(
+            before in proptest::collection::btree_set("[a-c*]{1,2}", 0..6),
+            subscribe in proptest::collection::vec("[a-c*]{1,2}", 0..8),
+            unsubscribe in proptest::collection::vec("[a-c*]{1,2}", 0..8),
+        ) {
+            let before: Vec<String> = before.into_iter().collect();
+            let mut sub = Subscription::default();
+            sub.apply_delta(&before, &[], true);
+            let was_wildcard = sub.is_wildcard();
+            let mut names: BTreeSet<String> = before.iter().filter(|n| *n != WILDCARD).cloned().collect();
+            let old = names.clone();
+            let mut wildcard = was_wildcard;
+            for n in &subscribe {
+                if n == WILDCARD { wildcard = true } else { names.insert(n.clone()); }
+            }
+            for n in &unsubscribe {
+                if n == WILDCARD { wildcard = false } else { names.remove(n); }
+            }
+            let got = sub.apply_delta(&subscribe, &unsubscribe, false);
+            proptest::prop_assert_eq!(sub.is_wildcard(), wildcard);
+            let have: BTreeSet<String> = sub.iter().map(|n| n.to_string()).collect();
+            proptest::prop_assert_eq!(&have, &names);
+            let mut want: BTreeSet<String> = names.difference(&old).cloned().collect();
+            if wildcard && !was_wildcard {
+                want.insert(WILDCARD.into());
+            }
+            let got: BTreeSet<String> = got.iter().map(|n| n.to_string()).collect();
+            proptest::prop_assert_eq!(got, want);
+        }
+    }
+
     #[test]
     fn sotw_legacy_wildcard_rules() {
         let mut sub = Subscription::default();
