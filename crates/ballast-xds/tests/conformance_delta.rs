@@ -409,3 +409,76 @@ async fn unsubscribing_a_name_the_wildcard_covers_is_answered() {
     assert!(r.resources.is_empty());
     assert_eq!(r.removed_resources, ["ghost"]);
 }
+
+/// Clusters `names` of about `bytes` each (a long stat name), EDS load
+/// assignments for them, and route r1 to `route_to`.
+fn big_clusters(names: &[&str], bytes: usize, route_to: &str) -> ballast_xds::Snapshot {
+    use ballast_xds::simple;
+    let mut b = ballast_xds::Snapshot::builder();
+    for n in names {
+        let mut c = simple::eds_cluster(n, Duration::from_secs(1));
+        c.alt_stat_name = n.repeat(bytes / n.len());
+        b.message(&c).unwrap();
+        b.message(&simple::load_assignment(n, &[("127.0.0.1", 1)]))
+            .unwrap();
+    }
+    b.message(&simple::http_listener("l1", "127.0.0.1", 0, "r1"))
+        .unwrap();
+    b.message(&simple::route_config("r1", &[("*", &[(route_to, 1)])]))
+        .unwrap();
+    b.build().unwrap()
+}
+
+/// Issue #8: a Delta response over 4 MiB (the clients' default gRPC limit;
+/// this client keeps it) is split into several, each with its own nonce and
+/// ACK; a route to a cluster of a later part waits for that part (and the
+/// cluster's endpoints).
+#[tokio::test]
+async fn responses_over_4_mib_are_split() {
+    let (cache, s) = ready_server(big_clusters(&["a"], 16, "a")).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &[], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    c.subscribe(EDS, &["a"], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    c.subscribe(RDS, &["r1"], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    c.expect_quiet().await;
+    // 6 clusters of 1 MiB: 6 MiB of CDS.
+    let big = ["b0", "b1", "b2", "b3", "b4", "b5"];
+    cache.set_snapshot("g", big_clusters(&big, 1 << 20, "b5"));
+    let mut got: Vec<String> = Vec::new();
+    let mut nonces = std::collections::BTreeSet::new();
+    let mut parts = 0;
+    while got.len() < big.len() {
+        let r = c.recv().await;
+        assert_eq!(r.type_url, CDS.type_url(), "the route waits for b5");
+        assert!(r.removed_resources.is_empty(), "a is still routed to");
+        assert!(
+            nonces.insert(r.nonce.clone()),
+            "each part has its own nonce"
+        );
+        got.extend(names(&r).into_iter().map(String::from));
+        parts += 1;
+        // Nothing else comes before this part is ACKed.
+        c.expect_quiet().await;
+        c.ack(&r).await;
+    }
+    got.sort();
+    assert_eq!(got, big);
+    assert!(parts >= 2, "{parts} parts");
+    c.subscribe(EDS, &big, &["a"]).await;
+    let r = c.recv().await;
+    assert_eq!(r.type_url, EDS.type_url());
+    assert_eq!(names(&r), big);
+    c.ack(&r).await;
+    let r = c.recv().await;
+    assert_eq!(r.type_url, RDS.type_url());
+    c.ack(&r).await;
+    let r = c.recv().await;
+    assert_eq!(r.type_url, CDS.type_url());
+    assert_eq!(r.removed_resources, ["a"]);
+}

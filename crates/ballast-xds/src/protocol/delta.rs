@@ -175,6 +175,57 @@ impl DeltaType {
     }
 }
 
+/// Room kept for a response's own fields (version, type URL, nonce, control plane).
+const ENVELOPE_BYTES: usize = 1024;
+
+/// Cuts a response's upserts, then removals, to what fits in `max` bytes
+/// (at least one item); says whether anything was left out.
+fn split(
+    max: usize,
+    upserts: &mut Vec<Arc<Resource>>,
+    removed: &mut Vec<Arc<str>>,
+    absent: &mut Vec<Arc<str>>,
+) -> bool {
+    use crate::wire::{bytes_field_len, str_field_len};
+    let mut room = max.saturating_sub(ENVELOPE_BYTES);
+    let mut taken = 0usize;
+    let mut full = false;
+    // Once one item does not fit, no later one goes (upserts before removals).
+    let mut fits = |len: usize| {
+        if full || (taken > 0 && len > room) {
+            full = true;
+            return false;
+        }
+        room = room.saturating_sub(len);
+        taken += 1;
+        true
+    };
+    // DeltaDiscoveryResponse.resources (2): Resource { version 1, resource 2, name 3 }.
+    let keep = upserts
+        .iter()
+        .take_while(|r| {
+            let inner = str_field_len(1, r.version())
+                + bytes_field_len(2, r.any_bytes().len())
+                + str_field_len(3, r.name());
+            fits(bytes_field_len(2, inner))
+        })
+        .count();
+    // removed_resources (6).
+    let keep_removed = removed
+        .iter()
+        .take_while(|n| fits(bytes_field_len(6, n.len())))
+        .count();
+    let keep_absent = absent
+        .iter()
+        .take_while(|n| fits(bytes_field_len(6, n.len())))
+        .count();
+    let cut = keep < upserts.len() || keep_removed < removed.len() || keep_absent < absent.len();
+    upserts.truncate(keep);
+    removed.truncate(keep_removed);
+    absent.truncate(keep_absent);
+    cut
+}
+
 /// The Delta protocol for one stream (ADS or a per-type service).
 #[derive(Debug)]
 pub struct DeltaMachine {
@@ -188,6 +239,9 @@ pub struct DeltaMachine {
     resumed: bool,
     /// The resume hold was lifted (the driver gave up waiting for requests).
     resume_released: bool,
+    /// Responses are split to stay under this many bytes (the clients'
+    /// default gRPC message limit), each part with its own nonce and ACK.
+    max_response_bytes: usize,
     /// Plans computed over changed names only (tests check them against full plans).
     #[cfg(test)]
     pub(crate) scoped_plans: usize,
@@ -202,9 +256,16 @@ impl DeltaMachine {
             snapshot: None,
             resumed: false,
             resume_released: false,
+            max_response_bytes: crate::server::stream::MAX_RESPONSE_BYTES,
             #[cfg(test)]
             scoped_plans: 0,
         }
+    }
+
+    /// Splits responses at `bytes` instead of the 4 MiB default (a single
+    /// resource larger than that still goes alone).
+    pub fn set_max_response_bytes(&mut self, bytes: usize) {
+        self.max_response_bytes = bytes;
     }
 
     pub fn set_snapshot(&mut self, snapshot: Option<Arc<Snapshot>>) {
@@ -422,11 +483,20 @@ impl DeltaMachine {
             let nonce = self.nonces.next();
             let version = snap.version(ty).clone();
             let Plan {
-                upserts,
-                removed,
-                absent,
-                held,
+                mut upserts,
+                mut removed,
+                mut absent,
+                mut held,
             } = plan;
+            // Over the size limit: send a first part; the rest is planned
+            // again once it is ACKed (the client does not hold it yet), so
+            // references to it wait as for anything not yet delivered.
+            held |= split(
+                self.max_response_bytes,
+                &mut upserts,
+                &mut removed,
+                &mut absent,
+            );
             st.told_absent.extend(absent.iter().cloned());
             // Removed names the client subscribed to explicitly are answered.
             st.told_absent
@@ -745,6 +815,49 @@ mod tests {
         assert!(took < std::time::Duration::from_secs(15), "{took:?}");
         let st = m.types[eds.index()].as_ref().unwrap();
         assert_eq!(st.sub.len(), 1);
+    }
+
+    /// Splitting keeps at least one item, cuts upserts before removals, and
+    /// each part's encoding stays within the limit.
+    #[test]
+    fn split_keeps_parts_under_the_limit() {
+        use crate::server::codec::WireMessage;
+        let snap = snapshot(50, 1, None);
+        let all: Vec<Arc<Resource>> = snap
+            .resources(ResourceType::Cluster)
+            .values()
+            .cloned()
+            .collect();
+        let gone: Vec<Arc<str>> = (0..500).map(|i| format!("gone-{i}").into()).collect();
+        let max = ENVELOPE_BYTES + 2_000;
+        let (mut ups, mut rem, mut abs) = (all.clone(), gone.clone(), vec![]);
+        let mut sent = (0, 0);
+        while !ups.is_empty() || !rem.is_empty() {
+            let (mut u, mut r) = (ups.clone(), rem.clone());
+            let cut = split(max, &mut u, &mut r, &mut abs);
+            assert!(!u.is_empty() || !r.is_empty());
+            assert_eq!(cut, u.len() < ups.len() || r.len() < rem.len());
+            let resp = DeltaResponse {
+                ty: ResourceType::Cluster,
+                system_version: "v".repeat(64).into(),
+                nonce: "123456789".into(),
+                resources: u.clone(),
+                removed: r.clone(),
+            };
+            assert!(resp.encoded_len() <= max, "{} > {max}", resp.encoded_len());
+            if !r.is_empty() {
+                assert_eq!(u.len(), ups.len(), "upserts go first");
+            }
+            sent.0 += u.len();
+            sent.1 += r.len();
+            ups.drain(..u.len());
+            rem.drain(..r.len());
+        }
+        assert_eq!(sent, (all.len(), gone.len()));
+        // One resource over the limit still goes, alone.
+        let (mut u, mut r) = (all.clone(), gone.clone());
+        assert!(split(10, &mut u, &mut r, &mut abs));
+        assert_eq!((u.len(), r.len()), (1, 0));
     }
 
     /// One changed load assignment among 1,000: only that name is planned,
