@@ -121,9 +121,21 @@ async fn initial_resource_versions_are_honoured() {
         ..Default::default()
     })
     .await;
-    let r = c2.recv().await;
-    assert_eq!(names(&r), ["b", "c"], "only what differs");
-    assert_eq!(r.removed_resources, ["z"]);
+    // Removals wait for the listeners and routes (which may use z).
+    c2.subscribe(ballast_xds::ResourceType::Listener, &[], &[])
+        .await;
+    c2.subscribe(RDS, &["r1"], &[]).await;
+    let (mut got, mut removed) = (Vec::new(), Vec::new());
+    while removed.is_empty() {
+        let r = c2.recv().await;
+        if r.type_url == CDS.type_url() {
+            got.extend(names(&r).into_iter().map(String::from));
+            removed.extend(r.removed_resources.clone());
+        }
+        c2.ack(&r).await;
+    }
+    assert_eq!(got, ["b", "c"], "only what differs");
+    assert_eq!(removed, ["z"]);
     // A client that has everything current gets nothing at all.
     let mut c3 = Delta::connect(s.addr, "n3").await;
     c3.send(DeltaDiscoveryRequest {
@@ -273,10 +285,11 @@ async fn subscribing_to_a_held_name_is_answered() {
 }
 
 /// Issue #8: Envoy's CDS and LDS apply the valid resources of a response they
-/// NACK (and its removals), so the resources of a NACKed response may be held:
-/// when they go away their removal is sent.
+/// NACK (and its removals), so the resources of a NACKed response may be held.
+/// Each is sent again alone, which settles it; the ones held are removed when
+/// they go away.
 #[tokio::test]
-async fn resources_of_a_nacked_response_are_removed_when_they_go_away() {
+async fn resources_of_a_nacked_response_are_settled_and_removed_when_they_go_away() {
     let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
     let mut c = Delta::connect(s.addr, "n").await;
     c.subscribe(CDS, &[], &[]).await;
@@ -288,8 +301,37 @@ async fn resources_of_a_nacked_response_are_removed_when_they_go_away() {
     assert_eq!(names(&bad), ["x", "y"]);
     // y is invalid, x was applied (as Envoy's CDS does).
     c.nack(&bad).await;
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["x"], "sent again alone");
+    c.ack(&r).await;
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["y"], "sent again alone");
+    c.nack(&r).await;
     c.expect_quiet().await;
     cache.set_snapshot("g", fixture(&["a"], "a", 1));
+    let r = c.recv().await;
+    assert!(r.resources.is_empty());
+    assert_eq!(r.removed_resources, ["x"]);
+    c.ack(&r).await;
+    c.expect_quiet().await;
+}
+
+/// Issue #8: a NACKed response's resources are neither held nor absent:
+/// removed when they go away even before they are settled.
+#[tokio::test]
+async fn maybe_held_resources_are_removed_when_they_go_away() {
+    let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &[], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    cache.set_snapshot("g", fixture(&["a", "x", "y"], "a", 1));
+    let bad = c.recv().await;
+    assert_eq!(names(&bad), ["x", "y"]);
+    // Gone before the client's NACK arrives.
+    cache.set_snapshot("g", fixture(&["a"], "a", 1));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    c.nack(&bad).await;
     let r = c.recv().await;
     assert!(r.resources.is_empty());
     assert_eq!(r.removed_resources, ["x", "y"]);
@@ -317,7 +359,7 @@ fn with_x(names: &[&str], route_to: &str, x_timeout: u64) -> ballast_xds::Snapsh
 }
 
 /// Issue #8: a route to a cluster that came in a NACKed response is not sent
-/// until the cluster is re-sent and ACKed (it may have been the invalid one).
+/// until the cluster is re-sent (alone) and ACKed, and its endpoints delivered.
 #[tokio::test]
 async fn routes_wait_for_clusters_of_a_nacked_response() {
     let (cache, s) = ready_server(with_x(&["a"], "a", 1)).await;
@@ -331,34 +373,39 @@ async fn routes_wait_for_clusters_of_a_nacked_response() {
     c.subscribe(RDS, &["r1"], &[]).await;
     let r = c.recv().await;
     c.ack(&r).await;
-    // x and y come together; the client rejects the response.
-    cache.set_snapshot("g", with_x(&["a", "x", "y"], "a", 1));
+    // x and y come together, with a route to x; the client rejects the clusters.
+    cache.set_snapshot("g", with_x(&["a", "x", "y"], "x", 1));
     let bad = c.recv().await;
     assert_eq!(names(&bad), ["x", "y"]);
     c.nack(&bad).await;
-    c.expect_quiet().await;
-    c.subscribe(EDS, &["x", "y"], &[]).await;
-    let r = c.recv().await;
-    assert_eq!(names(&r), ["x", "y"]);
-    c.ack(&r).await;
-    // A route to x must wait: the client may not have x.
-    cache.set_snapshot("g", with_x(&["a", "x", "y"], "x", 1));
-    c.expect_quiet().await;
-    // x changes: sent again; once ACKed, the route follows.
-    cache.set_snapshot("g", with_x(&["a", "x", "y"], "x", 2));
-    let r = c.recv().await;
-    assert_eq!(r.type_url, CDS.type_url());
-    assert_eq!(names(&r), ["x"]);
-    c.ack(&r).await;
-    // x is (re-)created at the client: its endpoints are sent again first.
-    let r = c.recv().await;
-    assert_eq!(r.type_url, EDS.type_url());
-    assert_eq!(names(&r), ["x"]);
-    c.ack(&r).await;
-    let r = c.recv().await;
-    assert_eq!(r.type_url, RDS.type_url());
-    c.ack(&r).await;
-    c.expect_quiet().await;
+    let mut x_acked = false;
+    let mut eds_x = false;
+    loop {
+        let r = c.recv().await;
+        if r.type_url == CDS.type_url() {
+            assert_eq!(r.resources.len(), 1, "settled one at a time");
+            if names(&r) == ["x"] {
+                c.ack(&r).await;
+                x_acked = true;
+                c.subscribe(EDS, &["x"], &[]).await;
+            } else {
+                c.nack(&r).await;
+            }
+        } else if r.type_url == EDS.type_url() {
+            assert!(x_acked);
+            assert_eq!(names(&r), ["x"]);
+            c.ack(&r).await;
+            eds_x = true;
+        } else {
+            assert_eq!(r.type_url, RDS.type_url());
+            assert!(
+                x_acked && eds_x,
+                "the route came before x was held and warm"
+            );
+            c.ack(&r).await;
+            break;
+        }
+    }
 }
 
 /// Issue #8: legacy wildcard is only an empty first request: a first request

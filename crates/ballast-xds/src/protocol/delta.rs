@@ -36,9 +36,15 @@ struct DeltaType {
     /// the one it held). Neither held (references to them wait) nor absent
     /// (their removal is sent; their references are not removed).
     maybe: BTreeMap<Arc<str>, Arc<Resource>>,
-    /// Names unsubscribed while the wildcard still covers them: the client
-    /// waits for the server on them, so each is answered, as removed if it
-    /// does not exist.
+    /// What the client held when it subscribed to the name again: it keeps
+    /// using it until answered (references stay protected), but it is not
+    /// counted as held, so the answer is sent. A rejected answer leaves it
+    /// held again.
+    asked: BTreeMap<Arc<str>, Arc<Resource>>,
+    /// Names the client waits for the server on (see
+    /// [`DeltaType::must_answer`]) until a response names them: each is
+    /// answered, as removed if it does not exist, even when the client
+    /// reported holding its version.
     answer: BTreeSet<Arc<str>>,
     in_flight: Option<InFlight>,
     last_nonce: Option<Arc<str>>,
@@ -56,6 +62,9 @@ struct InFlight {
     nonce: Arc<str>,
     version: Arc<str>,
     upserts: Vec<Arc<Resource>>,
+    /// Upserts whose names were subscribed or unsubscribed again while this
+    /// was in flight: the client may or may not keep them.
+    uncertain: Vec<Arc<Resource>>,
     removed: Vec<Arc<str>>,
     /// Once acknowledged, the type is clean against this map (nothing was
     /// held back when the response was planned).
@@ -77,6 +86,10 @@ struct Plan {
     upserts: Vec<Arc<Resource>>,
     removed: Vec<Arc<str>>,
     absent: Vec<Arc<str>>,
+    /// Maybe-held resources at the version the client NACKed with others:
+    /// each is sent again alone, which settles it (a NACK of one resource
+    /// is about that resource), so what refers to it need not wait forever.
+    probes: Vec<Arc<Resource>>,
     /// Something was held back (ordering) and may be sendable later without
     /// any change to this type.
     held: bool,
@@ -84,7 +97,10 @@ struct Plan {
 
 impl Plan {
     fn is_empty(&self) -> bool {
-        self.upserts.is_empty() && self.removed.is_empty() && self.absent.is_empty()
+        self.upserts.is_empty()
+            && self.removed.is_empty()
+            && self.absent.is_empty()
+            && self.probes.is_empty()
     }
 }
 
@@ -93,8 +109,9 @@ impl DeltaType {
     /// each, even one it held: it forgot it on unsubscribing, or re-created
     /// the resource that uses it), and so is every name in `unsubscribe` that
     /// the wildcard still covers. They no longer count as held, including by
-    /// the ACK of a response in flight (the client may have dropped it).
-    /// O((s + u) log n): one set of names, one pass over what is in flight.
+    /// the ACK of a response in flight, but the client may still hold them:
+    /// they are *maybe held* (their references stay protected) until
+    /// answered. O((s + u) log n): one set of names, one pass in flight.
     fn must_answer(&mut self, subscribe: &[String], unsubscribe: &[String]) {
         let still_covered = unsubscribe
             .iter()
@@ -105,28 +122,43 @@ impl DeltaType {
             .chain(still_covered.clone())
             .map(String::as_str)
             .collect();
-        for n in still_covered {
-            self.answer.insert(n.as_str().into());
-        }
+        self.answer
+            .extend(names.iter().map(|n| Arc::<str>::from(*n)));
         if let Some(f) = &mut self.in_flight {
             let strip: BTreeSet<&str> = names
                 .iter()
                 .copied()
                 .chain(unsubscribe.iter().map(String::as_str))
                 .collect();
-            f.upserts.retain(|r| !strip.contains(r.name()));
+            let (kept, uncertain): (Vec<_>, Vec<_>) = std::mem::take(&mut f.upserts)
+                .into_iter()
+                .partition(|r| !strip.contains(r.name()));
+            f.upserts = kept;
+            f.uncertain.extend(uncertain);
         }
         if names.is_empty() {
             return;
         }
         if names.iter().any(|n| self.acked.contains_key(*n)) {
-            Arc::make_mut(&mut self.acked).retain(|n, _| !names.contains(&**n));
+            let acked = Arc::make_mut(&mut self.acked);
+            for n in &names {
+                if let Some((k, r)) = acked.remove_entry(*n) {
+                    self.asked.insert(k, r);
+                }
+            }
         }
         for n in &names {
-            self.unknown.remove(*n);
             self.told_absent.remove(*n);
             self.rejected.remove(*n);
-            self.maybe.remove(*n);
+        }
+    }
+
+    /// Upserts of `f` the client may have kept (see [`InFlight::uncertain`]).
+    fn keep_uncertain(&mut self, f: &InFlight) {
+        for r in &f.uncertain {
+            if self.sub.covers(r.name()) {
+                self.maybe.insert(r.name_arc().clone(), r.clone());
+            }
         }
     }
 
@@ -137,17 +169,21 @@ impl DeltaType {
             self.rejected.remove(r.name());
             self.unknown.remove(r.name());
             self.maybe.remove(r.name());
+            self.asked.remove(r.name());
         }
         for n in &f.removed {
             self.unknown.remove(n);
             self.rejected.remove(n);
             self.maybe.remove(n);
+            self.asked.remove(n);
         }
+        self.keep_uncertain(f);
         self.clean = f.clean_after.clone();
         if let Some(whole) = &f.clean_after
             && self.rejected.is_empty()
             && self.unknown.is_empty()
             && self.maybe.is_empty()
+            && self.asked.is_empty()
         {
             // Clean against `whole` with nothing rejected: the client holds a
             // subset of `whole` at its versions, so equal sizes mean equal maps.
@@ -176,7 +212,7 @@ impl DeltaType {
 }
 
 /// Room kept for a response's own fields (version, type URL, nonce, control plane).
-const ENVELOPE_BYTES: usize = 1024;
+pub(super) const ENVELOPE_BYTES: usize = 1024;
 
 /// Cuts a response's upserts, then removals, to what fits in `max` bytes
 /// (at least one item); says whether anything was left out.
@@ -331,6 +367,21 @@ impl DeltaMachine {
                 // A NACK of one resource (or one removal) is about it; of
                 // several, any may have been applied (see `maybe`).
                 let partial = f.upserts.len() + f.removed.len() > 1;
+                st.keep_uncertain(&f);
+                if !partial {
+                    // Settled: the client kept what it had before.
+                    let names = f.upserts.iter().map(|r| r.name_arc()).chain(&f.removed);
+                    for n in names {
+                        if let Some(r) = f.upserts.iter().find(|r| r.name_arc() == n)
+                            && st.maybe.get(n).is_some_and(|m| m.version() == r.version())
+                        {
+                            st.maybe.remove(n);
+                        }
+                        if let Some(old) = st.asked.remove(n) {
+                            Arc::make_mut(&mut st.acked).insert(n.clone(), old);
+                        }
+                    }
+                }
                 for r in &f.upserts {
                     st.rejected
                         .insert(r.name_arc().clone(), r.version_arc().clone());
@@ -345,6 +396,10 @@ impl DeltaMachine {
                     if partial && let Some(old) = st.acked.get(n).cloned() {
                         Arc::make_mut(&mut st.acked).remove(n);
                         st.maybe.entry(n.clone()).or_insert(old);
+                    }
+                    if partial {
+                        // Its version no longer says what the client holds.
+                        st.unknown.remove(n);
                     }
                 }
                 st.clean = None;
@@ -407,6 +462,8 @@ impl DeltaMachine {
                 st.told_absent.remove(n.as_str());
                 st.rejected.remove(n.as_str());
                 st.maybe.remove(n.as_str());
+                st.asked.remove(n.as_str());
+                st.answer.remove(n.as_str());
             }
             // Wildcard removed: drop what is no longer covered.
             if st.acked.keys().any(|n| !st.sub.covers(n)) {
@@ -479,15 +536,24 @@ impl DeltaMachine {
                 continue;
             }
             st.clean = None;
-            st.answer.clear();
             let nonce = self.nonces.next();
             let version = snap.version(ty).clone();
             let Plan {
                 mut upserts,
                 mut removed,
                 mut absent,
+                probes,
                 mut held,
             } = plan;
+            if let Some(first) = probes.first() {
+                // Probes go alone, after everything else.
+                if upserts.is_empty() && removed.is_empty() && absent.is_empty() {
+                    upserts.push(first.clone());
+                    held |= probes.len() > 1;
+                } else {
+                    held = true;
+                }
+            }
             // Over the size limit: send a first part; the rest is planned
             // again once it is ACKed (the client does not hold it yet), so
             // references to it wait as for anything not yet delivered.
@@ -497,12 +563,24 @@ impl DeltaMachine {
                 &mut removed,
                 &mut absent,
             );
+            if !st.answer.is_empty() {
+                for n in upserts
+                    .iter()
+                    .map(|r| r.name_arc())
+                    .chain(&removed)
+                    .chain(&absent)
+                {
+                    st.answer.remove(n);
+                }
+            }
             st.told_absent.extend(absent.iter().cloned());
             // Removed names the client subscribed to explicitly are answered.
             st.told_absent
                 .extend(removed.iter().filter(|n| st.sub.contains(n)).cloned());
             let mut all_removed = removed;
             all_removed.extend(absent);
+            // Sorted: looked up while in flight.
+            all_removed.sort_unstable();
             st.last_nonce = Some(nonce.clone());
             st.sent_version = Some(version.clone());
             // Envoy rebuilds a modified cluster and waits for its endpoints
@@ -516,6 +594,7 @@ impl DeltaMachine {
                         // Or may hold it, from a NACKed response.
                         held.get(r.name())
                             .or_else(|| st.maybe.get(r.name()))
+                            .or_else(|| st.asked.get(r.name()))
                             .is_some_and(|old| old.version() != r.version())
                     })
                     .flat_map(|r| r.refs().iter())
@@ -531,6 +610,7 @@ impl DeltaMachine {
                 nonce: nonce.clone(),
                 version: version.clone(),
                 upserts: upserts.clone(),
+                uncertain: Vec::new(),
                 removed: all_removed.clone(),
                 clean_after: (!held).then(|| whole.clone()),
             });
@@ -561,8 +641,10 @@ impl DeltaMachine {
         st.clean = None;
         let whole = snap.resources(ty);
         let acked = Arc::make_mut(&mut st.acked);
+        let answer = &st.answer;
         st.unknown.retain(|name, version| match whole.get(name) {
-            Some(res) if res.version() == version => {
+            // (Unless the client asked again: then it is sent.)
+            Some(res) if res.version() == version && !answer.contains(name) => {
                 acked.insert(name.clone(), res.clone());
                 false
             }
@@ -594,17 +676,24 @@ impl DeltaMachine {
             {
                 return;
             }
-            if st
+            let rejected = st
                 .rejected
                 .get(res.name())
-                .is_some_and(|v| **v == *res.version())
-            {
+                .is_some_and(|v| **v == *res.version());
+            let probe = rejected
+                && st
+                    .maybe
+                    .get(res.name())
+                    .is_some_and(|m| m.version() == res.version());
+            if rejected && !probe {
                 return;
             }
-            if hard_refs_ready(res, snap, self) {
-                plan.upserts.push(res.clone());
-            } else {
+            if !hard_refs_ready(res, snap, self) || self.removal_in_flight_under(res, snap) {
                 plan.held = true;
+            } else if probe {
+                plan.probes.push(res.clone());
+            } else {
+                plan.upserts.push(res.clone());
             }
         };
         let removable = |n: &Arc<str>| {
@@ -617,6 +706,7 @@ impl DeltaMachine {
                 && !st.acked.contains_key(n)
                 && !st.unknown.contains_key(n)
                 && !st.maybe.contains_key(n)
+                && !st.asked.contains_key(n)
                 && !st.told_absent.contains(n)
         };
         let mut gone: Vec<&Arc<str>> = Vec::new();
@@ -643,6 +733,7 @@ impl DeltaMachine {
                 gone.extend(
                     st.maybe
                         .keys()
+                        .chain(st.asked.keys())
                         .filter(|n| !whole.contains_key(*n) && removable(n)),
                 );
                 let mut known = Seeker::new(&**whole);
@@ -675,7 +766,8 @@ impl DeltaMachine {
                         None => {
                             if (st.acked.contains_key(name)
                                 || st.unknown.contains_key(name)
-                                || st.maybe.contains_key(name))
+                                || st.maybe.contains_key(name)
+                                || st.asked.contains_key(name))
                                 && removable(name)
                             {
                                 gone.push(name);
@@ -688,14 +780,32 @@ impl DeltaMachine {
                 }
             }
         }
+        if !plan.absent.is_empty() {
+            // A name the client subscribed to again (answered as removed)
+            // may still be used by what it holds, with the copy it kept:
+            // the answer waits, like any removal.
+            let refd = referenced_by_client(self);
+            let before = plan.absent.len();
+            plan.absent.retain(|n| !refd.contains(&(ty, n.clone())));
+            plan.held |= plan.absent.len() < before;
+        }
         if !gone.is_empty() {
             // Resumed: what the client holds at a version we know (it may be
             // used by resources of types not requested yet) waits; names at
             // versions we do not know are removed as before.
-            let hold = self.resume_holds_removals(ty);
+            // Resumed, before the types that may reference `ty` were
+            // requested: wait. And resources the client holds at versions we
+            // do not know (a replica with another history) may reference
+            // anything: removals wait until they are replaced or removed.
+            let hold = self.resume_holds_removals(ty)
+                || super::referrers(ty).iter().any(|r| {
+                    self.types[r.index()]
+                        .as_ref()
+                        .is_some_and(|t| !t.unknown.is_empty())
+                });
             let refd = referenced_by_client(self);
             for name in gone {
-                if refd.contains(&(ty, name.clone())) || (hold && st.acked.contains_key(name)) {
+                if refd.contains(&(ty, name.clone())) || hold {
                     plan.held = true;
                 } else {
                     plan.removed.push(name.clone());
@@ -705,6 +815,26 @@ impl DeltaMachine {
             plan.removed.dedup();
         }
         plan
+    }
+
+    /// A hard reference of `res` (or its cluster's endpoints) is being
+    /// removed by a response in flight: the client will not have it.
+    fn removal_in_flight_under(&self, res: &Resource, snap: &Snapshot) -> bool {
+        let removing = |ty: ResourceType, name: &str| {
+            self.types[ty.index()]
+                .as_ref()
+                .and_then(|t| t.in_flight.as_ref())
+                .is_some_and(|f| f.removed.binary_search_by(|n| (**n).cmp(name)).is_ok())
+        };
+        res.refs().iter().filter(|r| r.hard).any(|r| {
+            removing(r.ty, &r.name)
+                || (r.ty == ResourceType::Cluster
+                    && snap.get(r.ty, &r.name).is_some_and(|c| {
+                        c.refs().iter().any(|e| {
+                            e.ty == ResourceType::ClusterLoadAssignment && removing(e.ty, &e.name)
+                        })
+                    }))
+        })
     }
 
     /// Resumed, and still waiting for the client's other first requests.
@@ -761,8 +891,10 @@ impl ClientViews for DeltaMachine {
             st.acked.values().for_each(|r| f(r));
             // What the client may hold is referenced too: not removed under it.
             st.maybe.values().for_each(|r| f(r));
+            st.asked.values().for_each(|r| f(r));
             if let Some(fl) = &st.in_flight {
                 fl.upserts.iter().for_each(|r| f(r));
+                fl.uncertain.iter().for_each(|r| f(r));
             }
         }
     }
