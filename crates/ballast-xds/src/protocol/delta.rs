@@ -153,11 +153,18 @@ impl DeltaType {
         }
     }
 
-    /// Upserts of `f` the client may have kept (see [`InFlight::uncertain`]).
-    fn keep_uncertain(&mut self, f: &InFlight) {
+    /// Upserts of `f` the client may have kept (see [`InFlight::uncertain`]):
+    /// ACKed, it holds them unless it had dropped them (like `asked`: a
+    /// rejected re-send leaves them held); NACKed, maybe.
+    fn keep_uncertain(&mut self, f: &InFlight, acked: bool) {
         for r in &f.uncertain {
             if self.sub.covers(r.name()) {
-                self.maybe.insert(r.name_arc().clone(), r.clone());
+                let to = if acked {
+                    &mut self.asked
+                } else {
+                    &mut self.maybe
+                };
+                to.insert(r.name_arc().clone(), r.clone());
             }
         }
     }
@@ -177,7 +184,7 @@ impl DeltaType {
             self.maybe.remove(n);
             self.asked.remove(n);
         }
-        self.keep_uncertain(f);
+        self.keep_uncertain(f, true);
         self.clean = f.clean_after.clone();
         if let Some(whole) = &f.clean_after
             && self.rejected.is_empty()
@@ -366,8 +373,8 @@ impl DeltaMachine {
             if let Some(err) = &req.error_detail {
                 // A NACK of one resource (or one removal) is about it; of
                 // several, any may have been applied (see `maybe`).
-                let partial = f.upserts.len() + f.removed.len() > 1;
-                st.keep_uncertain(&f);
+                let partial = f.upserts.len() + f.uncertain.len() + f.removed.len() > 1;
+                st.keep_uncertain(&f, false);
                 if !partial {
                     // Settled: the client kept what it had before.
                     let names = f.upserts.iter().map(|r| r.name_arc()).chain(&f.removed);

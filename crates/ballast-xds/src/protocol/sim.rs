@@ -1020,6 +1020,220 @@ fn run_delta_hostile(ops: &[HOp], small: bool) -> Result<(), String> {
     Ok(())
 }
 
+struct SotwWorld {
+    m: SotwMachine,
+    h: Hostile,
+    snap: Arc<Snapshot>,
+    history: Vec<Arc<Snapshot>>,
+    inbox: std::collections::VecDeque<super::SotwResponse>,
+    /// Per type: the last accepted version, and the last nonce received.
+    version: [String; 5],
+    nonce: [String; 5],
+}
+
+impl SotwWorld {
+    fn request(&self, ty: ResourceType, nonce: &str, err: bool) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: ty.type_url().into(),
+            resource_names: self.h.c.subs[ty.index()].iter().cloned().collect(),
+            version_info: self.version[ty.index()].clone(),
+            response_nonce: nonce.to_string(),
+            error_detail: err.then(|| RpcStatus {
+                code: 3,
+                message: "part".into(),
+                details: vec![],
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn send(&mut self, req: DiscoveryRequest) {
+        if debug() {
+            eprintln!(
+                "  -> {} {:?} v{:?} nonce {:?} err {}",
+                ResourceType::from_type_url(&req.type_url).unwrap(),
+                req.resource_names,
+                req.version_info,
+                req.response_nonce,
+                req.error_detail.is_some()
+            );
+        }
+        self.m.handle_request_with_history(&req, &self.history);
+        while let Some(r) = self.m.next_response() {
+            self.inbox.push_back(r);
+        }
+    }
+
+    fn step(&mut self) -> Result<bool, String> {
+        while let Some(r) = self.m.next_response() {
+            self.inbox.push_back(r);
+        }
+        let Some(resp) = self.inbox.pop_front() else {
+            for ty in [
+                ResourceType::ClusterLoadAssignment,
+                ResourceType::RouteConfiguration,
+            ] {
+                let c = &mut self.h.c;
+                let w = c.wanted(ty);
+                if w != c.subs[ty.index()] && !c.not_resumed[ty.index()] {
+                    c.views[ty.index()].retain(|n, _| w.contains(n));
+                    c.subs[ty.index()] = w;
+                    let nonce = self.nonce[ty.index()].clone();
+                    self.send(self.request(ty, &nonce, false));
+                    return Ok(true);
+                }
+            }
+            return Ok(false);
+        };
+        let ty = resp.ty;
+        let i = ty.index();
+        if debug() {
+            eprintln!(
+                "{ty} #{} v{}: {:?}",
+                resp.nonce,
+                resp.version,
+                resp.resources.keys().collect::<Vec<_>>()
+            );
+        }
+        // A SotW NACK rejects every resource of the response here (SotW has
+        // no way to settle which ones a client applied: a route to a valid
+        // cluster of a NACKed response waits for the next change of CDS),
+        // but CDS and LDS still apply its removals, as Envoy does.
+        let mut rejects = self.h.rejects(ty, resp.resources.len());
+        let nack = rejects.iter().any(|r| *r);
+        rejects.iter_mut().for_each(|r| *r = nack);
+        let c = &mut self.h.c;
+        let mut next: View = if ty.is_full_state_in_sotw() {
+            View::new()
+        } else {
+            c.views[i].clone()
+        };
+        for (r, rejected) in resp.resources.values().zip(&rejects) {
+            if *rejected {
+                c.rejected
+                    .insert((ty, r.name().to_string(), r.version().to_string()));
+                // The client keeps what it had.
+                if let Some(old) = c.views[i].get(r.name()) {
+                    next.insert(r.name().to_string(), old.clone());
+                }
+            } else if ty.is_full_state_in_sotw() || c.subs[i].contains(r.name()) {
+                next.insert(r.name().to_string(), r.clone());
+                self.h.dropped.remove(&(ty, r.name().to_string()));
+            }
+        }
+        // Envoy's SotW CDS and LDS apply removals (what the response lacks)
+        // even when they NACK it.
+        c.views[i] = next;
+        c.nacked_after_reconnect |= nack && c.reconnected;
+        self.h.make_before_break()?;
+        self.h.old_nonces[i].push(resp.nonce.to_string());
+        self.nonce[i] = resp.nonce.to_string();
+        if !nack {
+            self.version[i] = resp.version.to_string();
+        }
+        self.send(self.request(ty, &resp.nonce, nack));
+        Ok(true)
+    }
+}
+
+fn run_sotw_hostile(ops: &[HOp]) -> Result<(), String> {
+    let first = ops
+        .iter()
+        .find_map(|o| match o {
+            HOp::Publish(s) => Some(s.clone()),
+            _ => None,
+        })
+        .unwrap_or(Spec {
+            clusters: vec![(0, 1)],
+            route_to: vec![0],
+            second_listener: false,
+        });
+    let snap = build(&first);
+    let mut specs = vec![first];
+    let mut w = SotwWorld {
+        m: SotwMachine::new(None),
+        h: Hostile::default(),
+        history: vec![snap.clone()],
+        snap,
+        inbox: Default::default(),
+        version: Default::default(),
+        nonce: Default::default(),
+    };
+    w.m.set_snapshot(Some(w.snap.clone()));
+    w.send(w.request(ResourceType::Cluster, "", false));
+    w.send(w.request(ResourceType::Listener, "", false));
+    for op in ops {
+        if debug() {
+            eprintln!("op {op:?}");
+        }
+        match op {
+            HOp::Publish(s) => {
+                w.snap = publish(&w.snap, s);
+                remember(&mut w.history, &w.snap);
+                w.m.set_snapshot(Some(w.snap.clone()));
+                specs.insert(0, s.clone());
+                specs.truncate(HISTORY);
+            }
+            HOp::NackPart(t, mask) => w.h.nack_mask[HTYPES[*t].index()] = *mask,
+            HOp::Step(n) => {
+                for _ in 0..*n {
+                    if !w.step()? {
+                        break;
+                    }
+                }
+            }
+            // Not modelled for SotW yet (reported on issue #8): a SotW
+            // client's version covers its whole type, so on a new stream it
+            // reports endpoints (or, after a NACK whose removals it applied,
+            // clusters) it no longer holds: the server resolves the version
+            // to content the client dropped, and a route to a re-created
+            // cluster goes out while its endpoints are missing. Reconnects
+            // without unsubscribes are in `sotw_never_breaks_routes_and_converges`.
+            HOp::Reconnect(_) | HOp::ReconnectElsewhere(..) => {}
+            // A SotW client cannot say on a new stream that it dropped one
+            // name of a type (its version covers the type), and Envoy drops
+            // endpoints only with their cluster: unsubscribing is left to
+            // reference-following here.
+            HOp::Unsubscribe(rds, _) | HOp::Resubscribe(rds, _) => {
+                let ty = named_type(*rds);
+                if !w.h.c.subs[ty.index()].is_empty() && !w.h.c.not_resumed[ty.index()] {
+                    let nonce = w.nonce[ty.index()].clone();
+                    w.send(w.request(ty, &nonce, false));
+                }
+            }
+            HOp::Stale(t) => {
+                let ty = HTYPES[*t];
+                if let Some(n) = w.h.old_nonces[ty.index()].first().cloned()
+                    && !w.h.c.not_resumed[ty.index()]
+                {
+                    w.send(w.request(ty, &n, false));
+                }
+            }
+            HOp::Spontaneous(t) => {
+                let ty = HTYPES[*t];
+                if !w.h.old_nonces[ty.index()].is_empty() && !w.h.c.not_resumed[ty.index()] {
+                    w.send(w.request(ty, "", false));
+                }
+            }
+        }
+    }
+    w.h.nack_mask = Default::default();
+    w.h.c.not_resumed = Default::default();
+    for _ in 0..400 {
+        if !w.step()? {
+            break;
+        }
+    }
+    if w.step()? {
+        return Err("not quiet after 400 steps".into());
+    }
+    w.h.check_quiet(&w.snap, &w.m.status())?;
+    if !any_rejected(&w.h.c) {
+        w.h.c.check_converged(&w.snap)?;
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 
@@ -1031,6 +1245,11 @@ proptest! {
     #[test]
     fn delta_never_breaks_routes_and_converges(ops in proptest::collection::vec(op(), 1..25)) {
         run_delta(&ops).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn sotw_hostile_client_keeps_the_invariants(ops in proptest::collection::vec(hop(), 1..30)) {
+        run_sotw_hostile(&ops).map_err(TestCaseError::fail)?;
     }
 
     #[test]
