@@ -734,7 +734,7 @@ impl Hostile {
                     .any(|r| r.refs().iter().any(|x| x.ty == *ty && *x.name == **name))
             };
             let waits = match snap.get(*ty, name) {
-                Some(r) => self.may_wait(&r),
+                Some(r) => self.may_wait(r),
                 None => used(),
             };
             if !waits && c.subs[ty.index()].contains(name) {
