@@ -376,16 +376,25 @@ impl DeltaMachine {
                 let partial = f.upserts.len() + f.uncertain.len() + f.removed.len() > 1;
                 st.keep_uncertain(&f, false);
                 if !partial {
-                    // Settled: the client kept what it had before.
+                    // The client kept what it had before: what it held when
+                    // it asked again is held; a rejected probe is no longer
+                    // sent, and stays possibly held (a client may reject
+                    // what it accepted before: its references stay safe).
                     let names = f.upserts.iter().map(|r| r.name_arc()).chain(&f.removed);
                     for n in names {
-                        if let Some(r) = f.upserts.iter().find(|r| r.name_arc() == n)
-                            && st.maybe.get(n).is_some_and(|m| m.version() == r.version())
-                        {
+                        let probe = f.upserts.iter().find(|r| r.name_arc() == n).and_then(|r| {
+                            st.maybe
+                                .get(n)
+                                .filter(|m| m.version() == r.version())
+                                .cloned()
+                        });
+                        if probe.is_some() {
                             st.maybe.remove(n);
                         }
                         if let Some(old) = st.asked.remove(n) {
                             Arc::make_mut(&mut st.acked).insert(n.clone(), old);
+                        } else if let Some(m) = probe {
+                            st.asked.insert(n.clone(), m);
                         }
                     }
                 }
@@ -484,12 +493,19 @@ impl DeltaMachine {
     /// The next response to send, if any (at most one in flight per type).
     pub fn next_response(&mut self) -> Option<DeltaResponse> {
         let snap = self.snapshot.clone()?;
+        // First for every type: a resolved version of a later type may lift
+        // a hold on an earlier one (unknown references), and a call that
+        // returns `None` must mean there is nothing to send.
+        for ty in ResourceType::ALL {
+            if self.types[ty.index()].is_some() {
+                self.resolve_unknown(ty, &snap);
+            }
+        }
         for ty in ResourceType::ALL {
             let ready = matches!(&self.types[ty.index()], Some(st) if st.in_flight.is_none());
             if !ready {
                 continue;
             }
-            self.resolve_unknown(ty, &snap);
             let whole = snap.resources(ty);
             let st = self.types[ty.index()].as_mut().expect("checked");
             // Shared subscription names move to the new map when its keys are
@@ -827,11 +843,29 @@ impl DeltaMachine {
     /// A hard reference of `res` (or its cluster's endpoints) is being
     /// removed by a response in flight: the client will not have it.
     fn removal_in_flight_under(&self, res: &Resource, snap: &Snapshot) -> bool {
-        let removing = |ty: ResourceType, name: &str| {
+        let removals = |ty: ResourceType| {
             self.types[ty.index()]
                 .as_ref()
                 .and_then(|t| t.in_flight.as_ref())
-                .is_some_and(|f| f.removed.binary_search_by(|n| (**n).cmp(name)).is_ok())
+                .map(|f| &f.removed[..])
+                .filter(|r| !r.is_empty())
+        };
+        let (cds, eds) = (
+            removals(ResourceType::Cluster),
+            removals(ResourceType::ClusterLoadAssignment),
+        );
+        if cds.is_none() && eds.is_none() {
+            return false;
+        }
+        let removing = |ty: ResourceType, name: &str| {
+            let r = if ty == ResourceType::Cluster {
+                cds
+            } else if ty == ResourceType::ClusterLoadAssignment {
+                eds
+            } else {
+                removals(ty)
+            };
+            r.is_some_and(|r| r.binary_search_by(|n| (**n).cmp(name)).is_ok())
         };
         res.refs().iter().filter(|r| r.hard).any(|r| {
             removing(r.ty, &r.name)
