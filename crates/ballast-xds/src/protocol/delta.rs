@@ -41,6 +41,11 @@ struct DeltaType {
     /// counted as held, so the answer is sent. A rejected answer leaves it
     /// held again.
     asked: BTreeMap<Arc<str>, Arc<Resource>>,
+    /// Versions the client may still hold but that are not sent again: ones
+    /// `maybe` or `asked` held when another replaced them, and rejected
+    /// probes. Their references stay protected, and their removal is sent
+    /// when they go, until the name is settled (ACKed) or unsubscribed.
+    older: BTreeMap<Arc<str>, Vec<Arc<Resource>>>,
     /// Names the client waits for the server on (see
     /// [`DeltaType::must_answer`]) until a response names them: each is
     /// answered, as removed if it does not exist, even when the client
@@ -142,8 +147,8 @@ impl DeltaType {
         if names.iter().any(|n| self.acked.contains_key(*n)) {
             let acked = Arc::make_mut(&mut self.acked);
             for n in &names {
-                if let Some((k, r)) = acked.remove_entry(*n) {
-                    self.asked.insert(k, r);
+                if let Some((_, r)) = acked.remove_entry(*n) {
+                    put(&mut self.older, &mut self.asked, r);
                 }
             }
         }
@@ -164,7 +169,7 @@ impl DeltaType {
                 } else {
                     &mut self.maybe
                 };
-                to.insert(r.name_arc().clone(), r.clone());
+                put(&mut self.older, to, r.clone());
             }
         }
     }
@@ -177,12 +182,14 @@ impl DeltaType {
             self.unknown.remove(r.name());
             self.maybe.remove(r.name());
             self.asked.remove(r.name());
+            self.older.remove(r.name());
         }
         for n in &f.removed {
             self.unknown.remove(n);
             self.rejected.remove(n);
             self.maybe.remove(n);
             self.asked.remove(n);
+            self.older.remove(n);
         }
         self.keep_uncertain(f, true);
         self.clean = f.clean_after.clone();
@@ -215,6 +222,20 @@ impl DeltaType {
         for n in &f.removed {
             acked.remove(n);
         }
+    }
+}
+
+/// Puts `r` in `to` (`maybe` or `asked`); a different version it replaces
+/// goes to `older` (still possibly held).
+fn put(
+    older: &mut BTreeMap<Arc<str>, Vec<Arc<Resource>>>,
+    to: &mut BTreeMap<Arc<str>, Arc<Resource>>,
+    r: Arc<Resource>,
+) {
+    if let Some(prev) = to.insert(r.name_arc().clone(), r.clone())
+        && prev.version() != r.version()
+    {
+        older.entry(r.name_arc().clone()).or_default().push(prev);
     }
 }
 
@@ -394,7 +415,7 @@ impl DeltaMachine {
                         if let Some(old) = st.asked.remove(n) {
                             Arc::make_mut(&mut st.acked).insert(n.clone(), old);
                         } else if let Some(m) = probe {
-                            st.asked.insert(n.clone(), m);
+                            st.older.entry(n.clone()).or_default().push(m);
                         }
                     }
                 }
@@ -402,7 +423,7 @@ impl DeltaMachine {
                     st.rejected
                         .insert(r.name_arc().clone(), r.version_arc().clone());
                     if partial {
-                        st.maybe.insert(r.name_arc().clone(), r.clone());
+                        put(&mut st.older, &mut st.maybe, r.clone());
                     }
                 }
                 for n in &f.removed {
@@ -479,6 +500,7 @@ impl DeltaMachine {
                 st.rejected.remove(n.as_str());
                 st.maybe.remove(n.as_str());
                 st.asked.remove(n.as_str());
+                st.older.remove(n.as_str());
                 st.answer.remove(n.as_str());
             }
             // Wildcard removed: drop what is no longer covered.
@@ -730,6 +752,7 @@ impl DeltaMachine {
                 && !st.unknown.contains_key(n)
                 && !st.maybe.contains_key(n)
                 && !st.asked.contains_key(n)
+                && !st.older.contains_key(n)
                 && !st.told_absent.contains(n)
         };
         let mut gone: Vec<&Arc<str>> = Vec::new();
@@ -757,6 +780,7 @@ impl DeltaMachine {
                     st.maybe
                         .keys()
                         .chain(st.asked.keys())
+                        .chain(st.older.keys())
                         .filter(|n| !whole.contains_key(*n) && removable(n)),
                 );
                 let mut known = Seeker::new(&**whole);
@@ -790,7 +814,8 @@ impl DeltaMachine {
                             if (st.acked.contains_key(name)
                                 || st.unknown.contains_key(name)
                                 || st.maybe.contains_key(name)
-                                || st.asked.contains_key(name))
+                                || st.asked.contains_key(name)
+                                || st.older.contains_key(name))
                                 && removable(name)
                             {
                                 gone.push(name);
@@ -933,6 +958,7 @@ impl ClientViews for DeltaMachine {
             // What the client may hold is referenced too: not removed under it.
             st.maybe.values().for_each(|r| f(r));
             st.asked.values().for_each(|r| f(r));
+            st.older.values().flatten().for_each(|r| f(r));
             if let Some(fl) = &st.in_flight {
                 fl.upserts.iter().for_each(|r| f(r));
                 fl.uncertain.iter().for_each(|r| f(r));
