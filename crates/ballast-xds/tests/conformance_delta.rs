@@ -1,4 +1,4 @@
-//! Delta (incremental) xDS conformance: each protocol rule (architecture.md §5) checked
+//! Delta (incremental) xDS conformance: each protocol rule (DESIGN §4) checked
 //! with an in-process client over real gRPC.
 
 mod common;
@@ -82,6 +82,10 @@ async fn explicit_wildcard_can_be_removed() {
     assert_eq!(names(&r), ["a", "b"]);
     c.ack(&r).await;
     c.subscribe(CDS, &["a"], &["*"]).await;
+    // Every subscribed name is answered.
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["a"]);
+    c.ack(&r).await;
     c.expect_quiet().await;
     // Only a is still subscribed: new cluster c is not sent, b's removal is not sent.
     cache.set_snapshot("g", fixture(&["a", "c"], "a", 5));
@@ -117,9 +121,21 @@ async fn initial_resource_versions_are_honoured() {
         ..Default::default()
     })
     .await;
-    let r = c2.recv().await;
-    assert_eq!(names(&r), ["b", "c"], "only what differs");
-    assert_eq!(r.removed_resources, ["z"]);
+    // Removals wait for the listeners and routes (which may use z).
+    c2.subscribe(ballast_xds::ResourceType::Listener, &[], &[])
+        .await;
+    c2.subscribe(RDS, &["r1"], &[]).await;
+    let (mut got, mut removed) = (Vec::new(), Vec::new());
+    while removed.is_empty() {
+        let r = c2.recv().await;
+        if r.type_url == CDS.type_url() {
+            got.extend(names(&r).into_iter().map(String::from));
+            removed.extend(r.removed_resources.clone());
+        }
+        c2.ack(&r).await;
+    }
+    assert_eq!(got, ["b", "c"], "only what differs");
+    assert_eq!(removed, ["z"]);
     // A client that has everything current gets nothing re-sent (its one
     // empty response waits for the EDS request its clusters say is coming).
     let mut c3 = Delta::connect(s.addr, "n3").await;
@@ -232,6 +248,293 @@ async fn nack_state_clears_when_config_returns_to_what_the_client_kept() {
     // The rejected version is still never resent; a new one is.
     cache.set_snapshot("g", fixture(&["a"], "a", 3));
     assert_eq!(names(&c.recv().await), ["a"]);
+}
+
+/// Issue #8: an upsert in flight while its name is unsubscribed is not held
+/// once ACKed; subscribing again is answered with the resource.
+#[tokio::test]
+async fn resubscribe_after_unsubscribe_with_update_in_flight_is_answered() {
+    let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(EDS, &["a"], &[]).await;
+    let r1 = c.recv().await;
+    c.ack(&r1).await;
+    cache.set_snapshot("g", fixture(&["a"], "a", 2));
+    let r2 = c.recv().await;
+    assert_eq!(names(&r2), ["a"]);
+    // The client unsubscribes before the update reaches it, then ACKs it.
+    c.subscribe(EDS, &[], &["a"]).await;
+    c.ack(&r2).await;
+    c.expect_quiet().await;
+    c.subscribe(EDS, &["a"], &[]).await;
+    let r3 = c.recv().await;
+    assert_eq!(names(&r3), ["a"], "a re-subscription is answered");
+    assert_eq!(r3.resources[0].version, r2.resources[0].version);
+}
+
+/// Issue #8: a subscription to a name the client already receives (through
+/// the wildcard) is answered too: Envoy waits for the server on it.
+#[tokio::test]
+async fn subscribing_to_a_held_name_is_answered() {
+    let (_cache, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &["*"], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    c.subscribe(CDS, &["a"], &[]).await;
+    assert_eq!(names(&c.recv().await), ["a"]);
+}
+
+/// Issue #8: Envoy's CDS and LDS apply the valid resources of a response they
+/// NACK (and its removals), so the resources of a NACKed response may be held.
+/// Each is sent again alone, which settles it; the ones held are removed when
+/// they go away.
+#[tokio::test]
+async fn resources_of_a_nacked_response_are_settled_and_removed_when_they_go_away() {
+    let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &[], &[]).await;
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["a"]);
+    c.ack(&r).await;
+    cache.set_snapshot("g", fixture(&["a", "x", "y"], "a", 1));
+    let bad = c.recv().await;
+    assert_eq!(names(&bad), ["x", "y"]);
+    // y is invalid, x was applied (as Envoy's CDS does).
+    c.nack(&bad).await;
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["x"], "sent again alone");
+    c.ack(&r).await;
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["y"], "sent again alone");
+    c.nack(&r).await;
+    c.expect_quiet().await;
+    cache.set_snapshot("g", fixture(&["a"], "a", 1));
+    let r = c.recv().await;
+    assert!(r.resources.is_empty());
+    // x is held; y was rejected twice but is removed too (a client may
+    // reject what it accepted before, so it is never assumed absent).
+    assert_eq!(r.removed_resources, ["x", "y"]);
+    c.ack(&r).await;
+    c.expect_quiet().await;
+}
+
+/// Issue #8: a NACKed response's resources are neither held nor absent:
+/// removed when they go away even before they are settled.
+#[tokio::test]
+async fn maybe_held_resources_are_removed_when_they_go_away() {
+    let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &[], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    cache.set_snapshot("g", fixture(&["a", "x", "y"], "a", 1));
+    let bad = c.recv().await;
+    assert_eq!(names(&bad), ["x", "y"]);
+    // Gone before the client's NACK arrives.
+    cache.set_snapshot("g", fixture(&["a"], "a", 1));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    c.nack(&bad).await;
+    let r = c.recv().await;
+    assert!(r.resources.is_empty());
+    assert_eq!(r.removed_resources, ["x", "y"]);
+    c.ack(&r).await;
+    c.expect_quiet().await;
+}
+
+/// [`fixture`] whose cluster `x` has a connect timeout of `x_timeout` seconds
+/// (another version of the cluster).
+fn with_x(names: &[&str], route_to: &str, x_timeout: u64) -> ballast_xds::Snapshot {
+    use ballast_xds::simple;
+    let mut b = ballast_xds::Snapshot::builder();
+    for n in names {
+        let t = if *n == "x" { x_timeout } else { 1 };
+        b.message(&simple::eds_cluster(n, Duration::from_secs(t)))
+            .unwrap();
+        b.message(&simple::load_assignment(n, &[("127.0.0.1", 1)]))
+            .unwrap();
+    }
+    b.message(&simple::http_listener("l1", "127.0.0.1", 0, "r1"))
+        .unwrap();
+    b.message(&simple::route_config("r1", &[("*", &[(route_to, 1)])]))
+        .unwrap();
+    b.build().unwrap()
+}
+
+/// Issue #8: a route to a cluster that came in a NACKed response is not sent
+/// until the cluster is re-sent (alone) and ACKed, and its endpoints delivered.
+#[tokio::test]
+async fn routes_wait_for_clusters_of_a_nacked_response() {
+    let (cache, s) = ready_server(with_x(&["a"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &[], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    c.subscribe(EDS, &["a"], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    c.subscribe(RDS, &["r1"], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    // x and y come together, with a route to x; the client rejects the clusters.
+    cache.set_snapshot("g", with_x(&["a", "x", "y"], "x", 1));
+    let bad = c.recv().await;
+    assert_eq!(names(&bad), ["x", "y"]);
+    c.nack(&bad).await;
+    let mut x_acked = false;
+    let mut eds_x = false;
+    loop {
+        let r = c.recv().await;
+        if r.type_url == CDS.type_url() {
+            assert_eq!(r.resources.len(), 1, "settled one at a time");
+            if names(&r) == ["x"] {
+                c.ack(&r).await;
+                x_acked = true;
+                c.subscribe(EDS, &["x"], &[]).await;
+            } else {
+                c.nack(&r).await;
+            }
+        } else if r.type_url == EDS.type_url() {
+            assert!(x_acked);
+            assert_eq!(names(&r), ["x"]);
+            c.ack(&r).await;
+            eds_x = true;
+        } else {
+            assert_eq!(r.type_url, RDS.type_url());
+            assert!(
+                x_acked && eds_x,
+                "the route came before x was held and warm"
+            );
+            c.ack(&r).await;
+            break;
+        }
+    }
+}
+
+/// Issue #8: legacy wildcard is only an empty first request: a first request
+/// that only unsubscribes is not one.
+#[tokio::test]
+async fn first_request_with_only_unsubscribe_is_not_wildcard() {
+    let (_cache, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &[], &["zz"]).await;
+    // The stream's one no-op response (invariant 2): no resources, so no wildcard.
+    let r = c.recv().await;
+    assert!(r.resources.is_empty() && r.removed_resources.is_empty());
+    c.ack(&r).await;
+    c.expect_quiet().await;
+    c.subscribe(CDS, &["b"], &[]).await;
+    assert_eq!(names(&c.recv().await), ["b"]);
+}
+
+/// Issue #8: `"*"` is the wildcard wherever it sorts among the names.
+#[tokio::test]
+async fn wildcard_is_recognised_anywhere_in_the_list() {
+    let (_cache, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    // "!x" sorts before "*".
+    c.subscribe(CDS, &["!x", "*"], &[]).await;
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["a", "b"]);
+    assert_eq!(r.removed_resources, ["!x"]);
+}
+
+/// Issue #8: with wildcard and an explicit name, unsubscribing the name is
+/// answered: the resource stays (the wildcard covers it) and is sent again.
+#[tokio::test]
+async fn unsubscribing_a_name_the_wildcard_covers_is_answered() {
+    let (_cache, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &["*", "a", "ghost"], &[]).await;
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["a", "b"]);
+    assert_eq!(r.removed_resources, ["ghost"]);
+    c.ack(&r).await;
+    c.expect_quiet().await;
+    c.subscribe(CDS, &[], &["a"]).await;
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["a"]);
+    assert!(r.removed_resources.is_empty());
+    c.ack(&r).await;
+    c.expect_quiet().await;
+    // A name that does not exist is answered as removed.
+    c.subscribe(CDS, &[], &["ghost"]).await;
+    let r = c.recv().await;
+    assert!(r.resources.is_empty());
+    assert_eq!(r.removed_resources, ["ghost"]);
+}
+
+/// Clusters `names` of about `bytes` each (a long stat name), EDS load
+/// assignments for them, and route r1 to `route_to`.
+fn big_clusters(names: &[&str], bytes: usize, route_to: &str) -> ballast_xds::Snapshot {
+    use ballast_xds::simple;
+    let mut b = ballast_xds::Snapshot::builder();
+    for n in names {
+        let mut c = simple::eds_cluster(n, Duration::from_secs(1));
+        c.alt_stat_name = n.repeat(bytes / n.len());
+        b.message(&c).unwrap();
+        b.message(&simple::load_assignment(n, &[("127.0.0.1", 1)]))
+            .unwrap();
+    }
+    b.message(&simple::http_listener("l1", "127.0.0.1", 0, "r1"))
+        .unwrap();
+    b.message(&simple::route_config("r1", &[("*", &[(route_to, 1)])]))
+        .unwrap();
+    b.build().unwrap()
+}
+
+/// Issue #8: a Delta response over 4 MiB (the clients' default gRPC limit;
+/// this client keeps it) is split into several, each with its own nonce and
+/// ACK; a route to a cluster of a later part waits for that part (and the
+/// cluster's endpoints).
+#[tokio::test]
+async fn responses_over_4_mib_are_split() {
+    let (cache, s) = ready_server(big_clusters(&["a"], 16, "a")).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &[], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    c.subscribe(EDS, &["a"], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    c.subscribe(RDS, &["r1"], &[]).await;
+    let r = c.recv().await;
+    c.ack(&r).await;
+    c.expect_quiet().await;
+    // 6 clusters of 1 MiB: 6 MiB of CDS.
+    let big = ["b0", "b1", "b2", "b3", "b4", "b5"];
+    cache.set_snapshot("g", big_clusters(&big, 1 << 20, "b5"));
+    let mut got: Vec<String> = Vec::new();
+    let mut nonces = std::collections::BTreeSet::new();
+    let mut parts = 0;
+    while got.len() < big.len() {
+        let r = c.recv().await;
+        assert_eq!(r.type_url, CDS.type_url(), "the route waits for b5");
+        assert!(r.removed_resources.is_empty(), "a is still routed to");
+        assert!(
+            nonces.insert(r.nonce.clone()),
+            "each part has its own nonce"
+        );
+        got.extend(names(&r).into_iter().map(String::from));
+        parts += 1;
+        // Nothing else comes before this part is ACKed.
+        c.expect_quiet().await;
+        c.ack(&r).await;
+    }
+    got.sort();
+    assert_eq!(got, big);
+    assert!(parts >= 2, "{parts} parts");
+    c.subscribe(EDS, &big, &["a"]).await;
+    let r = c.recv().await;
+    assert_eq!(r.type_url, EDS.type_url());
+    assert_eq!(names(&r), big);
+    c.ack(&r).await;
+    let r = c.recv().await;
+    assert_eq!(r.type_url, RDS.type_url());
+    c.ack(&r).await;
+    let r = c.recv().await;
+    assert_eq!(r.type_url, CDS.type_url());
+    assert_eq!(r.removed_resources, ["a"]);
 }
 
 /// Issue 8 §2: an empty first subscription is wildcard only for LDS and CDS;

@@ -559,8 +559,723 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
     Ok(())
 }
 
+// ---------------------------------------------------------------------------
+// Hostile client (issue #8): responses are in flight while the client acts;
+// it rejects part of a response (applying the rest, as Envoy's CDS and LDS
+// do), unsubscribes and re-subscribes, sends stale nonces and spontaneous
+// requests, and reconnects to this server or to a replica with another
+// history. Invariants: make-before-break at every step; once quiet, what the
+// server believes the client holds the client holds, every subscribed
+// resource that exists arrived, and (Delta) every subscription was answered.
+// ---------------------------------------------------------------------------
+
+/// Types a hostile op picks from.
+const HTYPES: [ResourceType; 4] = [
+    ResourceType::Cluster,
+    ResourceType::ClusterLoadAssignment,
+    ResourceType::Listener,
+    ResourceType::RouteConfiguration,
+];
+
+#[derive(Clone, Debug)]
+enum HOp {
+    Publish(Spec),
+    /// Reject the resources of the next response of a type whose index bit
+    /// is set in the mask (at least one); apply the rest and the removals.
+    NackPart(usize, u8),
+    /// Deliver up to n messages.
+    Step(u8),
+    /// New stream to a server with the same history.
+    Reconnect(u64),
+    /// New stream to a replica with another history, serving `Spec`.
+    ReconnectElsewhere(u64, Spec),
+    /// Unsubscribe from a named EDS (false) or RDS (true) resource and forget
+    /// it; reference-following subscribes again later.
+    Unsubscribe(bool, prop::sample::Index),
+    /// Subscribe again to a named resource the client already subscribes to.
+    Resubscribe(bool, prop::sample::Index),
+    /// A request with a nonce of an earlier response of this stream.
+    Stale(usize),
+    /// A request with no nonce and nothing new.
+    Spontaneous(usize),
+}
+
+fn hop() -> impl Strategy<Value = HOp> {
+    prop_oneof![
+        3 => spec().prop_map(HOp::Publish),
+        2 => (0usize..4, 1u8..=255).prop_map(|(t, m)| HOp::NackPart(t, m)),
+        4 => (1u8..6).prop_map(HOp::Step),
+        1 => any::<u64>().prop_map(HOp::Reconnect),
+        1 => (any::<u64>(), spec()).prop_map(|(s, p)| HOp::ReconnectElsewhere(s, p)),
+        1 => (any::<bool>(), any::<prop::sample::Index>()).prop_map(|(r, i)| HOp::Unsubscribe(r, i)),
+        1 => (any::<bool>(), any::<prop::sample::Index>()).prop_map(|(r, i)| HOp::Resubscribe(r, i)),
+        1 => (0usize..4).prop_map(HOp::Stale),
+        1 => (0usize..4).prop_map(HOp::Spontaneous),
+    ]
+}
+
+fn named_type(rds: bool) -> ResourceType {
+    if rds {
+        ResourceType::RouteConfiguration
+    } else {
+        ResourceType::ClusterLoadAssignment
+    }
+}
+
+/// What a hostile client tracks beyond [`Client`].
+#[derive(Default)]
+struct Hostile {
+    c: Client,
+    /// Per type: the NACK mask for its next response.
+    nack_mask: [u8; 5],
+    /// Named resources the client dropped itself (make-before-break does not
+    /// apply to them until they arrive again).
+    dropped: BTreeSet<(ResourceType, String)>,
+    /// Delta: subscribed names not answered yet.
+    awaiting: BTreeSet<(ResourceType, String)>,
+    /// Nonces of responses already handled on the current stream.
+    old_nonces: [Vec<String>; 5],
+}
+
+impl Hostile {
+    /// Which resources of a response (by index) the client rejects.
+    fn rejects(&mut self, ty: ResourceType, n: usize) -> Vec<bool> {
+        let mask = std::mem::take(&mut self.nack_mask[ty.index()]);
+        if mask == 0 || n == 0 {
+            return vec![false; n];
+        }
+        let mut out: Vec<bool> = (0..n).map(|i| mask & (1 << (i % 8)) != 0).collect();
+        if !out.iter().any(|r| *r) {
+            out[0] = true;
+        }
+        out
+    }
+
+    fn make_before_break(&self) -> Result<(), String> {
+        let c = &self.c;
+        // Routes in use: named by a listener (Envoy drops the others with
+        // their listener; this client may hold them a while longer).
+        let used = c.wanted(ResourceType::RouteConfiguration);
+        for ty in [ResourceType::RouteConfiguration, ResourceType::Listener] {
+            for r in c.views[ty.index()].values() {
+                if ty == ResourceType::RouteConfiguration && !used.contains(r.name()) {
+                    continue;
+                }
+                for x in r.refs().iter().filter(|x| x.hard) {
+                    let Some(cl) = c.views[ResourceType::Cluster.index()].get(&*x.name) else {
+                        return Err(format!("{} routes to missing cluster {}", r.name(), x.name));
+                    };
+                    for e in cl
+                        .refs()
+                        .iter()
+                        .filter(|e| e.ty == ResourceType::ClusterLoadAssignment)
+                    {
+                        if !c.views[e.ty.index()].contains_key(&*e.name)
+                            && !self.dropped.contains(&(e.ty, e.name.to_string()))
+                        {
+                            return Err(format!("{} routes to cold cluster {}", r.name(), x.name));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A resource that may legitimately never arrive: a rejected version of
+    /// it, or a route to a cluster the client lacks, rejected, or has cold.
+    fn may_wait(&self, res: &Resource) -> bool {
+        let c = &self.c;
+        let rejected =
+            |ty: ResourceType, name: &str| c.rejected.iter().any(|(t, n, _)| *t == ty && n == name);
+        if rejected(res.ty(), res.name()) {
+            return true;
+        }
+        res.refs().iter().filter(|x| x.hard).any(|x| {
+            rejected(x.ty, &x.name)
+                || match c.views[ResourceType::Cluster.index()].get(&*x.name) {
+                    None => true,
+                    Some(cl) => cl.refs().iter().any(|e| {
+                        e.ty == ResourceType::ClusterLoadAssignment
+                            && (!c.views[e.ty.index()].contains_key(&*e.name)
+                                || rejected(e.ty, &e.name))
+                    }),
+                }
+        })
+    }
+
+    /// Once quiet: the server's belief is held, subscribed resources that
+    /// exist arrived (or may wait), and (Delta) subscriptions were answered.
+    fn check_quiet(
+        &self,
+        snap: &Snapshot,
+        believed: &[crate::status::TypeStatus],
+        arrival: bool,
+        named_believed: bool,
+    ) -> Result<(), String> {
+        let c = &self.c;
+        let named = |t: ResourceType| !matches!(t, ResourceType::Cluster | ResourceType::Listener);
+        for st in believed.iter().filter(|st| named_believed || !named(st.ty)) {
+            for name in st.acked.keys() {
+                if !c.views[st.ty.index()].contains_key(&**name) {
+                    return Err(format!("server believes the client holds {} {name}", st.ty));
+                }
+            }
+        }
+        for ty in HTYPES.into_iter().filter(|_| arrival) {
+            for (name, res) in snap.resources(ty).iter() {
+                let wanted = match ty {
+                    ResourceType::Cluster | ResourceType::Listener => true,
+                    _ => c.subs[ty.index()].contains(&**name),
+                };
+                if wanted && !c.views[ty.index()].contains_key(&**name) && !self.may_wait(res) {
+                    return Err(format!("{ty} {name} never arrived"));
+                }
+            }
+        }
+        for (ty, name) in &self.awaiting {
+            // A name gone from the server is answered (removed) only once
+            // nothing the client holds uses it, like any removal.
+            let used = || {
+                c.views
+                    .iter()
+                    .flat_map(|v| v.values())
+                    .any(|r| r.refs().iter().any(|x| x.ty == *ty && *x.name == **name))
+            };
+            let waits = match snap.get(*ty, name) {
+                Some(r) => self.may_wait(r),
+                None => used(),
+            };
+            if !waits && c.subs[ty.index()].contains(name) {
+                return Err(format!("subscription to {ty} {name} never answered"));
+            }
+        }
+        Ok(())
+    }
+}
+
+struct DeltaWorld {
+    m: DeltaMachine,
+    h: Hostile,
+    snap: Arc<Snapshot>,
+    history: Vec<Arc<Snapshot>>,
+    inbox: std::collections::VecDeque<super::DeltaResponse>,
+    max_bytes: Option<usize>,
+}
+
+impl DeltaWorld {
+    fn machine(&self) -> DeltaMachine {
+        let mut m = DeltaMachine::new(None);
+        if let Some(b) = self.max_bytes {
+            m.set_max_response_bytes(b);
+        }
+        m.set_snapshot(Some(self.snap.clone()));
+        m
+    }
+
+    fn send(&mut self, req: DeltaDiscoveryRequest) {
+        if debug() {
+            eprintln!(
+                "  -> {} +{:?} -{:?} nonce {:?} err {}",
+                ResourceType::from_type_url(&req.type_url).unwrap(),
+                req.resource_names_subscribe,
+                req.resource_names_unsubscribe,
+                req.response_nonce,
+                req.error_detail.is_some()
+            );
+        }
+        let ty = ResourceType::from_type_url(&req.type_url).unwrap();
+        for n in &req.resource_names_subscribe {
+            // What a new stream's first request reports holding needs no answer.
+            if (ty == ResourceType::ClusterLoadAssignment || ty == ResourceType::RouteConfiguration)
+                && !req.initial_resource_versions.contains_key(n)
+            {
+                self.h.awaiting.insert((ty, n.clone()));
+            }
+        }
+        self.m.handle_request_with_history(&req, &self.history);
+        while let Some(r) = self.m.next_response() {
+            self.inbox.push_back(r);
+        }
+    }
+
+    fn sub(ty: ResourceType, s: Vec<String>, u: Vec<String>) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: ty.type_url().into(),
+            resource_names_subscribe: s,
+            resource_names_unsubscribe: u,
+            ..Default::default()
+        }
+    }
+
+    /// Subscribes to what the client's resources reference, and drops
+    /// what they no longer do (Envoy: as listeners and clusters come and go).
+    fn follow(&mut self, ty: ResourceType) -> bool {
+        let c = &mut self.h.c;
+        let w = c.wanted(ty);
+        let have = &c.subs[ty.index()];
+        if w == *have || c.not_resumed[ty.index()] {
+            return false;
+        }
+        let s: Vec<String> = w.difference(have).cloned().collect();
+        let u: Vec<String> = have.difference(&w).cloned().collect();
+        for n in &u {
+            c.views[ty.index()].remove(n);
+        }
+        c.subs[ty.index()] = w;
+        self.send(Self::sub(ty, s, u));
+        true
+    }
+
+    fn step(&mut self) -> Result<bool, String> {
+        while let Some(r) = self.m.next_response() {
+            self.inbox.push_back(r);
+        }
+        let Some(resp) = self.inbox.pop_front() else {
+            for ty in [
+                ResourceType::ClusterLoadAssignment,
+                ResourceType::RouteConfiguration,
+            ] {
+                if self.follow(ty) {
+                    return Ok(true);
+                }
+            }
+            return Ok(false);
+        };
+        let ty = resp.ty;
+        let i = ty.index();
+        if debug() {
+            eprintln!(
+                "{ty} #{}: +{:?} -{:?}",
+                resp.nonce,
+                resp.resources.iter().map(|r| r.name()).collect::<Vec<_>>(),
+                resp.removed
+            );
+        }
+        let rejects = self.h.rejects(ty, resp.resources.len());
+        let nack = rejects.iter().any(|r| *r);
+        let c = &mut self.h.c;
+        let named = !matches!(ty, ResourceType::Cluster | ResourceType::Listener);
+        for (r, rejected) in resp.resources.iter().zip(&rejects) {
+            self.h.awaiting.remove(&(ty, r.name().to_string()));
+            if *rejected {
+                c.rejected
+                    .insert((ty, r.name().to_string(), r.version().to_string()));
+            } else if !named || c.subs[i].contains(r.name()) {
+                // Envoy takes what it subscribes to.
+                c.views[i].insert(r.name().to_string(), r.clone());
+                self.h.dropped.remove(&(ty, r.name().to_string()));
+            }
+        }
+        for n in &resp.removed {
+            // (A name the client dropped itself may be gone from the server
+            // meanwhile: its removal does not make it warm again.)
+            self.h.awaiting.remove(&(ty, n.to_string()));
+            c.views[i].remove(&**n);
+        }
+        c.nacked_after_reconnect |= nack && c.reconnected;
+        self.h.make_before_break()?;
+        if ty == ResourceType::Listener {
+            // Envoy drops a removed listener's routes (and asks for a new
+            // one's) as it applies the listeners.
+            self.follow(ResourceType::RouteConfiguration);
+        }
+        self.h.old_nonces[i].push(resp.nonce.to_string());
+        let mut ack = DeltaDiscoveryRequest {
+            type_url: ty.type_url().into(),
+            response_nonce: resp.nonce.to_string(),
+            ..Default::default()
+        };
+        if nack {
+            ack.error_detail = Some(RpcStatus {
+                code: 3,
+                message: "part".into(),
+                details: vec![],
+            });
+        }
+        self.send(ack);
+        Ok(true)
+    }
+
+    fn reconnect(&mut self, seed: u64) -> Result<(), String> {
+        self.m = self.machine();
+        self.inbox.clear();
+        self.h.old_nonces = Default::default();
+        // Subscriptions are stated anew (what it holds, with versions).
+        self.h.awaiting.clear();
+        let c = &mut self.h.c;
+        c.not_resumed = [true; 5];
+        c.reconnected = true;
+        for (ty, n) in reconnect_plan(seed) {
+            let c = &mut self.h.c;
+            let i = ty.index();
+            c.not_resumed[i] = false;
+            let names: Vec<String> = c.subs[i].iter().cloned().collect();
+            if !ty.is_full_state_in_sotw() && names.is_empty() {
+                continue;
+            }
+            let mut r = Self::sub(ty, names, vec![]);
+            r.initial_resource_versions = c.views[i]
+                .iter()
+                .map(|(n, res)| (n.clone(), res.version().to_string()))
+                .collect();
+            self.send(r);
+            for _ in 0..n {
+                if !self.step()? {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn run_delta_hostile(ops: &[HOp], small: bool) -> Result<(), String> {
+    let first = ops
+        .iter()
+        .find_map(|o| match o {
+            HOp::Publish(s) => Some(s.clone()),
+            _ => None,
+        })
+        .unwrap_or(Spec {
+            clusters: vec![(0, 1)],
+            route_to: vec![0],
+            second_listener: false,
+        });
+    let snap = build(&first);
+    let mut w = DeltaWorld {
+        m: DeltaMachine::new(None),
+        h: Hostile::default(),
+        history: vec![snap.clone()],
+        snap,
+        inbox: Default::default(),
+        // About one resource per response.
+        max_bytes: small.then_some(super::delta::ENVELOPE_BYTES + 200),
+    };
+    w.m = w.machine();
+    w.send(DeltaWorld::sub(ResourceType::Cluster, vec![], vec![]));
+    w.send(DeltaWorld::sub(ResourceType::Listener, vec![], vec![]));
+    for op in ops {
+        if debug() {
+            eprintln!("op {op:?}");
+        }
+        match op {
+            HOp::Publish(s) => {
+                w.snap = publish(&w.snap, s);
+                remember(&mut w.history, &w.snap);
+                w.m.set_snapshot(Some(w.snap.clone()));
+            }
+            HOp::NackPart(t, mask) => w.h.nack_mask[HTYPES[*t].index()] = *mask,
+            HOp::Step(n) => {
+                for _ in 0..*n {
+                    if !w.step()? {
+                        break;
+                    }
+                }
+            }
+            HOp::Reconnect(seed) => w.reconnect(*seed)?,
+            HOp::ReconnectElsewhere(seed, spec) => {
+                w.snap = build(spec);
+                w.history = vec![w.snap.clone()];
+                w.reconnect(*seed)?;
+            }
+            HOp::Unsubscribe(rds, idx) => {
+                let ty = named_type(*rds);
+                let c = &mut w.h.c;
+                if c.subs[ty.index()].is_empty() || c.not_resumed[ty.index()] {
+                    continue;
+                }
+                let n = c.subs[ty.index()]
+                    .iter()
+                    .nth(idx.index(c.subs[ty.index()].len()))
+                    .unwrap()
+                    .clone();
+                c.subs[ty.index()].remove(&n);
+                c.views[ty.index()].remove(&n);
+                w.h.dropped.insert((ty, n.clone()));
+                w.send(DeltaWorld::sub(ty, vec![], vec![n]));
+            }
+            HOp::Resubscribe(rds, idx) => {
+                let ty = named_type(*rds);
+                let c = &w.h.c;
+                if c.subs[ty.index()].is_empty() || c.not_resumed[ty.index()] {
+                    continue;
+                }
+                let n = c.subs[ty.index()]
+                    .iter()
+                    .nth(idx.index(c.subs[ty.index()].len()))
+                    .unwrap()
+                    .clone();
+                w.send(DeltaWorld::sub(ty, vec![n], vec![]));
+            }
+            HOp::Stale(t) => {
+                let ty = HTYPES[*t];
+                if let Some(n) = w.h.old_nonces[ty.index()].first().cloned()
+                    && !w.h.c.not_resumed[ty.index()]
+                {
+                    let mut r = DeltaWorld::sub(ty, vec![], vec![]);
+                    r.response_nonce = n;
+                    w.send(r);
+                }
+            }
+            HOp::Spontaneous(t) => {
+                let ty = HTYPES[*t];
+                if !w.h.old_nonces[ty.index()].is_empty() && !w.h.c.not_resumed[ty.index()] {
+                    w.send(DeltaWorld::sub(ty, vec![], vec![]));
+                }
+            }
+        }
+    }
+    w.h.nack_mask = Default::default();
+    w.h.c.not_resumed = Default::default();
+    for _ in 0..400 {
+        if !w.step()? {
+            break;
+        }
+    }
+    if w.step()? {
+        return Err("not quiet after 400 steps".into());
+    }
+    w.h.check_quiet(&w.snap, &w.m.status(), true, true)?;
+    if !any_rejected(&w.h.c) {
+        w.h.c.check_converged(&w.snap)?;
+    }
+    Ok(())
+}
+
+struct SotwWorld {
+    m: SotwMachine,
+    h: Hostile,
+    snap: Arc<Snapshot>,
+    history: Vec<Arc<Snapshot>>,
+    inbox: std::collections::VecDeque<super::SotwResponse>,
+    /// Per type: the last accepted version, and the last nonce received.
+    version: [String; 5],
+    nonce: [String; 5],
+}
+
+impl SotwWorld {
+    fn request(&self, ty: ResourceType, nonce: &str, err: bool) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: ty.type_url().into(),
+            resource_names: self.h.c.subs[ty.index()].iter().cloned().collect(),
+            version_info: self.version[ty.index()].clone(),
+            response_nonce: nonce.to_string(),
+            error_detail: err.then(|| RpcStatus {
+                code: 3,
+                message: "part".into(),
+                details: vec![],
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn send(&mut self, req: DiscoveryRequest) {
+        if debug() {
+            eprintln!(
+                "  -> {} {:?} v{:?} nonce {:?} err {}",
+                ResourceType::from_type_url(&req.type_url).unwrap(),
+                req.resource_names,
+                req.version_info,
+                req.response_nonce,
+                req.error_detail.is_some()
+            );
+        }
+        self.m.handle_request_with_history(&req, &self.history);
+        while let Some(r) = self.m.next_response() {
+            self.inbox.push_back(r);
+        }
+    }
+
+    /// [`DeltaWorld::follow`], with the whole list of names.
+    fn follow(&mut self, ty: ResourceType) -> bool {
+        let c = &mut self.h.c;
+        let w = c.wanted(ty);
+        if w == c.subs[ty.index()] || c.not_resumed[ty.index()] {
+            return false;
+        }
+        c.views[ty.index()].retain(|n, _| w.contains(n));
+        c.subs[ty.index()] = w;
+        let nonce = self.nonce[ty.index()].clone();
+        self.send(self.request(ty, &nonce, false));
+        true
+    }
+
+    fn step(&mut self) -> Result<bool, String> {
+        while let Some(r) = self.m.next_response() {
+            self.inbox.push_back(r);
+        }
+        let Some(resp) = self.inbox.pop_front() else {
+            for ty in [
+                ResourceType::ClusterLoadAssignment,
+                ResourceType::RouteConfiguration,
+            ] {
+                if self.follow(ty) {
+                    return Ok(true);
+                }
+            }
+            return Ok(false);
+        };
+        let ty = resp.ty;
+        let i = ty.index();
+        if debug() {
+            eprintln!(
+                "{ty} #{} v{}: {:?}",
+                resp.nonce,
+                resp.version,
+                resp.resources.keys().collect::<Vec<_>>()
+            );
+        }
+        // A SotW NACK rejects every resource of the response here (SotW has
+        // no way to settle which ones a client applied: a route to a valid
+        // cluster of a NACKed response waits for the next change of CDS),
+        // but CDS and LDS still apply its removals, as Envoy does.
+        let mut rejects = self.h.rejects(ty, resp.resources.len());
+        let nack = rejects.iter().any(|r| *r);
+        rejects.iter_mut().for_each(|r| *r = nack);
+        let c = &mut self.h.c;
+        let mut next: View = if ty.is_full_state_in_sotw() {
+            View::new()
+        } else {
+            c.views[i].clone()
+        };
+        for (r, rejected) in resp.resources.values().zip(&rejects) {
+            if *rejected {
+                c.rejected
+                    .insert((ty, r.name().to_string(), r.version().to_string()));
+                // The client keeps what it had.
+                if let Some(old) = c.views[i].get(r.name()) {
+                    next.insert(r.name().to_string(), old.clone());
+                }
+            } else if ty.is_full_state_in_sotw() || c.subs[i].contains(r.name()) {
+                next.insert(r.name().to_string(), r.clone());
+                self.h.dropped.remove(&(ty, r.name().to_string()));
+            }
+        }
+        // Envoy's SotW CDS and LDS apply removals (what the response lacks)
+        // even when they NACK it.
+        c.views[i] = next;
+        c.nacked_after_reconnect |= nack && c.reconnected;
+        self.h.make_before_break()?;
+        if ty == ResourceType::Listener {
+            // Envoy drops a removed listener's routes (and asks for a new
+            // one's) as it applies the listeners.
+            self.follow(ResourceType::RouteConfiguration);
+        }
+        self.h.old_nonces[i].push(resp.nonce.to_string());
+        self.nonce[i] = resp.nonce.to_string();
+        if !nack {
+            self.version[i] = resp.version.to_string();
+        }
+        self.send(self.request(ty, &resp.nonce, nack));
+        Ok(true)
+    }
+}
+
+fn run_sotw_hostile(ops: &[HOp]) -> Result<(), String> {
+    let first = ops
+        .iter()
+        .find_map(|o| match o {
+            HOp::Publish(s) => Some(s.clone()),
+            _ => None,
+        })
+        .unwrap_or(Spec {
+            clusters: vec![(0, 1)],
+            route_to: vec![0],
+            second_listener: false,
+        });
+    let snap = build(&first);
+    let mut specs = vec![first];
+    let mut w = SotwWorld {
+        m: SotwMachine::new(None),
+        h: Hostile::default(),
+        history: vec![snap.clone()],
+        snap,
+        inbox: Default::default(),
+        version: Default::default(),
+        nonce: Default::default(),
+    };
+    w.m.set_snapshot(Some(w.snap.clone()));
+    w.send(w.request(ResourceType::Cluster, "", false));
+    w.send(w.request(ResourceType::Listener, "", false));
+    for op in ops {
+        if debug() {
+            eprintln!("op {op:?}");
+        }
+        match op {
+            HOp::Publish(s) => {
+                w.snap = publish(&w.snap, s);
+                remember(&mut w.history, &w.snap);
+                w.m.set_snapshot(Some(w.snap.clone()));
+                specs.insert(0, s.clone());
+                specs.truncate(HISTORY);
+            }
+            HOp::NackPart(t, mask) => w.h.nack_mask[HTYPES[*t].index()] = *mask,
+            HOp::Step(n) => {
+                for _ in 0..*n {
+                    if !w.step()? {
+                        break;
+                    }
+                }
+            }
+            // Not modelled for SotW yet (reported on issue #8): a SotW
+            // client's version covers its whole type, so on a new stream it
+            // reports endpoints (or, after a NACK whose removals it applied,
+            // clusters) it no longer holds: the server resolves the version
+            // to content the client dropped, and a route to a re-created
+            // cluster goes out while its endpoints are missing. Reconnects
+            // without unsubscribes are in `sotw_never_breaks_routes_and_converges`.
+            HOp::Reconnect(_) | HOp::ReconnectElsewhere(..) => {}
+            // A SotW client cannot say on a new stream that it dropped one
+            // name of a type (its version covers the type), and Envoy drops
+            // endpoints only with their cluster: unsubscribing is left to
+            // reference-following here.
+            HOp::Unsubscribe(rds, _) | HOp::Resubscribe(rds, _) => {
+                let ty = named_type(*rds);
+                if !w.h.c.subs[ty.index()].is_empty() && !w.h.c.not_resumed[ty.index()] {
+                    let nonce = w.nonce[ty.index()].clone();
+                    w.send(w.request(ty, &nonce, false));
+                }
+            }
+            HOp::Stale(t) => {
+                let ty = HTYPES[*t];
+                if let Some(n) = w.h.old_nonces[ty.index()].first().cloned()
+                    && !w.h.c.not_resumed[ty.index()]
+                {
+                    w.send(w.request(ty, &n, false));
+                }
+            }
+            HOp::Spontaneous(t) => {
+                let ty = HTYPES[*t];
+                if !w.h.old_nonces[ty.index()].is_empty() && !w.h.c.not_resumed[ty.index()] {
+                    w.send(w.request(ty, "", false));
+                }
+            }
+        }
+    }
+    w.h.nack_mask = Default::default();
+    w.h.c.not_resumed = Default::default();
+    for _ in 0..400 {
+        if !w.step()? {
+            break;
+        }
+    }
+    if w.step()? {
+        return Err("not quiet after 400 steps".into());
+    }
+    // SotW asserts make-before-break and what the server believes of CDS
+    // and LDS only. Two SotW findings of this model, reported on issue #8
+    // and left to the SotW rules' owner: (1) a request that drops a route
+    // configuration while a response is in flight carries a stale nonce and
+    // is ignored, so if the route comes back before the next ACK the server
+    // never learns it was dropped and never sends it again; (2) a route
+    // whose cluster's endpoints were rejected holds back the other routes.
+    w.h.check_quiet(&w.snap, &w.m.status(), false, false)?;
+    Ok(())
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: std::env::var("SIM_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(300), ..ProptestConfig::default() })]
 
     #[test]
     fn sotw_never_breaks_routes_and_converges(ops in proptest::collection::vec(op(), 1..25)) {
@@ -590,5 +1305,31 @@ proptest! {
         for t in ResourceType::ALL {
             prop_assert_eq!(a.version(t), b.version(t));
         }
+    }
+}
+
+/// Cases of the hostile-client models (`SIM_CASES` overrides): the rare
+/// interleavings they found took thousands.
+fn hostile_cases() -> u32 {
+    std::env::var("SIM_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(2000)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: hostile_cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn sotw_hostile_client_keeps_the_invariants(ops in proptest::collection::vec(hop(), 1..30)) {
+        run_sotw_hostile(&ops).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn delta_hostile_client_keeps_the_invariants(
+        ops in proptest::collection::vec(hop(), 1..30),
+        small in any::<bool>(),
+    ) {
+        run_delta_hostile(&ops, small).map_err(TestCaseError::fail)?;
     }
 }

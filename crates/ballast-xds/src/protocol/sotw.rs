@@ -220,6 +220,13 @@ impl SotwMachine {
                         message: err.message.clone(),
                     };
                     st.nack = Some(info);
+                    if ty.is_full_state_in_sotw() && !keys_subset(&st.acked, &f.resources) {
+                        // Envoy's CDS and LDS apply a NACKed response's
+                        // removals (what it lacks): the client no longer has
+                        // those (found by the hostile model in sim.rs).
+                        let sent = &f.resources;
+                        Arc::make_mut(&mut st.acked).retain(|n, _| sent.contains_key(n));
+                    }
                 } else {
                     // Absence from an EDS/RDS/SDS response removes nothing
                     // at the client: it keeps what it had until it unsubscribes
@@ -573,7 +580,7 @@ impl SotwMachine {
             if same_version(held, res) {
                 continue;
             }
-            if !hard_refs_ready(res, snap, self) {
+            if !hard_refs_ready(res, snap, self) || self.removing_hard_ref(res) {
                 return None;
             }
             out.all_held = false;
@@ -674,7 +681,7 @@ impl SotwMachine {
             let unchanged = held.is_some_and(|h| same_version(h, res));
             let pick = match held {
                 Some(h) if unchanged => h,
-                _ if hard_refs_ready(res, snap, self) => res,
+                _ if hard_refs_ready(res, snap, self) && !self.removing_hard_ref(res) => res,
                 Some(old) => old,
                 None => {
                     out.held_missing = true;
@@ -755,6 +762,20 @@ impl SotwMachine {
     fn resume_holds_removals(&self, ty: ResourceType) -> bool {
         self.resume_pending()
             && resume_holds_removals(ty, |t| self.types[t.index()].is_some(), self)
+    }
+
+    /// A cluster `res` routes to is left out of the CDS response in flight:
+    /// the client is about to remove it (found by the hostile model).
+    fn removing_hard_ref(&self, res: &Resource) -> bool {
+        let Some(f) = self.types[ResourceType::Cluster.index()]
+            .as_ref()
+            .and_then(|t| t.in_flight.as_ref())
+        else {
+            return false;
+        };
+        res.refs()
+            .iter()
+            .any(|r| r.hard && r.ty == ResourceType::Cluster && !f.resources.contains_key(&r.name))
     }
 
     pub fn status(&self) -> Vec<TypeStatus> {
