@@ -122,6 +122,12 @@ pub struct Resource {
     /// Byte range of the inner message within `any`.
     value_start: usize,
     refs: Vec<Ref>,
+    /// Proto-JSON of `any` for REST pollers, made on first use and shared by
+    /// all of them (invariant 10: encode once per resource version).
+    json: std::sync::OnceLock<Arc<str>>,
+    /// How many times `json` was computed (tests prove "once").
+    #[cfg(test)]
+    pub(crate) json_encodings: std::sync::atomic::AtomicUsize,
 }
 
 impl fmt::Debug for Resource {
@@ -242,6 +248,9 @@ impl Resource {
             any: buf.freeze(),
             value_start,
             refs,
+            json: std::sync::OnceLock::new(),
+            #[cfg(test)]
+            json_encodings: Default::default(),
         }
     }
 
@@ -263,6 +272,19 @@ impl Resource {
     /// The encoded `google.protobuf.Any`, shared by every response that carries it.
     pub fn any_bytes(&self) -> &Bytes {
         &self.any
+    }
+    /// The proto-JSON of [`Resource::any_bytes`] (`{"@type": ..., ...}`),
+    /// computed once per resource and then shared by every REST poller.
+    pub fn any_json(&self) -> Result<Arc<str>, crate::json::JsonError> {
+        if let Some(j) = self.json.get() {
+            return Ok(j.clone());
+        }
+        let v = crate::json::bytes_to_json(&Any::full_name(), &self.any)?;
+        #[cfg(test)]
+        self.json_encodings
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Two racing first pollers: both compute, one value is kept for all.
+        Ok(self.json.get_or_init(|| v.to_string().into()).clone())
     }
     /// The encoded inner message.
     pub fn value_bytes(&self) -> Bytes {

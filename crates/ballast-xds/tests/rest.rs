@@ -50,6 +50,43 @@ async fn unknown_discovery_type_is_404_with_a_message() {
     assert_eq!(status, 200, "{text}");
 }
 
+/// Issue 15: a poll naming a gateway the (ready) server does not have is
+/// answered at once with 404 and a message, not held until the client's own
+/// timeout; once the gateway appears the same poll gets 200.
+#[tokio::test]
+async fn unknown_gateway_is_404_at_once_then_200_when_it_appears() {
+    common::init_tracing();
+    let cache = SnapshotCache::new();
+    cache.set_snapshot("edge", common::fixture(&["a"], "a", 1));
+    cache.set_ready(true);
+    let by_cluster: ballast_xds::NodeGrouper = std::sync::Arc::new(|n| Ok(n.cluster.clone()));
+    let server = XdsServer::builder(cache.clone())
+        .grouper(by_cluster)
+        .build();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(server.serve_with_shutdown(listener, std::future::pending::<()>()));
+    let body = r#"{"node":{"id":"rest-1","cluster":"nope"}}"#;
+    // `post` fails unless answered within its bound (before: held forever).
+    let (status, text) = post(addr, "/v3/discovery:clusters", body).await;
+    assert_eq!(status, 404, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let msg = v["error"].as_str().unwrap();
+    assert!(
+        msg.contains(r#"no gateway "nope""#) && msg.contains("rest-1"),
+        "{msg}"
+    );
+    // A known gateway still answers.
+    let known = r#"{"node":{"id":"rest-2","cluster":"edge"}}"#;
+    let (status, text) = post(addr, "/v3/discovery:clusters", known).await;
+    assert_eq!(status, 200, "{text}");
+    // The gateway appears: the same poll is answered with its config.
+    cache.set_snapshot("nope", common::fixture(&["a"], "a", 1));
+    let (status, text) = post(addr, "/v3/discovery:clusters", body).await;
+    assert_eq!(status, 200, "{text}");
+    task.abort();
+}
+
 #[tokio::test]
 async fn fetch_held_during_shutdown_is_503() {
     common::init_tracing();

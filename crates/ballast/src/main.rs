@@ -155,8 +155,12 @@ enum Command {
         /// node.id (default `envoy-<namespace>-<name>`).
         #[arg(long)]
         node_id: Option<String>,
-        /// Use Delta xDS (DELTA_GRPC) instead of State-of-the-World.
-        #[arg(long)]
+        /// How Envoy fetches config: ADS (SotW or Delta), one gRPC stream per
+        /// type (SotW or Delta), or REST-JSON polling.
+        #[arg(long, value_enum, default_value_t = bootstrap::Transport::Ads)]
+        transport: bootstrap::Transport,
+        /// Same as `--transport delta-ads`.
+        #[arg(long, conflicts_with = "transport")]
         delta: bool,
         /// Envoy's own admin port on 127.0.0.1 (0: any free port).
         #[arg(long, default_value = "9901")]
@@ -367,10 +371,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             gateway,
             xds_addr,
             node_id,
+            transport,
             delta,
             envoy_admin_port,
             tls_dir,
         } => {
+            let transport = if delta {
+                bootstrap::Transport::DeltaAds
+            } else {
+                transport
+            };
             let key = gateway_key(&gateway);
             print!(
                 "{}",
@@ -378,7 +388,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     gateway: key.to_string(),
                     node_id,
                     xds_addr,
-                    delta,
+                    transport,
                     envoy_admin_port,
                     tls_dir,
                 })?

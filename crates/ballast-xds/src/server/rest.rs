@@ -8,11 +8,9 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
-use prost::Name;
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 
 use super::XdsServer;
-use super::codec::WireMessage;
 use crate::json;
 use crate::resource::ResourceType;
 
@@ -115,21 +113,112 @@ async fn handle(
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
+    // Once ready, every known gateway has a snapshot: a poll for one that
+    // has none is answered now (a poller would otherwise wait until its own
+    // request timeout and learn nothing). Before ready, fetch_as holds it.
+    let shared = &server.shared;
+    if let Some(node) = req.node.as_ref()
+        && shared.cache.is_ready()
+        && let Ok(group) = (shared.grouper)(node)
+        && shared.cache.snapshot(&group).is_none()
+    {
+        // Admission first: a refused client learns nothing about gateways.
+        if let Err(status) = shared.admit(peer.as_deref(), node, &group) {
+            return error(http_status(status.code()), status.message().to_string());
+        }
+        return error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no gateway {group:?} in the config (node {:?}, from node.cluster or metadata ballast.gateway); polls are answered once it appears",
+                node.id
+            ),
+        );
+    }
     match super::fetch::fetch_as(&server, ty, &req, peer.as_deref()).await {
         Ok(None) => StatusCode::NOT_MODIFIED.into_response(),
-        Ok(Some(resp)) => {
-            let mut buf = Vec::with_capacity(resp.encoded_len());
-            resp.encode_raw(&mut buf);
-            match json::bytes_to_json(&DiscoveryResponse::full_name(), &buf) {
-                Ok(v) => (
-                    StatusCode::OK,
-                    [(header::CONTENT_TYPE, "application/json")],
-                    v.to_string(),
-                )
-                    .into_response(),
-                Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-            }
-        }
+        Ok(Some(resp)) => match response_json(&resp) {
+            Ok(text) => (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                text,
+            )
+                .into_response(),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        },
         Err(status) => error(http_status(status.code()), status.message().to_string()),
+    }
+}
+
+/// The proto-JSON `DiscoveryResponse` for a REST poll. Each resource's JSON
+/// is encoded once per version ([`crate::resource::Resource::any_json`]) and
+/// shared by every poller; only the envelope is written per response.
+fn response_json(resp: &crate::protocol::SotwResponse) -> Result<String, crate::json::JsonError> {
+    let q = |s: &str| serde_json::Value::from(s).to_string();
+    let mut out = String::with_capacity(128);
+    out.push_str("{\"versionInfo\":");
+    out.push_str(&q(&resp.version));
+    if !resp.resources.is_empty() {
+        out.push_str(",\"resources\":[");
+        for (i, r) in resp.resources.values().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&r.any_json()?);
+        }
+        out.push(']');
+    }
+    out.push_str(",\"typeUrl\":");
+    out.push_str(&q(resp.ty.type_url()));
+    out.push_str(",\"nonce\":");
+    out.push_str(&q(&resp.nonce));
+    out.push_str(",\"controlPlane\":{\"identifier\":");
+    out.push_str(&q(super::codec::CONTROL_PLANE_ID));
+    out.push_str("}}");
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
+    use prost::Name;
+
+    use super::*;
+    use crate::protocol::SotwResponse;
+    use crate::server::codec::WireMessage;
+
+    /// Two pollers of one snapshot get byte-identical bodies from ONE JSON
+    /// encoding per resource, and the body is the same proto-JSON the whole
+    /// `DiscoveryResponse` converted at once gives (what Envoy parsed before).
+    #[test]
+    fn two_pollers_share_one_encoding_per_resource() {
+        let mut b = crate::Snapshot::builder();
+        for name in ["a", "b"] {
+            let c = crate::simple::eds_cluster(name, std::time::Duration::from_secs(1));
+            b.message(&c).unwrap();
+        }
+        // Clusters only (no EDS): the envelope is what is tested here.
+        let snap = b.build_unchecked().unwrap();
+        let resources = snap.resources(ResourceType::Cluster).clone();
+        let poll = |nonce: &str| SotwResponse {
+            ty: ResourceType::Cluster,
+            version: snap.version(ResourceType::Cluster).clone(),
+            nonce: nonce.into(),
+            resources: resources.clone(),
+        };
+        let first = response_json(&poll("1")).unwrap();
+        let second = response_json(&poll("1")).unwrap();
+        assert_eq!(first, second);
+        assert_eq!(resources.len(), 2);
+        for r in resources.values() {
+            assert_eq!(r.json_encodings.load(Ordering::Relaxed), 1, "{}", r.name());
+        }
+        let resp = poll("1");
+        let mut buf = Vec::new();
+        resp.encode_raw(&mut buf);
+        let whole = json::bytes_to_json(&DiscoveryResponse::full_name(), &buf).unwrap();
+        let ours: serde_json::Value = serde_json::from_str(&first).unwrap();
+        assert_eq!(ours, whole);
     }
 }
