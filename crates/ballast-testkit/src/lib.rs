@@ -64,12 +64,34 @@ pub use traffic::{Traffic, TrafficConfig, TrafficReport};
 pub use upstream::Upstream;
 pub use wait::{wait_for, wait_until};
 
-/// A free TCP port on 127.0.0.1: binds port 0, reads the port the kernel chose, and releases it.
+/// The ports `free_port` hands out: below Linux's default ephemeral range (32768–60999), so no
+/// outgoing connection's local port can take one before its listener binds it.
+const PORTS: std::ops::Range<u32> = 20_000..32_000;
+
+/// A free TCP port on 127.0.0.1, for things that cannot be told to bind port 0 and report back
+/// (e.g. a static Envoy listener).
 ///
-/// Only for things that cannot be told to bind port 0 and report back (e.g. a static Envoy listener).
-/// There is an unavoidable race with other processes grabbing the same port; the kernel hands out ephemeral
-/// ports in a rotating fashion, which makes an immediate reuse unlikely.
+/// Never the same port twice in one process, and never an ephemeral one: Envoy listens with
+/// `SO_REUSEPORT`, so a port that two listeners (two tests' Envoys) both bind is not an error but
+/// silently splits connections between them, and a connection that lands on an Envoy being shut
+/// down is reset. Each process starts at an offset from its pid, so parallel test binaries rarely
+/// meet; a port that is taken (bind fails) is skipped. Falls back to the kernel's choice if the
+/// whole range is taken.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = PORTS.end - PORTS.start;
+    let offset = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        if n >= span {
+            break;
+        }
+        let port = (PORTS.start + (offset + n) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     let listener =
         std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0 to find a free port");
     listener
@@ -85,5 +107,15 @@ mod tests {
         let p = super::free_port();
         assert_ne!(p, 0);
         std::net::TcpListener::bind(("127.0.0.1", p)).expect("the port is free again");
+    }
+
+    /// Parallel tests must never be handed the same port (their Envoys would share it through
+    /// SO_REUSEPORT), nor an ephemeral one an outgoing connection may hold.
+    #[test]
+    fn free_ports_are_distinct_and_not_ephemeral() {
+        let ports: Vec<u16> = (0..2000).map(|_| super::free_port()).collect();
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "a port was handed out twice");
+        assert!(ports.iter().all(|p| super::PORTS.contains(&u32::from(*p))));
     }
 }
