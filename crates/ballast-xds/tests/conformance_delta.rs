@@ -342,15 +342,17 @@ async fn maybe_held_resources_are_removed_when_they_go_away() {
     c.expect_quiet().await;
 }
 
-/// [`fixture`] whose cluster `x` has a connect timeout of `x_timeout` seconds
-/// (another version of the cluster).
-fn with_x(names: &[&str], route_to: &str, x_timeout: u64) -> ballast_xds::Snapshot {
+/// A snapshot with the cluster `cluster(name)` and a load assignment for each
+/// of `names`, listener l1 and route configuration r1 to `route_to`.
+fn clusters_snapshot(
+    names: &[&str],
+    route_to: &str,
+    cluster: impl Fn(&str) -> ballast_xds::envoy_types::pb::envoy::config::cluster::v3::Cluster,
+) -> ballast_xds::Snapshot {
     use ballast_xds::simple;
     let mut b = ballast_xds::Snapshot::builder();
     for n in names {
-        let t = if *n == "x" { x_timeout } else { 1 };
-        b.message(&simple::eds_cluster(n, Duration::from_secs(t)))
-            .unwrap();
+        b.message(&cluster(n)).unwrap();
         b.message(&simple::load_assignment(n, &[("127.0.0.1", 1)]))
             .unwrap();
     }
@@ -359,6 +361,15 @@ fn with_x(names: &[&str], route_to: &str, x_timeout: u64) -> ballast_xds::Snapsh
     b.message(&simple::route_config("r1", &[("*", &[(route_to, 1)])]))
         .unwrap();
     b.build().unwrap()
+}
+
+/// [`fixture`] whose cluster `x` has a connect timeout of `x_timeout` seconds
+/// (another version of the cluster).
+fn with_x(names: &[&str], route_to: &str, x_timeout: u64) -> ballast_xds::Snapshot {
+    clusters_snapshot(names, route_to, |n| {
+        let t = if n == "x" { x_timeout } else { 1 };
+        ballast_xds::simple::eds_cluster(n, Duration::from_secs(t))
+    })
 }
 
 /// Issue #8: a route to a cluster that came in a NACKed response is not sent
@@ -467,20 +478,11 @@ async fn unsubscribing_a_name_the_wildcard_covers_is_answered() {
 /// Clusters `names` of about `bytes` each (a long stat name), EDS load
 /// assignments for them, and route r1 to `route_to`.
 fn big_clusters(names: &[&str], bytes: usize, route_to: &str) -> ballast_xds::Snapshot {
-    use ballast_xds::simple;
-    let mut b = ballast_xds::Snapshot::builder();
-    for n in names {
-        let mut c = simple::eds_cluster(n, Duration::from_secs(1));
+    clusters_snapshot(names, route_to, |n| {
+        let mut c = ballast_xds::simple::eds_cluster(n, Duration::from_secs(1));
         c.alt_stat_name = n.repeat(bytes / n.len());
-        b.message(&c).unwrap();
-        b.message(&simple::load_assignment(n, &[("127.0.0.1", 1)]))
-            .unwrap();
-    }
-    b.message(&simple::http_listener("l1", "127.0.0.1", 0, "r1"))
-        .unwrap();
-    b.message(&simple::route_config("r1", &[("*", &[(route_to, 1)])]))
-        .unwrap();
-    b.build().unwrap()
+        c
+    })
 }
 
 /// Issue #8: a Delta response over 4 MiB (the clients' default gRPC limit;
