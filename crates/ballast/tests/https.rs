@@ -141,13 +141,7 @@ async fn scenario(mode: AdsMode) {
         + &secret("alpha-tls", &alpha_crt, &alpha_key)
         + &secret("beta-tls", &beta_crt, &beta_key);
     std::fs::write(dir.path().join("config.yaml"), config).unwrap();
-    let ballast = Ballast::start(
-        free_addr(),
-        free_addr(),
-        &["--config", dir.path().to_str().unwrap()],
-    )
-    .unwrap();
-    ballast.wait_ready().await.unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
     let envoy = Envoy::start(&EnvoyConfig::new(
         ballast.xds,
         "envoy-https",

@@ -22,13 +22,7 @@ async fn broken_file_changes_nothing_and_fix_applies() {
     )
     .unwrap();
     write_atomic(&web, &backend("web", &[a.addr()]));
-    let ballast = Ballast::start(
-        free_addr(),
-        free_addr(),
-        &["--config", dir.path().to_str().unwrap()],
-    )
-    .unwrap();
-    ballast.wait_ready().await.unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
     let envoy = Envoy::start(&EnvoyConfig::new(
         ballast.xds,
         "envoy-lkg",
@@ -174,13 +168,7 @@ async fn bad_edit_to_one_route_keeps_it_and_a_good_edit_applies() {
     let extra = backend("bb", &[b.addr()]);
     let v1 = many_routes(gw_port, n, &[a.addr()]) + &extra;
     write_atomic(&file, &v1);
-    let ballast = Ballast::start(
-        free_addr(),
-        free_addr(),
-        &["--config", dir.path().to_str().unwrap()],
-    )
-    .unwrap();
-    ballast.wait_ready().await.unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
     let envoy = Envoy::start(&EnvoyConfig::new(
         ballast.xds,
         "envoy-lkg-object",
@@ -315,13 +303,7 @@ spec:
         backend("broken", &[a.addr()]).replace("connectTimeout: 1s", "connectTimeout: soon"),
     )
     .unwrap();
-    let ballast = Ballast::start(
-        free_addr(),
-        free_addr(),
-        &["--config", dir.path().to_str().unwrap()],
-    )
-    .unwrap();
-    ballast.wait_ready().await.unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
     let _envoy = Envoy::start(&EnvoyConfig::new(
         ballast.xds,
         "envoy-lkg-kinds",

@@ -47,13 +47,7 @@ async fn scenario(mode: AdsMode) {
         gateway(gw_port) + &route("web", "web.example.com", "web") + &backend("web", &[up.addr()]),
     )
     .unwrap();
-    let ballast = Ballast::start(
-        free_addr(),
-        free_addr(),
-        &["--config", dir.path().to_str().unwrap()],
-    )
-    .unwrap();
-    ballast.wait_ready().await.unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
     let envoy = Envoy::start(&EnvoyConfig::new(
         ballast.xds,
         "envoy-metrics",

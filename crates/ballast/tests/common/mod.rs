@@ -75,6 +75,22 @@ impl Ballast {
         })
     }
 
+    /// `ballast serve --config DIR` on free ports, once ready (what most
+    /// end-to-end tests start from).
+    pub async fn serve_ready(config: &Path) -> Ballast {
+        let ballast = Ballast::start(
+            free_addr(),
+            free_addr(),
+            &["--config", config.to_str().expect("a UTF-8 path")],
+        )
+        .expect("start ballast serve");
+        ballast
+            .wait_ready()
+            .await
+            .unwrap_or_else(|e| panic!("{e}: {}", ballast.log_tail()));
+        ballast
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
