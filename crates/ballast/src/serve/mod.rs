@@ -169,7 +169,11 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             opts.xds_addr
         );
     }
-    let etcd_source = opts.etcd.enabled().then(|| opts.etcd.source()).transpose()?;
+    let etcd_source = opts
+        .etcd
+        .enabled()
+        .then(|| opts.etcd.source())
+        .transpose()?;
     let etcd_state = etcd_source.as_ref().map(|s| etcd::EtcdState {
         client: s.client().clone(),
         key: opts.etcd.guard_state_key(),
