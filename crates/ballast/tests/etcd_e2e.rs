@@ -86,6 +86,18 @@ async fn sources(b: &Ballast) -> Value {
     v["sources"][0].clone()
 }
 
+/// Waits until the gateway listener answers 200 for web.example.com (LDS comes after EDS).
+async fn wait_serving(port: u16) {
+    wait_until(T, POLL, || async {
+        matches!(
+            host_status(loopback(port), "web.example.com").await,
+            Ok(200)
+        )
+    })
+    .await
+    .unwrap();
+}
+
 fn etcd_args(urls: &[String]) -> Vec<String> {
     urls.iter()
         .flat_map(|u| ["--etcd".to_string(), u.clone()])
@@ -128,8 +140,12 @@ async fn leader_killed_during_endpoint_churn_loses_nothing() {
     let (_ups, eps) = upstreams(4).await;
     let port = ballast_testkit::free_port();
     seed(&c, port, &eps[..2]).await;
+    // The leader's URL first: Ballast's client starts there, so the first kill is guaranteed
+    // to take down the member its watch is on (it must fail over and resume).
+    let mut ordered = urls.clone();
+    ordered.rotate_left(etcd.leader().await.unwrap());
     let (xds, admin) = (free_addr(), free_addr());
-    let ballast = start(xds, admin, &etcd_args(&urls));
+    let ballast = start(xds, admin, &etcd_args(&ordered));
     ballast.wait_ready().await.unwrap();
     let envoy = Envoy::start(&EnvoyConfig::new(
         xds,
@@ -141,6 +157,7 @@ async fn leader_killed_during_endpoint_churn_loses_nothing() {
     .unwrap();
     wait_eds(&envoy, &addrs(&eps[..2]), "the initial endpoints").await;
     let gen0 = sources(&ballast).await["generation"].as_u64().unwrap();
+    wait_serving(port).await;
     let traffic = Traffic::start(TrafficConfig::new(loopback(port), "web.example.com", "/"));
     wait_until(T, POLL, || async { traffic.report().total > 20 })
         .await
@@ -169,6 +186,9 @@ async fn leader_killed_during_endpoint_churn_loses_nothing() {
     }
     let report = traffic.stop().await;
     report.assert_all_ok();
+    // The first kill took down the member Ballast's watch was on: it noticed and resumed.
+    let log = std::fs::read_to_string(&ballast.log).unwrap();
+    assert!(log.contains("etcd unreachable"), "{}", ballast.log_tail());
 
     // Final Envoy EDS equals the final store; Ballast is at the store's revision.
     let stored = c.get(key("backends", "web")).await.unwrap().unwrap();
@@ -207,6 +227,7 @@ async fn etcd_down_for_30s_under_traffic_changes_nothing() {
     .unwrap();
     wait_eds(&envoy, &addrs(&eps[..1]), "the initial endpoints").await;
     let before = envoy.config_summary(true).await.unwrap();
+    wait_serving(port).await;
     let traffic = Traffic::start(TrafficConfig::new(loopback(port), "web.example.com", "/"));
 
     etcd.stop(0);
