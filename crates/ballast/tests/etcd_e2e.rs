@@ -538,3 +538,71 @@ async fn type_versions(b: &Ballast) -> Vec<(String, Value)> {
         .map(|(t, c)| (t.clone(), c["version"].clone()))
         .collect()
 }
+
+/// `--config` and `--etcd` together: not ready while etcd is down at start (and `/readyz`
+/// says why), then serving the union; an object defined in both is an error naming both
+/// places while the last good union stays served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_plus_etcd_serve_the_union_and_duplicates_are_errors() {
+    let mut etcd = EtcdCluster::start_single().await.unwrap();
+    let urls = etcd.client_urls();
+    let c = client(&urls);
+    let port = ballast_testkit::free_port();
+    let dummy: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("gw.yaml"),
+        format!(
+            "{}{}",
+            gateway(port),
+            route("web", "web.example.com", "web")
+        ),
+    )
+    .unwrap();
+    put(&c, &key("backends", "web"), &backend("web", &[dummy])).await;
+    etcd.stop(0);
+
+    let mut args = etcd_args(&urls);
+    args.extend(["--config".to_string(), dir.path().display().to_string()]);
+    let (xds, admin) = (free_addr(), free_addr());
+    let b = start(xds, admin, &args);
+    let r = wait_until(T, POLL, || async {
+        matches!(b.get("/readyz").await, Ok((503, body)) if body.contains("etcd unavailable"))
+    })
+    .await;
+    if let Err(e) = r {
+        panic!("{e}: {:?}", b.get("/readyz").await);
+    }
+
+    etcd.restart(0).await.unwrap();
+    b.wait_ready().await.unwrap();
+    let s = sources(&b).await;
+    assert!(s["name"].as_str().unwrap().contains(" + etcd:"), "{s}");
+    assert_eq!(s["files"], 2, "one file and one key: {s}");
+    let generation = s["generation"].clone();
+
+    // The route also written to etcd: a duplicate of the file's, reported with both places.
+    put(
+        &c,
+        &key("httproutes", "web"),
+        &route("web", "web.example.com", "web"),
+    )
+    .await;
+    let r = wait_until(T, POLL, || async {
+        sources(&b).await["errors"].as_array().is_some_and(|e| {
+            e.iter().any(|e| {
+                let e = e.as_str().unwrap_or("");
+                e.contains("duplicate")
+                    && e.contains("etcd:/ballast/httproutes/default/web")
+                    && e.contains("gw.yaml")
+            })
+        })
+    })
+    .await;
+    if let Err(e) = r {
+        panic!("{e}: {}", sources(&b).await);
+    }
+    let s = sources(&b).await;
+    assert_eq!(s["generation"], generation, "last good union kept: {s}");
+    assert_eq!(b.get("/readyz").await.unwrap().0, 200);
+}
