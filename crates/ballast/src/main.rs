@@ -78,7 +78,7 @@ fn share(s: &str) -> Result<f64, String> {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve xDS. With no --config, serves the built-in quickstart config.
+    /// Serve xDS. With no --config or --etcd, serves the built-in quickstart config.
     Serve {
         /// A YAML file or directory (recursively, *.yaml/*.yml). Repeatable.
         #[arg(long = "config", value_name = "PATH")]
@@ -130,6 +130,8 @@ enum Command {
         shutdown_grace: Duration,
         #[command(flatten)]
         security: Box<serve::security::SecurityFlags>,
+        #[command(flatten)]
+        etcd: Box<serve::etcd::EtcdArgs>,
     },
     /// Check config: exit 0, or print every error with file:line:col and exit 1.
     Validate {
@@ -263,6 +265,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             limits,
             shutdown_grace,
             security,
+            etcd,
         } => {
             let rt = tokio::runtime::Runtime::new()?;
             let served = rt.block_on(serve::serve(serve::ServeOptions {
@@ -283,6 +286,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 shutdown_grace,
                 security: *security,
                 state_dir: state_dir.unwrap_or_else(state::default_dir),
+                etcd: *etcd,
             }));
             // The grace already bounded the stop: do not wait for blocking
             // tasks (file reads, watchers) on the way out.
