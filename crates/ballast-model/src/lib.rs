@@ -13,6 +13,7 @@
 //! as status, as in Gateway API.
 #![forbid(unsafe_code)]
 
+pub mod attach;
 pub mod duration;
 pub mod error;
 pub mod hostname;

@@ -13,8 +13,8 @@ use serde_saphyr::MessageFormatter;
 use crate::error::{ConfigError, ObjectRef, sort_errors};
 use crate::kinds::secret::SecretDoc;
 use crate::kinds::{
-    Backend, BackendSpec, DEFAULT_NAMESPACE, Gateway, GatewaySpec, HttpRoute, HttpRouteSpec, Kind,
-    KindMatch, Metadata, Object, ObjectKey, Source,
+    Backend, BackendPolicy, BackendPolicySpec, BackendSpec, DEFAULT_NAMESPACE, Gateway,
+    GatewaySpec, HttpRoute, HttpRouteSpec, Kind, KindMatch, Metadata, Object, ObjectKey, Source,
 };
 use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
@@ -347,6 +347,8 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
         Kind::Backend => deserialize::<Doc<BackendSpec>>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::Backend(d.spec))),
         Kind::Secret => deserialize::<SecretDoc>(doc.text).map(Typed::Secret),
+        Kind::BackendPolicy => deserialize::<Doc<BackendPolicySpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::BackendPolicy(d.spec))),
     }
     .map_err(strict_error)?;
     finish(file, object, doc_pos, typed).map(Parsed::Object)
@@ -362,6 +364,7 @@ enum TypedSpec {
     Gateway(GatewaySpec),
     HttpRoute(HttpRouteSpec),
     Backend(BackendSpec),
+    BackendPolicy(BackendPolicySpec),
 }
 
 /// Applies defaults and validates; the one place both parse paths build objects.
@@ -404,6 +407,15 @@ fn finish(
             };
             validate::backend(&mut ctx, &b);
             Object::Backend(Arc::new(b))
+        }
+        Typed::Spec(metadata, TypedSpec::BackendPolicy(spec)) => {
+            let p = BackendPolicy {
+                metadata,
+                spec,
+                source,
+            };
+            crate::kinds::policy::validate_backend_policy(&mut ctx, &p);
+            Object::BackendPolicy(Arc::new(p))
         }
         Typed::Secret(d) => match validate::secret(&mut ctx, d, source) {
             Some(s) => Object::Secret(Arc::new(s)),
@@ -456,6 +468,9 @@ impl<'de> Deserialize<'de> for FastDoc {
                                 Some(Kind::Gateway) => TypedSpec::Gateway(map.next_value()?),
                                 Some(Kind::HttpRoute) => TypedSpec::HttpRoute(map.next_value()?),
                                 Some(Kind::Backend) => TypedSpec::Backend(map.next_value()?),
+                                Some(Kind::BackendPolicy) => {
+                                    TypedSpec::BackendPolicy(map.next_value()?)
+                                }
                                 _ => return Err(decline()),
                             })
                         }

@@ -116,6 +116,7 @@ pub struct ConfigSet {
     pub http_routes: BTreeMap<ObjectKey, Arc<HttpRoute>>,
     pub backends: BTreeMap<ObjectKey, Arc<Backend>>,
     pub secrets: BTreeMap<ObjectKey, Arc<Secret>>,
+    pub backend_policies: BTreeMap<ObjectKey, Arc<BackendPolicy>>,
 }
 
 /// How one object differs between two sets.
@@ -370,6 +371,10 @@ impl ConfigSet {
             Object::HttpRoute(r) => self.http_routes.insert(key, r).map(Object::HttpRoute),
             Object::Backend(b) => self.backends.insert(key, b).map(Object::Backend),
             Object::Secret(s) => self.secrets.insert(key, s).map(Object::Secret),
+            Object::BackendPolicy(p) => self
+                .backend_policies
+                .insert(key, p)
+                .map(Object::BackendPolicy),
         }
     }
 
@@ -379,6 +384,7 @@ impl ConfigSet {
             Kind::HttpRoute => self.http_routes.remove(key).map(Object::HttpRoute),
             Kind::Backend => self.backends.remove(key).map(Object::Backend),
             Kind::Secret => self.secrets.remove(key).map(Object::Secret),
+            Kind::BackendPolicy => self.backend_policies.remove(key).map(Object::BackendPolicy),
         }
     }
 
@@ -388,6 +394,11 @@ impl ConfigSet {
             Kind::HttpRoute => self.http_routes.get(key).cloned().map(Object::HttpRoute),
             Kind::Backend => self.backends.get(key).cloned().map(Object::Backend),
             Kind::Secret => self.secrets.get(key).cloned().map(Object::Secret),
+            Kind::BackendPolicy => self
+                .backend_policies
+                .get(key)
+                .cloned()
+                .map(Object::BackendPolicy),
         }
     }
 
@@ -397,11 +408,20 @@ impl ConfigSet {
         let r = self.http_routes.values().cloned().map(Object::HttpRoute);
         let b = self.backends.values().cloned().map(Object::Backend);
         let s = self.secrets.values().cloned().map(Object::Secret);
-        g.chain(r).chain(b).chain(s)
+        let bp = self
+            .backend_policies
+            .values()
+            .cloned()
+            .map(Object::BackendPolicy);
+        g.chain(r).chain(b).chain(s).chain(bp)
     }
 
     pub fn len(&self) -> usize {
-        self.gateways.len() + self.http_routes.len() + self.backends.len() + self.secrets.len()
+        self.gateways.len()
+            + self.http_routes.len()
+            + self.backends.len()
+            + self.secrets.len()
+            + self.backend_policies.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -421,7 +441,61 @@ impl ConfigSet {
         );
         diff_map(Kind::Backend, &self.backends, &new.backends, &mut out);
         diff_map(Kind::Secret, &self.secrets, &new.secrets, &mut out);
+        diff_map(
+            Kind::BackendPolicy,
+            &self.backend_policies,
+            &new.backend_policies,
+            &mut out,
+        );
         out
+    }
+
+    /// Policy attachment of every BackendPolicy ([`crate::attach`]): which applies to which
+    /// Backend, and each policy's per-target outcome (for status).
+    pub fn backend_policy_resolution(&self) -> crate::attach::Resolution {
+        crate::attach::resolve(
+            self.backend_policies
+                .iter()
+                .map(|(k, p)| (k, p.spec.target_refs.as_slice())),
+            |p| self.check_backend_target(p),
+        )
+    }
+
+    /// Whether a BackendPolicy can attach at `p`.
+    fn check_backend_target(&self, p: &crate::attach::AttachPoint) -> Result<(), String> {
+        match p.target.kind {
+            TargetKind::Backend if p.section.is_some() => Err(format!(
+                "Backend {} has no sections; omit sectionName",
+                p.target.key
+            )),
+            TargetKind::Backend if self.backends.contains_key(&p.target.key) => Ok(()),
+            TargetKind::Backend => Err(format!("Backend {} not found", p.target.key)),
+            k => Err(format!(
+                "{k} {} cannot be targeted yet: Ballast has no {k} kind",
+                p.target.key
+            )),
+        }
+    }
+
+    /// The BackendPolicy applying to Backend `backend`: of the policies in its namespace naming
+    /// it, the oldest (smallest name) — [`Self::backend_policy_resolution`] for one Backend,
+    /// in O(policies in the namespace) without building the whole resolution.
+    pub fn backend_policy_for(&self, backend: &ObjectKey) -> Option<&Arc<BackendPolicy>> {
+        if !self.backends.contains_key(backend) {
+            return None;
+        }
+        let ns = ObjectKey::new(backend.namespace.as_str(), "");
+        self.backend_policies
+            .range(ns..)
+            .take_while(|(k, _)| k.namespace == backend.namespace)
+            .map(|(_, p)| p)
+            .find(|p| {
+                p.spec.target_refs.iter().any(|r| {
+                    r.target_kind() == Some(TargetKind::Backend)
+                        && *r.name == backend.name
+                        && r.section_name.is_none()
+                })
+            })
     }
 
     /// Resolves a backendRef of `route` (its namespace defaults to the route's).

@@ -35,7 +35,7 @@ impl Ctx {
     }
 
     /// Records an error at `pos` (the document start when unknown, e.g. for defaulted values).
-    fn err(&mut self, pos: Pos, field: impl Into<String>, message: impl Into<String>) {
+    pub(crate) fn err(&mut self, pos: Pos, field: impl Into<String>, message: impl Into<String>) {
         self.errors.push(ConfigError {
             file: self.file.clone(),
             pos: pos.or(self.doc_pos),
@@ -50,7 +50,7 @@ impl Ctx {
     }
 }
 
-fn metadata(ctx: &mut Ctx, m: &Metadata) {
+pub(crate) fn metadata(ctx: &mut Ctx, m: &Metadata) {
     if let Err(e) = check_dns_subdomain(&m.name) {
         ctx.err(Pos::UNKNOWN, "metadata.name", format!("name {e}"));
     }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use ballast_model::{Backend, HealthStatus, LbPolicy};
+use ballast_model::{Backend, BackendPolicy, HealthStatus, LbPolicy};
 use ballast_xds::simple::{ads_source, socket_address};
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{
@@ -23,8 +23,17 @@ use envoy_types::pb::google::protobuf::UInt32Value;
 
 use crate::{names, pb_duration};
 
-/// The EDS cluster of a Backend (everything but its endpoints).
-pub(crate) fn cluster(backend: &Backend) -> Cluster {
+/// The EDS cluster of a Backend (everything but its endpoints), with the BackendPolicy that
+/// applies to it, if any.
+pub(crate) fn cluster(backend: &Backend, policy: Option<&BackendPolicy>) -> Cluster {
+    let mut c = backend_cluster(backend);
+    if let Some(p) = policy {
+        crate::policy::apply_backend_policy(&mut c, p);
+    }
+    c
+}
+
+fn backend_cluster(backend: &Backend) -> Cluster {
     let spec = &backend.spec;
     Cluster {
         name: names::cluster(&backend.key()),

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use ballast_model::set::ListenerAttachment;
-use ballast_model::{Backend, ConfigSet, Gateway, HttpRoute, ObjectKey, Secret};
+use ballast_model::{Backend, BackendPolicy, ConfigSet, Gateway, HttpRoute, ObjectKey, Secret};
 use ballast_xds::{Ref, Resource, ResourceType, XdsResource};
 use envoy_types::pb::envoy::config::listener::v3::Listener as EnvoyListener;
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
@@ -31,6 +31,8 @@ use crate::{GatewayResources, Options, TranslateStats, cluster, encode, names, s
 /// Encoded cluster and load assignment of one Backend version.
 pub(crate) struct BackendEntry {
     pub backend: Arc<Backend>,
+    /// The BackendPolicy the cluster was built with.
+    pub policy: Option<Arc<BackendPolicy>>,
     pub cluster: Arc<Resource>,
     pub load_assignment: Arc<Resource>,
 }
@@ -74,21 +76,33 @@ impl Caches {
         t
     }
 
-    /// The encoded resources of `backend`, re-encoding only the parts that changed.
-    pub fn backend(&mut self, backend: &Arc<Backend>, stats: &mut TranslateStats) -> &BackendEntry {
+    /// The encoded resources of `backend` (with the BackendPolicy applying to it in `config`),
+    /// re-encoding only the parts that changed.
+    pub fn backend(
+        &mut self,
+        config: &ConfigSet,
+        backend: &Arc<Backend>,
+        stats: &mut TranslateStats,
+    ) -> &BackendEntry {
         let key = backend.key();
+        let policy = config.backend_policy_for(&key).cloned();
+        let same_policy = |e: &BackendEntry| match (&e.policy, &policy) {
+            (None, None) => true,
+            (Some(a), Some(b)) => same(a, b),
+            _ => false,
+        };
         let entry = match self.backends.remove(&key) {
-            Some(e) if same(&e.backend, backend) => {
+            Some(e) if same(&e.backend, backend) && same_policy(&e) => {
                 stats.resources_reused += 2;
                 e
             }
             Some(e) => {
-                let cluster = if cluster::same_cluster(&e.backend, backend) {
+                let cluster = if cluster::same_cluster(&e.backend, backend) && same_policy(&e) {
                     stats.resources_reused += 1;
                     e.cluster
                 } else {
                     stats.resources_encoded += 1;
-                    encode(&cluster::cluster(backend))
+                    encode(&cluster::cluster(backend, policy.as_deref()))
                 };
                 let load_assignment = if e.backend.spec.endpoints == backend.spec.endpoints {
                     stats.resources_reused += 1;
@@ -99,6 +113,7 @@ impl Caches {
                 };
                 BackendEntry {
                     backend: backend.clone(),
+                    policy,
                     cluster,
                     load_assignment,
                 }
@@ -107,7 +122,8 @@ impl Caches {
                 stats.resources_encoded += 2;
                 BackendEntry {
                     backend: backend.clone(),
-                    cluster: encode(&cluster::cluster(backend)),
+                    cluster: encode(&cluster::cluster(backend, policy.as_deref())),
+                    policy,
                     load_assignment: encode(&cluster::load_assignment(backend)),
                 }
             }
@@ -413,7 +429,7 @@ pub(crate) fn build_gateway(
     for b in used.keys() {
         // Used backends resolved when their routes were translated against this config.
         if let Some(backend) = config.backends.get(b) {
-            let e = caches.backend(backend, stats);
+            let e = caches.backend(config, backend, stats);
             resources.clusters.push(e.cluster.clone());
             resources.load_assignments.push(e.load_assignment.clone());
         }
@@ -568,7 +584,7 @@ pub(crate) fn patch_routes(
         let backend = config.backends.get(&b);
         match (at, state.used.contains_key(&b), backend) {
             (Err(ci), true, Some(backend)) => {
-                let e = caches.backend(backend, stats);
+                let e = caches.backend(config, backend, stats);
                 let li = res
                     .load_assignments
                     .binary_search_by(|r| r.name().cmp(&name))

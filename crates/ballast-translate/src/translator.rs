@@ -15,6 +15,7 @@ use ballast_model::{ConfigSet, Kind, ObjectKey};
 
 use crate::gateway::{Caches, GatewayState, build_gateway, patch_routes};
 use crate::index::{DependencyIndex, Orphans};
+use crate::policy::{hash_key, targeted_backends};
 use crate::{GatewayResources, Options, names};
 
 /// Counts of work done by one [`Translator::update`] (or a from-scratch translation).
@@ -124,14 +125,42 @@ impl Translator {
                 Kind::Backend => {
                     let users = self.index.gateways_of_backend(&c.key).cloned();
                     let routes_unchanged = c.change == ChangeKind::Modified
-                        && old.backends[&c.key].spec.load_balancer
-                            == config.backends[&c.key].spec.load_balancer;
+                        && hash_key(&old, &old.backends[&c.key])
+                            == hash_key(config, &config.backends[&c.key]);
                     if routes_unchanged {
                         for g in users {
                             patch.entry(g).or_default().insert(c.key.clone());
                         }
                     } else {
                         rebuild.extend(users);
+                    }
+                }
+                Kind::BackendPolicy => {
+                    // Every Backend either version names may change policy (the winner of a
+                    // conflict can change too); only their clusters change, unless the hash
+                    // key routes carry does.
+                    let versions = [
+                        old.backend_policies.get(&c.key),
+                        config.backend_policies.get(&c.key),
+                    ];
+                    let targets: BTreeSet<ObjectKey> = versions
+                        .into_iter()
+                        .flatten()
+                        .flat_map(|p| targeted_backends(p))
+                        .collect();
+                    for b in targets {
+                        let (Some(ob), Some(nb)) = (old.backends.get(&b), config.backends.get(&b))
+                        else {
+                            continue; // the Backend's own change (if any) handles it
+                        };
+                        let users = self.index.gateways_of_backend(&b).cloned();
+                        if hash_key(&old, ob) == hash_key(config, nb) {
+                            for g in users {
+                                patch.entry(g).or_default().insert(b.clone());
+                            }
+                        } else {
+                            rebuild.extend(users);
+                        }
                     }
                 }
                 Kind::Secret => {
@@ -210,7 +239,7 @@ impl Translator {
                 let Ok(ci) = res.clusters.binary_search_by(|r| r.name().cmp(&name)) else {
                     continue; // referenced only with weight 0 or from unserved listeners
                 };
-                let entry = self.caches.backend(&config.backends[b], stats);
+                let entry = self.caches.backend(config, &config.backends[b], stats);
                 let li = res
                     .load_assignments
                     .binary_search_by(|r| r.name().cmp(&name))
@@ -235,7 +264,7 @@ impl Translator {
                 Kind::HttpRoute => orphans.routes.push(c.key.clone()),
                 Kind::Backend => orphans.backends.push(c.key.clone()),
                 Kind::Secret => orphans.secrets.push(c.key.clone()),
-                Kind::Gateway => {}
+                Kind::Gateway | Kind::BackendPolicy => {}
             }
         }
         for k in orphans.routes {
@@ -304,6 +333,12 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
     );
     diff_map(Kind::Backend, &old.backends, &new.backends, &mut out);
     diff_map(Kind::Secret, &old.secrets, &new.secrets, &mut out);
+    diff_map(
+        Kind::BackendPolicy,
+        &old.backend_policies,
+        &new.backend_policies,
+        &mut out,
+    );
     out
 }
 

@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod gateway;
+pub mod policy;
 pub mod route;
 pub mod secret;
 
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 pub use backend::*;
 pub use gateway::*;
+pub use policy::*;
 pub use route::*;
 pub use secret::*;
 
@@ -38,10 +40,17 @@ pub enum Kind {
     HttpRoute,
     Backend,
     Secret,
+    BackendPolicy,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [Kind::Gateway, Kind::HttpRoute, Kind::Backend, Kind::Secret];
+    pub const ALL: [Kind; 5] = [
+        Kind::Gateway,
+        Kind::HttpRoute,
+        Kind::Backend,
+        Kind::Secret,
+        Kind::BackendPolicy,
+    ];
 
     /// The `kind:` string.
     pub fn as_str(self) -> &'static str {
@@ -50,6 +59,7 @@ impl Kind {
             Kind::HttpRoute => "HTTPRoute",
             Kind::Backend => "Backend",
             Kind::Secret => "Secret",
+            Kind::BackendPolicy => "BackendPolicy",
         }
     }
 
@@ -57,7 +67,7 @@ impl Kind {
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::Gateway | Kind::HttpRoute => "gateway.networking.k8s.io/v1",
-            Kind::Backend => "ballast.dev/v1alpha1",
+            Kind::Backend | Kind::BackendPolicy => "ballast.dev/v1alpha1",
             Kind::Secret => "v1",
         }
     }
@@ -187,6 +197,7 @@ pub enum Object {
     HttpRoute(Arc<HttpRoute>),
     Backend(Arc<Backend>),
     Secret(Arc<Secret>),
+    BackendPolicy(Arc<BackendPolicy>),
 }
 
 impl Object {
@@ -196,6 +207,7 @@ impl Object {
             Object::HttpRoute(_) => Kind::HttpRoute,
             Object::Backend(_) => Kind::Backend,
             Object::Secret(_) => Kind::Secret,
+            Object::BackendPolicy(_) => Kind::BackendPolicy,
         }
     }
 
@@ -205,6 +217,7 @@ impl Object {
             Object::HttpRoute(o) => &o.metadata,
             Object::Backend(o) => &o.metadata,
             Object::Secret(o) => &o.metadata,
+            Object::BackendPolicy(o) => &o.metadata,
         }
     }
 
@@ -218,6 +231,7 @@ impl Object {
             Object::HttpRoute(o) => &o.source,
             Object::Backend(o) => &o.source,
             Object::Secret(o) => &o.source,
+            Object::BackendPolicy(o) => &o.source,
         }
     }
 }
