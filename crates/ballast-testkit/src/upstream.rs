@@ -21,6 +21,8 @@ struct Shared {
     name: String,
     hits: AtomicU64,
     status: AtomicU16,
+    /// Milliseconds to wait before answering (0: answer at once).
+    delay_ms: AtomicU64,
 }
 
 /// A running upstream on `127.0.0.1:<ephemeral>`; stopped (listener and every connection closed) by
@@ -42,6 +44,7 @@ impl Upstream {
             name: name.to_owned(),
             hits: AtomicU64::new(0),
             status: AtomicU16::new(200),
+            delay_ms: AtomicU64::new(0),
         });
         let task = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Upstream {
@@ -69,6 +72,13 @@ impl Upstream {
     /// Changes the status code of subsequent responses (e.g. `503` to simulate a failing backend).
     pub fn set_status(&self, status: u16) {
         self.shared.status.store(status, Ordering::SeqCst);
+    }
+
+    /// Delays subsequent responses by `delay` (a slow backend: requests pile up, so connection
+    /// limits and circuit breakers trip).
+    pub fn set_delay(&self, delay: std::time::Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.shared.delay_ms.store(ms, Ordering::SeqCst);
     }
 
     /// Closes the listener and every open connection, and waits until they are closed, so that a
@@ -103,6 +113,10 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                         let shared = shared.clone();
                         async move {
                             shared.hits.fetch_add(1, Ordering::SeqCst);
+                            let delay = shared.delay_ms.load(Ordering::SeqCst);
+                            if delay > 0 {
+                                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+                            }
                             let status = shared.status.load(Ordering::SeqCst);
                             let resp = hyper::Response::builder()
                                 .status(status)
