@@ -117,6 +117,8 @@ pub struct ConfigSet {
     pub backends: BTreeMap<ObjectKey, Arc<Backend>>,
     pub secrets: BTreeMap<ObjectKey, Arc<Secret>>,
     pub backend_policies: BTreeMap<ObjectKey, Arc<BackendPolicy>>,
+    pub config_maps: BTreeMap<ObjectKey, Arc<ConfigMap>>,
+    pub backend_tls_policies: BTreeMap<ObjectKey, Arc<BackendTlsPolicy>>,
 }
 
 /// How one object differs between two sets.
@@ -375,6 +377,11 @@ impl ConfigSet {
                 .backend_policies
                 .insert(key, p)
                 .map(Object::BackendPolicy),
+            Object::ConfigMap(c) => self.config_maps.insert(key, c).map(Object::ConfigMap),
+            Object::BackendTlsPolicy(p) => self
+                .backend_tls_policies
+                .insert(key, p)
+                .map(Object::BackendTlsPolicy),
         }
     }
 
@@ -385,6 +392,11 @@ impl ConfigSet {
             Kind::Backend => self.backends.remove(key).map(Object::Backend),
             Kind::Secret => self.secrets.remove(key).map(Object::Secret),
             Kind::BackendPolicy => self.backend_policies.remove(key).map(Object::BackendPolicy),
+            Kind::ConfigMap => self.config_maps.remove(key).map(Object::ConfigMap),
+            Kind::BackendTlsPolicy => self
+                .backend_tls_policies
+                .remove(key)
+                .map(Object::BackendTlsPolicy),
         }
     }
 
@@ -399,6 +411,12 @@ impl ConfigSet {
                 .get(key)
                 .cloned()
                 .map(Object::BackendPolicy),
+            Kind::ConfigMap => self.config_maps.get(key).cloned().map(Object::ConfigMap),
+            Kind::BackendTlsPolicy => self
+                .backend_tls_policies
+                .get(key)
+                .cloned()
+                .map(Object::BackendTlsPolicy),
         }
     }
 
@@ -413,7 +431,13 @@ impl ConfigSet {
             .values()
             .cloned()
             .map(Object::BackendPolicy);
-        g.chain(r).chain(b).chain(s).chain(bp)
+        let cm = self.config_maps.values().cloned().map(Object::ConfigMap);
+        let tp = self
+            .backend_tls_policies
+            .values()
+            .cloned()
+            .map(Object::BackendTlsPolicy);
+        g.chain(r).chain(b).chain(s).chain(bp).chain(cm).chain(tp)
     }
 
     pub fn len(&self) -> usize {
@@ -422,6 +446,8 @@ impl ConfigSet {
             + self.backends.len()
             + self.secrets.len()
             + self.backend_policies.len()
+            + self.config_maps.len()
+            + self.backend_tls_policies.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -447,6 +473,19 @@ impl ConfigSet {
             &new.backend_policies,
             &mut out,
         );
+        diff_map(
+            Kind::ConfigMap,
+            &self.config_maps,
+            &new.config_maps,
+            &mut out,
+        );
+        diff_map(
+            Kind::BackendTlsPolicy,
+            &self.backend_tls_policies,
+            &new.backend_tls_policies,
+            &mut out,
+        );
+        out.sort();
         out
     }
 
@@ -496,6 +535,84 @@ impl ConfigSet {
                         && r.section_name.is_none()
                 })
             })
+    }
+
+    /// Policy attachment of every BackendTLSPolicy (same rules as BackendPolicy).
+    pub fn backend_tls_resolution(&self) -> crate::attach::Resolution {
+        crate::attach::resolve(
+            self.backend_tls_policies
+                .iter()
+                .map(|(k, p)| (k, p.spec.target_refs.as_slice())),
+            |p| self.check_backend_target(p),
+        )
+    }
+
+    /// The BackendTLSPolicy applying to Backend `backend` (oldest naming it), as
+    /// [`Self::backend_policy_for`].
+    pub fn backend_tls_policy_for(&self, backend: &ObjectKey) -> Option<&Arc<BackendTlsPolicy>> {
+        if !self.backends.contains_key(backend) {
+            return None;
+        }
+        let ns = ObjectKey::new(backend.namespace.as_str(), "");
+        self.backend_tls_policies
+            .range(ns..)
+            .take_while(|(k, _)| k.namespace == backend.namespace)
+            .map(|(_, p)| p)
+            .find(|p| {
+                p.spec.target_refs.iter().any(|r| {
+                    r.target_kind() == Some(TargetKind::Backend)
+                        && *r.name == backend.name
+                        && r.section_name.is_none()
+                })
+            })
+    }
+
+    /// The PEM CA bundle of a BackendTLSPolicy: every `caCertificateRefs` entry's `ca.crt`,
+    /// concatenated; `Err` names the first that does not resolve (then no CA is trusted:
+    /// connections fail closed, as Gateway API requires).
+    pub fn backend_tls_ca(&self, p: &BackendTlsPolicy) -> Result<String, String> {
+        let ns = p.metadata.namespace.as_str();
+        let mut pem = String::new();
+        for r in &p.spec.validation.ca_certificate_refs {
+            let key = ObjectKey::new(ns, r.name.as_str());
+            let ca = match r.kind.as_str() {
+                "ConfigMap" => self
+                    .config_maps
+                    .get(&key)
+                    .ok_or_else(|| format!("ConfigMap {key} not found"))?
+                    .data
+                    .get("ca.crt")
+                    .cloned()
+                    .ok_or_else(|| format!("ConfigMap {key} has no ca.crt"))?,
+                _ => self
+                    .secrets
+                    .get(&key)
+                    .ok_or_else(|| format!("Secret {key} not found"))?
+                    .tls
+                    .ca_certificate
+                    .clone()
+                    .ok_or_else(|| format!("Secret {key} has no ca.crt"))?,
+            };
+            pem.push_str(ca.trim_end());
+            pem.push('\n');
+        }
+        Ok(pem)
+    }
+
+    /// The client certificate a BackendPolicy names, if any: `Some(Err)` when it does not
+    /// resolve (then none is presented).
+    pub fn backend_client_certificate(
+        &self,
+        p: &BackendPolicy,
+    ) -> Option<Result<Arc<Secret>, String>> {
+        let r = &p.spec.tls.as_ref()?.client_certificate_ref;
+        let key = ObjectKey::new(p.metadata.namespace.as_str(), r.name.as_str());
+        Some(
+            self.secrets
+                .get(&key)
+                .cloned()
+                .ok_or_else(|| format!("Secret {key} not found")),
+        )
     }
 
     /// Resolves a backendRef of `route` (its namespace defaults to the route's).

@@ -114,6 +114,8 @@ pub struct ConfigStatus {
     pub http_routes: Vec<RouteStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub backend_policies: Vec<PolicyStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub backend_tls_policies: Vec<PolicyStatus>,
 }
 
 /// One targetRef of a policy, as in Gateway API `PolicyAncestorStatus` (the target itself is
@@ -164,6 +166,7 @@ fn policy_statuses(
     kind: Kind,
     resolution: &crate::attach::Resolution,
     source: impl Fn(&ObjectKey) -> String,
+    refs: impl Fn(&ObjectKey) -> Result<(), String>,
 ) -> Vec<PolicyStatus> {
     use crate::attach::Outcome;
     resolution
@@ -208,13 +211,22 @@ fn policy_statuses(
                             Condition::new("Accepted", false, "TargetNotFound", m.clone())
                         }
                     };
+                    let mut conditions = vec![accepted];
+                    if let Err(m) = refs(key) {
+                        conditions.push(Condition::new(
+                            "ResolvedRefs",
+                            false,
+                            "InvalidCACertificateRef",
+                            m,
+                        ));
+                    }
                     PolicyTargetStatus {
                         group: t.point.target.kind.group().to_owned(),
                         kind: t.point.target.kind.as_str().to_owned(),
                         namespace: t.point.target.key.namespace.clone(),
                         name: t.point.target.key.name.clone(),
                         section_name: t.point.section.clone(),
-                        conditions: vec![accepted],
+                        conditions,
                     }
                 })
                 .collect(),
@@ -243,7 +255,11 @@ impl ConfigStatus {
                 }
             }
         }
-        for p in &self.backend_policies {
+        for p in self
+            .backend_policies
+            .iter()
+            .chain(&self.backend_tls_policies)
+        {
             for t in &p.targets {
                 for c in t.conditions.iter().filter(|c| !c.is_true()) {
                     out.push(format!(
@@ -313,6 +329,28 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
                     .get(k)
                     .map(|p| p.source.to_string())
                     .unwrap_or_default()
+            },
+            |k| match set
+                .backend_policies
+                .get(k)
+                .and_then(|p| set.backend_client_certificate(p))
+            {
+                Some(Err(m)) => Err(m),
+                _ => Ok(()),
+            },
+        ),
+        backend_tls_policies: policy_statuses(
+            Kind::BackendTlsPolicy,
+            &set.backend_tls_resolution(),
+            |k| {
+                set.backend_tls_policies
+                    .get(k)
+                    .map(|p| p.source.to_string())
+                    .unwrap_or_default()
+            },
+            |k| match set.backend_tls_policies.get(k) {
+                Some(p) => set.backend_tls_ca(p).map(|_| ()),
+                None => Ok(()),
             },
         ),
     }

@@ -590,6 +590,20 @@ fn path_modifier(ctx: &mut Ctx, p: &PathModifier, rule: &HttpRouteRule, f: &str)
     }
 }
 
+/// A ConfigMap: only `ca.crt`, when present, is interpreted (a PEM CA bundle).
+pub(crate) fn config_map(ctx: &mut Ctx, c: &ConfigMap) {
+    metadata(ctx, &c.metadata);
+    if let Some(ca) = c.data.get("ca.crt")
+        && !ca.contains("-----BEGIN CERTIFICATE-----")
+    {
+        ctx.err(
+            Pos::UNKNOWN,
+            "data.ca.crt",
+            "ca.crt is not PEM (expected \"-----BEGIN CERTIFICATE-----\")",
+        );
+    }
+}
+
 pub(crate) fn backend(ctx: &mut Ctx, b: &Backend) {
     metadata(ctx, &b.metadata);
     let mut seen = HashMap::new();

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use ballast_model::{Backend, BackendPolicy, HealthStatus, LbPolicy};
+use ballast_model::{Backend, HealthStatus, LbPolicy};
 use ballast_xds::simple::{ads_source, socket_address};
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{
@@ -25,10 +25,13 @@ use crate::{names, pb_duration};
 
 /// The EDS cluster of a Backend (everything but its endpoints), with the BackendPolicy that
 /// applies to it, if any.
-pub(crate) fn cluster(backend: &Backend, policy: Option<&BackendPolicy>) -> Cluster {
+pub(crate) fn cluster(backend: &Backend, inputs: &crate::policy::ClusterInputs) -> Cluster {
     let mut c = backend_cluster(backend);
-    if let Some(p) = policy {
+    if let Some(p) = &inputs.policy {
         crate::policy::apply_backend_policy(&mut c, p);
+    }
+    if let Some(tls) = &inputs.tls {
+        crate::policy::apply_upstream_tls(&mut c, tls);
     }
     c
 }

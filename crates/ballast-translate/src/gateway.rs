@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use ballast_model::set::ListenerAttachment;
-use ballast_model::{Backend, BackendPolicy, ConfigSet, Gateway, HttpRoute, ObjectKey, Secret};
+use ballast_model::{Backend, ConfigSet, Gateway, HttpRoute, ObjectKey, Secret};
 use ballast_xds::{Ref, Resource, ResourceType, XdsResource};
 use envoy_types::pb::envoy::config::listener::v3::Listener as EnvoyListener;
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
@@ -22,6 +22,7 @@ use prost::encoding::{WireType, encode_key, encode_varint};
 
 use crate::index::{DependencyIndex, Deps, Orphans, names_gateway};
 use crate::listener::{ChainPlan, certificate_refs, envoy_listener, plan};
+use crate::policy::ClusterInputs;
 use crate::route::{
     TranslatedRoute, backend_signature, contributions, encode_virtual_host, fixed_hosts,
     translate_route,
@@ -31,8 +32,8 @@ use crate::{GatewayResources, Options, TranslateStats, cluster, encode, names, s
 /// Encoded cluster and load assignment of one Backend version.
 pub(crate) struct BackendEntry {
     pub backend: Arc<Backend>,
-    /// The BackendPolicy the cluster was built with.
-    pub policy: Option<Arc<BackendPolicy>>,
+    /// The policies (and objects they name) the cluster was built with.
+    pub inputs: ClusterInputs,
     pub cluster: Arc<Resource>,
     pub load_assignment: Arc<Resource>,
 }
@@ -85,12 +86,8 @@ impl Caches {
         stats: &mut TranslateStats,
     ) -> &BackendEntry {
         let key = backend.key();
-        let policy = config.backend_policy_for(&key).cloned();
-        let same_policy = |e: &BackendEntry| match (&e.policy, &policy) {
-            (None, None) => true,
-            (Some(a), Some(b)) => same(a, b),
-            _ => false,
-        };
+        let inputs = ClusterInputs::compute(config, &key);
+        let same_policy = |e: &BackendEntry| e.inputs == inputs;
         let entry = match self.backends.remove(&key) {
             Some(e) if same(&e.backend, backend) && same_policy(&e) => {
                 stats.resources_reused += 2;
@@ -102,7 +99,7 @@ impl Caches {
                     e.cluster
                 } else {
                     stats.resources_encoded += 1;
-                    encode(&cluster::cluster(backend, policy.as_deref()))
+                    encode(&cluster::cluster(backend, &inputs))
                 };
                 let load_assignment = if e.backend.spec.endpoints == backend.spec.endpoints {
                     stats.resources_reused += 1;
@@ -113,7 +110,7 @@ impl Caches {
                 };
                 BackendEntry {
                     backend: backend.clone(),
-                    policy,
+                    inputs,
                     cluster,
                     load_assignment,
                 }
@@ -122,8 +119,8 @@ impl Caches {
                 stats.resources_encoded += 2;
                 BackendEntry {
                     backend: backend.clone(),
-                    cluster: encode(&cluster::cluster(backend, policy.as_deref())),
-                    policy,
+                    cluster: encode(&cluster::cluster(backend, &inputs)),
+                    inputs,
                     load_assignment: encode(&cluster::load_assignment(backend)),
                 }
             }

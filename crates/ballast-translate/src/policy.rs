@@ -3,9 +3,23 @@
 //! edit re-encodes those clusters and patches the Gateways using them; routes are re-translated
 //! only when the hash key changes (see [`hash_key`] and the route signature).
 
+use std::sync::Arc;
+
 use ballast_model::{
-    Backend, BackendPolicy, ConfigSet, HashKey, HealthCheckType, PolicyLbType, ObjectKey,
+    Backend, BackendPolicy, BackendTlsPolicy, ConfigSet, HashKey, HealthCheckType, ObjectKey,
+    PolicyLbType, SanKind, Secret,
 };
+use envoy_types::pb::envoy::config::core::v3::data_source::Specifier;
+use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType as TsConfig;
+use envoy_types::pb::envoy::config::core::v3::{DataSource, TransportSocket};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::common_tls_context::ValidationContextType;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::subject_alt_name_matcher::SanType;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, TlsCertificate,
+    UpstreamTlsContext,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::StringMatcher;
+use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
 use envoy_types::pb::envoy::config::cluster::v3::circuit_breakers::Thresholds;
 use envoy_types::pb::envoy::config::cluster::v3::circuit_breakers::thresholds::RetryBudget;
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{
@@ -211,4 +225,164 @@ pub(crate) fn apply_backend_policy(c: &mut Cluster, policy: &BackendPolicy) {
             }
         });
     }
+}
+
+/// Stand-in trust anchor when a BackendTLSPolicy's CA does not resolve: a CA whose private key
+/// was never kept, so no backend certificate verifies and connections fail closed (Gateway
+/// API: an unresolved CA must not fall back to plaintext or unverified TLS).
+const UNRESOLVED_CA: &str = "-----BEGIN CERTIFICATE-----
+MIIBtjCCAV2gAwIBAgIUUM4X62+cnx1she9+eoc5Q4ArMp8wCgYIKoZIzj0EAwIw
+MDEuMCwGA1UEAwwlYmFsbGFzdCB1bnJlc29sdmVkIENBIChubyBrZXkgZXhpc3Rz
+KTAgFw0yNjExMzAyMDMxMDlaGA8yMTI2MTEwNjIwMzEwOVowMDEuMCwGA1UEAwwl
+YmFsbGFzdCB1bnJlc29sdmVkIENBIChubyBrZXkgZXhpc3RzKTBZMBMGByqGSM49
+AgEGCCqGSM49AwEHA0IABDFzuZ18UVu9AZpYnJacooTyg1y/RcD6F5vvVurpRwud
+GSz2s/t3PK8LfxcaOVlWfctrXQtWhYItaznIUlzVcV2jUzBRMB0GA1UdDgQWBBS+
+DFlUWn+Kticwe0avsi6Fuh1vTjAfBgNVHSMEGDAWgBS+DFlUWn+Kticwe0avsi6F
+uh1vTjAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0cAMEQCICg0TC0qKrXi
+lcmne8TuLVbGimnFJyZJurXMQJHYuuCBAiAt5IcDtmDLsYf54ClBQivyiwl4N/xr
+QYDqB14+DHIIEQ==
+-----END CERTIFICATE-----
+";
+
+/// Everything besides the Backend its cluster is built from: the cache compares these to
+/// decide whether to re-encode, so an edit to any of them (policy, CA ConfigMap, client
+/// certificate Secret) re-encodes exactly the clusters using it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ClusterInputs {
+    pub policy: Option<Arc<BackendPolicy>>,
+    pub tls: Option<UpstreamTls>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct UpstreamTls {
+    pub policy: Arc<BackendTlsPolicy>,
+    /// PEM bundle, or why it does not resolve.
+    pub ca: Result<String, String>,
+    pub client_certificate: Option<Arc<Secret>>,
+}
+
+impl ClusterInputs {
+    pub(crate) fn compute(config: &ConfigSet, backend: &ObjectKey) -> Self {
+        let policy = config.backend_policy_for(backend).cloned();
+        let tls = config.backend_tls_policy_for(backend).map(|p| UpstreamTls {
+            policy: p.clone(),
+            ca: config.backend_tls_ca(p),
+            client_certificate: policy
+                .as_ref()
+                .and_then(|bp| config.backend_client_certificate(bp))
+                .and_then(Result::ok),
+        });
+        ClusterInputs { policy, tls }
+    }
+}
+
+/// The Backends a version of a BackendTLSPolicy names.
+pub(crate) fn tls_targeted_backends(p: &BackendTlsPolicy) -> impl Iterator<Item = ObjectKey> + '_ {
+    p.spec
+        .target_refs
+        .iter()
+        .filter(|r| r.target_kind() == Some(ballast_model::TargetKind::Backend))
+        .map(|r| ObjectKey::new(p.metadata.namespace.as_str(), r.name.as_str()))
+}
+
+/// Backends whose cluster inputs may involve ConfigMap or Secret `key` (as a CA or client
+/// certificate), in either config.
+pub(crate) fn backends_using_object(
+    config: &ConfigSet,
+    kind: ballast_model::Kind,
+    key: &ObjectKey,
+) -> Vec<ObjectKey> {
+    let mut out = Vec::new();
+    for p in config.backend_tls_policies.values() {
+        if p.metadata.namespace == key.namespace
+            && p.spec
+                .validation
+                .ca_certificate_refs
+                .iter()
+                .any(|r| *r.name == key.name && r.kind.as_str() == kind.as_str())
+        {
+            out.extend(tls_targeted_backends(p));
+        }
+    }
+    if kind == ballast_model::Kind::Secret {
+        for p in config.backend_policies.values() {
+            if p.metadata.namespace == key.namespace
+                && p.spec
+                    .tls
+                    .as_ref()
+                    .is_some_and(|t| *t.client_certificate_ref.name == key.name)
+            {
+                out.extend(targeted_backends(p));
+            }
+        }
+    }
+    out
+}
+
+fn inline(pem: &str) -> DataSource {
+    DataSource {
+        specifier: Some(Specifier::InlineString(pem.to_owned())),
+        ..Default::default()
+    }
+}
+
+/// TLS to the backend: verify its certificate against the CA and hostname (or the listed
+/// SANs), send the hostname as SNI, present the client certificate if one is configured.
+pub(crate) fn apply_upstream_tls(c: &mut Cluster, tls: &UpstreamTls) {
+    let v = &tls.policy.spec.validation;
+    let exact = |s: &str| StringMatcher {
+        match_pattern: Some(MatchPattern::Exact(s.to_owned())),
+        ..Default::default()
+    };
+    let sans: Vec<SubjectAltNameMatcher> = if v.subject_alt_names.is_empty() {
+        vec![SubjectAltNameMatcher {
+            san_type: SanType::Dns as i32,
+            matcher: Some(exact(&v.hostname)),
+            ..Default::default()
+        }]
+    } else {
+        v.subject_alt_names
+            .iter()
+            .map(|s| match *s.type_ {
+                SanKind::Hostname => SubjectAltNameMatcher {
+                    san_type: SanType::Dns as i32,
+                    matcher: Some(exact(s.hostname.as_deref().map_or("", |h| h.as_str()))),
+                    ..Default::default()
+                },
+                SanKind::Uri => SubjectAltNameMatcher {
+                    san_type: SanType::Uri as i32,
+                    matcher: Some(exact(s.uri.as_deref().map_or("", |h| h.as_str()))),
+                    ..Default::default()
+                },
+            })
+            .collect()
+    };
+    let ca = tls.ca.as_deref().unwrap_or(UNRESOLVED_CA);
+    let ctx = UpstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_certificates: tls
+                .client_certificate
+                .iter()
+                .map(|s| TlsCertificate {
+                    certificate_chain: Some(inline(&s.tls.certificate_chain)),
+                    private_key: Some(inline(&s.tls.private_key)),
+                    ..Default::default()
+                })
+                .collect(),
+            validation_context_type: Some(ValidationContextType::ValidationContext(
+                CertificateValidationContext {
+                    trusted_ca: Some(inline(ca)),
+                    match_typed_subject_alt_names: sans,
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        }),
+        sni: v.hostname.value.clone(),
+        ..Default::default()
+    };
+    c.transport_socket = Some(TransportSocket {
+        name: "envoy.transport_sockets.tls".into(),
+        config_type: Some(TsConfig::TypedConfig(pack_any(ctx))),
+    });
 }

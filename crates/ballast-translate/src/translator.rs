@@ -15,7 +15,7 @@ use ballast_model::{ConfigSet, Kind, ObjectKey};
 
 use crate::gateway::{Caches, GatewayState, build_gateway, patch_routes};
 use crate::index::{DependencyIndex, Orphans};
-use crate::policy::{hash_key, targeted_backends};
+use crate::policy::{backends_using_object, hash_key, targeted_backends, tls_targeted_backends};
 use crate::{GatewayResources, Options, names};
 
 /// Counts of work done by one [`Translator::update`] (or a from-scratch translation).
@@ -163,8 +163,33 @@ impl Translator {
                         }
                     }
                 }
-                Kind::Secret => {
-                    rebuild.extend(self.index.gateways_of_secret(&c.key).cloned());
+                Kind::Secret | Kind::ConfigMap | Kind::BackendTlsPolicy => {
+                    if c.kind == Kind::Secret {
+                        rebuild.extend(self.index.gateways_of_secret(&c.key).cloned());
+                    }
+                    // CA bundles, client certificates and upstream TLS only change clusters.
+                    let mut backends: BTreeSet<ObjectKey> = BTreeSet::new();
+                    if c.kind == Kind::BackendTlsPolicy {
+                        for p in [
+                            old.backend_tls_policies.get(&c.key),
+                            config.backend_tls_policies.get(&c.key),
+                        ]
+                        .into_iter()
+                        .flatten()
+                        {
+                            backends.extend(tls_targeted_backends(p));
+                        }
+                    } else {
+                        backends.extend(backends_using_object(&old, c.kind, &c.key));
+                        backends.extend(backends_using_object(config, c.kind, &c.key));
+                    }
+                    for b in backends {
+                        if old.backends.contains_key(&b) && config.backends.contains_key(&b) {
+                            for g in self.index.gateways_of_backend(&b) {
+                                patch.entry(g.clone()).or_default().insert(b.clone());
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -264,7 +289,7 @@ impl Translator {
                 Kind::HttpRoute => orphans.routes.push(c.key.clone()),
                 Kind::Backend => orphans.backends.push(c.key.clone()),
                 Kind::Secret => orphans.secrets.push(c.key.clone()),
-                Kind::Gateway | Kind::BackendPolicy => {}
+                Kind::Gateway | Kind::BackendPolicy | Kind::ConfigMap | Kind::BackendTlsPolicy => {}
             }
         }
         for k in orphans.routes {
@@ -337,6 +362,18 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
         Kind::BackendPolicy,
         &old.backend_policies,
         &new.backend_policies,
+        &mut out,
+    );
+    diff_map(
+        Kind::ConfigMap,
+        &old.config_maps,
+        &new.config_maps,
+        &mut out,
+    );
+    diff_map(
+        Kind::BackendTlsPolicy,
+        &old.backend_tls_policies,
+        &new.backend_tls_policies,
         &mut out,
     );
     out

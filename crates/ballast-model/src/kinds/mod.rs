@@ -6,6 +6,8 @@
 //! A value of these types inside a [`crate::ConfigSet`] is therefore valid.
 
 pub mod backend;
+pub mod backend_tls;
+pub mod configmap;
 pub mod gateway;
 pub mod policy;
 pub mod route;
@@ -18,6 +20,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use backend::*;
+pub use backend_tls::*;
+pub use configmap::*;
 pub use gateway::*;
 pub use policy::*;
 pub use route::*;
@@ -41,15 +45,20 @@ pub enum Kind {
     Backend,
     Secret,
     BackendPolicy,
+    ConfigMap,
+    #[serde(rename = "BackendTLSPolicy")]
+    BackendTlsPolicy,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Gateway,
         Kind::HttpRoute,
         Kind::Backend,
         Kind::Secret,
         Kind::BackendPolicy,
+        Kind::ConfigMap,
+        Kind::BackendTlsPolicy,
     ];
 
     /// The `kind:` string.
@@ -60,6 +69,8 @@ impl Kind {
             Kind::Backend => "Backend",
             Kind::Secret => "Secret",
             Kind::BackendPolicy => "BackendPolicy",
+            Kind::ConfigMap => "ConfigMap",
+            Kind::BackendTlsPolicy => "BackendTLSPolicy",
         }
     }
 
@@ -68,8 +79,16 @@ impl Kind {
         match self {
             Kind::Gateway | Kind::HttpRoute => "gateway.networking.k8s.io/v1",
             Kind::Backend | Kind::BackendPolicy => "ballast.dev/v1alpha1",
-            Kind::Secret => "v1",
+            Kind::Secret | Kind::ConfigMap => "v1",
+            Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1alpha3",
         }
+    }
+
+    /// Whether `api_version` is served for this kind: [`Self::api_version`], plus `v1` for
+    /// BackendTLSPolicy (same schema, promoted in Gateway API 1.4).
+    pub fn accepts(self, api_version: &str) -> bool {
+        api_version == self.api_version()
+            || (self == Kind::BackendTlsPolicy && api_version == "gateway.networking.k8s.io/v1")
     }
 
     pub fn from_kind_str(kind: &str) -> Option<Kind> {
@@ -86,7 +105,7 @@ impl Kind {
         };
         let group = |v: &str| v.rsplit_once('/').map_or("", |(g, _)| g).to_owned();
         match api_version {
-            Some(v) if v == k.api_version() => KindMatch::Known(k),
+            Some(v) if k.accepts(v) => KindMatch::Known(k),
             // Our group (or none given): meant for us, with a version we do not serve.
             None => KindMatch::WrongVersion(k),
             Some(v) if group(v) == group(k.api_version()) => KindMatch::WrongVersion(k),
@@ -198,6 +217,8 @@ pub enum Object {
     Backend(Arc<Backend>),
     Secret(Arc<Secret>),
     BackendPolicy(Arc<BackendPolicy>),
+    ConfigMap(Arc<ConfigMap>),
+    BackendTlsPolicy(Arc<BackendTlsPolicy>),
 }
 
 impl Object {
@@ -208,6 +229,8 @@ impl Object {
             Object::Backend(_) => Kind::Backend,
             Object::Secret(_) => Kind::Secret,
             Object::BackendPolicy(_) => Kind::BackendPolicy,
+            Object::ConfigMap(_) => Kind::ConfigMap,
+            Object::BackendTlsPolicy(_) => Kind::BackendTlsPolicy,
         }
     }
 
@@ -218,6 +241,8 @@ impl Object {
             Object::Backend(o) => &o.metadata,
             Object::Secret(o) => &o.metadata,
             Object::BackendPolicy(o) => &o.metadata,
+            Object::ConfigMap(o) => &o.metadata,
+            Object::BackendTlsPolicy(o) => &o.metadata,
         }
     }
 
@@ -232,6 +257,8 @@ impl Object {
             Object::Backend(o) => &o.source,
             Object::Secret(o) => &o.source,
             Object::BackendPolicy(o) => &o.source,
+            Object::ConfigMap(o) => &o.source,
+            Object::BackendTlsPolicy(o) => &o.source,
         }
     }
 }

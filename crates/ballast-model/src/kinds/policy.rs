@@ -168,6 +168,18 @@ pub struct BackendPolicySpec {
     pub load_balancer: Option<PolicyLoadBalancer>,
     #[serde(default)]
     pub retry_budget: Option<RetryBudget>,
+    /// TLS towards the backend beyond what BackendTLSPolicy standardises.
+    #[serde(default)]
+    pub tls: Option<BackendPolicyTls>,
+}
+
+/// Ballast's TLS extras for backends; server validation is `BackendTLSPolicy`'s job.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BackendPolicyTls {
+    /// A TLS Secret (in the policy's namespace) Envoy presents as its client certificate:
+    /// mutual TLS to backends. Only used where a BackendTLSPolicy enables TLS.
+    pub client_certificate_ref: super::SecretObjectRef,
 }
 
 /// Envoy circuit breaker thresholds (default priority). Unset fields keep Envoy's defaults
@@ -467,6 +479,26 @@ pub(crate) fn validate_backend_policy(ctx: &mut Ctx, p: &BackendPolicy) {
                 "spec.circuitBreaker.maxParallelRetries",
                 "maxParallelRetries and retryBudget are exclusive (Envoy ignores the first when \
                  a budget is set)",
+            );
+        }
+    }
+    if let Some(t) = &s.tls {
+        let r = &t.client_certificate_ref;
+        if !r.is_secret() {
+            ctx.err(
+                r.kind.pos,
+                "spec.tls.clientCertificateRef.kind",
+                format!("unsupported kind {:?}; expected core Secret", r.kind.value),
+            );
+        }
+        if r.namespace
+            .as_ref()
+            .is_some_and(|n| *n != p.metadata.namespace)
+        {
+            ctx.err(
+                r.name.pos,
+                "spec.tls.clientCertificateRef.namespace",
+                "the client certificate must be in the policy's namespace",
             );
         }
     }
