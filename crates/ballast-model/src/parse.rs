@@ -15,8 +15,8 @@ use crate::kinds::configmap::ConfigMapDoc;
 use crate::kinds::secret::SecretDoc;
 use crate::kinds::{
     Backend, BackendPolicy, BackendPolicySpec, BackendSpec, BackendTlsPolicy, BackendTlsPolicySpec,
-    DEFAULT_NAMESPACE, Gateway, GatewaySpec, HttpRoute, HttpRouteSpec, Kind, KindMatch, Metadata,
-    Object, ObjectKey, Source,
+    ClientPolicy, ClientPolicySpec, DEFAULT_NAMESPACE, Gateway, GatewaySpec, HttpRoute,
+    HttpRouteSpec, Kind, KindMatch, Metadata, Object, ObjectKey, Source,
 };
 use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
@@ -354,6 +354,8 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
         Kind::BackendTlsPolicy => deserialize::<Doc<BackendTlsPolicySpec>>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::BackendTlsPolicy(d.spec))),
         Kind::ConfigMap => deserialize::<ConfigMapDoc>(doc.text).map(Typed::ConfigMap),
+        Kind::ClientPolicy => deserialize::<Doc<ClientPolicySpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::ClientPolicy(d.spec))),
     }
     .map_err(strict_error)?;
     finish(file, object, doc_pos, typed).map(Parsed::Object)
@@ -372,6 +374,7 @@ enum TypedSpec {
     Backend(BackendSpec),
     BackendPolicy(BackendPolicySpec),
     BackendTlsPolicy(BackendTlsPolicySpec),
+    ClientPolicy(ClientPolicySpec),
 }
 
 /// Applies defaults and validates; the one place both parse paths build objects.
@@ -432,6 +435,15 @@ fn finish(
             };
             crate::kinds::backend_tls::validate_backend_tls_policy(&mut ctx, &p);
             Object::BackendTlsPolicy(Arc::new(p))
+        }
+        Typed::Spec(metadata, TypedSpec::ClientPolicy(spec)) => {
+            let p = ClientPolicy {
+                metadata,
+                spec,
+                source,
+            };
+            crate::kinds::client_policy::validate_client_policy(&mut ctx, &p);
+            Object::ClientPolicy(Arc::new(p))
         }
         Typed::ConfigMap(d) => {
             let c = d.into_config_map(source);
@@ -494,6 +506,9 @@ impl<'de> Deserialize<'de> for FastDoc {
                                 }
                                 Some(Kind::BackendTlsPolicy) => {
                                     TypedSpec::BackendTlsPolicy(map.next_value()?)
+                                }
+                                Some(Kind::ClientPolicy) => {
+                                    TypedSpec::ClientPolicy(map.next_value()?)
                                 }
                                 _ => return Err(decline()),
                             })

@@ -119,6 +119,7 @@ pub struct ConfigSet {
     pub backend_policies: BTreeMap<ObjectKey, Arc<BackendPolicy>>,
     pub config_maps: BTreeMap<ObjectKey, Arc<ConfigMap>>,
     pub backend_tls_policies: BTreeMap<ObjectKey, Arc<BackendTlsPolicy>>,
+    pub client_policies: BTreeMap<ObjectKey, Arc<ClientPolicy>>,
 }
 
 /// How one object differs between two sets.
@@ -382,6 +383,10 @@ impl ConfigSet {
                 .backend_tls_policies
                 .insert(key, p)
                 .map(Object::BackendTlsPolicy),
+            Object::ClientPolicy(p) => self
+                .client_policies
+                .insert(key, p)
+                .map(Object::ClientPolicy),
         }
     }
 
@@ -397,6 +402,7 @@ impl ConfigSet {
                 .backend_tls_policies
                 .remove(key)
                 .map(Object::BackendTlsPolicy),
+            Kind::ClientPolicy => self.client_policies.remove(key).map(Object::ClientPolicy),
         }
     }
 
@@ -417,6 +423,11 @@ impl ConfigSet {
                 .get(key)
                 .cloned()
                 .map(Object::BackendTlsPolicy),
+            Kind::ClientPolicy => self
+                .client_policies
+                .get(key)
+                .cloned()
+                .map(Object::ClientPolicy),
         }
     }
 
@@ -437,7 +448,18 @@ impl ConfigSet {
             .values()
             .cloned()
             .map(Object::BackendTlsPolicy);
-        g.chain(r).chain(b).chain(s).chain(bp).chain(cm).chain(tp)
+        let cp = self
+            .client_policies
+            .values()
+            .cloned()
+            .map(Object::ClientPolicy);
+        g.chain(r)
+            .chain(b)
+            .chain(s)
+            .chain(bp)
+            .chain(cm)
+            .chain(tp)
+            .chain(cp)
     }
 
     pub fn len(&self) -> usize {
@@ -448,6 +470,7 @@ impl ConfigSet {
             + self.backend_policies.len()
             + self.config_maps.len()
             + self.backend_tls_policies.len()
+            + self.client_policies.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -483,6 +506,12 @@ impl ConfigSet {
             Kind::BackendTlsPolicy,
             &self.backend_tls_policies,
             &new.backend_tls_policies,
+            &mut out,
+        );
+        diff_map(
+            Kind::ClientPolicy,
+            &self.client_policies,
+            &new.client_policies,
             &mut out,
         );
         out.sort();
@@ -613,6 +642,81 @@ impl ConfigSet {
                 .cloned()
                 .ok_or_else(|| format!("Secret {key} not found")),
         )
+    }
+
+    /// Policy attachment of every ClientPolicy: Gateways, or single listeners by
+    /// `sectionName` (a listener policy beats a Gateway policy there).
+    pub fn client_policy_resolution(&self) -> crate::attach::Resolution {
+        crate::attach::resolve(
+            self.client_policies
+                .iter()
+                .map(|(k, p)| (k, p.spec.target_refs.as_slice())),
+            |p| match self.gateways.get(&p.target.key) {
+                None => Err(format!("Gateway {} not found", p.target.key)),
+                Some(g) => match &p.section {
+                    Some(s) if g.listener(s).is_none() => {
+                        Err(format!("Gateway {} has no listener {s:?}", p.target.key))
+                    }
+                    _ => Ok(()),
+                },
+            },
+        )
+    }
+
+    /// The ClientPolicy applying to listener `listener` of Gateway `gateway`: the oldest naming
+    /// that listener, else the oldest naming the whole Gateway ([`crate::attach`] rules, for one
+    /// listener in O(policies in the namespace)).
+    pub fn client_policy_for(
+        &self,
+        gateway: &ObjectKey,
+        listener: &str,
+    ) -> Option<&Arc<ClientPolicy>> {
+        let ns = ObjectKey::new(gateway.namespace.as_str(), "");
+        let in_ns = || {
+            self.client_policies
+                .range(ns.clone()..)
+                .take_while(|(k, _)| k.namespace == gateway.namespace)
+                .map(|(_, p)| p)
+        };
+        let names = |p: &ClientPolicy, section: Option<&str>| {
+            p.spec.target_refs.iter().any(|r| {
+                r.target_kind() == Some(TargetKind::Gateway)
+                    && *r.name == gateway.name
+                    && r.section_name.as_ref().map(|s| s.as_str()) == section
+            })
+        };
+        in_ns()
+            .find(|p| names(p, Some(listener)))
+            .or_else(|| in_ns().find(|p| names(p, None)))
+    }
+
+    /// The PEM bundle of `ca.crt` of each reference (ConfigMap or TLS Secret) in `namespace`.
+    pub fn ca_bundle(&self, namespace: &str, refs: &[LocalObjectRef]) -> Result<String, String> {
+        let mut pem = String::new();
+        for r in refs {
+            let key = ObjectKey::new(namespace, r.name.as_str());
+            let ca = match r.kind.as_str() {
+                "ConfigMap" => self
+                    .config_maps
+                    .get(&key)
+                    .ok_or_else(|| format!("ConfigMap {key} not found"))?
+                    .data
+                    .get("ca.crt")
+                    .cloned()
+                    .ok_or_else(|| format!("ConfigMap {key} has no ca.crt"))?,
+                _ => self
+                    .secrets
+                    .get(&key)
+                    .ok_or_else(|| format!("Secret {key} not found"))?
+                    .tls
+                    .ca_certificate
+                    .clone()
+                    .ok_or_else(|| format!("Secret {key} has no ca.crt"))?,
+            };
+            pem.push_str(ca.trim_end());
+            pem.push('\n');
+        }
+        Ok(pem)
     }
 
     /// Resolves a backendRef of `route` (its namespace defaults to the route's).

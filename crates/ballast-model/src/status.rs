@@ -116,6 +116,8 @@ pub struct ConfigStatus {
     pub backend_policies: Vec<PolicyStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub backend_tls_policies: Vec<PolicyStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub client_policies: Vec<PolicyStatus>,
 }
 
 /// One targetRef of a policy, as in Gateway API `PolicyAncestorStatus` (the target itself is
@@ -350,6 +352,26 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
             },
             |k| match set.backend_tls_policies.get(k) {
                 Some(p) => set.backend_tls_ca(p).map(|_| ()),
+                None => Ok(()),
+            },
+        ),
+        client_policies: policy_statuses(
+            Kind::ClientPolicy,
+            &set.client_policy_resolution(),
+            |k| {
+                set.client_policies
+                    .get(k)
+                    .map(|p| p.source.to_string())
+                    .unwrap_or_default()
+            },
+            |k| match set
+                .client_policies
+                .get(k)
+                .and_then(|p| Some((p, p.spec.tls.as_ref()?.client_validation.as_ref()?)))
+            {
+                Some((p, v)) => set
+                    .ca_bundle(&p.metadata.namespace, &v.ca_certificate_refs)
+                    .map(|_| ()),
                 None => Ok(()),
             },
         ),

@@ -419,7 +419,7 @@ pub(crate) fn build_gateway(
             used_secrets.extend(chain.certificates.iter().cloned());
             chains.push(state);
         }
-        let l = envoy_listener(gw, &port, options);
+        let l = envoy_listener(config, gw, &port, options);
         let r = encode_reusing(prev_listeners.as_ref(), &mut listeners, l, stats);
         resources.listeners.push(r);
     }

@@ -5,6 +5,15 @@
 
 use std::sync::Arc;
 
+use ballast_model::{ClientPolicy, TlsVersion};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::{
+    ForwardClientCertDetails, SetCurrentClientCertDetails,
+};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::tls_parameters::TlsProtocol;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{DownstreamTlsContext, TlsParameters};
+use envoy_types::pb::google::protobuf::BoolValue;
+
 use ballast_model::{
     Backend, BackendPolicy, BackendTlsPolicy, ConfigSet, HashKey, HealthCheckType, ObjectKey,
     PolicyLbType, SanKind, Secret,
@@ -385,4 +394,157 @@ pub(crate) fn apply_upstream_tls(c: &mut Cluster, tls: &UpstreamTls) {
         name: "envoy.transport_sockets.tls".into(),
         config_type: Some(TsConfig::TypedConfig(pack_any(ctx))),
     });
+}
+
+/// What a ClientPolicy turns into for one filter chain, with its resolved client CA.
+pub(crate) struct ClientSettings<'a> {
+    pub policy: &'a ClientPolicy,
+    /// PEM bundle for client validation (`None`: no validation configured; `Err`: unresolved,
+    /// then every client certificate is rejected: fail closed).
+    pub client_ca: Option<Result<String, String>>,
+}
+
+impl<'a> ClientSettings<'a> {
+    pub(crate) fn for_listener(
+        config: &'a ConfigSet,
+        gateway: &ObjectKey,
+        listener: &str,
+    ) -> Option<Self> {
+        let policy = config.client_policy_for(gateway, listener)?;
+        let client_ca = policy
+            .spec
+            .tls
+            .as_ref()
+            .and_then(|t| t.client_validation.as_ref())
+            .map(|v| config.ca_bundle(&policy.metadata.namespace, &v.ca_certificate_refs));
+        Some(ClientSettings { policy, client_ca })
+    }
+}
+
+/// Gateways a version of a ClientPolicy names.
+pub(crate) fn targeted_gateways(p: &ClientPolicy) -> impl Iterator<Item = ObjectKey> + '_ {
+    p.spec
+        .target_refs
+        .iter()
+        .filter(|r| r.target_kind() == Some(ballast_model::TargetKind::Gateway))
+        .map(|r| ObjectKey::new(p.metadata.namespace.as_str(), r.name.as_str()))
+}
+
+/// Gateways whose ClientPolicies use ConfigMap or Secret `key` as a client CA.
+pub(crate) fn gateways_using_object(
+    config: &ConfigSet,
+    kind: ballast_model::Kind,
+    key: &ObjectKey,
+) -> Vec<ObjectKey> {
+    config
+        .client_policies
+        .values()
+        .filter(|p| {
+            p.metadata.namespace == key.namespace
+                && p.spec
+                    .tls
+                    .as_ref()
+                    .and_then(|t| t.client_validation.as_ref())
+                    .is_some_and(|v| {
+                        v.ca_certificate_refs
+                            .iter()
+                            .any(|r| *r.name == key.name && r.kind.as_str() == kind.as_str())
+                    })
+        })
+        .flat_map(|p| targeted_gateways(p).collect::<Vec<_>>())
+        .collect()
+}
+
+/// Applies the HTTP-level client settings to a connection manager.
+pub(crate) fn apply_client_hcm(hcm: &mut HttpConnectionManager, s: &ClientSettings<'_>) {
+    let spec = &s.policy.spec;
+    if let Some(x) = spec
+        .client_ip_detection
+        .as_ref()
+        .and_then(|c| c.x_forwarded_for.as_ref())
+    {
+        hcm.use_remote_address = Some(BoolValue { value: true });
+        hcm.xff_num_trusted_hops = x.num_trusted_hops.value;
+    }
+    if let Some(t) = &spec.timeout {
+        hcm.request_timeout = t.request_timeout.as_ref().map(|d| pb_duration(d.value));
+        hcm.stream_idle_timeout = t.stream_idle_timeout.as_ref().map(|d| pb_duration(d.value));
+        if let Some(d) = &t.idle_timeout {
+            hcm.common_http_protocol_options = Some(CommonHttpProtocolOptions {
+                idle_timeout: Some(pb_duration(d.value)),
+                ..Default::default()
+            });
+        }
+    }
+    hcm.max_request_headers_kb = u32v(&spec.max_request_headers_kb);
+    let forward = spec
+        .tls
+        .as_ref()
+        .and_then(|t| t.client_validation.as_ref())
+        .is_some_and(|v| v.forward_client_certificate);
+    if forward {
+        hcm.forward_client_cert_details = ForwardClientCertDetails::SanitizeSet as i32;
+        hcm.set_current_client_cert_details = Some(SetCurrentClientCertDetails {
+            subject: Some(BoolValue { value: true }),
+            cert: true,
+            dns: true,
+            uri: true,
+            ..Default::default()
+        });
+    }
+}
+
+/// Applies TLS versions, ciphers and client validation to a downstream TLS context.
+pub(crate) fn apply_client_tls(ctx: &mut DownstreamTlsContext, s: &ClientSettings<'_>) {
+    let Some(tls) = &s.policy.spec.tls else {
+        return;
+    };
+    let version = |v: &Option<ballast_model::Spanned<TlsVersion>>| match v.as_ref().map(|v| v.value)
+    {
+        None => TlsProtocol::TlsAuto,
+        Some(TlsVersion::V1_2) => TlsProtocol::TlSv12,
+        Some(TlsVersion::V1_3) => TlsProtocol::TlSv13,
+    } as i32;
+    let common = ctx.common_tls_context.get_or_insert_with(Default::default);
+    if tls.min_version.is_some() || tls.max_version.is_some() || !tls.ciphers.is_empty() {
+        common.tls_params = Some(TlsParameters {
+            tls_minimum_protocol_version: version(&tls.min_version),
+            tls_maximum_protocol_version: version(&tls.max_version),
+            cipher_suites: tls.ciphers.iter().map(|c| c.value.clone()).collect(),
+            ..Default::default()
+        });
+    }
+    if let Some(v) = &tls.client_validation {
+        let ca = match &s.client_ca {
+            Some(Ok(pem)) => pem.as_str(),
+            _ => UNRESOLVED_CA,
+        };
+        let exact = |s: &str| StringMatcher {
+            match_pattern: Some(MatchPattern::Exact(s.to_owned())),
+            ..Default::default()
+        };
+        common.validation_context_type = Some(ValidationContextType::ValidationContext(
+            CertificateValidationContext {
+                trusted_ca: Some(inline(ca)),
+                match_typed_subject_alt_names: v
+                    .subject_alt_names
+                    .iter()
+                    .flat_map(|n| {
+                        let t = if n.contains("://") {
+                            SanType::Uri
+                        } else {
+                            SanType::Dns
+                        };
+                        [SubjectAltNameMatcher {
+                            san_type: t as i32,
+                            matcher: Some(exact(n)),
+                            ..Default::default()
+                        }]
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+        ));
+        ctx.require_client_certificate = Some(BoolValue { value: !v.optional });
+    }
 }

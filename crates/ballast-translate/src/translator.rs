@@ -15,7 +15,10 @@ use ballast_model::{ConfigSet, Kind, ObjectKey};
 
 use crate::gateway::{Caches, GatewayState, build_gateway, patch_routes};
 use crate::index::{DependencyIndex, Orphans};
-use crate::policy::{backends_using_object, hash_key, targeted_backends, tls_targeted_backends};
+use crate::policy::{
+    backends_using_object, gateways_using_object, hash_key, targeted_backends, targeted_gateways,
+    tls_targeted_backends,
+};
 use crate::{GatewayResources, Options, names};
 
 /// Counts of work done by one [`Translator::update`] (or a from-scratch translation).
@@ -163,9 +166,26 @@ impl Translator {
                         }
                     }
                 }
+                Kind::ClientPolicy => {
+                    // Listener-level settings: rebuild the Gateways either version names.
+                    for p in [
+                        old.client_policies.get(&c.key),
+                        config.client_policies.get(&c.key),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    {
+                        rebuild.extend(targeted_gateways(p));
+                    }
+                }
                 Kind::Secret | Kind::ConfigMap | Kind::BackendTlsPolicy => {
                     if c.kind == Kind::Secret {
                         rebuild.extend(self.index.gateways_of_secret(&c.key).cloned());
+                    }
+                    if c.kind != Kind::BackendTlsPolicy {
+                        // Client CA bundles of ClientPolicies.
+                        rebuild.extend(gateways_using_object(&old, c.kind, &c.key));
+                        rebuild.extend(gateways_using_object(config, c.kind, &c.key));
                     }
                     // CA bundles, client certificates and upstream TLS only change clusters.
                     let mut backends: BTreeSet<ObjectKey> = BTreeSet::new();
@@ -289,7 +309,11 @@ impl Translator {
                 Kind::HttpRoute => orphans.routes.push(c.key.clone()),
                 Kind::Backend => orphans.backends.push(c.key.clone()),
                 Kind::Secret => orphans.secrets.push(c.key.clone()),
-                Kind::Gateway | Kind::BackendPolicy | Kind::ConfigMap | Kind::BackendTlsPolicy => {}
+                Kind::Gateway
+                | Kind::BackendPolicy
+                | Kind::ConfigMap
+                | Kind::BackendTlsPolicy
+                | Kind::ClientPolicy => {}
             }
         }
         for k in orphans.routes {

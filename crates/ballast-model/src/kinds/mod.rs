@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod backend_tls;
+pub mod client_policy;
 pub mod configmap;
 pub mod gateway;
 pub mod policy;
@@ -21,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 pub use backend::*;
 pub use backend_tls::*;
+pub use client_policy::*;
 pub use configmap::*;
 pub use gateway::*;
 pub use policy::*;
@@ -48,10 +50,11 @@ pub enum Kind {
     ConfigMap,
     #[serde(rename = "BackendTLSPolicy")]
     BackendTlsPolicy,
+    ClientPolicy,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Gateway,
         Kind::HttpRoute,
         Kind::Backend,
@@ -59,6 +62,7 @@ impl Kind {
         Kind::BackendPolicy,
         Kind::ConfigMap,
         Kind::BackendTlsPolicy,
+        Kind::ClientPolicy,
     ];
 
     /// The `kind:` string.
@@ -71,6 +75,7 @@ impl Kind {
             Kind::BackendPolicy => "BackendPolicy",
             Kind::ConfigMap => "ConfigMap",
             Kind::BackendTlsPolicy => "BackendTLSPolicy",
+            Kind::ClientPolicy => "ClientPolicy",
         }
     }
 
@@ -78,7 +83,7 @@ impl Kind {
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::Gateway | Kind::HttpRoute => "gateway.networking.k8s.io/v1",
-            Kind::Backend | Kind::BackendPolicy => "ballast.dev/v1alpha1",
+            Kind::Backend | Kind::BackendPolicy | Kind::ClientPolicy => "ballast.dev/v1alpha1",
             Kind::Secret | Kind::ConfigMap => "v1",
             Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1alpha3",
         }
@@ -219,6 +224,7 @@ pub enum Object {
     BackendPolicy(Arc<BackendPolicy>),
     ConfigMap(Arc<ConfigMap>),
     BackendTlsPolicy(Arc<BackendTlsPolicy>),
+    ClientPolicy(Arc<ClientPolicy>),
 }
 
 impl Object {
@@ -231,6 +237,7 @@ impl Object {
             Object::BackendPolicy(_) => Kind::BackendPolicy,
             Object::ConfigMap(_) => Kind::ConfigMap,
             Object::BackendTlsPolicy(_) => Kind::BackendTlsPolicy,
+            Object::ClientPolicy(_) => Kind::ClientPolicy,
         }
     }
 
@@ -243,6 +250,7 @@ impl Object {
             Object::BackendPolicy(o) => &o.metadata,
             Object::ConfigMap(o) => &o.metadata,
             Object::BackendTlsPolicy(o) => &o.metadata,
+            Object::ClientPolicy(o) => &o.metadata,
         }
     }
 
@@ -259,6 +267,7 @@ impl Object {
             Object::BackendPolicy(o) => &o.source,
             Object::ConfigMap(o) => &o.source,
             Object::BackendTlsPolicy(o) => &o.source,
+            Object::ClientPolicy(o) => &o.source,
         }
     }
 }
