@@ -350,12 +350,12 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
             .map(|d| Typed::Spec(d.metadata, TypedSpec::Backend(d.spec))),
         Kind::Secret => deserialize::<SecretDoc>(doc.text).map(Typed::Secret),
         Kind::BackendPolicy => deserialize::<Doc<BackendPolicySpec>>(doc.text)
-            .map(|d| Typed::Spec(d.metadata, TypedSpec::BackendPolicy(d.spec))),
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::BackendPolicy(Box::new(d.spec)))),
         Kind::BackendTlsPolicy => deserialize::<Doc<BackendTlsPolicySpec>>(doc.text)
-            .map(|d| Typed::Spec(d.metadata, TypedSpec::BackendTlsPolicy(d.spec))),
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::BackendTlsPolicy(Box::new(d.spec)))),
         Kind::ConfigMap => deserialize::<ConfigMapDoc>(doc.text).map(Typed::ConfigMap),
         Kind::ClientPolicy => deserialize::<Doc<ClientPolicySpec>>(doc.text)
-            .map(|d| Typed::Spec(d.metadata, TypedSpec::ClientPolicy(d.spec))),
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::ClientPolicy(Box::new(d.spec)))),
     }
     .map_err(strict_error)?;
     finish(file, object, doc_pos, typed).map(Parsed::Object)
@@ -372,9 +372,10 @@ enum TypedSpec {
     Gateway(GatewaySpec),
     HttpRoute(HttpRouteSpec),
     Backend(BackendSpec),
-    BackendPolicy(BackendPolicySpec),
-    BackendTlsPolicy(BackendTlsPolicySpec),
-    ClientPolicy(ClientPolicySpec),
+    // Boxed: far larger than the other specs.
+    BackendPolicy(Box<BackendPolicySpec>),
+    BackendTlsPolicy(Box<BackendTlsPolicySpec>),
+    ClientPolicy(Box<ClientPolicySpec>),
 }
 
 /// Applies defaults and validates; the one place both parse paths build objects.
@@ -421,7 +422,7 @@ fn finish(
         Typed::Spec(metadata, TypedSpec::BackendPolicy(spec)) => {
             let p = BackendPolicy {
                 metadata,
-                spec,
+                spec: *spec,
                 source,
             };
             crate::kinds::policy::validate_backend_policy(&mut ctx, &p);
@@ -430,7 +431,7 @@ fn finish(
         Typed::Spec(metadata, TypedSpec::BackendTlsPolicy(spec)) => {
             let p = BackendTlsPolicy {
                 metadata,
-                spec,
+                spec: *spec,
                 source,
             };
             crate::kinds::backend_tls::validate_backend_tls_policy(&mut ctx, &p);
@@ -439,7 +440,7 @@ fn finish(
         Typed::Spec(metadata, TypedSpec::ClientPolicy(spec)) => {
             let p = ClientPolicy {
                 metadata,
-                spec,
+                spec: *spec,
                 source,
             };
             crate::kinds::client_policy::validate_client_policy(&mut ctx, &p);

@@ -221,7 +221,6 @@ pub(crate) fn apply_backend_policy(c: &mut Cluster, policy: &BackendPolicy) {
                 PolicyLbType::RoundRobin => {
                     Some(LbConfig::RoundRobinLbConfig(RoundRobinLbConfig {
                         slow_start_config: cfg,
-                        ..Default::default()
                     }))
                 }
                 PolicyLbType::LeastRequest => {

@@ -130,7 +130,7 @@ pub(crate) fn validate_target_refs(
         if let Some(j) = seen.iter().position(|s| *s == id) {
             ctx.err(
                 r.name.pos,
-                format!("{f}"),
+                f.clone(),
                 format!("duplicate targetRef (also spec.targetRefs[{j}])"),
             );
         }
@@ -502,10 +502,12 @@ pub(crate) fn validate_backend_policy(ctx: &mut Ctx, p: &BackendPolicy) {
             );
         }
     }
-    if let Some(rb) = &s.retry_budget {
-        if let Some(v) = &rb.budget_percent {
-            percent(ctx, "spec.retryBudget.budgetPercent".into(), v);
-        }
+    if let Some(v) = s
+        .retry_budget
+        .as_ref()
+        .and_then(|rb| rb.budget_percent.as_ref())
+    {
+        percent(ctx, "spec.retryBudget.budgetPercent".into(), v);
     }
     if let Some(hc) = s.health_check.as_ref().and_then(|h| h.active.as_ref()) {
         let f = "spec.healthCheck.active";
