@@ -185,3 +185,68 @@ spec:
         assert!(dump.contains(needle), "{needle} in Envoy's config");
     }
 }
+
+/// Raw request bytes to `addr`: the response's status (0 when the connection closed without
+/// an HTTP response).
+async fn raw_status(addr: std::net::SocketAddr, bytes: &[u8]) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return 0;
+    };
+    if s.write_all(bytes).await.is_err() {
+        return 0;
+    }
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out)
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `enableProxyProtocol`: a connection starting with a PROXY v1 header is served; one without
+/// is closed, because Envoy then expects the header first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_protocol_listener_requires_the_header() {
+    let up = Upstream::start("app").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let config = gateway(port)
+        + &route("app", "app.example.com", "app")
+        + &backend("app", &[up.addr()])
+        + "---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: { name: behind-lb }
+spec:
+  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]
+  enableProxyProtocol: true
+";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-proxy-protocol",
+        "default/edge",
+        AdsMode::DeltaGrpc,
+    ))
+    .await
+    .unwrap();
+    let addr = loopback(port);
+    let request = "GET / HTTP/1.1\r\nHost: app.example.com\r\nConnection: close\r\n\r\n";
+    let with_header = format!("PROXY TCP4 203.0.113.7 127.0.0.1 40000 {port}\r\n{request}");
+    wait_for(T, POLL, || async {
+        match raw_status(addr, with_header.as_bytes()).await {
+            200 => Ok(()),
+            c => anyhow::bail!("with PROXY header: {c}"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    assert_eq!(
+        raw_status(addr, request.as_bytes()).await,
+        0,
+        "without the PROXY header the connection is refused"
+    );
+    assert_eq!(raw_status(addr, with_header.as_bytes()).await, 200);
+}
