@@ -250,3 +250,50 @@ spec:
     );
     assert_eq!(raw_status(addr, with_header.as_bytes()).await, 200);
 }
+
+/// `clientIPDetection.xForwardedFor.numTrustedHops: 1`: Envoy trusts one proxy in front of it,
+/// so the client address is the second-rightmost X-Forwarded-For entry (sent to the backend
+/// as `x-envoy-external-address`), not the spoofable leftmost one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusted_hops_pick_the_client_address() {
+    let up = Upstream::start("app").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let config = gateway(port)
+        + &route("app", "app.example.com", "app")
+        + &backend("app", &[up.addr()])
+        + "---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: { name: one-lb }
+spec:
+  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: http }]
+  clientIPDetection: { xForwardedFor: { numTrustedHops: 1 } }
+";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-xff",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let request = "GET / HTTP/1.1\r\nHost: app.example.com\r\nX-Forwarded-For: 198.51.100.9, 203.0.113.5\r\nConnection: close\r\n\r\n";
+    wait_for(T, POLL, || async {
+        match raw_status(loopback(port), request.as_bytes()).await {
+            200 if up.last_header("x-envoy-external-address").is_some() => Ok(()),
+            c => anyhow::bail!("status {c}, headers not yet from the policy"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    assert_eq!(
+        up.last_header("x-envoy-external-address").as_deref(),
+        Some("203.0.113.5")
+    );
+    // Envoy appends the peer it saw; the client's entries are passed on unchanged.
+    let xff = up.last_header("x-forwarded-for").unwrap_or_default();
+    assert!(xff.starts_with("198.51.100.9, 203.0.113.5,"), "{xff}");
+}
