@@ -13,6 +13,7 @@
 //! as status, as in Gateway API.
 #![forbid(unsafe_code)]
 
+pub mod attach;
 pub mod duration;
 pub mod error;
 pub mod hostname;
@@ -80,6 +81,48 @@ mod docs_tests {
                 set.secrets.len()
             ),
             (1, 3, 1, 2)
+        );
+    }
+}
+
+#[cfg(test)]
+mod policy_docs_tests {
+    use super::*;
+
+    const DOCS: &str = include_str!("../../../docs/policies.md");
+
+    /// Every example in docs/policies.md is valid, and together they form a valid set.
+    #[test]
+    fn policy_examples_parse() {
+        let mut files = Vec::new();
+        let mut rest = DOCS;
+        while let Some(start) = rest.find("```yaml\n") {
+            let body = &rest[start + 8..];
+            let end = body.find("```").expect("unterminated yaml block");
+            files.push((format!("policies.md#{}", files.len()), &body[..end]));
+            rest = &body[end..];
+        }
+        assert!(files.len() >= 4, "found {} examples", files.len());
+        for (name, text) in &files {
+            if let Err(es) = parse_file(name, text) {
+                panic!(
+                    "{}",
+                    es.iter()
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+            }
+        }
+        let set = ConfigSet::build(files).expect("examples conflict");
+        assert_eq!(
+            (
+                set.backend_policies.len(),
+                set.backend_tls_policies.len(),
+                set.client_policies.len(),
+                set.config_maps.len()
+            ),
+            (5, 1, 2, 1)
         );
     }
 }

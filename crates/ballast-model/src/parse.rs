@@ -11,10 +11,12 @@ use serde::de::DeserializeOwned;
 use serde_saphyr::MessageFormatter;
 
 use crate::error::{ConfigError, ObjectRef, sort_errors};
+use crate::kinds::configmap::ConfigMapDoc;
 use crate::kinds::secret::SecretDoc;
 use crate::kinds::{
-    Backend, BackendSpec, DEFAULT_NAMESPACE, Gateway, GatewaySpec, HttpRoute, HttpRouteSpec, Kind,
-    KindMatch, Metadata, Object, ObjectKey, Source,
+    Backend, BackendPolicy, BackendPolicySpec, BackendSpec, BackendTlsPolicy, BackendTlsPolicySpec,
+    ClientPolicy, ClientPolicySpec, DEFAULT_NAMESPACE, Gateway, GatewaySpec, HttpRoute,
+    HttpRouteSpec, Kind, KindMatch, Metadata, Object, ObjectKey, Source,
 };
 use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
@@ -316,7 +318,7 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
                 "missing field `apiVersion`".into(),
             )]);
         }
-        Some(v) if v.value != kind.api_version() => {
+        Some(v) if !kind.accepts(&v.value) => {
             return Err(vec![error(
                 v.pos,
                 Some(object),
@@ -347,6 +349,13 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
         Kind::Backend => deserialize::<Doc<BackendSpec>>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::Backend(d.spec))),
         Kind::Secret => deserialize::<SecretDoc>(doc.text).map(Typed::Secret),
+        Kind::BackendPolicy => deserialize::<Doc<BackendPolicySpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::BackendPolicy(Box::new(d.spec)))),
+        Kind::BackendTlsPolicy => deserialize::<Doc<BackendTlsPolicySpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::BackendTlsPolicy(Box::new(d.spec)))),
+        Kind::ConfigMap => deserialize::<ConfigMapDoc>(doc.text).map(Typed::ConfigMap),
+        Kind::ClientPolicy => deserialize::<Doc<ClientPolicySpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::ClientPolicy(Box::new(d.spec)))),
     }
     .map_err(strict_error)?;
     finish(file, object, doc_pos, typed).map(Parsed::Object)
@@ -356,12 +365,17 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
 enum Typed {
     Spec(Metadata, TypedSpec),
     Secret(SecretDoc),
+    ConfigMap(ConfigMapDoc),
 }
 
 enum TypedSpec {
     Gateway(GatewaySpec),
     HttpRoute(HttpRouteSpec),
     Backend(BackendSpec),
+    // Boxed: far larger than the other specs.
+    BackendPolicy(Box<BackendPolicySpec>),
+    BackendTlsPolicy(Box<BackendTlsPolicySpec>),
+    ClientPolicy(Box<ClientPolicySpec>),
 }
 
 /// Applies defaults and validates; the one place both parse paths build objects.
@@ -404,6 +418,38 @@ fn finish(
             };
             validate::backend(&mut ctx, &b);
             Object::Backend(Arc::new(b))
+        }
+        Typed::Spec(metadata, TypedSpec::BackendPolicy(spec)) => {
+            let p = BackendPolicy {
+                metadata,
+                spec: *spec,
+                source,
+            };
+            crate::kinds::policy::validate_backend_policy(&mut ctx, &p);
+            Object::BackendPolicy(Arc::new(p))
+        }
+        Typed::Spec(metadata, TypedSpec::BackendTlsPolicy(spec)) => {
+            let p = BackendTlsPolicy {
+                metadata,
+                spec: *spec,
+                source,
+            };
+            crate::kinds::backend_tls::validate_backend_tls_policy(&mut ctx, &p);
+            Object::BackendTlsPolicy(Arc::new(p))
+        }
+        Typed::Spec(metadata, TypedSpec::ClientPolicy(spec)) => {
+            let p = ClientPolicy {
+                metadata,
+                spec: *spec,
+                source,
+            };
+            crate::kinds::client_policy::validate_client_policy(&mut ctx, &p);
+            Object::ClientPolicy(Arc::new(p))
+        }
+        Typed::ConfigMap(d) => {
+            let c = d.into_config_map(source);
+            validate::config_map(&mut ctx, &c);
+            Object::ConfigMap(Arc::new(c))
         }
         Typed::Secret(d) => match validate::secret(&mut ctx, d, source) {
             Some(s) => Object::Secret(Arc::new(s)),
@@ -456,6 +502,15 @@ impl<'de> Deserialize<'de> for FastDoc {
                                 Some(Kind::Gateway) => TypedSpec::Gateway(map.next_value()?),
                                 Some(Kind::HttpRoute) => TypedSpec::HttpRoute(map.next_value()?),
                                 Some(Kind::Backend) => TypedSpec::Backend(map.next_value()?),
+                                Some(Kind::BackendPolicy) => {
+                                    TypedSpec::BackendPolicy(map.next_value()?)
+                                }
+                                Some(Kind::BackendTlsPolicy) => {
+                                    TypedSpec::BackendTlsPolicy(map.next_value()?)
+                                }
+                                Some(Kind::ClientPolicy) => {
+                                    TypedSpec::ClientPolicy(map.next_value()?)
+                                }
                                 _ => return Err(decline()),
                             })
                         }
@@ -463,9 +518,7 @@ impl<'de> Deserialize<'de> for FastDoc {
                     }
                 }
                 match (api, kind, metadata, spec) {
-                    (Some(api), Some(kind), Some(metadata), Some(spec))
-                        if api == kind.api_version() =>
-                    {
+                    (Some(api), Some(kind), Some(metadata), Some(spec)) if kind.accepts(&api) => {
                         Ok(FastDoc {
                             kind,
                             metadata,
@@ -960,7 +1013,7 @@ spec:
 
     #[test]
     fn unknown_kinds_are_skipped_not_errors() {
-        let text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n---\n\
+        let text = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: x}\n---\n\
             apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\n\
             metadata: {name: g, namespace: apps}\nspec: {from: [], to: []}\n---\n\
             apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: Backend\nmetadata: {name: b}\n\
@@ -974,7 +1027,7 @@ spec:
         assert_eq!(
             got,
             [
-                "f.yaml:1:1: skipped ConfigMap default/x (v1): kind not implemented by Ballast",
+                "f.yaml:1:1: skipped ServiceAccount default/x (v1): kind not implemented by Ballast",
                 "f.yaml:5:1: skipped ReferenceGrant apps/g (gateway.networking.k8s.io/v1beta1): kind not implemented by Ballast",
                 "f.yaml:10:1: skipped Backend default/b (gateway.envoyproxy.io/v1alpha1): kind not implemented by Ballast",
                 "f.yaml:15:1: skipped SomethingElse (no apiVersion): kind not implemented by Ballast",

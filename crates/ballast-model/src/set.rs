@@ -116,6 +116,10 @@ pub struct ConfigSet {
     pub http_routes: BTreeMap<ObjectKey, Arc<HttpRoute>>,
     pub backends: BTreeMap<ObjectKey, Arc<Backend>>,
     pub secrets: BTreeMap<ObjectKey, Arc<Secret>>,
+    pub backend_policies: BTreeMap<ObjectKey, Arc<BackendPolicy>>,
+    pub config_maps: BTreeMap<ObjectKey, Arc<ConfigMap>>,
+    pub backend_tls_policies: BTreeMap<ObjectKey, Arc<BackendTlsPolicy>>,
+    pub client_policies: BTreeMap<ObjectKey, Arc<ClientPolicy>>,
 }
 
 /// How one object differs between two sets.
@@ -370,6 +374,19 @@ impl ConfigSet {
             Object::HttpRoute(r) => self.http_routes.insert(key, r).map(Object::HttpRoute),
             Object::Backend(b) => self.backends.insert(key, b).map(Object::Backend),
             Object::Secret(s) => self.secrets.insert(key, s).map(Object::Secret),
+            Object::BackendPolicy(p) => self
+                .backend_policies
+                .insert(key, p)
+                .map(Object::BackendPolicy),
+            Object::ConfigMap(c) => self.config_maps.insert(key, c).map(Object::ConfigMap),
+            Object::BackendTlsPolicy(p) => self
+                .backend_tls_policies
+                .insert(key, p)
+                .map(Object::BackendTlsPolicy),
+            Object::ClientPolicy(p) => self
+                .client_policies
+                .insert(key, p)
+                .map(Object::ClientPolicy),
         }
     }
 
@@ -379,6 +396,13 @@ impl ConfigSet {
             Kind::HttpRoute => self.http_routes.remove(key).map(Object::HttpRoute),
             Kind::Backend => self.backends.remove(key).map(Object::Backend),
             Kind::Secret => self.secrets.remove(key).map(Object::Secret),
+            Kind::BackendPolicy => self.backend_policies.remove(key).map(Object::BackendPolicy),
+            Kind::ConfigMap => self.config_maps.remove(key).map(Object::ConfigMap),
+            Kind::BackendTlsPolicy => self
+                .backend_tls_policies
+                .remove(key)
+                .map(Object::BackendTlsPolicy),
+            Kind::ClientPolicy => self.client_policies.remove(key).map(Object::ClientPolicy),
         }
     }
 
@@ -388,6 +412,22 @@ impl ConfigSet {
             Kind::HttpRoute => self.http_routes.get(key).cloned().map(Object::HttpRoute),
             Kind::Backend => self.backends.get(key).cloned().map(Object::Backend),
             Kind::Secret => self.secrets.get(key).cloned().map(Object::Secret),
+            Kind::BackendPolicy => self
+                .backend_policies
+                .get(key)
+                .cloned()
+                .map(Object::BackendPolicy),
+            Kind::ConfigMap => self.config_maps.get(key).cloned().map(Object::ConfigMap),
+            Kind::BackendTlsPolicy => self
+                .backend_tls_policies
+                .get(key)
+                .cloned()
+                .map(Object::BackendTlsPolicy),
+            Kind::ClientPolicy => self
+                .client_policies
+                .get(key)
+                .cloned()
+                .map(Object::ClientPolicy),
         }
     }
 
@@ -397,11 +437,40 @@ impl ConfigSet {
         let r = self.http_routes.values().cloned().map(Object::HttpRoute);
         let b = self.backends.values().cloned().map(Object::Backend);
         let s = self.secrets.values().cloned().map(Object::Secret);
-        g.chain(r).chain(b).chain(s)
+        let bp = self
+            .backend_policies
+            .values()
+            .cloned()
+            .map(Object::BackendPolicy);
+        let cm = self.config_maps.values().cloned().map(Object::ConfigMap);
+        let tp = self
+            .backend_tls_policies
+            .values()
+            .cloned()
+            .map(Object::BackendTlsPolicy);
+        let cp = self
+            .client_policies
+            .values()
+            .cloned()
+            .map(Object::ClientPolicy);
+        g.chain(r)
+            .chain(b)
+            .chain(s)
+            .chain(bp)
+            .chain(cm)
+            .chain(tp)
+            .chain(cp)
     }
 
     pub fn len(&self) -> usize {
-        self.gateways.len() + self.http_routes.len() + self.backends.len() + self.secrets.len()
+        self.gateways.len()
+            + self.http_routes.len()
+            + self.backends.len()
+            + self.secrets.len()
+            + self.backend_policies.len()
+            + self.config_maps.len()
+            + self.backend_tls_policies.len()
+            + self.client_policies.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -421,7 +490,233 @@ impl ConfigSet {
         );
         diff_map(Kind::Backend, &self.backends, &new.backends, &mut out);
         diff_map(Kind::Secret, &self.secrets, &new.secrets, &mut out);
+        diff_map(
+            Kind::BackendPolicy,
+            &self.backend_policies,
+            &new.backend_policies,
+            &mut out,
+        );
+        diff_map(
+            Kind::ConfigMap,
+            &self.config_maps,
+            &new.config_maps,
+            &mut out,
+        );
+        diff_map(
+            Kind::BackendTlsPolicy,
+            &self.backend_tls_policies,
+            &new.backend_tls_policies,
+            &mut out,
+        );
+        diff_map(
+            Kind::ClientPolicy,
+            &self.client_policies,
+            &new.client_policies,
+            &mut out,
+        );
+        out.sort();
         out
+    }
+
+    /// Policy attachment of every BackendPolicy ([`crate::attach`]): which applies to which
+    /// Backend, and each policy's per-target outcome (for status).
+    pub fn backend_policy_resolution(&self) -> crate::attach::Resolution {
+        crate::attach::resolve(
+            self.backend_policies
+                .iter()
+                .map(|(k, p)| (k, p.spec.target_refs.as_slice())),
+            |p| self.check_backend_target(p),
+        )
+    }
+
+    /// Whether a BackendPolicy can attach at `p`.
+    fn check_backend_target(&self, p: &crate::attach::AttachPoint) -> Result<(), String> {
+        match p.target.kind {
+            TargetKind::Backend if p.section.is_some() => Err(format!(
+                "Backend {} has no sections; omit sectionName",
+                p.target.key
+            )),
+            TargetKind::Backend if self.backends.contains_key(&p.target.key) => Ok(()),
+            TargetKind::Backend => Err(format!("Backend {} not found", p.target.key)),
+            k => Err(format!(
+                "{k} {} cannot be targeted yet: Ballast has no {k} kind",
+                p.target.key
+            )),
+        }
+    }
+
+    /// The BackendPolicy applying to Backend `backend`: of the policies in its namespace naming
+    /// it, the oldest (smallest name) — [`Self::backend_policy_resolution`] for one Backend,
+    /// in O(policies in the namespace) without building the whole resolution.
+    pub fn backend_policy_for(&self, backend: &ObjectKey) -> Option<&Arc<BackendPolicy>> {
+        if !self.backends.contains_key(backend) {
+            return None;
+        }
+        let ns = ObjectKey::new(backend.namespace.as_str(), "");
+        self.backend_policies
+            .range(ns..)
+            .take_while(|(k, _)| k.namespace == backend.namespace)
+            .map(|(_, p)| p)
+            .find(|p| {
+                p.spec.target_refs.iter().any(|r| {
+                    r.target_kind() == Some(TargetKind::Backend)
+                        && *r.name == backend.name
+                        && r.section_name.is_none()
+                })
+            })
+    }
+
+    /// Policy attachment of every BackendTLSPolicy (same rules as BackendPolicy).
+    pub fn backend_tls_resolution(&self) -> crate::attach::Resolution {
+        crate::attach::resolve(
+            self.backend_tls_policies
+                .iter()
+                .map(|(k, p)| (k, p.spec.target_refs.as_slice())),
+            |p| self.check_backend_target(p),
+        )
+    }
+
+    /// The BackendTLSPolicy applying to Backend `backend` (oldest naming it), as
+    /// [`Self::backend_policy_for`].
+    pub fn backend_tls_policy_for(&self, backend: &ObjectKey) -> Option<&Arc<BackendTlsPolicy>> {
+        if !self.backends.contains_key(backend) {
+            return None;
+        }
+        let ns = ObjectKey::new(backend.namespace.as_str(), "");
+        self.backend_tls_policies
+            .range(ns..)
+            .take_while(|(k, _)| k.namespace == backend.namespace)
+            .map(|(_, p)| p)
+            .find(|p| {
+                p.spec.target_refs.iter().any(|r| {
+                    r.target_kind() == Some(TargetKind::Backend)
+                        && *r.name == backend.name
+                        && r.section_name.is_none()
+                })
+            })
+    }
+
+    /// The PEM CA bundle of a BackendTLSPolicy: every `caCertificateRefs` entry's `ca.crt`,
+    /// concatenated; `Err` names the first that does not resolve (then no CA is trusted:
+    /// connections fail closed, as Gateway API requires).
+    pub fn backend_tls_ca(&self, p: &BackendTlsPolicy) -> Result<String, String> {
+        let ns = p.metadata.namespace.as_str();
+        let mut pem = String::new();
+        for r in &p.spec.validation.ca_certificate_refs {
+            let key = ObjectKey::new(ns, r.name.as_str());
+            let ca = match r.kind.as_str() {
+                "ConfigMap" => self
+                    .config_maps
+                    .get(&key)
+                    .ok_or_else(|| format!("ConfigMap {key} not found"))?
+                    .data
+                    .get("ca.crt")
+                    .cloned()
+                    .ok_or_else(|| format!("ConfigMap {key} has no ca.crt"))?,
+                _ => self
+                    .secrets
+                    .get(&key)
+                    .ok_or_else(|| format!("Secret {key} not found"))?
+                    .tls
+                    .ca_certificate
+                    .clone()
+                    .ok_or_else(|| format!("Secret {key} has no ca.crt"))?,
+            };
+            pem.push_str(ca.trim_end());
+            pem.push('\n');
+        }
+        Ok(pem)
+    }
+
+    /// The client certificate a BackendPolicy names, if any: `Some(Err)` when it does not
+    /// resolve (then none is presented).
+    pub fn backend_client_certificate(
+        &self,
+        p: &BackendPolicy,
+    ) -> Option<Result<Arc<Secret>, String>> {
+        let r = &p.spec.tls.as_ref()?.client_certificate_ref;
+        let key = ObjectKey::new(p.metadata.namespace.as_str(), r.name.as_str());
+        Some(
+            self.secrets
+                .get(&key)
+                .cloned()
+                .ok_or_else(|| format!("Secret {key} not found")),
+        )
+    }
+
+    /// Policy attachment of every ClientPolicy: Gateways, or single listeners by
+    /// `sectionName` (a listener policy beats a Gateway policy there).
+    pub fn client_policy_resolution(&self) -> crate::attach::Resolution {
+        crate::attach::resolve(
+            self.client_policies
+                .iter()
+                .map(|(k, p)| (k, p.spec.target_refs.as_slice())),
+            |p| match self.gateways.get(&p.target.key) {
+                None => Err(format!("Gateway {} not found", p.target.key)),
+                Some(g) => match &p.section {
+                    Some(s) if g.listener(s).is_none() => {
+                        Err(format!("Gateway {} has no listener {s:?}", p.target.key))
+                    }
+                    _ => Ok(()),
+                },
+            },
+        )
+    }
+
+    /// The ClientPolicy applying to listener `listener` of Gateway `gateway`: the oldest naming
+    /// that listener, else the oldest naming the whole Gateway ([`crate::attach`] rules, for one
+    /// listener in O(policies in the namespace)).
+    pub fn client_policy_for(
+        &self,
+        gateway: &ObjectKey,
+        listener: &str,
+    ) -> Option<&Arc<ClientPolicy>> {
+        let ns = ObjectKey::new(gateway.namespace.as_str(), "");
+        let in_ns = || {
+            self.client_policies
+                .range(ns.clone()..)
+                .take_while(|(k, _)| k.namespace == gateway.namespace)
+                .map(|(_, p)| p)
+        };
+        let names = |p: &ClientPolicy, section: Option<&str>| {
+            p.spec.target_refs.iter().any(|r| {
+                r.target_kind() == Some(TargetKind::Gateway)
+                    && *r.name == gateway.name
+                    && r.section_name.as_ref().map(|s| s.as_str()) == section
+            })
+        };
+        in_ns()
+            .find(|p| names(p, Some(listener)))
+            .or_else(|| in_ns().find(|p| names(p, None)))
+    }
+
+    /// The PEM bundle of `ca.crt` of each reference (ConfigMap or TLS Secret) in `namespace`.
+    pub fn ca_bundle(&self, namespace: &str, refs: &[LocalObjectRef]) -> Result<String, String> {
+        let mut pem = String::new();
+        for r in refs {
+            let key = ObjectKey::new(namespace, r.name.as_str());
+            let ca = match r.kind.as_str() {
+                "ConfigMap" => self
+                    .config_maps
+                    .get(&key)
+                    .ok_or_else(|| format!("ConfigMap {key} not found"))?
+                    .data
+                    .get("ca.crt")
+                    .cloned()
+                    .ok_or_else(|| format!("ConfigMap {key} has no ca.crt"))?,
+                _ => self
+                    .secrets
+                    .get(&key)
+                    .ok_or_else(|| format!("Secret {key} not found"))?
+                    .tls
+                    .ca_certificate
+                    .clone()
+                    .ok_or_else(|| format!("Secret {key} has no ca.crt"))?,
+            };
+            pem.push_str(ca.trim_end());
+            pem.push('\n');
+        }
+        Ok(pem)
     }
 
     /// Resolves a backendRef of `route` (its namespace defaults to the route's).

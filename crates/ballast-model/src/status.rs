@@ -112,6 +112,128 @@ pub struct GatewayStatus {
 pub struct ConfigStatus {
     pub gateways: Vec<GatewayStatus>,
     pub http_routes: Vec<RouteStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub backend_policies: Vec<PolicyStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub backend_tls_policies: Vec<PolicyStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub client_policies: Vec<PolicyStatus>,
+}
+
+/// One targetRef of a policy, as in Gateway API `PolicyAncestorStatus` (the target itself is
+/// the ancestor: ballast policies attach directly).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyTargetStatus {
+    pub group: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub section_name: Option<String>,
+    pub conditions: Vec<Condition>,
+}
+
+/// The status of one policy: per targetRef whether it applies there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyStatus {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub source: String,
+    pub targets: Vec<PolicyTargetStatus>,
+}
+
+impl PolicyStatus {
+    /// The targets where the policy applies (`Accepted=True`), as `Kind ns/name[/section]`.
+    pub fn applied_to(&self) -> Vec<String> {
+        self.targets
+            .iter()
+            .filter(|t| t.conditions.iter().all(Condition::is_true))
+            .map(|t| {
+                let mut s = format!("{} {}/{}", t.kind, t.namespace, t.name);
+                if let Some(sec) = &t.section_name {
+                    s.push('/');
+                    s.push_str(sec);
+                }
+                s
+            })
+            .collect()
+    }
+}
+
+/// Status of every policy of one kind from its attachment resolution.
+fn policy_statuses(
+    kind: Kind,
+    resolution: &crate::attach::Resolution,
+    source: impl Fn(&ObjectKey) -> String,
+    refs: impl Fn(&ObjectKey) -> Result<(), String>,
+) -> Vec<PolicyStatus> {
+    use crate::attach::Outcome;
+    resolution
+        .statuses
+        .iter()
+        .map(|(key, targets)| PolicyStatus {
+            kind: kind.as_str().to_owned(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            source: source(key),
+            targets: targets
+                .iter()
+                .map(|t| {
+                    let accepted = match &t.outcome {
+                        Outcome::Accepted { overridden } if overridden.is_empty() => {
+                            Condition::new("Accepted", true, "Accepted", "policy applies")
+                        }
+                        Outcome::Accepted { overridden } => Condition::new(
+                            "Accepted",
+                            true,
+                            "Accepted",
+                            format!(
+                                "policy applies, except on {}",
+                                overridden
+                                    .iter()
+                                    .map(|(s, by)| format!(
+                                        "section {s} (policy {by} is more specific)"
+                                    ))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
+                        ),
+                        Outcome::Conflicted { winner } => Condition::new(
+                            "Accepted",
+                            false,
+                            "Conflicted",
+                            format!(
+                                "older policy {winner} targets the same object and applies instead"
+                            ),
+                        ),
+                        Outcome::TargetNotFound(m) => {
+                            Condition::new("Accepted", false, "TargetNotFound", m.clone())
+                        }
+                    };
+                    let mut conditions = vec![accepted];
+                    if let Err(m) = refs(key) {
+                        conditions.push(Condition::new(
+                            "ResolvedRefs",
+                            false,
+                            "InvalidCACertificateRef",
+                            m,
+                        ));
+                    }
+                    PolicyTargetStatus {
+                        group: t.point.target.kind.group().to_owned(),
+                        kind: t.point.target.kind.as_str().to_owned(),
+                        namespace: t.point.target.key.namespace.clone(),
+                        name: t.point.target.key.name.clone(),
+                        section_name: t.point.section.clone(),
+                        conditions,
+                    }
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 impl ConfigStatus {
@@ -131,6 +253,33 @@ impl ConfigStatus {
                     out.push(format!(
                         "{}: Gateway {}/{}: listener {}: {}=False {}: {}",
                         g.source, g.namespace, g.name, l.name, c.type_, c.reason, c.message
+                    ));
+                }
+            }
+        }
+        for p in self
+            .backend_policies
+            .iter()
+            .chain(&self.backend_tls_policies)
+        {
+            for t in &p.targets {
+                for c in t.conditions.iter().filter(|c| !c.is_true()) {
+                    out.push(format!(
+                        "{}: {} {}/{}: target {} {}/{}{}: {}=False {}: {}",
+                        p.source,
+                        p.kind,
+                        p.namespace,
+                        p.name,
+                        t.kind,
+                        t.namespace,
+                        t.name,
+                        t.section_name
+                            .as_deref()
+                            .map(|s| format!("/{s}"))
+                            .unwrap_or_default(),
+                        c.type_,
+                        c.reason,
+                        c.message
                     ));
                 }
             }
@@ -174,6 +323,58 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
             .values()
             .map(|r| route_status(set, r))
             .collect(),
+        backend_policies: policy_statuses(
+            Kind::BackendPolicy,
+            &set.backend_policy_resolution(),
+            |k| {
+                set.backend_policies
+                    .get(k)
+                    .map(|p| p.source.to_string())
+                    .unwrap_or_default()
+            },
+            |k| match set
+                .backend_policies
+                .get(k)
+                .and_then(|p| set.backend_client_certificate(p))
+            {
+                Some(Err(m)) => Err(m),
+                _ => Ok(()),
+            },
+        ),
+        backend_tls_policies: policy_statuses(
+            Kind::BackendTlsPolicy,
+            &set.backend_tls_resolution(),
+            |k| {
+                set.backend_tls_policies
+                    .get(k)
+                    .map(|p| p.source.to_string())
+                    .unwrap_or_default()
+            },
+            |k| match set.backend_tls_policies.get(k) {
+                Some(p) => set.backend_tls_ca(p).map(|_| ()),
+                None => Ok(()),
+            },
+        ),
+        client_policies: policy_statuses(
+            Kind::ClientPolicy,
+            &set.client_policy_resolution(),
+            |k| {
+                set.client_policies
+                    .get(k)
+                    .map(|p| p.source.to_string())
+                    .unwrap_or_default()
+            },
+            |k| match set
+                .client_policies
+                .get(k)
+                .and_then(|p| Some((p, p.spec.tls.as_ref()?.client_validation.as_ref()?)))
+            {
+                Some((p, v)) => set
+                    .ca_bundle(&p.metadata.namespace, &v.ca_certificate_refs)
+                    .map(|_| ()),
+                None => Ok(()),
+            },
+        ),
     }
 }
 

@@ -35,7 +35,7 @@ impl Ctx {
     }
 
     /// Records an error at `pos` (the document start when unknown, e.g. for defaulted values).
-    fn err(&mut self, pos: Pos, field: impl Into<String>, message: impl Into<String>) {
+    pub(crate) fn err(&mut self, pos: Pos, field: impl Into<String>, message: impl Into<String>) {
         self.errors.push(ConfigError {
             file: self.file.clone(),
             pos: pos.or(self.doc_pos),
@@ -50,7 +50,7 @@ impl Ctx {
     }
 }
 
-fn metadata(ctx: &mut Ctx, m: &Metadata) {
+pub(crate) fn metadata(ctx: &mut Ctx, m: &Metadata) {
     if let Err(e) = check_dns_subdomain(&m.name) {
         ctx.err(Pos::UNKNOWN, "metadata.name", format!("name {e}"));
     }
@@ -586,6 +586,20 @@ fn path_modifier(ctx: &mut Ctx, p: &PathModifier, rule: &HttpRouteRule, f: &str)
             p.type_.pos,
             f.to_owned(),
             "ReplacePrefixMatch needs every match of the rule to be a PathPrefix match",
+        );
+    }
+}
+
+/// A ConfigMap: only `ca.crt`, when present, is interpreted (a PEM CA bundle).
+pub(crate) fn config_map(ctx: &mut Ctx, c: &ConfigMap) {
+    metadata(ctx, &c.metadata);
+    if let Some(ca) = c.data.get("ca.crt")
+        && !ca.contains("-----BEGIN CERTIFICATE-----")
+    {
+        ctx.err(
+            Pos::UNKNOWN,
+            "data.ca.crt",
+            "ca.crt is not PEM (expected \"-----BEGIN CERTIFICATE-----\")",
         );
     }
 }

@@ -21,6 +21,10 @@ struct Shared {
     name: String,
     hits: AtomicU64,
     status: AtomicU16,
+    /// Milliseconds to wait before answering (0: answer at once).
+    delay_ms: AtomicU64,
+    /// Headers of the last request (lowercase names), for tests of what the proxy forwards.
+    last_headers: std::sync::Mutex<Vec<(String, String)>>,
 }
 
 /// A running upstream on `127.0.0.1:<ephemeral>`; stopped (listener and every connection closed) by
@@ -42,6 +46,8 @@ impl Upstream {
             name: name.to_owned(),
             hits: AtomicU64::new(0),
             status: AtomicU16::new(200),
+            delay_ms: AtomicU64::new(0),
+            last_headers: std::sync::Mutex::new(Vec::new()),
         });
         let task = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Upstream {
@@ -69,6 +75,21 @@ impl Upstream {
     /// Changes the status code of subsequent responses (e.g. `503` to simulate a failing backend).
     pub fn set_status(&self, status: u16) {
         self.shared.status.store(status, Ordering::SeqCst);
+    }
+
+    /// The value of header `name` in the last request received, if it had one.
+    pub fn last_header(&self, name: &str) -> Option<String> {
+        let h = self.shared.last_headers.lock().expect("not poisoned");
+        h.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    }
+
+    /// Delays subsequent responses by `delay` (a slow backend: requests pile up, so connection
+    /// limits and circuit breakers trip).
+    pub fn set_delay(&self, delay: std::time::Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.shared.delay_ms.store(ms, Ordering::SeqCst);
     }
 
     /// Closes the listener and every open connection, and waits until they are closed, so that a
@@ -99,10 +120,22 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 let Ok((stream, _)) = accepted else { continue };
                 let shared = shared.clone();
                 conns.spawn(async move {
-                    let svc = service_fn(move |_req: hyper::Request<hyper::body::Incoming>| {
+                    let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                         let shared = shared.clone();
+                        let headers: Vec<(String, String)> = req
+                            .headers()
+                            .iter()
+                            .map(|(k, v)| {
+                                (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned())
+                            })
+                            .collect();
                         async move {
+                            *shared.last_headers.lock().expect("not poisoned") = headers;
                             shared.hits.fetch_add(1, Ordering::SeqCst);
+                            let delay = shared.delay_ms.load(Ordering::SeqCst);
+                            if delay > 0 {
+                                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+                            }
                             let status = shared.status.load(Ordering::SeqCst);
                             let resp = hyper::Response::builder()
                                 .status(status)

@@ -23,8 +23,20 @@ use envoy_types::pb::google::protobuf::UInt32Value;
 
 use crate::{names, pb_duration};
 
-/// The EDS cluster of a Backend (everything but its endpoints).
-pub(crate) fn cluster(backend: &Backend) -> Cluster {
+/// The EDS cluster of a Backend (everything but its endpoints), with the BackendPolicy that
+/// applies to it, if any.
+pub(crate) fn cluster(backend: &Backend, inputs: &crate::policy::ClusterInputs) -> Cluster {
+    let mut c = backend_cluster(backend);
+    if let Some(p) = &inputs.policy {
+        crate::policy::apply_backend_policy(&mut c, p);
+    }
+    if let Some(tls) = &inputs.tls {
+        crate::policy::apply_upstream_tls(&mut c, tls);
+    }
+    c
+}
+
+fn backend_cluster(backend: &Backend) -> Cluster {
     let spec = &backend.spec;
     Cluster {
         name: names::cluster(&backend.key()),

@@ -22,6 +22,7 @@ use prost::encoding::{WireType, encode_key, encode_varint};
 
 use crate::index::{DependencyIndex, Deps, Orphans, names_gateway};
 use crate::listener::{ChainPlan, certificate_refs, envoy_listener, plan};
+use crate::policy::ClusterInputs;
 use crate::route::{
     TranslatedRoute, backend_signature, contributions, encode_virtual_host, fixed_hosts,
     translate_route,
@@ -31,6 +32,8 @@ use crate::{GatewayResources, Options, TranslateStats, cluster, encode, names, s
 /// Encoded cluster and load assignment of one Backend version.
 pub(crate) struct BackendEntry {
     pub backend: Arc<Backend>,
+    /// The policies (and objects they name) the cluster was built with.
+    pub inputs: ClusterInputs,
     pub cluster: Arc<Resource>,
     pub load_assignment: Arc<Resource>,
 }
@@ -74,21 +77,29 @@ impl Caches {
         t
     }
 
-    /// The encoded resources of `backend`, re-encoding only the parts that changed.
-    pub fn backend(&mut self, backend: &Arc<Backend>, stats: &mut TranslateStats) -> &BackendEntry {
+    /// The encoded resources of `backend` (with the BackendPolicy applying to it in `config`),
+    /// re-encoding only the parts that changed.
+    pub fn backend(
+        &mut self,
+        config: &ConfigSet,
+        backend: &Arc<Backend>,
+        stats: &mut TranslateStats,
+    ) -> &BackendEntry {
         let key = backend.key();
+        let inputs = ClusterInputs::compute(config, &key);
+        let same_policy = |e: &BackendEntry| e.inputs == inputs;
         let entry = match self.backends.remove(&key) {
-            Some(e) if same(&e.backend, backend) => {
+            Some(e) if same(&e.backend, backend) && same_policy(&e) => {
                 stats.resources_reused += 2;
                 e
             }
             Some(e) => {
-                let cluster = if cluster::same_cluster(&e.backend, backend) {
+                let cluster = if cluster::same_cluster(&e.backend, backend) && same_policy(&e) {
                     stats.resources_reused += 1;
                     e.cluster
                 } else {
                     stats.resources_encoded += 1;
-                    encode(&cluster::cluster(backend))
+                    encode(&cluster::cluster(backend, &inputs))
                 };
                 let load_assignment = if e.backend.spec.endpoints == backend.spec.endpoints {
                     stats.resources_reused += 1;
@@ -99,6 +110,7 @@ impl Caches {
                 };
                 BackendEntry {
                     backend: backend.clone(),
+                    inputs,
                     cluster,
                     load_assignment,
                 }
@@ -107,7 +119,8 @@ impl Caches {
                 stats.resources_encoded += 2;
                 BackendEntry {
                     backend: backend.clone(),
-                    cluster: encode(&cluster::cluster(backend)),
+                    cluster: encode(&cluster::cluster(backend, &inputs)),
+                    inputs,
                     load_assignment: encode(&cluster::load_assignment(backend)),
                 }
             }
@@ -406,14 +419,14 @@ pub(crate) fn build_gateway(
             used_secrets.extend(chain.certificates.iter().cloned());
             chains.push(state);
         }
-        let l = envoy_listener(gw, &port, options);
+        let l = envoy_listener(config, gw, &port, options);
         let r = encode_reusing(prev_listeners.as_ref(), &mut listeners, l, stats);
         resources.listeners.push(r);
     }
     for b in used.keys() {
         // Used backends resolved when their routes were translated against this config.
         if let Some(backend) = config.backends.get(b) {
-            let e = caches.backend(backend, stats);
+            let e = caches.backend(config, backend, stats);
             resources.clusters.push(e.cluster.clone());
             resources.load_assignments.push(e.load_assignment.clone());
         }
@@ -568,7 +581,7 @@ pub(crate) fn patch_routes(
         let backend = config.backends.get(&b);
         match (at, state.used.contains_key(&b), backend) {
             (Err(ci), true, Some(backend)) => {
-                let e = caches.backend(backend, stats);
+                let e = caches.backend(config, backend, stats);
                 let li = res
                     .load_assignments
                     .binary_search_by(|r| r.name().cmp(&name))

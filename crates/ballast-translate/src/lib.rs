@@ -44,6 +44,7 @@ mod cluster;
 mod gateway;
 pub mod index;
 mod listener;
+mod policy;
 mod resources;
 mod route;
 mod secret;

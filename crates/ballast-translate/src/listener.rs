@@ -30,7 +30,9 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
+use crate::policy::ClientSettings;
 use crate::{Options, names};
+use envoy_types::pb::envoy::extensions::filters::listener::proxy_protocol::v3::ProxyProtocol;
 
 /// One filter chain of a port: which Gateway listeners' routes it serves, through which route
 /// configuration, and (HTTPS) for which SNI name with which certificates.
@@ -128,8 +130,15 @@ fn stat_prefix(gw: &ObjectKey, port: u32, options: &Options) -> String {
     }
 }
 
-fn hcm_filter(stat_prefix: &str, route_config: &str) -> Filter {
+fn hcm_filter(
+    stat_prefix: &str,
+    route_config: &str,
+    client: Option<&ClientSettings<'_>>,
+) -> Filter {
     let mut hcm = rds_http_connection_manager(stat_prefix, route_config);
+    if let Some(c) = client {
+        crate::policy::apply_client_hcm(&mut hcm, c);
+    }
     // Virtual hosts list bare hostnames; `Host: a.example.com:8443` must still match them.
     hcm.strip_port_mode = Some(StripPortMode::StripAnyHostPort(true));
     // Gateway API path matching assumes normalized paths (`/a/../b` must not dodge `/b` rules).
@@ -140,8 +149,11 @@ fn hcm_filter(stat_prefix: &str, route_config: &str) -> Filter {
     }
 }
 
-fn tls_transport_socket(certificates: &[ObjectKey]) -> TransportSocket {
-    let ctx = DownstreamTlsContext {
+fn tls_transport_socket(
+    certificates: &[ObjectKey],
+    client: Option<&ClientSettings<'_>>,
+) -> TransportSocket {
+    let mut ctx = DownstreamTlsContext {
         common_tls_context: Some(CommonTlsContext {
             tls_certificate_sds_secret_configs: certificates
                 .iter()
@@ -155,6 +167,9 @@ fn tls_transport_socket(certificates: &[ObjectKey]) -> TransportSocket {
         }),
         ..Default::default()
     };
+    if let Some(c) = client {
+        crate::policy::apply_client_tls(&mut ctx, c);
+    }
     TransportSocket {
         name: "envoy.transport_sockets.tls".into(),
         config_type: Some(TsConfig::TypedConfig(pack_any(ctx))),
@@ -178,11 +193,23 @@ fn addresses(gw: &Gateway, options: &Options) -> Vec<IpAddr> {
 
 /// The Envoy listener of one port.
 pub(crate) fn envoy_listener(
+    config: &ConfigSet,
     gw: &Gateway,
     port: &PortPlan<'_>,
     options: &Options,
 ) -> EnvoyListener {
     let key = gw.key();
+    // A chain's client settings are those of its (first) Gateway listener; HTTP listeners
+    // sharing a port share one connection manager, so the first listener's policy applies.
+    let client: Vec<Option<ClientSettings<'_>>> = port
+        .chains
+        .iter()
+        .map(|c| ClientSettings::for_listener(config, &key, &c.listeners[0].name))
+        .collect();
+    let proxy_protocol = client
+        .iter()
+        .flatten()
+        .any(|c| c.policy.spec.enable_proxy_protocol);
     let stat_prefix = stat_prefix(&key, port.port, options);
     let p = u16::try_from(port.port).unwrap_or(0);
     let addrs = addresses(gw, options);
@@ -200,7 +227,8 @@ pub(crate) fn envoy_listener(
         filter_chains: port
             .chains
             .iter()
-            .map(|c| FilterChain {
+            .zip(&client)
+            .map(|(c, client)| FilterChain {
                 name: if https {
                     c.server_name.clone().unwrap_or_else(|| "*".into())
                 } else {
@@ -210,21 +238,34 @@ pub(crate) fn envoy_listener(
                     server_names: vec![s.clone()],
                     ..Default::default()
                 }),
-                filters: vec![hcm_filter(&stat_prefix, &c.route_config)],
-                transport_socket: https.then(|| tls_transport_socket(&c.certificates)),
+                filters: vec![hcm_filter(&stat_prefix, &c.route_config, client.as_ref())],
+                transport_socket: https
+                    .then(|| tls_transport_socket(&c.certificates, client.as_ref())),
                 ..Default::default()
             })
             .collect(),
-        listener_filters: if https {
-            vec![ListenerFilter {
-                name: "envoy.filters.listener.tls_inspector".into(),
-                config_type: Some(ListenerFilterConfig::TypedConfig(pack_any(
-                    TlsInspector::default(),
-                ))),
-                ..Default::default()
-            }]
-        } else {
-            Vec::new()
+        listener_filters: {
+            let mut f = Vec::new();
+            // PROXY protocol first: it precedes the TLS ClientHello on the wire.
+            if proxy_protocol {
+                f.push(ListenerFilter {
+                    name: "envoy.filters.listener.proxy_protocol".into(),
+                    config_type: Some(ListenerFilterConfig::TypedConfig(pack_any(
+                        ProxyProtocol::default(),
+                    ))),
+                    ..Default::default()
+                });
+            }
+            if https {
+                f.push(ListenerFilter {
+                    name: "envoy.filters.listener.tls_inspector".into(),
+                    config_type: Some(ListenerFilterConfig::TypedConfig(pack_any(
+                        TlsInspector::default(),
+                    ))),
+                    ..Default::default()
+                });
+            }
+            f
         },
         ..Default::default()
     }

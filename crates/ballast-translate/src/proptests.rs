@@ -16,12 +16,15 @@ type GwSpec = (bool, u8, u8);
 type RouteSpec = (bool, u8, u8, Vec<(u8, u32)>, u8);
 type BackendSpec = (bool, u8, bool, u8);
 type SecretSpec = (bool, bool);
+/// A BackendPolicy: present, targets (bitmask over b0..b4), variant.
+type PolicySpec = (bool, u8, u8);
 
 fn render(
     gateways: &[GwSpec],
     routes: &[RouteSpec],
     backends: &[BackendSpec],
     secrets: &[SecretSpec],
+    policies: &[PolicySpec],
 ) -> String {
     let mut docs = Vec::new();
     for (i, (present, host, https)) in gateways.iter().enumerate() {
@@ -121,6 +124,28 @@ fn render(
             KEY.replace("{}", v)
         ));
     }
+    for (i, (present, targets, variant)) in policies.iter().enumerate() {
+        if !present {
+            continue;
+        }
+        let refs: Vec<String> = (0..5)
+            .filter(|b| targets & (1 << b) != 0)
+            .map(|b| format!("{{ group: ballast.dev, kind: Backend, name: b{b} }}"))
+            .collect();
+        let body = match variant % 5 {
+            0 => "  circuitBreaker: { maxConnections: 7 }\n",
+            1 => {
+                "  loadBalancer: { type: ConsistentHash, consistentHash: { type: Header, header: { name: x-user } } }\n"
+            }
+            2 => "  loadBalancer: { type: Maglev }\n",
+            3 => "  healthCheck: { passive: { consecutive5XxErrors: 2 } }\n",
+            _ => "  loadBalancer: { type: RoundRobin, slowStart: { window: 5s } }\n",
+        };
+        docs.push(format!(
+            "apiVersion: ballast.dev/v1alpha1\nkind: BackendPolicy\nmetadata: {{ name: p{i} }}\nspec:\n  targetRefs: [{}]\n{body}",
+            refs.join(", ")
+        ));
+    }
     docs.join("---\n")
 }
 
@@ -129,10 +154,11 @@ type Spec = (
     Vec<RouteSpec>,
     Vec<BackendSpec>,
     Vec<SecretSpec>,
+    Vec<PolicySpec>,
 );
 
 fn render_spec(s: &Spec) -> String {
-    render(&s.0, &s.1, &s.2, &s.3)
+    render(&s.0, &s.1, &s.2, &s.3, &s.4)
 }
 
 fn arb_config() -> impl Strategy<Value = String> {
@@ -144,7 +170,7 @@ fn arb_config() -> impl Strategy<Value = String> {
 fn arb_edits() -> impl Strategy<Value = Vec<String>> {
     (
         arb_spec(),
-        prop::collection::vec((arb_spec(), 0u8..4, 0usize..5, 0u8..4), 0..10),
+        prop::collection::vec((arb_spec(), 0u8..5, 0usize..5, 0u8..4), 0..10),
     )
         .prop_map(|(base, edits)| {
             let mut cur = base;
@@ -162,7 +188,8 @@ fn arb_edits() -> impl Strategy<Value = Vec<String>> {
                             cur.2[i] = next.2[i];
                         }
                     }
-                    _ => cur.3[i % 2] = next.3[i % 2],
+                    3 => cur.3[i % 2] = next.3[i % 2],
+                    _ => cur.4[i % 3] = next.4[i % 3],
                 }
                 out.push(render_spec(&cur));
             }
@@ -188,6 +215,7 @@ fn arb_spec() -> impl Strategy<Value = Spec> {
             5,
         ),
         prop::collection::vec((prop::bool::weighted(0.7), any::<bool>()), 2),
+        prop::collection::vec((prop::bool::weighted(0.6), 1u8..32, 0u8..5), 3),
     )
 }
 
@@ -328,4 +356,94 @@ fn endpoint_change_reencodes_one_load_assignment_shared_by_gateways() {
     assert_eq!(out.stats.gateways_translated, 1);
     assert_eq!(out.stats.routes_translated, 1);
     assert_eq!(out.stats.resources_encoded, 1, "{:?}", out.stats);
+}
+
+/// A BackendPolicy edit re-encodes only the clusters it targets and patches the gateways using
+/// them (no route work); a hash-key change re-translates the routes to get the new
+/// `hash_policy`.
+#[test]
+fn policy_edit_reencodes_only_targeted_clusters() {
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+    use envoy_types::pb::envoy::config::route::v3::route::Action;
+    use envoy_types::pb::envoy::config::route::v3::route_action::hash_policy::PolicySpecifier;
+    use prost::Message;
+    let base = |policy: &str| {
+        let mut docs = vec![
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: g0 }\nspec:\n  gatewayClassName: ballast\n  listeners:\n  - { name: http, port: 80, protocol: HTTP }\n".to_owned(),
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: { name: r }\nspec:\n  parentRefs: [{ name: g0 }]\n  rules:\n  - matches: [{ path: { value: /a } }]\n    backendRefs: [{ name: a }]\n  - backendRefs: [{ name: b }]\n".to_owned(),
+        ];
+        for b in ["a", "b"] {
+            docs.push(format!("apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {{ name: {b} }}\nspec:\n  endpoints: [{{ address: 10.0.0.1, port: 80 }}]\n"));
+        }
+        docs.push(format!("apiVersion: ballast.dev/v1alpha1\nkind: BackendPolicy\nmetadata: {{ name: p }}\nspec:\n  targetRefs: [{{ group: ballast.dev, kind: Backend, name: a }}]\n{policy}"));
+        docs.join("---\n")
+    };
+    let cluster = |t: &Translator, name: &str| {
+        let g = t.gateway(&gw("g0")).unwrap();
+        let r = g
+            .clusters
+            .iter()
+            .find(|c| c.name() == name)
+            .unwrap()
+            .clone();
+        (Cluster::decode(r.value_bytes()).unwrap(), r)
+    };
+    let mut t = Translator::new(Options::default());
+    t.update(&Arc::new(config(&base(
+        "  circuitBreaker: { maxConnections: 7, maxPendingRequests: 1 }\n  healthCheck: { passive: { consecutive5XxErrors: 2, baseEjectionTime: 60s } }\n",
+    ))));
+    let (a, _) = cluster(&t, "default/a");
+    let th = &a.circuit_breakers.as_ref().unwrap().thresholds[0];
+    assert_eq!(th.max_connections.as_ref().unwrap().value, 7);
+    assert_eq!(th.max_pending_requests.as_ref().unwrap().value, 1);
+    let od = a.outlier_detection.as_ref().unwrap();
+    assert_eq!(od.consecutive_5xx.as_ref().unwrap().value, 2);
+    assert_eq!(od.base_ejection_time.as_ref().unwrap().seconds, 60);
+    let (b, b_res) = cluster(&t, "default/b");
+    assert!(b.circuit_breakers.is_none() && b.outlier_detection.is_none());
+
+    // Editing the policy: one cluster re-encoded, the gateway patched, nothing else.
+    let out = t.update(&Arc::new(config(&base(
+        "  circuitBreaker: { maxConnections: 8 }\n",
+    ))));
+    assert_eq!(out.changed.len(), 1);
+    assert_eq!(out.stats.gateways_translated, 0, "{:?}", out.stats);
+    assert_eq!(out.stats.routes_translated, 0);
+    assert_eq!(out.stats.resources_encoded, 1, "{:?}", out.stats);
+    assert!(Arc::ptr_eq(&cluster(&t, "default/b").1, &b_res));
+
+    // Switching to header hashing re-translates the route: its /a route hashes on x-user.
+    let out = t.update(&Arc::new(config(&base(
+        "  loadBalancer: { type: ConsistentHash, consistentHash: { type: Header, header: { name: X-User } } }\n",
+    ))));
+    assert_eq!(out.stats.routes_translated, 1, "{:?}", out.stats);
+    let g = t.gateway(&gw("g0")).unwrap();
+    let rc = RouteConfiguration::decode(g.route_configs[0].value_bytes()).unwrap();
+    let hashes: Vec<Option<String>> = rc.virtual_hosts[0]
+        .routes
+        .iter()
+        .map(|r| match &r.action {
+            Some(Action::Route(a)) => a.hash_policy.first().map(|h| match &h.policy_specifier {
+                Some(PolicySpecifier::Header(h)) => h.header_name.clone(),
+                other => format!("{other:?}"),
+            }),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        hashes,
+        vec![Some("x-user".to_owned()), None],
+        "route to a hashes, to b not"
+    );
+    assert_eq!(cluster(&t, "default/a").0.lb_policy, 2 /* RING_HASH */);
+
+    // Removing the policy restores the plain cluster.
+    let plain = base("").replace(
+        "---\napiVersion: ballast.dev/v1alpha1\nkind: BackendPolicy",
+        "---\napiVersion: v1\nkind: ConfigMapIgnored",
+    );
+    t.update(&Arc::new(config(&plain)));
+    let (a, _) = cluster(&t, "default/a");
+    assert!(a.circuit_breakers.is_none() && a.lb_policy == 0);
 }

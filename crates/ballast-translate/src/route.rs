@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use ballast_model::set::{BackendRefResolution, ListenerAttachment};
 use ballast_model::{
-    ConfigSet, HeaderMatch, HeaderModifier, HttpRoute, HttpRouteMatch, HttpRouteRule, LbPolicy,
+    ConfigSet, HashKey, HeaderMatch, HeaderModifier, HttpRoute, HttpRouteMatch, HttpRouteRule,
     Listener, ObjectKey, PathMatchType, PathRewrite, RequestRedirect, StringMatchType, UrlRewrite,
     hostname_matches,
 };
@@ -26,7 +26,7 @@ use envoy_types::pb::envoy::config::route::v3::redirect_action::{
 };
 use envoy_types::pb::envoy::config::route::v3::route::Action;
 use envoy_types::pb::envoy::config::route::v3::route_action::hash_policy::{
-    ConnectionProperties, PolicySpecifier,
+    ConnectionProperties, Cookie, Header as HashHeader, PolicySpecifier,
 };
 use envoy_types::pb::envoy::config::route::v3::route_action::{
     ClusterSpecifier, HashPolicy, HostRewriteSpecifier,
@@ -45,7 +45,7 @@ use envoy_types::pb::envoy::r#type::v3::FractionalPercent;
 use envoy_types::pb::envoy::r#type::v3::fractional_percent::DenominatorType;
 use envoy_types::pb::google::protobuf::UInt32Value;
 
-use crate::cluster::needs_hash;
+use crate::policy::hash_key;
 use crate::{names, pb_duration};
 use ballast_xds::{ResourceType, XdsResource};
 use prost::Message;
@@ -112,7 +112,7 @@ impl RouteEntry {
 #[derive(Debug)]
 pub(crate) struct TranslatedRoute {
     pub route: Arc<HttpRoute>,
-    pub signature: Vec<Option<LbPolicy>>,
+    pub signature: Vec<Option<Option<HashKey>>>,
     pub entries: Vec<RouteEntry>,
     /// Backends the Envoy routes send traffic to.
     pub clusters: BTreeSet<ObjectKey>,
@@ -123,14 +123,17 @@ pub(crate) struct TranslatedRoute {
 
 /// What the Envoy routes of `route` depend on besides the route: per backendRef, the policy of
 /// the Backend it resolves to, or `None`.
-pub(crate) fn backend_signature(config: &ConfigSet, route: &HttpRoute) -> Vec<Option<LbPolicy>> {
+pub(crate) fn backend_signature(
+    config: &ConfigSet,
+    route: &HttpRoute,
+) -> Vec<Option<Option<HashKey>>> {
     route
         .spec
         .rules
         .iter()
         .flat_map(|rule| &rule.backend_refs)
         .map(|r| match config.resolve_backend(route, r) {
-            BackendRefResolution::Resolved(b) => Some(b.spec.load_balancer.policy),
+            BackendRefResolution::Resolved(b) => Some(hash_key(config, &b)),
             _ => None,
         })
         .collect()
@@ -208,7 +211,8 @@ struct RuleParts<'a> {
     clusters: Vec<(ObjectKey, u32)>,
     resolved_weight: u64,
     unresolved_weight: u64,
-    hash: bool,
+    /// The keys the rule's backends hash on (usually none or one), in first-reference order.
+    hash: Vec<HashKey>,
 }
 
 impl<'a> RuleParts<'a> {
@@ -223,7 +227,7 @@ impl<'a> RuleParts<'a> {
             clusters: Vec::new(),
             resolved_weight: 0,
             unresolved_weight: 0,
-            hash: false,
+            hash: Vec::new(),
         };
         for f in &rule.filters {
             match f.action() {
@@ -242,7 +246,11 @@ impl<'a> RuleParts<'a> {
                         continue;
                     }
                     parts.resolved_weight += u64::from(weight);
-                    parts.hash |= needs_hash(b.spec.load_balancer.policy);
+                    if let Some(k) = hash_key(config, &b)
+                        && !parts.hash.contains(&k)
+                    {
+                        parts.hash.push(k);
+                    }
                     let key = b.key();
                     match parts.clusters.iter_mut().find(|(k, _)| *k == key) {
                         Some((_, w)) => *w = w.saturating_add(weight),
@@ -363,14 +371,30 @@ impl<'a> RuleParts<'a> {
                 ..Default::default()
             });
         }
-        if self.hash {
-            action.hash_policy = vec![HashPolicy {
-                policy_specifier: Some(PolicySpecifier::ConnectionProperties(
-                    ConnectionProperties { source_ip: true },
-                )),
+        action.hash_policy = self
+            .hash
+            .iter()
+            .map(|k| HashPolicy {
+                policy_specifier: Some(match k {
+                    HashKey::SourceIp => {
+                        PolicySpecifier::ConnectionProperties(ConnectionProperties {
+                            source_ip: true,
+                        })
+                    }
+                    HashKey::Header(name) => PolicySpecifier::Header(HashHeader {
+                        header_name: name.clone(),
+                        regex_rewrite: None,
+                    }),
+                    HashKey::Cookie { name, ttl } => PolicySpecifier::Cookie(Cookie {
+                        name: name.clone(),
+                        ttl: ttl.map(pb_duration),
+                        path: "/".to_owned(),
+                        ..Default::default()
+                    }),
+                }),
                 terminal: false,
-            }];
-        }
+            })
+            .collect();
         action
     }
 }

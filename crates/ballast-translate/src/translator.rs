@@ -15,6 +15,10 @@ use ballast_model::{ConfigSet, Kind, ObjectKey};
 
 use crate::gateway::{Caches, GatewayState, build_gateway, patch_routes};
 use crate::index::{DependencyIndex, Orphans};
+use crate::policy::{
+    backends_using_object, gateways_using_object, hash_key, targeted_backends, targeted_gateways,
+    tls_targeted_backends,
+};
 use crate::{GatewayResources, Options, names};
 
 /// Counts of work done by one [`Translator::update`] (or a from-scratch translation).
@@ -124,8 +128,8 @@ impl Translator {
                 Kind::Backend => {
                     let users = self.index.gateways_of_backend(&c.key).cloned();
                     let routes_unchanged = c.change == ChangeKind::Modified
-                        && old.backends[&c.key].spec.load_balancer
-                            == config.backends[&c.key].spec.load_balancer;
+                        && hash_key(&old, &old.backends[&c.key])
+                            == hash_key(config, &config.backends[&c.key]);
                     if routes_unchanged {
                         for g in users {
                             patch.entry(g).or_default().insert(c.key.clone());
@@ -134,8 +138,78 @@ impl Translator {
                         rebuild.extend(users);
                     }
                 }
-                Kind::Secret => {
-                    rebuild.extend(self.index.gateways_of_secret(&c.key).cloned());
+                Kind::BackendPolicy => {
+                    // Every Backend either version names may change policy (the winner of a
+                    // conflict can change too); only their clusters change, unless the hash
+                    // key routes carry does.
+                    let versions = [
+                        old.backend_policies.get(&c.key),
+                        config.backend_policies.get(&c.key),
+                    ];
+                    let targets: BTreeSet<ObjectKey> = versions
+                        .into_iter()
+                        .flatten()
+                        .flat_map(|p| targeted_backends(p))
+                        .collect();
+                    for b in targets {
+                        let (Some(ob), Some(nb)) = (old.backends.get(&b), config.backends.get(&b))
+                        else {
+                            continue; // the Backend's own change (if any) handles it
+                        };
+                        let users = self.index.gateways_of_backend(&b).cloned();
+                        if hash_key(&old, ob) == hash_key(config, nb) {
+                            for g in users {
+                                patch.entry(g).or_default().insert(b.clone());
+                            }
+                        } else {
+                            rebuild.extend(users);
+                        }
+                    }
+                }
+                Kind::ClientPolicy => {
+                    // Listener-level settings: rebuild the Gateways either version names.
+                    for p in [
+                        old.client_policies.get(&c.key),
+                        config.client_policies.get(&c.key),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    {
+                        rebuild.extend(targeted_gateways(p));
+                    }
+                }
+                Kind::Secret | Kind::ConfigMap | Kind::BackendTlsPolicy => {
+                    if c.kind == Kind::Secret {
+                        rebuild.extend(self.index.gateways_of_secret(&c.key).cloned());
+                    }
+                    if c.kind != Kind::BackendTlsPolicy {
+                        // Client CA bundles of ClientPolicies.
+                        rebuild.extend(gateways_using_object(&old, c.kind, &c.key));
+                        rebuild.extend(gateways_using_object(config, c.kind, &c.key));
+                    }
+                    // CA bundles, client certificates and upstream TLS only change clusters.
+                    let mut backends: BTreeSet<ObjectKey> = BTreeSet::new();
+                    if c.kind == Kind::BackendTlsPolicy {
+                        for p in [
+                            old.backend_tls_policies.get(&c.key),
+                            config.backend_tls_policies.get(&c.key),
+                        ]
+                        .into_iter()
+                        .flatten()
+                        {
+                            backends.extend(tls_targeted_backends(p));
+                        }
+                    } else {
+                        backends.extend(backends_using_object(&old, c.kind, &c.key));
+                        backends.extend(backends_using_object(config, c.kind, &c.key));
+                    }
+                    for b in backends {
+                        if old.backends.contains_key(&b) && config.backends.contains_key(&b) {
+                            for g in self.index.gateways_of_backend(&b) {
+                                patch.entry(g.clone()).or_default().insert(b.clone());
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -210,7 +284,7 @@ impl Translator {
                 let Ok(ci) = res.clusters.binary_search_by(|r| r.name().cmp(&name)) else {
                     continue; // referenced only with weight 0 or from unserved listeners
                 };
-                let entry = self.caches.backend(&config.backends[b], stats);
+                let entry = self.caches.backend(config, &config.backends[b], stats);
                 let li = res
                     .load_assignments
                     .binary_search_by(|r| r.name().cmp(&name))
@@ -235,7 +309,11 @@ impl Translator {
                 Kind::HttpRoute => orphans.routes.push(c.key.clone()),
                 Kind::Backend => orphans.backends.push(c.key.clone()),
                 Kind::Secret => orphans.secrets.push(c.key.clone()),
-                Kind::Gateway => {}
+                Kind::Gateway
+                | Kind::BackendPolicy
+                | Kind::ConfigMap
+                | Kind::BackendTlsPolicy
+                | Kind::ClientPolicy => {}
             }
         }
         for k in orphans.routes {
@@ -304,6 +382,24 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
     );
     diff_map(Kind::Backend, &old.backends, &new.backends, &mut out);
     diff_map(Kind::Secret, &old.secrets, &new.secrets, &mut out);
+    diff_map(
+        Kind::BackendPolicy,
+        &old.backend_policies,
+        &new.backend_policies,
+        &mut out,
+    );
+    diff_map(
+        Kind::ConfigMap,
+        &old.config_maps,
+        &new.config_maps,
+        &mut out,
+    );
+    diff_map(
+        Kind::BackendTlsPolicy,
+        &old.backend_tls_policies,
+        &new.backend_tls_policies,
+        &mut out,
+    );
     out
 }
 

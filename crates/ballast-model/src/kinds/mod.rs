@@ -6,7 +6,11 @@
 //! A value of these types inside a [`crate::ConfigSet`] is therefore valid.
 
 pub mod backend;
+pub mod backend_tls;
+pub mod client_policy;
+pub mod configmap;
 pub mod gateway;
+pub mod policy;
 pub mod route;
 pub mod secret;
 
@@ -17,7 +21,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use backend::*;
+pub use backend_tls::*;
+pub use client_policy::*;
+pub use configmap::*;
 pub use gateway::*;
+pub use policy::*;
 pub use route::*;
 pub use secret::*;
 
@@ -38,10 +46,24 @@ pub enum Kind {
     HttpRoute,
     Backend,
     Secret,
+    BackendPolicy,
+    ConfigMap,
+    #[serde(rename = "BackendTLSPolicy")]
+    BackendTlsPolicy,
+    ClientPolicy,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [Kind::Gateway, Kind::HttpRoute, Kind::Backend, Kind::Secret];
+    pub const ALL: [Kind; 8] = [
+        Kind::Gateway,
+        Kind::HttpRoute,
+        Kind::Backend,
+        Kind::Secret,
+        Kind::BackendPolicy,
+        Kind::ConfigMap,
+        Kind::BackendTlsPolicy,
+        Kind::ClientPolicy,
+    ];
 
     /// The `kind:` string.
     pub fn as_str(self) -> &'static str {
@@ -50,6 +72,10 @@ impl Kind {
             Kind::HttpRoute => "HTTPRoute",
             Kind::Backend => "Backend",
             Kind::Secret => "Secret",
+            Kind::BackendPolicy => "BackendPolicy",
+            Kind::ConfigMap => "ConfigMap",
+            Kind::BackendTlsPolicy => "BackendTLSPolicy",
+            Kind::ClientPolicy => "ClientPolicy",
         }
     }
 
@@ -57,9 +83,17 @@ impl Kind {
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::Gateway | Kind::HttpRoute => "gateway.networking.k8s.io/v1",
-            Kind::Backend => "ballast.dev/v1alpha1",
-            Kind::Secret => "v1",
+            Kind::Backend | Kind::BackendPolicy | Kind::ClientPolicy => "ballast.dev/v1alpha1",
+            Kind::Secret | Kind::ConfigMap => "v1",
+            Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1alpha3",
         }
+    }
+
+    /// Whether `api_version` is served for this kind: [`Self::api_version`], plus `v1` for
+    /// BackendTLSPolicy (same schema, promoted in Gateway API 1.4).
+    pub fn accepts(self, api_version: &str) -> bool {
+        api_version == self.api_version()
+            || (self == Kind::BackendTlsPolicy && api_version == "gateway.networking.k8s.io/v1")
     }
 
     pub fn from_kind_str(kind: &str) -> Option<Kind> {
@@ -76,7 +110,7 @@ impl Kind {
         };
         let group = |v: &str| v.rsplit_once('/').map_or("", |(g, _)| g).to_owned();
         match api_version {
-            Some(v) if v == k.api_version() => KindMatch::Known(k),
+            Some(v) if k.accepts(v) => KindMatch::Known(k),
             // Our group (or none given): meant for us, with a version we do not serve.
             None => KindMatch::WrongVersion(k),
             Some(v) if group(v) == group(k.api_version()) => KindMatch::WrongVersion(k),
@@ -187,6 +221,10 @@ pub enum Object {
     HttpRoute(Arc<HttpRoute>),
     Backend(Arc<Backend>),
     Secret(Arc<Secret>),
+    BackendPolicy(Arc<BackendPolicy>),
+    ConfigMap(Arc<ConfigMap>),
+    BackendTlsPolicy(Arc<BackendTlsPolicy>),
+    ClientPolicy(Arc<ClientPolicy>),
 }
 
 impl Object {
@@ -196,6 +234,10 @@ impl Object {
             Object::HttpRoute(_) => Kind::HttpRoute,
             Object::Backend(_) => Kind::Backend,
             Object::Secret(_) => Kind::Secret,
+            Object::BackendPolicy(_) => Kind::BackendPolicy,
+            Object::ConfigMap(_) => Kind::ConfigMap,
+            Object::BackendTlsPolicy(_) => Kind::BackendTlsPolicy,
+            Object::ClientPolicy(_) => Kind::ClientPolicy,
         }
     }
 
@@ -205,6 +247,10 @@ impl Object {
             Object::HttpRoute(o) => &o.metadata,
             Object::Backend(o) => &o.metadata,
             Object::Secret(o) => &o.metadata,
+            Object::BackendPolicy(o) => &o.metadata,
+            Object::ConfigMap(o) => &o.metadata,
+            Object::BackendTlsPolicy(o) => &o.metadata,
+            Object::ClientPolicy(o) => &o.metadata,
         }
     }
 
@@ -218,6 +264,10 @@ impl Object {
             Object::HttpRoute(o) => &o.source,
             Object::Backend(o) => &o.source,
             Object::Secret(o) => &o.source,
+            Object::BackendPolicy(o) => &o.source,
+            Object::ConfigMap(o) => &o.source,
+            Object::BackendTlsPolicy(o) => &o.source,
+            Object::ClientPolicy(o) => &o.source,
         }
     }
 }

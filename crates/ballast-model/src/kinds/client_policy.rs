@@ -1,0 +1,234 @@
+//! `ballast.dev/v1alpha1` `ClientPolicy`: how Envoy treats downstream clients on the Gateways
+//! (or single listeners, via `sectionName`) it targets: client IP detection, PROXY protocol,
+//! timeouts, header size limits, TLS versions and ciphers, and client certificate validation
+//! (frontend mTLS) with certificate details forwarded to backends. Named after Envoy Gateway's
+//! `ClientTrafficPolicy`, whose field names it follows where features match.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::backend_tls::LocalObjectRef;
+use super::policy::{PolicyTargetRef, TargetKind, validate_target_refs};
+use super::{Metadata, Source, object_kind};
+use crate::duration::de_opt_duration;
+use crate::spanned::Spanned;
+use crate::validate::Ctx;
+
+#[derive(Clone, Debug)]
+pub struct ClientPolicy {
+    pub metadata: Metadata,
+    pub spec: ClientPolicySpec,
+    pub source: Source,
+}
+object_kind!(ClientPolicy, super::Kind::ClientPolicy);
+
+/// What a ClientPolicy may target (a listener through `sectionName`).
+pub const CLIENT_POLICY_TARGETS: [TargetKind; 1] = [TargetKind::Gateway];
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientPolicySpec {
+    pub target_refs: Vec<PolicyTargetRef>,
+    #[serde(default, rename = "clientIPDetection")]
+    pub client_ip_detection: Option<ClientIpDetection>,
+    /// Accept the PROXY protocol (v1/v2) header before any other bytes.
+    #[serde(default)]
+    pub enable_proxy_protocol: bool,
+    #[serde(default)]
+    pub timeout: Option<ClientTimeouts>,
+    /// Largest request header block, in KiB (Envoy default 60).
+    #[serde(default)]
+    pub max_request_headers_kb: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub tls: Option<ClientTls>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientIpDetection {
+    #[serde(default)]
+    pub x_forwarded_for: Option<XForwardedFor>,
+}
+
+/// The client address is the `numTrustedHops`-th address from the right of
+/// `X-Forwarded-For` (proxies in front of Envoy that are trusted to append it).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct XForwardedFor {
+    pub num_trusted_hops: Spanned<u32>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientTimeouts {
+    /// Whole request, headers to end of response (HCM `request_timeout`).
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub request_timeout: Option<Spanned<Duration>>,
+    /// Connection without any stream for this long is closed.
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub idle_timeout: Option<Spanned<Duration>>,
+    /// A stream without activity for this long is reset.
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub stream_idle_timeout: Option<Spanned<Duration>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientTls {
+    #[serde(default)]
+    pub min_version: Option<Spanned<TlsVersion>>,
+    #[serde(default)]
+    pub max_version: Option<Spanned<TlsVersion>>,
+    /// BoringSSL cipher suite names (TLS 1.2 and below; 1.3 suites are not configurable).
+    #[serde(default)]
+    pub ciphers: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub client_validation: Option<ClientValidation>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum TlsVersion {
+    #[serde(rename = "1.2")]
+    V1_2,
+    #[serde(rename = "1.3")]
+    V1_3,
+}
+
+/// Frontend mTLS: verify client certificates against CA bundles (`ca.crt` of ConfigMaps or
+/// TLS Secrets in the policy's namespace).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientValidation {
+    pub ca_certificate_refs: Vec<LocalObjectRef>,
+    /// Accept clients without a certificate (a presented one must still verify).
+    #[serde(default)]
+    pub optional: bool,
+    /// Accepted client certificate SANs (DNS or URI, exact); none: any the CA signed.
+    #[serde(default)]
+    pub subject_alt_names: Vec<Spanned<String>>,
+    /// Send the verified certificate's subject, URI/DNS SANs and PEM to backends in
+    /// `x-forwarded-client-cert` (replacing any the client sent).
+    #[serde(default)]
+    pub forward_client_certificate: bool,
+}
+
+pub(crate) fn validate_client_policy(ctx: &mut Ctx, p: &ClientPolicy) {
+    crate::validate::metadata(ctx, &p.metadata);
+    let s = &p.spec;
+    validate_target_refs(ctx, &s.target_refs, &CLIENT_POLICY_TARGETS);
+    if let Some(t) = &s.timeout {
+        for (name, d) in [
+            ("requestTimeout", &t.request_timeout),
+            ("idleTimeout", &t.idle_timeout),
+            ("streamIdleTimeout", &t.stream_idle_timeout),
+        ] {
+            if let Some(d) = d
+                && d.is_zero()
+            {
+                ctx.err(
+                    d.pos,
+                    format!("spec.timeout.{name}"),
+                    "must be greater than 0",
+                );
+            }
+        }
+    }
+    if let Some(kb) = &s.max_request_headers_kb
+        && !(1..=8192).contains(&kb.value)
+    {
+        ctx.err(
+            kb.pos,
+            "spec.maxRequestHeadersKb",
+            format!("{} is out of range 1..=8192", kb.value),
+        );
+    }
+    if let Some(tls) = &s.tls {
+        if let (Some(min), Some(max)) = (&tls.min_version, &tls.max_version)
+            && min.value == TlsVersion::V1_3
+            && max.value == TlsVersion::V1_2
+        {
+            ctx.err(
+                max.pos,
+                "spec.tls.maxVersion",
+                "maxVersion is below minVersion",
+            );
+        }
+        for (i, c) in tls.ciphers.iter().enumerate() {
+            if c.is_empty()
+                || !c
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_[]|".contains(&b))
+            {
+                ctx.err(
+                    c.pos,
+                    format!("spec.tls.ciphers[{i}]"),
+                    format!("invalid cipher suite name {:?}", c.value),
+                );
+            }
+        }
+        if let Some(v) = &tls.client_validation {
+            if v.ca_certificate_refs.is_empty() {
+                ctx.err(
+                    crate::spanned::Pos::UNKNOWN,
+                    "spec.tls.clientValidation.caCertificateRefs",
+                    "caCertificateRefs must name at least one ConfigMap or Secret",
+                );
+            }
+            for (i, r) in v.ca_certificate_refs.iter().enumerate() {
+                if !r.group.is_empty() || !matches!(r.kind.as_str(), "ConfigMap" | "Secret") {
+                    ctx.err(
+                        r.kind.pos,
+                        format!("spec.tls.clientValidation.caCertificateRefs[{i}].kind"),
+                        format!(
+                            "unsupported kind {:?}; expected core ConfigMap or Secret",
+                            r.kind.value
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ConfigSet;
+    use crate::attach::TargetId;
+    use crate::kinds::*;
+    use proptest::prelude::*;
+
+    const GW: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: edge }\nspec:\n  gatewayClassName: ballast\n  listeners:\n  - { name: a, port: 80, protocol: HTTP }\n  - { name: b, port: 81, protocol: HTTP }\n";
+
+    fn policy(name: &str, section: Option<&str>) -> String {
+        let s = section
+            .map(|s| format!(", sectionName: {s}"))
+            .unwrap_or_default();
+        format!(
+            "---\napiVersion: ballast.dev/v1alpha1\nkind: ClientPolicy\nmetadata: {{ name: {name} }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge{s} }}]\n"
+        )
+    }
+
+    proptest! {
+        /// The per-listener lookup translation uses equals the attachment resolution status
+        /// reports (listener policy beats gateway policy; oldest wins a tie; unknown sections
+        /// attach nowhere).
+        #[test]
+        fn listener_lookup_equals_resolution(policies in prop::collection::btree_map(0u8..6, prop::option::of(0u8..3), 0..6)) {
+            let mut text = GW.to_owned();
+            for (p, s) in &policies {
+                text += &policy(&format!("p{p}"), s.map(|s| ["a", "b", "zz"][s as usize]));
+            }
+            let set = ConfigSet::build([("c.yaml", text)]).unwrap();
+            let res = set.client_policy_resolution();
+            let gw = ObjectKey::new("default", "edge");
+            let t = TargetId { kind: TargetKind::Gateway, key: gw.clone() };
+            for l in ["a", "b"] {
+                prop_assert_eq!(
+                    set.client_policy_for(&gw, l).map(|p| p.key()),
+                    res.effective(&t, Some(l)).cloned()
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! ClientPolicy (issue #11) against real Envoy: frontend mTLS on an HTTPS listener (client
+//! certificates verified against a CA from a ConfigMap; a client without one, or with one from
+//! another CA, fails the handshake), TLS 1.3 as minimum version, and the certificate details
+//! forwarding and client IP settings reaching Envoy's config. Certificates are rcgen-made;
+//! the client is curl.
+
+mod common;
+
+use std::path::Path;
+
+use ballast_testkit::{AdsMode, Envoy, EnvoyConfig, Upstream, wait_for};
+use common::*;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+
+struct Ca {
+    pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+fn ca(name: &str) -> Ca {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::default();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    let cert = params.self_signed(&key).unwrap();
+    Ca {
+        pem: cert.pem(),
+        issuer: Issuer::new(params, key),
+    }
+}
+
+/// A leaf certificate for `san` signed by `ca`: (cert PEM, key PEM).
+fn leaf(ca: &Ca, san: &str) -> (String, String) {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::default();
+    params.subject_alt_names = vec![SanType::DnsName(san.try_into().unwrap())];
+    params.distinguished_name.push(DnType::CommonName, san);
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+fn indent(pem: &str) -> String {
+    pem.lines().map(|l| format!("    {l}\n")).collect()
+}
+
+/// curl over TLS to `secure.example.com` with an optional client certificate; the HTTP status
+/// (0 when the TLS handshake or connection failed).
+async fn curl(port: u16, dir: &Path, client: Option<&str>, extra: &[&str]) -> u16 {
+    let mut cmd = tokio::process::Command::new("curl");
+    cmd.args([
+        "-sS",
+        "-o",
+        "/dev/null",
+        "--max-time",
+        "10",
+        "-w",
+        "%{http_code}",
+    ])
+    .args(["--resolve", &format!("secure.example.com:{port}:127.0.0.1")])
+    .arg("--cacert")
+    .arg(dir.join("server-ca.pem"))
+    .args(extra);
+    if let Some(c) = client {
+        cmd.arg("--cert")
+            .arg(dir.join(format!("{c}.crt")))
+            .arg("--key")
+            .arg(dir.join(format!("{c}.key")));
+    }
+    let out = cmd
+        .arg(format!("https://secure.example.com:{port}/"))
+        .output()
+        .await
+        .expect("run curl");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frontend_mtls_requires_a_client_certificate_from_the_ca() {
+    let server_ca = ca("server CA");
+    let client_ca = ca("client CA");
+    let rogue_ca = ca("rogue CA");
+    let (srv_crt, srv_key) = leaf(&server_ca, "secure.example.com");
+    let certs = tempfile::tempdir().unwrap();
+    std::fs::write(certs.path().join("server-ca.pem"), &server_ca.pem).unwrap();
+    for (name, ca) in [("client", &client_ca), ("rogue", &rogue_ca)] {
+        let (c, k) = leaf(ca, "client.example.com");
+        std::fs::write(certs.path().join(format!("{name}.crt")), c).unwrap();
+        std::fs::write(certs.path().join(format!("{name}.key")), k).unwrap();
+    }
+    let up = Upstream::start("app").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let config = format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: edge }}
+spec:
+  gatewayClassName: ballast
+  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
+  listeners:
+  - name: secure
+    port: {port}
+    protocol: HTTPS
+    hostname: secure.example.com
+    tls: {{ certificateRefs: [{{ name: secure-tls }}] }}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{ name: secure-tls }}
+type: kubernetes.io/tls
+stringData:
+  tls.crt: |
+{}  tls.key: |
+{}---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{ name: client-ca }}
+data:
+  ca.crt: |
+{}---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: {{ name: secure-clients }}
+spec:
+  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: secure }}]
+  clientIPDetection: {{ xForwardedFor: {{ numTrustedHops: 1 }} }}
+  timeout: {{ requestTimeout: 10s, idleTimeout: 60s }}
+  maxRequestHeadersKb: 32
+  tls:
+    minVersion: \"1.3\"
+    clientValidation:
+      caCertificateRefs: [{{ kind: ConfigMap, name: client-ca }}]
+      forwardClientCertificate: true
+",
+        indent(&srv_crt),
+        indent(&srv_key),
+        indent(&client_ca.pem)
+    ) + &route("app", "secure.example.com", "app")
+        + &backend("app", &[up.addr()]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-client-policy",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let p = certs.path();
+    wait_for(T, POLL, || async {
+        match curl(port, p, Some("client"), &[]).await {
+            200 => Ok(()),
+            c => anyhow::bail!("client with certificate: {c}"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    assert_eq!(
+        curl(port, p, None, &[]).await,
+        0,
+        "no client certificate: handshake fails"
+    );
+    assert_eq!(
+        curl(port, p, Some("rogue"), &[]).await,
+        0,
+        "certificate from another CA: fails"
+    );
+    assert_eq!(
+        curl(port, p, Some("client"), &["--tls-max", "1.2"]).await,
+        0,
+        "TLS 1.2 is below the policy's minimum"
+    );
+    assert_eq!(curl(port, p, Some("client"), &[]).await, 200);
+    let dump = envoy.config_dump(false).await.unwrap().to_string();
+    for needle in [
+        "\"forward_client_cert_details\":\"SANITIZE_SET\"",
+        "\"xff_num_trusted_hops\":1",
+        "\"max_request_headers_kb\":32",
+        "\"require_client_certificate\":true",
+    ] {
+        assert!(dump.contains(needle), "{needle} in Envoy's config");
+    }
+}
+
+/// Raw request bytes to `addr`: the response's status (0 when the connection closed without
+/// an HTTP response).
+async fn raw_status(addr: std::net::SocketAddr, bytes: &[u8]) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return 0;
+    };
+    if s.write_all(bytes).await.is_err() {
+        return 0;
+    }
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out)
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `enableProxyProtocol`: a connection starting with a PROXY v1 header is served; one without
+/// is closed, because Envoy then expects the header first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_protocol_listener_requires_the_header() {
+    let up = Upstream::start("app").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let config = gateway(port)
+        + &route("app", "app.example.com", "app")
+        + &backend("app", &[up.addr()])
+        + "---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: { name: behind-lb }
+spec:
+  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]
+  enableProxyProtocol: true
+";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-proxy-protocol",
+        "default/edge",
+        AdsMode::DeltaGrpc,
+    ))
+    .await
+    .unwrap();
+    let addr = loopback(port);
+    let request = "GET / HTTP/1.1\r\nHost: app.example.com\r\nConnection: close\r\n\r\n";
+    let with_header = format!("PROXY TCP4 203.0.113.7 127.0.0.1 40000 {port}\r\n{request}");
+    wait_for(T, POLL, || async {
+        match raw_status(addr, with_header.as_bytes()).await {
+            200 => Ok(()),
+            c => anyhow::bail!("with PROXY header: {c}"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    assert_eq!(
+        raw_status(addr, request.as_bytes()).await,
+        0,
+        "without the PROXY header the connection is refused"
+    );
+    assert_eq!(raw_status(addr, with_header.as_bytes()).await, 200);
+}
+
+/// `clientIPDetection.xForwardedFor.numTrustedHops: 1`: Envoy trusts one proxy in front of it,
+/// so the client address is the second-rightmost X-Forwarded-For entry (sent to the backend
+/// as `x-envoy-external-address`), not the spoofable leftmost one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusted_hops_pick_the_client_address() {
+    let up = Upstream::start("app").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let config = gateway(port)
+        + &route("app", "app.example.com", "app")
+        + &backend("app", &[up.addr()])
+        + "---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: { name: one-lb }
+spec:
+  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: http }]
+  clientIPDetection: { xForwardedFor: { numTrustedHops: 1 } }
+";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-xff",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let request = "GET / HTTP/1.1\r\nHost: app.example.com\r\nX-Forwarded-For: 198.51.100.9, 203.0.113.5\r\nConnection: close\r\n\r\n";
+    wait_for(T, POLL, || async {
+        match raw_status(loopback(port), request.as_bytes()).await {
+            200 if up.last_header("x-envoy-external-address").is_some() => Ok(()),
+            c => anyhow::bail!("status {c}, headers not yet from the policy"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    assert_eq!(
+        up.last_header("x-envoy-external-address").as_deref(),
+        Some("203.0.113.5")
+    );
+    // Envoy appends the peer it saw; the client's entries are passed on unchanged.
+    let xff = up.last_header("x-forwarded-for").unwrap_or_default();
+    assert!(xff.starts_with("198.51.100.9, 203.0.113.5,"), "{xff}");
+}
