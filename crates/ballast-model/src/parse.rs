@@ -13,8 +13,8 @@ use serde_saphyr::MessageFormatter;
 use crate::error::{ConfigError, ObjectRef, sort_errors};
 use crate::kinds::secret::SecretDoc;
 use crate::kinds::{
-    Backend, BackendSpec, DEFAULT_NAMESPACE, Gateway, GatewaySpec, HttpRoute, HttpRouteSpec, Kind,
-    KindMatch, Metadata, Object, ObjectKey, Source,
+    Backend, BackendSpec, DEFAULT_NAMESPACE, Gateway, GatewaySpec, GrpcRoute, GrpcRouteSpec,
+    HttpRoute, HttpRouteSpec, Kind, KindMatch, Metadata, Object, ObjectKey, Source,
 };
 use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
@@ -347,6 +347,8 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
         Kind::Backend => deserialize::<Doc<BackendSpec>>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::Backend(d.spec))),
         Kind::Secret => deserialize::<SecretDoc>(doc.text).map(Typed::Secret),
+        Kind::GrpcRoute => deserialize::<Doc<GrpcRouteSpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::GrpcRoute(d.spec))),
     }
     .map_err(strict_error)?;
     finish(file, object, doc_pos, typed).map(Parsed::Object)
@@ -362,6 +364,7 @@ enum TypedSpec {
     Gateway(GatewaySpec),
     HttpRoute(HttpRouteSpec),
     Backend(BackendSpec),
+    GrpcRoute(GrpcRouteSpec),
 }
 
 /// Applies defaults and validates; the one place both parse paths build objects.
@@ -404,6 +407,11 @@ fn finish(
             };
             validate::backend(&mut ctx, &b);
             Object::Backend(Arc::new(b))
+        }
+        Typed::Spec(metadata, TypedSpec::GrpcRoute(spec)) => {
+            let r = GrpcRoute::new(metadata, spec, source);
+            validate::grpc_route(&mut ctx, &r);
+            Object::GrpcRoute(Arc::new(r))
         }
         Typed::Secret(d) => match validate::secret(&mut ctx, d, source) {
             Some(s) => Object::Secret(Arc::new(s)),

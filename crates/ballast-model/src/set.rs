@@ -116,6 +116,7 @@ pub struct ConfigSet {
     pub http_routes: BTreeMap<ObjectKey, Arc<HttpRoute>>,
     pub backends: BTreeMap<ObjectKey, Arc<Backend>>,
     pub secrets: BTreeMap<ObjectKey, Arc<Secret>>,
+    pub grpc_routes: BTreeMap<ObjectKey, Arc<GrpcRoute>>,
 }
 
 /// How one object differs between two sets.
@@ -370,6 +371,7 @@ impl ConfigSet {
             Object::HttpRoute(r) => self.http_routes.insert(key, r).map(Object::HttpRoute),
             Object::Backend(b) => self.backends.insert(key, b).map(Object::Backend),
             Object::Secret(s) => self.secrets.insert(key, s).map(Object::Secret),
+            Object::GrpcRoute(r) => self.grpc_routes.insert(key, r).map(Object::GrpcRoute),
         }
     }
 
@@ -379,6 +381,7 @@ impl ConfigSet {
             Kind::HttpRoute => self.http_routes.remove(key).map(Object::HttpRoute),
             Kind::Backend => self.backends.remove(key).map(Object::Backend),
             Kind::Secret => self.secrets.remove(key).map(Object::Secret),
+            Kind::GrpcRoute => self.grpc_routes.remove(key).map(Object::GrpcRoute),
         }
     }
 
@@ -388,6 +391,7 @@ impl ConfigSet {
             Kind::HttpRoute => self.http_routes.get(key).cloned().map(Object::HttpRoute),
             Kind::Backend => self.backends.get(key).cloned().map(Object::Backend),
             Kind::Secret => self.secrets.get(key).cloned().map(Object::Secret),
+            Kind::GrpcRoute => self.grpc_routes.get(key).cloned().map(Object::GrpcRoute),
         }
     }
 
@@ -397,11 +401,16 @@ impl ConfigSet {
         let r = self.http_routes.values().cloned().map(Object::HttpRoute);
         let b = self.backends.values().cloned().map(Object::Backend);
         let s = self.secrets.values().cloned().map(Object::Secret);
-        g.chain(r).chain(b).chain(s)
+        let gr = self.grpc_routes.values().cloned().map(Object::GrpcRoute);
+        g.chain(r).chain(b).chain(s).chain(gr)
     }
 
     pub fn len(&self) -> usize {
-        self.gateways.len() + self.http_routes.len() + self.backends.len() + self.secrets.len()
+        self.gateways.len()
+            + self.http_routes.len()
+            + self.backends.len()
+            + self.secrets.len()
+            + self.grpc_routes.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -421,6 +430,13 @@ impl ConfigSet {
         );
         diff_map(Kind::Backend, &self.backends, &new.backends, &mut out);
         diff_map(Kind::Secret, &self.secrets, &new.secrets, &mut out);
+        diff_map(
+            Kind::GrpcRoute,
+            &self.grpc_routes,
+            &new.grpc_routes,
+            &mut out,
+        );
+        out.sort();
         out
     }
 

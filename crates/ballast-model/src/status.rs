@@ -112,6 +112,8 @@ pub struct GatewayStatus {
 pub struct ConfigStatus {
     pub gateways: Vec<GatewayStatus>,
     pub http_routes: Vec<RouteStatus>,
+    /// GRPCRoutes, computed through their HTTPRoute equivalents (same attachment rules).
+    pub grpc_routes: Vec<RouteStatus>,
 }
 
 impl ConfigStatus {
@@ -135,11 +137,13 @@ impl ConfigStatus {
                 }
             }
         }
-        for r in &self.http_routes {
+        let routes = self.http_routes.iter().map(|r| ("HTTPRoute", r));
+        let grpc = self.grpc_routes.iter().map(|r| ("GRPCRoute", r));
+        for (kind, r) in routes.chain(grpc) {
             for p in &r.parents {
                 for c in p.conditions.iter().filter(|c| !c.is_true()) {
                     out.push(format!(
-                        "{}: HTTPRoute {}/{}: parent {}/{}{}: {}=False {}: {}",
+                        "{}: {kind} {}/{}: parent {}/{}{}: {}=False {}: {}",
                         r.source,
                         r.namespace,
                         r.name,
@@ -173,6 +177,11 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
             .http_routes
             .values()
             .map(|r| route_status(set, r))
+            .collect(),
+        grpc_routes: set
+            .grpc_routes
+            .values()
+            .map(|r| route_status(set, &r.as_http))
             .collect(),
     }
 }

@@ -47,6 +47,7 @@
 
 mod config_dump;
 mod envoy;
+mod grpc;
 mod http;
 mod tcp_proxy;
 mod traffic;
@@ -58,6 +59,7 @@ pub use envoy::{
     AdsMode, Envoy, EnvoyConfig, EnvoyOptions, envoy_binary, pid_alive, static_http_bootstrap,
     try_envoy_binary, workspace_root,
 };
+pub use grpc::{GrpcOutcome, GrpcUpstream, grpc_calls, python};
 pub use http::http_get;
 pub use tcp_proxy::TcpProxy;
 pub use traffic::{Traffic, TrafficConfig, TrafficReport};

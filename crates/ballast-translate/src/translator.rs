@@ -69,7 +69,7 @@ impl Translator {
         &self.options
     }
 
-    /// The config last applied.
+    /// The config last applied, as translated (GRPCRoutes as HTTPRoutes, see [`crate::grpc`]).
     pub fn config(&self) -> &Arc<ConfigSet> {
         &self.config
     }
@@ -92,6 +92,7 @@ impl Translator {
     /// Applies a whole new config. Returns the gateways whose resources changed, with their new
     /// full resource set, and the gateways removed.
     pub fn update(&mut self, config: &Arc<ConfigSet>) -> TranslateOutput {
+        let config = &crate::grpc::translation_view(config);
         let old = std::mem::replace(&mut self.config, config.clone());
         let mut out = TranslateOutput::default();
         let mut rebuild: BTreeSet<ObjectKey> = BTreeSet::new();
@@ -137,6 +138,8 @@ impl Translator {
                 Kind::Secret => {
                     rebuild.extend(self.index.gateways_of_secret(&c.key).cloned());
                 }
+                // The view holds GRPCRoutes as HTTPRoutes (`crate::grpc`).
+                Kind::GrpcRoute => {}
             }
         }
 
@@ -235,7 +238,7 @@ impl Translator {
                 Kind::HttpRoute => orphans.routes.push(c.key.clone()),
                 Kind::Backend => orphans.backends.push(c.key.clone()),
                 Kind::Secret => orphans.secrets.push(c.key.clone()),
-                Kind::Gateway => {}
+                Kind::Gateway | Kind::GrpcRoute => {}
             }
         }
         for k in orphans.routes {

@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod gateway;
+pub mod grpcroute;
 pub mod route;
 pub mod secret;
 
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 pub use backend::*;
 pub use gateway::*;
+pub use grpcroute::*;
 pub use route::*;
 pub use secret::*;
 
@@ -38,10 +40,18 @@ pub enum Kind {
     HttpRoute,
     Backend,
     Secret,
+    #[serde(rename = "GRPCRoute")]
+    GrpcRoute,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [Kind::Gateway, Kind::HttpRoute, Kind::Backend, Kind::Secret];
+    pub const ALL: [Kind; 5] = [
+        Kind::Gateway,
+        Kind::HttpRoute,
+        Kind::Backend,
+        Kind::Secret,
+        Kind::GrpcRoute,
+    ];
 
     /// The `kind:` string.
     pub fn as_str(self) -> &'static str {
@@ -50,13 +60,14 @@ impl Kind {
             Kind::HttpRoute => "HTTPRoute",
             Kind::Backend => "Backend",
             Kind::Secret => "Secret",
+            Kind::GrpcRoute => "GRPCRoute",
         }
     }
 
     /// The only `apiVersion:` accepted for this kind.
     pub fn api_version(self) -> &'static str {
         match self {
-            Kind::Gateway | Kind::HttpRoute => "gateway.networking.k8s.io/v1",
+            Kind::Gateway | Kind::HttpRoute | Kind::GrpcRoute => "gateway.networking.k8s.io/v1",
             Kind::Backend => "ballast.dev/v1alpha1",
             Kind::Secret => "v1",
         }
@@ -187,6 +198,7 @@ pub enum Object {
     HttpRoute(Arc<HttpRoute>),
     Backend(Arc<Backend>),
     Secret(Arc<Secret>),
+    GrpcRoute(Arc<GrpcRoute>),
 }
 
 impl Object {
@@ -196,6 +208,7 @@ impl Object {
             Object::HttpRoute(_) => Kind::HttpRoute,
             Object::Backend(_) => Kind::Backend,
             Object::Secret(_) => Kind::Secret,
+            Object::GrpcRoute(_) => Kind::GrpcRoute,
         }
     }
 
@@ -205,6 +218,7 @@ impl Object {
             Object::HttpRoute(o) => &o.metadata,
             Object::Backend(o) => &o.metadata,
             Object::Secret(o) => &o.metadata,
+            Object::GrpcRoute(o) => &o.metadata,
         }
     }
 
@@ -218,6 +232,7 @@ impl Object {
             Object::HttpRoute(o) => &o.source,
             Object::Backend(o) => &o.source,
             Object::Secret(o) => &o.source,
+            Object::GrpcRoute(o) => &o.source,
         }
     }
 }
