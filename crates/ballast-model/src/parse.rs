@@ -1012,7 +1012,7 @@ spec:
         assert_eq!(
             p.invalid[0].1[0].to_string(),
             "f.yaml:37:51: Backend default/bad: spec.extra: unknown field `extra`, expected one \
-             of endpoints, loadBalancer, connectTimeout, healthCheck"
+             of endpoints, loadBalancer, connectTimeout, healthCheck, appProtocol"
         );
         // No name: nothing to blame but the file.
         assert_eq!(p.file_errors.len(), 1, "{:?}", p.file_errors);
@@ -1186,6 +1186,58 @@ spec:
                 "f.yaml:16:45: HTTPRoute default/r: spec.rules[0].timeouts.backendRequest: backendRequest (2s) must not be longer than request (1s)",
             ]
         );
+    }
+
+    #[test]
+    fn grpc_route_semantic_errors() {
+        let text = "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: g}\nspec:\n  \
+            rules:\n  - matches:\n    - method: {service: \"pkg.Echo/x\", method: \"1a\"}\n    - method: {}\n    \
+            - method: {type: RegularExpression, method: \"(\"}\n      headers: [{name: a, value: x}, {name: A, value: y}]\n    \
+            backendRefs: [{name: b, weight: 2000000}]\n";
+        assert_eq!(
+            errors(text),
+            vec![
+                "f.yaml:1:1: GRPCRoute default/g: spec.rules[0].matches[1].method: a method match needs service, method or both",
+                "f.yaml:7:25: GRPCRoute default/g: spec.rules[0].matches[0].method.service: invalid gRPC service name \"pkg.Echo/x\": expected dot-separated identifiers (a-z, A-Z, 0-9, '_'), e.g. \"pkg.Echo\"",
+                "f.yaml:7:47: GRPCRoute default/g: spec.rules[0].matches[0].method.method: invalid gRPC method name \"1a\": expected an identifier (a-z, A-Z, 0-9, '_'), e.g. \"Echo\"",
+                "f.yaml:9:49: GRPCRoute default/g: spec.rules[0].matches[2].method.method: invalid regular expression \"(\": unclosed group",
+                "f.yaml:10:45: GRPCRoute default/g: spec.rules[0].matches[2].headers[1].name: header \"A\" is matched twice",
+                "f.yaml:11:37: GRPCRoute default/g: spec.rules[0].backendRefs[0].weight: weight 2000000 is out of range 0..=1000000",
+            ]
+        );
+        // Filters GRPCRoute does not share with HTTPRoute are rejected by name.
+        let e = one_error(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: g}\nspec:\n  rules: [{filters: [{type: URLRewrite}]}]\n",
+        );
+        assert!(e.contains("unknown variant `URLRewrite`"), "{e}");
+    }
+
+    #[test]
+    fn grpc_method_matches_become_path_matches() {
+        let objs = objects(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: g}\nspec:\n  rules:\n  \
+             - matches:\n    - method: {service: pkg.Echo, method: Echo}\n    - method: {service: pkg.Echo}\n    \
+             - method: {method: Echo}\n    - method: {type: RegularExpression, service: \"pkg\\\\..*\"}\n    - headers: [{name: v, value: one}]\n",
+        );
+        let Object::GrpcRoute(g) = &objs[0] else {
+            panic!()
+        };
+        let paths: Vec<(PathMatchType, &str)> = g.as_http.spec.rules[0]
+            .matches
+            .iter()
+            .map(|m| (m.path.type_, m.path.value.as_str()))
+            .collect();
+        assert_eq!(
+            paths,
+            vec![
+                (PathMatchType::Exact, "/pkg.Echo/Echo"),
+                (PathMatchType::PathPrefix, "/pkg.Echo"),
+                (PathMatchType::RegularExpression, "/[^/]+/Echo"),
+                (PathMatchType::RegularExpression, "/(?:pkg\\..*)/[^/]+"),
+                (PathMatchType::PathPrefix, "/"),
+            ]
+        );
+        assert_eq!(g.as_http.key(), g.key());
     }
 
     #[test]

@@ -287,7 +287,22 @@ pub(crate) fn grpc_route(ctx: &mut Ctx, r: &GrpcRoute) {
             }
         }
     }
+    // The derived path matches only fail where a method match did (reported above, at the
+    // field the user wrote): drop their duplicates, which name a field GRPCRoute does not have.
+    let before = ctx.errors.len();
     http_route(ctx, &r.as_http);
+    let mut i = before;
+    while i < ctx.errors.len() {
+        if ctx.errors[i]
+            .field
+            .as_deref()
+            .is_some_and(|f| f.contains(".path."))
+        {
+            ctx.errors.remove(i);
+        } else {
+            i += 1;
+        }
+    }
 }
 
 /// A protobuf identifier: a letter or `_`, then letters, digits, `_`.
