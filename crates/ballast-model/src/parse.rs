@@ -15,8 +15,8 @@ use crate::kinds::configmap::ConfigMapDoc;
 use crate::kinds::secret::SecretDoc;
 use crate::kinds::{
     Backend, BackendPolicy, BackendPolicySpec, BackendSpec, BackendTlsPolicy, BackendTlsPolicySpec,
-    ClientPolicy, ClientPolicySpec, DEFAULT_NAMESPACE, Gateway, GatewaySpec, HttpRoute,
-    HttpRouteSpec, Kind, KindMatch, Metadata, Object, ObjectKey, Source,
+    ClientPolicy, ClientPolicySpec, DEFAULT_NAMESPACE, Gateway, GatewaySpec, GrpcRoute,
+    GrpcRouteSpec, HttpRoute, HttpRouteSpec, Kind, KindMatch, Metadata, Object, ObjectKey, Source,
 };
 use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
@@ -356,6 +356,8 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
         Kind::ConfigMap => deserialize::<ConfigMapDoc>(doc.text).map(Typed::ConfigMap),
         Kind::ClientPolicy => deserialize::<Doc<ClientPolicySpec>>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::ClientPolicy(Box::new(d.spec)))),
+        Kind::GrpcRoute => deserialize::<Doc<GrpcRouteSpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::GrpcRoute(d.spec))),
     }
     .map_err(strict_error)?;
     finish(file, object, doc_pos, typed).map(Parsed::Object)
@@ -376,6 +378,7 @@ enum TypedSpec {
     BackendPolicy(Box<BackendPolicySpec>),
     BackendTlsPolicy(Box<BackendTlsPolicySpec>),
     ClientPolicy(Box<ClientPolicySpec>),
+    GrpcRoute(GrpcRouteSpec),
 }
 
 /// Applies defaults and validates; the one place both parse paths build objects.
@@ -450,6 +453,11 @@ fn finish(
             let c = d.into_config_map(source);
             validate::config_map(&mut ctx, &c);
             Object::ConfigMap(Arc::new(c))
+        }
+        Typed::Spec(metadata, TypedSpec::GrpcRoute(spec)) => {
+            let r = GrpcRoute::new(metadata, spec, source);
+            validate::grpc_route(&mut ctx, &r);
+            Object::GrpcRoute(Arc::new(r))
         }
         Typed::Secret(d) => match validate::secret(&mut ctx, d, source) {
             Some(s) => Object::Secret(Arc::new(s)),
@@ -1057,7 +1065,7 @@ spec:
         assert_eq!(
             p.invalid[0].1[0].to_string(),
             "f.yaml:37:51: Backend default/bad: spec.extra: unknown field `extra`, expected one \
-             of endpoints, loadBalancer, connectTimeout, healthCheck"
+             of endpoints, loadBalancer, connectTimeout, healthCheck, appProtocol"
         );
         // No name: nothing to blame but the file.
         assert_eq!(p.file_errors.len(), 1, "{:?}", p.file_errors);
@@ -1231,6 +1239,58 @@ spec:
                 "f.yaml:16:45: HTTPRoute default/r: spec.rules[0].timeouts.backendRequest: backendRequest (2s) must not be longer than request (1s)",
             ]
         );
+    }
+
+    #[test]
+    fn grpc_route_semantic_errors() {
+        let text = "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: g}\nspec:\n  \
+            rules:\n  - matches:\n    - method: {service: \"pkg.Echo/x\", method: \"1a\"}\n    - method: {}\n    \
+            - method: {type: RegularExpression, method: \"(\"}\n      headers: [{name: a, value: x}, {name: A, value: y}]\n    \
+            backendRefs: [{name: b, weight: 2000000}]\n";
+        assert_eq!(
+            errors(text),
+            vec![
+                "f.yaml:1:1: GRPCRoute default/g: spec.rules[0].matches[1].method: a method match needs service, method or both",
+                "f.yaml:7:25: GRPCRoute default/g: spec.rules[0].matches[0].method.service: invalid gRPC service name \"pkg.Echo/x\": expected dot-separated identifiers (a-z, A-Z, 0-9, '_'), e.g. \"pkg.Echo\"",
+                "f.yaml:7:47: GRPCRoute default/g: spec.rules[0].matches[0].method.method: invalid gRPC method name \"1a\": expected an identifier (a-z, A-Z, 0-9, '_'), e.g. \"Echo\"",
+                "f.yaml:9:49: GRPCRoute default/g: spec.rules[0].matches[2].method.method: invalid regular expression \"(\": unclosed group",
+                "f.yaml:10:45: GRPCRoute default/g: spec.rules[0].matches[2].headers[1].name: header \"A\" is matched twice",
+                "f.yaml:11:37: GRPCRoute default/g: spec.rules[0].backendRefs[0].weight: weight 2000000 is out of range 0..=1000000",
+            ]
+        );
+        // Filters GRPCRoute does not share with HTTPRoute are rejected by name.
+        let e = one_error(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: g}\nspec:\n  rules: [{filters: [{type: URLRewrite}]}]\n",
+        );
+        assert!(e.contains("unknown variant `URLRewrite`"), "{e}");
+    }
+
+    #[test]
+    fn grpc_method_matches_become_path_matches() {
+        let objs = objects(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: g}\nspec:\n  rules:\n  \
+             - matches:\n    - method: {service: pkg.Echo, method: Echo}\n    - method: {service: pkg.Echo}\n    \
+             - method: {method: Echo}\n    - method: {type: RegularExpression, service: \"pkg\\\\..*\"}\n    - headers: [{name: v, value: one}]\n",
+        );
+        let Object::GrpcRoute(g) = &objs[0] else {
+            panic!()
+        };
+        let paths: Vec<(PathMatchType, &str)> = g.as_http.spec.rules[0]
+            .matches
+            .iter()
+            .map(|m| (m.path.type_, m.path.value.as_str()))
+            .collect();
+        assert_eq!(
+            paths,
+            vec![
+                (PathMatchType::Exact, "/pkg.Echo/Echo"),
+                (PathMatchType::PathPrefix, "/pkg.Echo"),
+                (PathMatchType::RegularExpression, "/[^/]+/Echo"),
+                (PathMatchType::RegularExpression, "/(?:pkg\\..*)/[^/]+"),
+                (PathMatchType::PathPrefix, "/"),
+            ]
+        );
+        assert_eq!(g.as_http.key(), g.key());
     }
 
     #[test]

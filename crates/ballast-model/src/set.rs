@@ -120,6 +120,7 @@ pub struct ConfigSet {
     pub config_maps: BTreeMap<ObjectKey, Arc<ConfigMap>>,
     pub backend_tls_policies: BTreeMap<ObjectKey, Arc<BackendTlsPolicy>>,
     pub client_policies: BTreeMap<ObjectKey, Arc<ClientPolicy>>,
+    pub grpc_routes: BTreeMap<ObjectKey, Arc<GrpcRoute>>,
 }
 
 /// How one object differs between two sets.
@@ -387,6 +388,7 @@ impl ConfigSet {
                 .client_policies
                 .insert(key, p)
                 .map(Object::ClientPolicy),
+            Object::GrpcRoute(r) => self.grpc_routes.insert(key, r).map(Object::GrpcRoute),
         }
     }
 
@@ -403,6 +405,7 @@ impl ConfigSet {
                 .remove(key)
                 .map(Object::BackendTlsPolicy),
             Kind::ClientPolicy => self.client_policies.remove(key).map(Object::ClientPolicy),
+            Kind::GrpcRoute => self.grpc_routes.remove(key).map(Object::GrpcRoute),
         }
     }
 
@@ -428,6 +431,7 @@ impl ConfigSet {
                 .get(key)
                 .cloned()
                 .map(Object::ClientPolicy),
+            Kind::GrpcRoute => self.grpc_routes.get(key).cloned().map(Object::GrpcRoute),
         }
     }
 
@@ -460,6 +464,7 @@ impl ConfigSet {
             .chain(cm)
             .chain(tp)
             .chain(cp)
+            .chain(self.grpc_routes.values().cloned().map(Object::GrpcRoute))
     }
 
     pub fn len(&self) -> usize {
@@ -471,6 +476,7 @@ impl ConfigSet {
             + self.config_maps.len()
             + self.backend_tls_policies.len()
             + self.client_policies.len()
+            + self.grpc_routes.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -512,6 +518,12 @@ impl ConfigSet {
             Kind::ClientPolicy,
             &self.client_policies,
             &new.client_policies,
+            &mut out,
+        );
+        diff_map(
+            Kind::GrpcRoute,
+            &self.grpc_routes,
+            &new.grpc_routes,
             &mut out,
         );
         out.sort();

@@ -118,6 +118,8 @@ pub struct ConfigStatus {
     pub backend_tls_policies: Vec<PolicyStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub client_policies: Vec<PolicyStatus>,
+    /// GRPCRoutes, computed through their HTTPRoute equivalents (same attachment rules).
+    pub grpc_routes: Vec<RouteStatus>,
 }
 
 /// One targetRef of a policy, as in Gateway API `PolicyAncestorStatus` (the target itself is
@@ -284,11 +286,13 @@ impl ConfigStatus {
                 }
             }
         }
-        for r in &self.http_routes {
+        let routes = self.http_routes.iter().map(|r| ("HTTPRoute", r));
+        let grpc = self.grpc_routes.iter().map(|r| ("GRPCRoute", r));
+        for (kind, r) in routes.chain(grpc) {
             for p in &r.parents {
                 for c in p.conditions.iter().filter(|c| !c.is_true()) {
                     out.push(format!(
-                        "{}: HTTPRoute {}/{}: parent {}/{}{}: {}=False {}: {}",
+                        "{}: {kind} {}/{}: parent {}/{}{}: {}=False {}: {}",
                         r.source,
                         r.namespace,
                         r.name,
@@ -375,11 +379,26 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
                 None => Ok(()),
             },
         ),
+        grpc_routes: set
+            .grpc_routes
+            .values()
+            .map(|r| route_status(set, &r.as_http))
+            .collect(),
     }
 }
 
 fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
-    let attachments = set.attached_routes(&g.key());
+    let mut attachments = set.attached_routes(&g.key());
+    // GRPCRoutes attach like their HTTPRoute equivalents and count as attached routes too.
+    for r in set.grpc_routes.values() {
+        for a in set.route_attachments(&g.key(), &r.as_http) {
+            attachments.push(crate::set::RouteAttachment {
+                route: r.as_http.clone(),
+                listener: a.listener,
+                hostnames: a.hostnames,
+            });
+        }
+    }
     let mut listeners = Vec::new();
     for l in &g.spec.listeners {
         let mut bad = Vec::new();
@@ -671,6 +690,33 @@ spec: { endpoints: [{ address: 127.0.0.1, port: 8080 }] }
             .map(|l| (l.name.as_str(), l.attached_routes))
             .collect();
         assert_eq!(attached, vec![("http", 1), ("https", 1), ("open", 0)]);
+    }
+
+    #[test]
+    fn grpc_routes_get_route_status_and_count_as_attached() {
+        let grpc = "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: { name: web }\n\
+            spec:\n  parentRefs: [{ name: edge, sectionName: http }]\n  rules:\n  - backendRefs: [{ name: web }, { name: gone }]\n"
+            .to_owned();
+        let (_, s) = status_of(&[grpc], true);
+        assert!(s.http_routes.is_empty());
+        let r = &s.grpc_routes[0];
+        assert_eq!((r.namespace.as_str(), r.name.as_str()), ("default", "web"));
+        assert_eq!(r.unresolved_backend_refs.len(), 1);
+        assert_eq!(r.parents[0].conditions[0].type_, "Accepted");
+        assert!(r.parents[0].conditions[0].is_true());
+        let attached: Vec<(&str, u32)> = s.gateways[0]
+            .listeners
+            .iter()
+            .map(|l| (l.name.as_str(), l.attached_routes))
+            .collect();
+        assert_eq!(attached, vec![("http", 1), ("https", 0), ("open", 0)]);
+        assert!(
+            s.problems()
+                .iter()
+                .any(|p| p.contains("GRPCRoute default/web: parent default/edge/http: ResolvedRefs=False BackendNotFound")),
+            "{:?}",
+            s.problems()
+        );
     }
 
     #[test]

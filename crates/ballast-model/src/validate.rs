@@ -242,6 +242,85 @@ pub(crate) fn http_route(ctx: &mut Ctx, r: &HttpRoute) {
     }
 }
 
+/// GRPCRoute: the method matches here; everything else (parentRefs, hostnames, headers,
+/// filters, backendRefs) through its HTTPRoute equivalent, whose field paths are the same.
+pub(crate) fn grpc_route(ctx: &mut Ctx, r: &GrpcRoute) {
+    for (i, rule) in r.spec.rules.iter().enumerate() {
+        for (j, m) in rule.matches.iter().enumerate() {
+            let Some(mm) = &m.method else { continue };
+            let f = format!("spec.rules[{i}].matches[{j}].method");
+            if mm.service.is_none() && mm.method.is_none() {
+                ctx.err(
+                    Pos::UNKNOWN,
+                    f.clone(),
+                    "a method match needs service, method or both",
+                );
+            }
+            for (part, value) in [("service", &mm.service), ("method", &mm.method)] {
+                let Some(v) = value else { continue };
+                let field = format!("{f}.{part}");
+                match mm.type_ {
+                    GrpcMethodMatchType::RegularExpression => regex(ctx, v, field),
+                    GrpcMethodMatchType::Exact => {
+                        let ok = if part == "service" {
+                            is_grpc_service(v)
+                        } else {
+                            is_grpc_ident(v)
+                        };
+                        if !ok || v.len() > 1024 {
+                            ctx.err(
+                                v.pos,
+                                field,
+                                format!(
+                                    "invalid gRPC {part} name {:?}: expected {}",
+                                    v.value,
+                                    if part == "service" {
+                                        "dot-separated identifiers (a-z, A-Z, 0-9, '_'), e.g. \"pkg.Echo\""
+                                    } else {
+                                        "an identifier (a-z, A-Z, 0-9, '_'), e.g. \"Echo\""
+                                    }
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The derived path matches only fail where a method match did (reported above, at the
+    // field the user wrote): drop their duplicates, which name a field GRPCRoute does not have.
+    let before = ctx.errors.len();
+    http_route(ctx, &r.as_http);
+    let mut i = before;
+    while i < ctx.errors.len() {
+        if ctx.errors[i]
+            .field
+            .as_deref()
+            .is_some_and(|f| f.contains(".path."))
+        {
+            ctx.errors.remove(i);
+        } else {
+            i += 1;
+        }
+    }
+}
+
+/// A protobuf identifier: a letter or `_`, then letters, digits, `_`.
+fn is_grpc_ident(s: &str) -> bool {
+    let mut b = s.bytes();
+    b.next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == b'_')
+        && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
+/// A fully qualified protobuf service name (`pkg.sub.Service`, an optional leading `.`).
+fn is_grpc_service(s: &str) -> bool {
+    s.strip_prefix('.')
+        .unwrap_or(s)
+        .split('.')
+        .all(is_grpc_ident)
+}
+
 fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
     for (j, m) in rule.matches.iter().enumerate() {
         route_match(ctx, m, &format!("{f}.matches[{j}]"));

@@ -49,6 +49,7 @@
 mod config_dump;
 mod envoy;
 mod etcd;
+mod grpc;
 mod http;
 mod tcp_proxy;
 mod traffic;
@@ -61,6 +62,7 @@ pub use envoy::{
     try_envoy_binary, workspace_root,
 };
 pub use etcd::{EtcdCluster, EtcdTls, try_etcd_binary};
+pub use grpc::{GrpcOutcome, GrpcUpstream, grpc_calls, python};
 pub use http::{http_get, http_post_json};
 pub use tcp_proxy::TcpProxy;
 pub use traffic::{Traffic, TrafficConfig, TrafficReport};

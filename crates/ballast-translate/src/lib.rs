@@ -13,8 +13,8 @@
 //! | `RouteConfiguration` (HTTP port) | `{ns}/{gateway}/{port}`: all HTTP Gateway listeners sharing the port share it, one virtual host per hostname |
 //! | `RouteConfiguration` (HTTPS port) | `{ns}/{gateway}/{port}/{hostname}` (`*` for a listener without hostname): one per SNI filter chain, so a hostname's routes are only reachable through the chain (certificate) of its own Gateway listener |
 //! | `VirtualHost` | the hostname it serves (`*` for all hosts); domains are bare hostnames and the HCM strips any port from `Host` |
-//! | `Route` | `{ns}/{route}/{rule}/{match}` (indices); the share of a rule sent to unresolvable backends is an extra route named `.../unresolved` |
-//! | `Cluster`, `ClusterLoadAssignment` | `{ns}/{backend}` |
+//! | `Route` | `{ns}/{route}/{rule}/{match}` (indices; `{route}` is `grpc:{name}` for a GRPCRoute); the share of a rule sent to unresolvable backends is an extra route named `.../unresolved` |
+//! | `Cluster`, `ClusterLoadAssignment` | `{ns}/{backend}`; `{ns}/{backend}:h2c` for the HTTP/2 copy a GRPCRoute uses ([`grpc`]) |
 //! | `Secret` | `{ns}/{secret}` |
 //!
 //! # Translation choices (Gateway API mapping)
@@ -42,6 +42,7 @@
 
 mod cluster;
 mod gateway;
+pub mod grpc;
 pub mod index;
 mod listener;
 mod policy;
@@ -97,6 +98,7 @@ pub fn translate_gateway(
 ) -> Result<GatewayResources, TranslateError> {
     let mut caches = gateway::Caches::default();
     let mut stats = TranslateStats::default();
+    let config = &grpc::translation_view(&Arc::new(config.clone()));
     gateway::build_gateway(config, gateway, options, &mut caches, None, &mut stats)
         .map(|b| Arc::unwrap_or_clone(b.state.resources))
         .ok_or_else(|| TranslateError::GatewayNotFound(gateway.clone()))

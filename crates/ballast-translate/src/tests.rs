@@ -1135,3 +1135,88 @@ fn documentation_examples_give_consistent_snapshots() {
         assert!(!res.listeners.is_empty());
     }
 }
+
+fn grpc_yaml(name: &str, rules: &str) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {{ name: {name} }}\nspec:\n  parentRefs: [{{ name: edge }}]\n{rules}"
+    )
+}
+
+#[test]
+fn grpc_routes_share_virtual_hosts_with_http_routes_and_use_h2c_clusters() {
+    let grpc = grpc_yaml(
+        "web",
+        "  rules:\n  - matches: [{ method: { service: pkg.Echo, method: Echo } }]\n    backendRefs: [{ name: web }, { name: h2, weight: 3 }]\n",
+    );
+    let yaml = docs(&[
+        GATEWAY_HTTP,
+        // Same name as the GRPCRoute: distinct objects, distinct Envoy routes.
+        &route_yaml("web", "  rules: [{ backendRefs: [{ name: web }] }]\n"),
+        &grpc,
+        &backend_yaml("web", WEB),
+        &backend_yaml(
+            "h2",
+            "  appProtocol: kubernetes.io/h2c\n  endpoints: [{ address: 10.0.0.2, port: 80 }]\n",
+        ),
+    ]);
+    let res = translate(&yaml, "edge");
+    let vh = only_vhost(&res);
+    let got: Vec<&str> = vh.routes.iter().map(|r| r.name.as_str()).collect();
+    // The exact gRPC method sorts before the HTTPRoute's `PathPrefix /`.
+    assert_eq!(got, vec!["default/grpc:web/0/0", "default/web/0/0"]);
+    assert_eq!(
+        vh.routes[0].r#match.as_ref().unwrap().path_specifier,
+        Some(PathSpecifier::Path("/pkg.Echo/Echo".into()))
+    );
+    let Some(ClusterSpecifier::WeightedClusters(w)) =
+        &route_action(&vh.routes[0]).cluster_specifier
+    else {
+        panic!("{:?}", vh.routes[0])
+    };
+    let split: Vec<(&str, u32)> = w
+        .clusters
+        .iter()
+        .map(|c| (c.name.as_str(), c.weight.as_ref().unwrap().value))
+        .collect();
+    // `web` gets an HTTP/2 copy; `h2` already speaks HTTP/2 and is used as it is.
+    assert_eq!(split, vec![("default/web:h2c", 1), ("default/h2", 3)]);
+    assert_eq!(
+        names(&res.clusters),
+        vec!["default/h2", "default/web", "default/web:h2c"]
+    );
+    let h2c: Cluster = decode(find(&res.clusters, "default/web:h2c"));
+    assert!(
+        h2c.typed_extension_protocol_options
+            .contains_key("envoy.extensions.upstreams.http.v3.HttpProtocolOptions"),
+        "{h2c:?}"
+    );
+    let plain: Cluster = decode(find(&res.clusters, "default/web"));
+    assert!(plain.typed_extension_protocol_options.is_empty());
+    let cla: ClusterLoadAssignment = decode(find(&res.load_assignments, "default/web:h2c"));
+    assert_eq!(cla.endpoints[0].lb_endpoints.len(), 1);
+
+    // Incremental: adding, editing and removing the GRPCRoute gives what a from-scratch
+    // translation gives, and only touches what it must.
+    let without = docs(&[
+        GATEWAY_HTTP,
+        &route_yaml("web", "  rules: [{ backendRefs: [{ name: web }] }]\n"),
+        &backend_yaml("web", WEB),
+    ]);
+    let edited = yaml.replace("method: Echo", "method: EchoTwo");
+    // An endpoint change of `web` reaches its HTTP/2 copy too.
+    let moved = edited.replace("10.0.0.1", "10.0.0.9");
+    let mut t = Translator::new(Options::default());
+    for step in [&without, &yaml, &edited, &moved, &without] {
+        let set = Arc::new(config(step));
+        t.update(&set);
+        assert_eq!(
+            **t.gateway(&gw("edge")).as_ref().unwrap(),
+            translate_gateway(&set, &gw("edge"), &Options::default()).unwrap()
+        );
+    }
+    let set = Arc::new(config(&moved));
+    t.update(&set);
+    let res = t.gateway(&gw("edge")).unwrap();
+    let cla: ClusterLoadAssignment = decode(find(&res.load_assignments, "default/web:h2c"));
+    assert!(format!("{cla:?}").contains("10.0.0.9"), "{cla:?}");
+}

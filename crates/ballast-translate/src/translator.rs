@@ -73,7 +73,7 @@ impl Translator {
         &self.options
     }
 
-    /// The config last applied.
+    /// The config last applied, as translated (GRPCRoutes as HTTPRoutes, see [`crate::grpc`]).
     pub fn config(&self) -> &Arc<ConfigSet> {
         &self.config
     }
@@ -96,6 +96,7 @@ impl Translator {
     /// Applies a whole new config. Returns the gateways whose resources changed, with their new
     /// full resource set, and the gateways removed.
     pub fn update(&mut self, config: &Arc<ConfigSet>) -> TranslateOutput {
+        let config = &crate::grpc::translation_view(config);
         let old = std::mem::replace(&mut self.config, config.clone());
         let mut out = TranslateOutput::default();
         let mut rebuild: BTreeSet<ObjectKey> = BTreeSet::new();
@@ -211,6 +212,8 @@ impl Translator {
                         }
                     }
                 }
+                // The view holds GRPCRoutes as HTTPRoutes (`crate::grpc`).
+                Kind::GrpcRoute => {}
             }
         }
 
@@ -313,7 +316,8 @@ impl Translator {
                 | Kind::BackendPolicy
                 | Kind::ConfigMap
                 | Kind::BackendTlsPolicy
-                | Kind::ClientPolicy => {}
+                | Kind::ClientPolicy
+                | Kind::GrpcRoute => {}
             }
         }
         for k in orphans.routes {

@@ -168,7 +168,7 @@ fn validate_warns_about_skipped_kinds_and_still_fails_on_errors() {
     .unwrap();
     std::fs::write(
         dir.path().join("grant.yaml"),
-        "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: { name: g, namespace: backends }\nspec: { from: [], to: [] }\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: { name: grpc }\nspec: {}\n",
+        "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: { name: g, namespace: backends }\nspec: { from: [], to: [] }\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TLSRoute\nmetadata: { name: tls }\nspec: {}\n",
     )
     .unwrap();
     let d = path(dir.path());
@@ -180,7 +180,7 @@ fn validate_warns_about_skipped_kinds_and_still_fails_on_errors() {
             "warning: {d}/grant.yaml:1:1: skipped ReferenceGrant backends/g (gateway.networking.k8s.io/v1beta1): kind not implemented by Ballast"
         ),
         format!(
-            "warning: {d}/grant.yaml:6:1: skipped GRPCRoute default/grpc (gateway.networking.k8s.io/v1): kind not implemented by Ballast"
+            "warning: {d}/grant.yaml:6:1: skipped TLSRoute default/tls (gateway.networking.k8s.io/v1alpha2): kind not implemented by Ballast"
         ),
         "1 gateway(s), 2 route(s), 2 backend(s), 0 secret(s): ok".to_owned(),
     ] {
@@ -200,7 +200,7 @@ fn validate_warns_about_skipped_kinds_and_still_fails_on_errors() {
     assert!(text.contains(&format!("{d}/bad.yaml:4:")), "{text}");
     assert!(text.contains(&format!("{d}/bad.yaml:6:")), "{text}");
     assert!(
-        text.contains("warning: ") && text.contains("skipped GRPCRoute"),
+        text.contains("warning: ") && text.contains("skipped TLSRoute"),
         "{text}"
     );
     assert!(text.contains("2 error(s)"), "{text}");

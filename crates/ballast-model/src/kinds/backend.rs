@@ -30,6 +30,19 @@ pub struct BackendSpec {
     pub connect_timeout: Option<Spanned<Duration>>,
     #[serde(default)]
     pub health_check: Option<HealthCheck>,
+    /// The protocol Envoy speaks to the endpoints, named as Gateway API `appProtocol`
+    /// (GEP-1911); HTTP/1.1 when omitted. Backends of GRPCRoutes always get HTTP/2.
+    #[serde(default)]
+    pub app_protocol: Option<AppProtocol>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
+pub enum AppProtocol {
+    #[serde(rename = "http")]
+    Http,
+    /// HTTP/2 over cleartext with prior knowledge (gRPC backends).
+    #[serde(rename = "kubernetes.io/h2c")]
+    H2c,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]

@@ -10,6 +10,7 @@ pub mod backend_tls;
 pub mod client_policy;
 pub mod configmap;
 pub mod gateway;
+pub mod grpcroute;
 pub mod policy;
 pub mod route;
 pub mod secret;
@@ -25,6 +26,7 @@ pub use backend_tls::*;
 pub use client_policy::*;
 pub use configmap::*;
 pub use gateway::*;
+pub use grpcroute::*;
 pub use policy::*;
 pub use route::*;
 pub use secret::*;
@@ -51,10 +53,12 @@ pub enum Kind {
     #[serde(rename = "BackendTLSPolicy")]
     BackendTlsPolicy,
     ClientPolicy,
+    #[serde(rename = "GRPCRoute")]
+    GrpcRoute,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Gateway,
         Kind::HttpRoute,
         Kind::Backend,
@@ -63,6 +67,7 @@ impl Kind {
         Kind::ConfigMap,
         Kind::BackendTlsPolicy,
         Kind::ClientPolicy,
+        Kind::GrpcRoute,
     ];
 
     /// The `kind:` string.
@@ -76,13 +81,14 @@ impl Kind {
             Kind::ConfigMap => "ConfigMap",
             Kind::BackendTlsPolicy => "BackendTLSPolicy",
             Kind::ClientPolicy => "ClientPolicy",
+            Kind::GrpcRoute => "GRPCRoute",
         }
     }
 
     /// The only `apiVersion:` accepted for this kind.
     pub fn api_version(self) -> &'static str {
         match self {
-            Kind::Gateway | Kind::HttpRoute => "gateway.networking.k8s.io/v1",
+            Kind::Gateway | Kind::HttpRoute | Kind::GrpcRoute => "gateway.networking.k8s.io/v1",
             Kind::Backend | Kind::BackendPolicy | Kind::ClientPolicy => "ballast.dev/v1alpha1",
             Kind::Secret | Kind::ConfigMap => "v1",
             Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1alpha3",
@@ -225,6 +231,7 @@ pub enum Object {
     ConfigMap(Arc<ConfigMap>),
     BackendTlsPolicy(Arc<BackendTlsPolicy>),
     ClientPolicy(Arc<ClientPolicy>),
+    GrpcRoute(Arc<GrpcRoute>),
 }
 
 impl Object {
@@ -238,6 +245,7 @@ impl Object {
             Object::ConfigMap(_) => Kind::ConfigMap,
             Object::BackendTlsPolicy(_) => Kind::BackendTlsPolicy,
             Object::ClientPolicy(_) => Kind::ClientPolicy,
+            Object::GrpcRoute(_) => Kind::GrpcRoute,
         }
     }
 
@@ -251,6 +259,7 @@ impl Object {
             Object::ConfigMap(o) => &o.metadata,
             Object::BackendTlsPolicy(o) => &o.metadata,
             Object::ClientPolicy(o) => &o.metadata,
+            Object::GrpcRoute(o) => &o.metadata,
         }
     }
 
@@ -268,6 +277,7 @@ impl Object {
             Object::ConfigMap(o) => &o.source,
             Object::BackendTlsPolicy(o) => &o.source,
             Object::ClientPolicy(o) => &o.source,
+            Object::GrpcRoute(o) => &o.source,
         }
     }
 }
