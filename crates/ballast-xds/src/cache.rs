@@ -64,6 +64,9 @@ impl Groups {
 }
 
 #[derive(Clone)]
+/// The latest snapshot per group of nodes (go-control-plane's `SnapshotCache`),
+/// published through `tokio::sync::watch`, plus the readiness gate. Cheap to
+/// clone: clones share one cache.
 pub struct SnapshotCache {
     inner: Arc<Inner>,
 }
@@ -88,6 +91,7 @@ impl SnapshotCacheBuilder {
         self
     }
 
+    /// The cache, not ready yet.
     pub fn build(self) -> SnapshotCache {
         SnapshotCache {
             inner: Arc::new(Inner {
@@ -111,6 +115,7 @@ impl SnapshotCache {
         Self::builder().build()
     }
 
+    /// Configures a cache (e.g. how much history to keep).
     pub fn builder() -> SnapshotCacheBuilder {
         SnapshotCacheBuilder {
             history: DEFAULT_HISTORY,
@@ -123,10 +128,12 @@ impl SnapshotCache {
         self.inner.ready.send_replace(ready);
     }
 
+    /// Whether [`set_ready`](Self::set_ready)`(true)` was called (and not undone).
     pub fn is_ready(&self) -> bool {
         *self.inner.ready.borrow()
     }
 
+    /// The readiness gate as a watch, for tasks that wait for it.
     pub fn watch_ready(&self) -> watch::Receiver<bool> {
         self.inner.ready.subscribe()
     }
@@ -213,6 +220,7 @@ impl SnapshotCache {
         snapshot
     }
 
+    /// The group's current snapshot (go-control-plane's `GetSnapshot`).
     pub fn snapshot(&self, group: &str) -> Option<Arc<Snapshot>> {
         let slot = self.inner.groups.lock().map.get(group).cloned();
         slot.and_then(|s| s.tx.borrow().clone())

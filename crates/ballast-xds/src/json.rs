@@ -18,17 +18,29 @@ pub fn pool() -> &'static DescriptorPool {
 }
 
 #[derive(Debug, thiserror::Error)]
+/// Errors converting between protobuf bytes and proto-JSON.
+#[non_exhaustive]
 pub enum JsonError {
     #[error("unknown message type {0}")]
+    /// The message type is not in the bundled descriptor set.
     UnknownType(String),
     #[error("invalid {ty} JSON: {source}")]
+    /// The JSON does not parse as that message type.
     Parse {
+        /// The message type.
         ty: String,
         #[source]
+        /// What the parser said.
         source: serde_json::Error,
     },
     #[error("cannot decode {ty}: {message}")]
-    Decode { ty: String, message: String },
+    /// The bytes do not decode as that message type (`ty`; `message` says why).
+    Decode {
+        /// The message type.
+        ty: String,
+        /// What the decoder said.
+        message: String,
+    },
 }
 
 /// Encoded protobuf bytes of `full_name` → proto-JSON value.

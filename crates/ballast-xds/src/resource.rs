@@ -34,12 +34,20 @@ use crate::version::content_version;
 
 /// The resource types Ballast serves, in make-before-break order (invariant 6):
 /// additions go in this order, removals in reverse.
+/// Not `#[non_exhaustive]` on purpose: users match on it to pick the Envoy
+/// message type, and a new type is a breaking change anyway (a new
+/// make-before-break position).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ResourceType {
+    /// SDS: `envoy.extensions.transport_sockets.tls.v3.Secret`.
     Secret = 0,
+    /// CDS: `envoy.config.cluster.v3.Cluster`.
     Cluster = 1,
+    /// EDS: `envoy.config.endpoint.v3.ClusterLoadAssignment`.
     ClusterLoadAssignment = 2,
+    /// LDS: `envoy.config.listener.v3.Listener`.
     Listener = 3,
+    /// RDS: `envoy.config.route.v3.RouteConfiguration`.
     RouteConfiguration = 4,
 }
 
@@ -53,10 +61,12 @@ impl ResourceType {
         ResourceType::RouteConfiguration,
     ];
 
+    /// Position in [`ResourceType::ALL`], for per-type arrays.
     pub const fn index(self) -> usize {
         self as usize
     }
 
+    /// The `type.googleapis.com/...` URL of the type.
     pub fn type_url(self) -> &'static str {
         match self {
             ResourceType::Secret => {
@@ -73,6 +83,7 @@ impl ResourceType {
         }
     }
 
+    /// The type with this URL, if served.
     pub fn from_type_url(url: &str) -> Option<ResourceType> {
         ResourceType::ALL.into_iter().find(|t| t.type_url() == url)
     }
@@ -104,7 +115,9 @@ impl fmt::Display for ResourceType {
 /// A reference from one resource to another.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Ref {
+    /// The referenced resource's type.
     pub ty: ResourceType,
+    /// The referenced resource's name.
     pub name: Arc<str>,
     /// A hard reference breaks traffic when its target is missing at the client
     /// (a route to an absent cluster answers 503). Soft references only make the
@@ -150,13 +163,25 @@ impl Eq for Resource {}
 
 /// Errors building a resource from bytes.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ResourceError {
     #[error("unsupported resource type URL {0:?}")]
+    /// An `Any` whose type URL is not one of [`ResourceType::ALL`].
     UnknownType(String),
     #[error("cannot decode {ty} resource: {message}")]
-    Decode { ty: ResourceType, message: String },
+    /// Bytes that do not decode as the type (`message` says why).
+    Decode {
+        /// The type expected.
+        ty: ResourceType,
+        /// What the decoder said.
+        message: String,
+    },
     #[error("{ty} resource has an empty name")]
-    EmptyName { ty: ResourceType },
+    /// A resource without a name cannot be served.
+    EmptyName {
+        /// The type of the resource.
+        ty: ResourceType,
+    },
 }
 
 impl Resource {
@@ -254,18 +279,23 @@ impl Resource {
         }
     }
 
+    /// The resource's type.
     pub fn ty(&self) -> ResourceType {
         self.ty
     }
+    /// The resource's name (unique per type in a snapshot).
     pub fn name(&self) -> &str {
         &self.name
     }
+    /// The name, shared.
     pub fn name_arc(&self) -> &Arc<str> {
         &self.name
     }
+    /// The content hash of the encoded bytes: equal content, equal version.
     pub fn version(&self) -> &str {
         &self.version
     }
+    /// The version, shared.
     pub fn version_arc(&self) -> &Arc<str> {
         &self.version
     }
@@ -290,6 +320,7 @@ impl Resource {
     pub fn value_bytes(&self) -> Bytes {
         self.any.slice(self.value_start..)
     }
+    /// Every reference this resource makes, sorted.
     pub fn refs(&self) -> &[Ref] {
         &self.refs
     }
@@ -323,7 +354,9 @@ fn descriptor(ty: ResourceType) -> &'static prost_reflect::MessageDescriptor {
 
 /// An Envoy message that can be served as an xDS resource.
 pub trait XdsResource: Message + Name + Sized {
+    /// The resource type this message is served as.
     const TYPE: ResourceType;
+    /// The resource's name (e.g. `Cluster::name`).
     fn resource_name(&self) -> &str;
     /// References this resource makes to other resources.
     fn refs(&self) -> Vec<Ref>;

@@ -19,9 +19,9 @@
 //! resets its reconnect backoff only when a message arrives ([`sotw`],
 //! [`delta`]).
 
-pub mod delta;
-pub mod sotw;
-pub mod subscription;
+pub(crate) mod delta;
+pub(crate) mod sotw;
+pub(crate) mod subscription;
 
 #[cfg(test)]
 mod sim;
@@ -34,43 +34,80 @@ use crate::snapshot::{ResourceMap, Snapshot};
 
 /// Outcome of one request, for status and metrics.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+#[cfg_attr(not(feature = "unstable-internals"), allow(unreachable_pub))]
 pub enum RequestOutcome {
     /// First request for a type on this stream, or a subscription change.
-    Subscribed { ty: ResourceType },
-    Ack {
+    Subscribed {
+        /// The type requested.
         ty: ResourceType,
+    },
+    /// The client accepted a response.
+    Ack {
+        /// The type acknowledged.
+        ty: ResourceType,
+        /// The version the client now holds.
         version: Arc<str>,
+        /// The nonce of the response acknowledged.
         nonce: Arc<str>,
     },
+    /// The client rejected a response (`error_detail` set); it keeps its previous version.
     Nack {
+        /// The type rejected.
         ty: ResourceType,
+        /// The version the client rejected.
         version: Arc<str>,
+        /// The nonce of the response rejected.
         nonce: Arc<str>,
+        /// The client's `error_detail` message.
         message: String,
     },
     /// A request carrying a nonce that is not the latest: ignored (SotW).
-    StaleNonce { ty: ResourceType, nonce: String },
+    StaleNonce {
+        /// The type of the request.
+        ty: ResourceType,
+        /// The nonce it carried.
+        nonce: String,
+    },
     /// A type this server does not serve; the request is ignored.
-    UnknownType { type_url: String },
+    UnknownType {
+        /// The type URL as sent.
+        type_url: String,
+    },
     /// A per-type service got a request for another type.
-    WrongType { type_url: String },
+    WrongType {
+        /// The type URL as sent.
+        type_url: String,
+    },
 }
 
 /// A response computed by a machine, before wire framing.
 #[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "unstable-internals"), allow(unreachable_pub))]
 pub struct SotwResponse {
+    /// The type of every resource in it.
     pub ty: ResourceType,
+    /// `version_info`.
     pub version: Arc<str>,
+    /// The response's nonce.
     pub nonce: Arc<str>,
+    /// The resources sent (all of the type, or the subscribed ones).
     pub resources: Arc<ResourceMap>,
 }
 
+/// A Delta response computed by a machine, before wire framing.
 #[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "unstable-internals"), allow(unreachable_pub))]
 pub struct DeltaResponse {
+    /// The type of every resource in it.
     pub ty: ResourceType,
+    /// `system_version_info` (the snapshot's version of the type).
     pub system_version: Arc<str>,
+    /// The response's nonce.
     pub nonce: Arc<str>,
+    /// Resources added or changed.
     pub resources: Vec<Arc<Resource>>,
+    /// Names the client must drop.
     pub removed: Vec<Arc<str>>,
 }
 

@@ -60,7 +60,9 @@ impl PeerIdentity {
 /// listener (tonic's `Connected`): where it comes from and, with mTLS, who it is.
 #[derive(Debug, Clone, Default)]
 pub struct ConnInfo {
+    /// The peer's address.
     pub remote: Option<SocketAddr>,
+    /// Its client certificate's identity (mTLS only).
     pub peer: Option<Arc<PeerIdentity>>,
 }
 

@@ -29,7 +29,7 @@ use super::identity::{ConnInfo, PeerIdentity};
 
 /// A client that has not finished its handshake by then is dropped (a
 /// silent client must not hold a task forever).
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the xDS port's certificate material lives (PEM files).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,6 +146,7 @@ impl TlsReloader {
         })
     }
 
+    /// The files this reloader reads.
     pub fn files(&self) -> &TlsFiles {
         &self.files
     }
@@ -208,7 +209,7 @@ impl TlsReloader {
 
 /// One accepted connection on the xDS port, plaintext or TLS; tells tonic
 /// (and through request extensions, the handlers) who is on the other end.
-pub enum ServerConn {
+pub(crate) enum ServerConn {
     Plain(TcpStream, ConnInfo),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>, ConnInfo),
 }
@@ -279,7 +280,7 @@ impl AsyncWrite for ServerConn {
 /// Accepted connections for tonic: TLS handshakes run in their own tasks so
 /// a slow or hostile client never delays the others. Ends when the server
 /// drops the stream.
-pub fn incoming(
+pub(crate) fn incoming(
     listener: TcpListener,
     tls: Option<Arc<TlsReloader>>,
 ) -> tokio_stream::wrappers::ReceiverStream<io::Result<ServerConn>> {

@@ -5,14 +5,14 @@
 //! `fetch.rs` (unary Fetch and REST-JSON), `csds.rs` (client status).
 
 mod body;
-pub mod codec;
-pub mod csds;
-pub mod fetch;
-pub mod grpc;
+pub(crate) mod codec;
+pub(crate) mod csds;
+pub(crate) mod fetch;
+pub(crate) mod grpc;
 pub mod limits;
-pub mod rest;
-pub mod resume_guard;
-pub mod stream;
+pub(crate) mod rest;
+pub(crate) mod resume_guard;
+pub(crate) mod stream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,21 +29,62 @@ use crate::security::admission::RejectionLog;
 use crate::security::{
     Access, Admission, AdmissionRequest, PeerIdentity, RejectionRecord, TlsReloader,
 };
-pub use limits::Limits;
+pub(crate) use limits::Limits;
 
-/// Maps a node to the group whose snapshot it is served; an error closes the
-/// stream with that message.
-pub type NodeGrouper = Arc<dyn Fn(&Node) -> Result<String, String> + Send + Sync>;
+/// Maps a node to the group whose snapshot it is served (go-control-plane's
+/// `NodeHash`); an error closes the stream with `INVALID_ARGUMENT` carrying
+/// its message.
+pub type NodeGrouper = Arc<dyn Fn(&Node) -> Result<String, GroupError> + Send + Sync>;
+
+/// Why a [`NodeGrouper`] could not place a node in a group; its message is
+/// what the client sees in the stream's status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct GroupError {
+    message: String,
+}
+
+impl GroupError {
+    /// An error whose message names what is wrong with the node.
+    pub fn new(message: impl Into<String>) -> Self {
+        GroupError {
+            message: message.into(),
+        }
+    }
+
+    /// The message the client is told.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
 
 /// Groups nodes by their id (the library default).
 pub fn group_by_node_id() -> NodeGrouper {
     Arc::new(|node: &Node| {
         if node.id.is_empty() {
-            Err("node.id is empty".to_string())
+            Err(GroupError::new("node.id is empty"))
         } else {
             Ok(node.id.clone())
         }
     })
+}
+
+/// Why [`XdsServer::serve`] stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The address could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address that was asked for.
+        addr: SocketAddr,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gRPC transport failed while serving.
+    #[error("serving xDS: {0}")]
+    Transport(#[from] tonic::transport::Error),
 }
 
 /// How long [`XdsServer::serve_with_shutdown`] waits for connections to
@@ -53,7 +94,7 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// The status every open stream ends with when the server shuts down: Envoy
 /// (and gRPC clients) keep their config and retry UNAVAILABLE, reconnecting to
 /// whichever replica answers.
-pub fn shutting_down() -> tonic::Status {
+pub(crate) fn shutting_down() -> tonic::Status {
     tonic::Status::unavailable("the xDS server is shutting down")
 }
 
@@ -124,6 +165,7 @@ pub struct XdsServer {
     pub(crate) shared: Arc<Shared>,
 }
 
+/// Configures an [`XdsServer`]; start with [`XdsServer::builder`].
 pub struct XdsServerBuilder {
     cache: SnapshotCache,
     grouper: NodeGrouper,
@@ -165,10 +207,12 @@ impl XdsServerBuilder {
         self.resume_guard = cfg;
         self
     }
+    /// How nodes map to groups (default: [`group_by_node_id`]).
     pub fn grouper(mut self, grouper: NodeGrouper) -> Self {
         self.grouper = grouper;
         self
     }
+    /// Receives every stream event (default: none).
     pub fn observer(mut self, observer: Arc<dyn XdsObserver>) -> Self {
         self.observer = observer;
         self
@@ -186,6 +230,8 @@ impl XdsServerBuilder {
         self.shutdown_grace = grace;
         self
     }
+    /// The server; serve it with [`XdsServer::serve_with_shutdown`] or mount
+    /// [`XdsServer::routes`] in your own tonic server.
     pub fn build(self) -> XdsServer {
         XdsServer {
             shared: Arc::new(Shared {
@@ -207,6 +253,7 @@ impl XdsServerBuilder {
 }
 
 impl XdsServer {
+    /// A server over `cache`, with library defaults for everything else.
     pub fn builder(cache: SnapshotCache) -> XdsServerBuilder {
         XdsServerBuilder {
             cache,
@@ -230,14 +277,17 @@ impl XdsServer {
         self.shared.drain.cancel();
     }
 
+    /// Whether [`shutdown`](Self::shutdown) began.
     pub fn is_shutting_down(&self) -> bool {
         self.shared.drain.is_cancelled()
     }
 
+    /// The cache it serves.
     pub fn cache(&self) -> &SnapshotCache {
         &self.shared.cache
     }
 
+    /// The nodes it knows and their sync state (go-control-plane's `GetStatusInfo`).
     pub fn registry(&self) -> &NodeRegistry {
         &self.shared.registry
     }
@@ -314,16 +364,13 @@ impl XdsServer {
         }
     }
 
-    /// Binds `addr` and serves forever.
-    pub async fn serve(self, addr: SocketAddr) -> anyhow_like::Result<()> {
-        let listener = TcpListener::bind(addr).await?;
+    /// Binds `addr` and serves until [`shutdown`](Self::shutdown) is called.
+    pub async fn serve(self, addr: SocketAddr) -> Result<(), ServeError> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr, source })?;
         self.serve_with_shutdown(listener, std::future::pending())
             .await?;
         Ok(())
     }
-}
-
-/// Minimal error plumbing for `serve` without pulling anyhow into the library.
-pub mod anyhow_like {
-    pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 }

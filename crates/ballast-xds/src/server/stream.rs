@@ -28,10 +28,10 @@ use crate::status::TypeStatus;
 /// How long a resumed stream holds removals waiting for the first request of
 /// each type that may reference them (Envoy sends them at once; this only
 /// bounds the wait for clients that never do).
-pub const RESUME_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const RESUME_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// gRPC's default maximum message size; larger responses are reported.
-pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
 /// What the driver needs from a protocol machine.
 pub(crate) trait Machine: Send + 'static {
@@ -185,7 +185,7 @@ async fn run<M: Machine>(
         .stream_counts
         .identify(&mut permit, &shared.limits, &*shared.observer, &id)?;
     requests.set_node(id);
-    let group = (shared.grouper)(&node).map_err(Status::invalid_argument)?;
+    let group = (shared.grouper)(&node).map_err(|e| Status::invalid_argument(e.to_string()))?;
     shared.admit(peer.as_deref(), &node, &group)?;
     tracing::Span::current().record("node", node.id.as_str());
     let handle = shared.registry.open(node, group.as_str().into(), kind);

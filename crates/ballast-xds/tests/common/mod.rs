@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ballast_xds::server::NodeGrouper;
+use ballast_xds::NodeGrouper;
 use ballast_xds::{Snapshot, SnapshotCache, XdsServer, simple};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -45,7 +45,7 @@ pub fn one_group() -> NodeGrouper {
 }
 
 pub async fn start(cache: SnapshotCache, grace: Duration) -> Running {
-    start_with(cache, grace, Arc::new(ballast_xds::events::NoopObserver)).await
+    start_with(cache, grace, Arc::new(ballast_xds::NoopObserver)).await
 }
 
 /// Logs to the test output when `RUST_LOG` is set.
