@@ -2,19 +2,12 @@
 //! of the same protos `envoy-types` was generated from. Used for REST-xDS,
 //! config dumps and printing resources; never on the gRPC hot path.
 
-use std::sync::LazyLock;
-
 use prost::Message;
-use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
-
-static DESCRIPTORS: &[u8] = include_bytes!("../descriptors/envoy-types-0.7.7.bin");
+use prost_reflect::{DynamicMessage, SerializeOptions};
 
 /// The descriptor pool of every Envoy API message.
-pub fn pool() -> &'static DescriptorPool {
-    static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
-        DescriptorPool::decode(DESCRIPTORS).expect("bundled descriptor set is valid")
-    });
-    &POOL
+pub fn pool() -> &'static prost_reflect::DescriptorPool {
+    crate::descriptors::pool()
 }
 
 #[derive(Debug, thiserror::Error)]

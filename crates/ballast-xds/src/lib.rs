@@ -1,6 +1,6 @@
-//! `ballast-xds`: an Envoy xDS management server library — the role
-//! go-control-plane plays for Go — used by the Ballast control plane and
-//! usable on its own.
+#![doc = include_str!("../README.md")]
+//!
+//! # Crate layout
 //!
 //! The public surface is this crate root (plus [`simple`], [`security`],
 //! [`limits`] and, with the `rest` feature, `json`):
@@ -24,7 +24,9 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod cache;
+mod descriptors;
 mod events;
+#[cfg(feature = "rest")]
 pub mod json;
 mod protocol;
 mod registry;

@@ -137,9 +137,10 @@ pub struct Resource {
     refs: Vec<Ref>,
     /// Proto-JSON of `any` for REST pollers, made on first use and shared by
     /// all of them (invariant 10: encode once per resource version).
+    #[cfg(feature = "rest")]
     json: std::sync::OnceLock<Arc<str>>,
     /// How many times `json` was computed (tests prove "once").
-    #[cfg(test)]
+    #[cfg(all(test, feature = "rest"))]
     pub(crate) json_encodings: std::sync::atomic::AtomicUsize,
 }
 
@@ -273,8 +274,9 @@ impl Resource {
             any: buf.freeze(),
             value_start,
             refs,
+            #[cfg(feature = "rest")]
             json: std::sync::OnceLock::new(),
-            #[cfg(test)]
+            #[cfg(all(test, feature = "rest"))]
             json_encodings: Default::default(),
         }
     }
@@ -303,6 +305,7 @@ impl Resource {
     pub fn any_bytes(&self) -> &Bytes {
         &self.any
     }
+    #[cfg(feature = "rest")]
     /// The proto-JSON of [`Resource::any_bytes`] (`{"@type": ..., ...}`),
     /// computed once per resource and then shared by every REST poller.
     pub fn any_json(&self) -> Result<Arc<str>, crate::json::JsonError> {
@@ -310,7 +313,7 @@ impl Resource {
             return Ok(j.clone());
         }
         let v = crate::json::bytes_to_json(&Any::full_name(), &self.any)?;
-        #[cfg(test)]
+        #[cfg(all(test, feature = "rest"))]
         self.json_encodings
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Two racing first pollers: both compute, one value is kept for all.
@@ -341,7 +344,7 @@ fn descriptor(ty: ResourceType) -> &'static prost_reflect::MessageDescriptor {
                 .iter()
                 .map(|t| {
                     let name = t.type_url().rsplit('/').next().unwrap_or_default();
-                    crate::json::pool()
+                    crate::descriptors::pool()
                         .get_message_by_name(name)
                         .expect("every resource type is in the bundled descriptors")
                 })

@@ -105,7 +105,7 @@ fn any_content(any: &[u8]) -> Option<(MessageDescriptor, &[u8])> {
     }
     let url = std::str::from_utf8(url?).ok()?;
     let name = url.rsplit('/').next()?;
-    Some((crate::json::pool().get_message_by_name(name)?, value?))
+    Some((crate::descriptors::pool().get_message_by_name(name)?, value?))
 }
 
 const ANY: &str = "google.protobuf.Any";
@@ -251,7 +251,7 @@ mod tests {
     /// different HashMap orders) has one version; other content another.
     #[test]
     fn map_order_does_not_change_the_version() {
-        let desc = crate::json::pool()
+        let desc = crate::descriptors::pool()
             .get_message_by_name("google.protobuf.Struct")
             .unwrap();
         let keys: Vec<String> = (0..64).map(|i| format!("key-{i}")).collect();

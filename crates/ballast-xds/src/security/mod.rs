@@ -1,8 +1,8 @@
 //! Transport security and authorization for the xDS port.
 //!
-//! - [`tls`]: TLS/mTLS with rustls (ring), certificate files re-read when they change.
-//! - [`identity`]: who is on the other end of a connection (client certificate SANs).
-//! - [`admission`]: the stream-admission hook deciding which groups an identity may be served.
+//! - [`TlsReloader`]: TLS/mTLS with rustls (ring), certificate files re-read when they change.
+//! - [`PeerIdentity`]: who is on the other end of a connection (client certificate SANs).
+//! - [`Admission`]: the stream-admission hook deciding which groups an identity may be served.
 //!
 //! The pieces are generic: the library knows nothing of gateways or SPIFFE
 //! naming rules; the binary plugs its policy into [`admission::Admission`].

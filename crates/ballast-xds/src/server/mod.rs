@@ -6,10 +6,12 @@
 
 mod body;
 pub(crate) mod codec;
+#[cfg(feature = "csds")]
 pub(crate) mod csds;
 pub(crate) mod fetch;
 pub(crate) mod grpc;
 pub mod limits;
+#[cfg(feature = "rest")]
 pub(crate) mod rest;
 pub(crate) mod resume_guard;
 pub(crate) mod stream;
@@ -146,6 +148,7 @@ impl Shared {
     }
 
     /// Whether `peer` may read the status of `node` (CSDS); no record.
+    #[cfg(feature = "csds")]
     pub(crate) fn may_see(&self, peer: Option<&PeerIdentity>, node: &Node, group: &str) -> bool {
         self.admission.as_ref().is_none_or(|a| {
             a(&AdmissionRequest {
@@ -201,7 +204,7 @@ impl XdsServerBuilder {
         self
     }
     /// Holds a resuming client's first push when it would remove more than
-    /// a share of what the client reports holding (see [`resume_guard`]);
+    /// a share of what the client reports holding (see [`ResumeGuardConfig`](crate::ResumeGuardConfig));
     /// off by default.
     pub fn resume_guard(mut self, cfg: Option<resume_guard::ResumeGuardConfig>) -> Self {
         self.resume_guard = cfg;
@@ -313,9 +316,12 @@ impl XdsServer {
             .add_service(XdsService::<Eds>::new(self.clone()))
             .add_service(XdsService::<Lds>::new(self.clone()))
             .add_service(XdsService::<Rds>::new(self.clone()))
-            .add_service(XdsService::<Sds>::new(self.clone()))
-            .add_service(csds::csds_service(self.clone()));
+            .add_service(XdsService::<Sds>::new(self.clone()));
+        #[cfg(feature = "csds")]
+        routes.add_service(csds::csds_service(self.clone()));
+        #[allow(unused_mut)]
         let mut routes = routes.routes();
+        #[cfg(feature = "rest")]
         rest::add_routes(self, routes.axum_router_mut());
         routes
     }
