@@ -9,7 +9,8 @@
 //! - [`Snapshot`]: a consistent set of resources for one group of proxies,
 //!   built with [`Snapshot::builder`], which refuses dangling references.
 //! - [`SnapshotCache`]: the latest snapshot per group, published through
-//!   `tokio::sync::watch`, and the readiness gate.
+//!   `tokio::sync::watch`, and the readiness gate; the server runs over any
+//!   [`XdsCache`], of which it is one implementation.
 //! - [`XdsServer`]: gRPC ADS and per-type services, SotW and Delta, unary
 //!   Fetch, REST-JSON and CSDS (the last two behind features), built with
 //!   [`XdsServer::builder`].
@@ -39,7 +40,7 @@ mod status;
 mod version;
 mod wire;
 
-pub use cache::{DEFAULT_HISTORY, GroupWatch, SnapshotCache, SnapshotCacheBuilder};
+pub use cache::{DEFAULT_HISTORY, GroupWatch, SnapshotCache, SnapshotCacheBuilder, XdsCache};
 pub use events::{BroadcastObserver, NoopObserver, StreamKind, XdsEvent, XdsObserver};
 pub use registry::{DEFAULT_GRACE, NodeRegistry, NodeStatus};
 pub use resource::{Ref, Resource, ResourceError, ResourceType, XdsResource};

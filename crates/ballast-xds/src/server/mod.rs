@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::config::core::v3::Node;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::SnapshotCache;
+use crate::cache::XdsCache;
 use crate::events::{NoopObserver, XdsObserver};
 use crate::registry::{DEFAULT_GRACE, NodeRegistry};
 use crate::security::admission::RejectionLog;
@@ -101,7 +101,7 @@ pub(crate) fn shutting_down() -> tonic::Status {
 }
 
 pub(crate) struct Shared {
-    pub cache: SnapshotCache,
+    pub cache: Arc<dyn XdsCache>,
     pub registry: NodeRegistry,
     pub grouper: NodeGrouper,
     pub limits: Limits,
@@ -162,7 +162,8 @@ impl Shared {
     }
 }
 
-/// An xDS management server over a [`SnapshotCache`].
+/// An xDS management server over an [`XdsCache`] (usually a
+/// [`SnapshotCache`](crate::SnapshotCache)).
 #[derive(Clone)]
 pub struct XdsServer {
     pub(crate) shared: Arc<Shared>,
@@ -170,7 +171,7 @@ pub struct XdsServer {
 
 /// Configures an [`XdsServer`]; start with [`XdsServer::builder`].
 pub struct XdsServerBuilder {
-    cache: SnapshotCache,
+    cache: Arc<dyn XdsCache>,
     grouper: NodeGrouper,
     observer: Arc<dyn XdsObserver>,
     grace: Duration,
@@ -257,9 +258,10 @@ impl XdsServerBuilder {
 
 impl XdsServer {
     /// A server over `cache`, with library defaults for everything else.
-    pub fn builder(cache: SnapshotCache) -> XdsServerBuilder {
+    /// Takes any [`XdsCache`]: a [`SnapshotCache`](crate::SnapshotCache), or your own.
+    pub fn builder(cache: impl XdsCache) -> XdsServerBuilder {
         XdsServerBuilder {
-            cache,
+            cache: Arc::new(cache),
             grouper: group_by_node_id(),
             observer: Arc::new(NoopObserver),
             grace: DEFAULT_GRACE,
@@ -286,8 +288,8 @@ impl XdsServer {
     }
 
     /// The cache it serves.
-    pub fn cache(&self) -> &SnapshotCache {
-        &self.shared.cache
+    pub fn cache(&self) -> &dyn XdsCache {
+        &*self.shared.cache
     }
 
     /// The nodes it knows and their sync state (go-control-plane's `GetStatusInfo`).

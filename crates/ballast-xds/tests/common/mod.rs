@@ -16,6 +16,8 @@ pub mod client;
 pub struct Running {
     pub addr: SocketAddr,
     pub server: XdsServer,
+    /// The cache the server runs over (a handle to publish into).
+    pub cache: SnapshotCache,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -62,7 +64,7 @@ pub async fn start_with(
     observer: Arc<dyn ballast_xds::XdsObserver>,
 ) -> Running {
     init_tracing();
-    let server = XdsServer::builder(cache)
+    let server = XdsServer::builder(cache.clone())
         .grouper(one_group())
         .grace(grace)
         .observer(observer)
@@ -81,6 +83,7 @@ pub async fn start_with(
     Running {
         addr,
         server,
+        cache,
         stop: Some(tx),
         task: Some(task),
     }
