@@ -123,7 +123,18 @@ where
         let server = self.server.clone();
         Box::pin(async move {
             let is_ads = S::TYPE.is_none();
-            let resp = if method.starts_with("Stream") {
+            let (sotw, delta) = (server.shared.sotw, server.shared.delta);
+            let resp = if (method.starts_with("Stream") || method.starts_with("Fetch")) && !sotw {
+                Status::unimplemented(
+                    "State-of-the-World xDS is disabled on this server; use Delta",
+                )
+                .into_http()
+            } else if method.starts_with("Delta") && !delta {
+                Status::unimplemented(
+                    "Delta xDS is disabled on this server; use State-of-the-World",
+                )
+                .into_http()
+            } else if method.starts_with("Stream") {
                 streaming(
                     server,
                     SotwMachine::new(S::TYPE),

@@ -115,6 +115,10 @@ pub(crate) struct Shared {
     pub admission: Option<Admission>,
     pub rejections: RejectionLog,
     pub resume_guard: Option<resume_guard::ResumeGuardConfig>,
+    /// Whether State-of-the-World (streams and unary Fetch) is served.
+    pub sotw: bool,
+    /// Whether Delta streams are served.
+    pub delta: bool,
 }
 
 impl Shared {
@@ -180,9 +184,25 @@ pub struct XdsServerBuilder {
     tls: Option<Arc<TlsReloader>>,
     admission: Option<Admission>,
     resume_guard: Option<resume_guard::ResumeGuardConfig>,
+    sotw: bool,
+    delta: bool,
 }
 
 impl XdsServerBuilder {
+    /// Serve State-of-the-World streams and unary Fetch (default `true`).
+    /// Off, they are answered `UNIMPLEMENTED` naming the protocol: for a
+    /// Delta-only deployment, where a client configured for SotW must fail
+    /// loudly rather than be served.
+    pub fn sotw(mut self, enabled: bool) -> Self {
+        self.sotw = enabled;
+        self
+    }
+    /// Serve Delta (incremental) streams (default `true`); off, they are
+    /// answered `UNIMPLEMENTED`.
+    pub fn delta(mut self, enabled: bool) -> Self {
+        self.delta = enabled;
+        self
+    }
     /// Limits on request sizes, names per request, streams and node sizes.
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
@@ -251,6 +271,8 @@ impl XdsServerBuilder {
                 admission: self.admission,
                 rejections: RejectionLog::default(),
                 resume_guard: self.resume_guard,
+                sotw: self.sotw,
+                delta: self.delta,
             }),
         }
     }
@@ -270,6 +292,8 @@ impl XdsServer {
             tls: None,
             admission: None,
             resume_guard: None,
+            sotw: true,
+            delta: true,
         }
     }
 
