@@ -9,10 +9,13 @@
 
 pub(crate) mod admission;
 pub(crate) mod identity;
+pub(crate) mod listen;
+#[cfg(feature = "tls")]
 pub(crate) mod tls;
 
 pub use admission::{Access, Admission, AdmissionRequest, Rejection, RejectionRecord};
 pub use identity::{ConnInfo, PeerIdentity};
+#[cfg(feature = "tls")]
 pub use tls::{TlsFiles, TlsReloader};
 
 /// Errors loading certificates or keys; each names the file it is about.

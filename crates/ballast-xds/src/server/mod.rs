@@ -27,10 +27,11 @@ use tokio_util::sync::CancellationToken;
 use crate::cache::XdsCache;
 use crate::events::{NoopObserver, XdsObserver};
 use crate::registry::{DEFAULT_GRACE, NodeRegistry};
+#[cfg(feature = "tls")]
+use crate::security::TlsReloader;
 use crate::security::admission::RejectionLog;
-use crate::security::{
-    Access, Admission, AdmissionRequest, PeerIdentity, RejectionRecord, TlsReloader,
-};
+use crate::security::listen::TlsHandle;
+use crate::security::{Access, Admission, AdmissionRequest, PeerIdentity, RejectionRecord};
 pub(crate) use limits::Limits;
 
 /// Maps a node to the group whose snapshot it is served (go-control-plane's
@@ -111,7 +112,7 @@ pub(crate) struct Shared {
     /// watches; cancelled once, when shutdown begins.
     pub drain: CancellationToken,
     pub shutdown_grace: Duration,
-    pub tls: Option<Arc<TlsReloader>>,
+    pub tls: Option<TlsHandle>,
     pub admission: Option<Admission>,
     pub rejections: RejectionLog,
     pub resume_guard: Option<resume_guard::ResumeGuardConfig>,
@@ -181,7 +182,7 @@ pub struct XdsServerBuilder {
     grace: Duration,
     limits: Limits,
     shutdown_grace: Duration,
-    tls: Option<Arc<TlsReloader>>,
+    tls: Option<TlsHandle>,
     admission: Option<Admission>,
     resume_guard: Option<resume_guard::ResumeGuardConfig>,
     sotw: bool,
@@ -208,6 +209,7 @@ impl XdsServerBuilder {
         self.limits = limits;
         self
     }
+    #[cfg(feature = "tls")]
     /// Serve TLS (or mTLS, when the files name a client CA) instead of
     /// plaintext; gRPC and REST-JSON alike. The files are re-read when they
     /// change (see [`TlsReloader`]). Use [`TlsReloader::new`] to load them.
@@ -327,6 +329,7 @@ impl XdsServer {
     }
 
     /// The TLS configuration of the xDS port, if any.
+    #[cfg(feature = "tls")]
     pub fn tls(&self) -> Option<&Arc<TlsReloader>> {
         self.shared.tls.as_ref()
     }
@@ -364,7 +367,7 @@ impl XdsServer {
     ) -> Result<(), tonic::transport::Error> {
         let drain = self.shared.drain.clone();
         let grace = self.shared.shutdown_grace;
-        let incoming = crate::security::tls::incoming(listener, self.shared.tls.clone());
+        let incoming = crate::security::listen::incoming(listener, self.shared.tls.as_ref());
         // tonic stops accepting and closes idle connections on the same
         // signal the streams watch.
         let serve = tonic::transport::Server::builder()
