@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use ballast_xds::server::NodeGrouper;
+use ballast_xds::NodeGrouper;
 use ballast_xds::{SnapshotCache, XdsServer};
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};

@@ -25,7 +25,7 @@ pub mod status;
 mod validate;
 
 pub use duration::{DurationError, format_duration, parse_duration};
-pub use error::{ConfigError, ObjectRef};
+pub use error::{ConfigError, ConfigErrors, ObjectRef};
 pub use hostname::{ANY_HOST, effective_hostnames, hostname_matches, intersect, validate_hostname};
 pub use kinds::*;
 pub use parse::{parse_file, parse_file_report};

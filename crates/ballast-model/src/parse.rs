@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_saphyr::MessageFormatter;
 
-use crate::error::{ConfigError, ObjectRef, sort_errors};
+use crate::error::{ConfigError, ConfigErrors, ObjectRef, sort_errors};
 use crate::kinds::configmap::ConfigMapDoc;
 use crate::kinds::secret::SecretDoc;
 use crate::kinds::{
@@ -25,13 +25,13 @@ use crate::validate;
 /// Parses one file of multi-document YAML. Empty documents and kinds Ballast does not implement
 /// are skipped. Returns every object, or every error found (sorted by position); never panics,
 /// whatever the input. [`parse_file_report`] keeps the good objects of a file with errors.
-pub fn parse_file(path: &str, text: &str) -> Result<Vec<Object>, Vec<ConfigError>> {
+pub fn parse_file(path: &str, text: &str) -> Result<Vec<Object>, ConfigErrors> {
     let parsed = parse_file_report(path, text);
     let errors = parsed.errors();
     if errors.is_empty() {
         Ok(parsed.objects)
     } else {
-        Err(errors)
+        Err(errors.into())
     }
 }
 

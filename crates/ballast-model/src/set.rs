@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::error::{ConfigError, ObjectRef, sort_errors};
+use crate::error::{ConfigError, ConfigErrors, ObjectRef, sort_errors};
 use crate::hostname::effective_hostnames;
 use crate::kinds::*;
 use crate::parse::parse_file;
@@ -209,9 +209,7 @@ pub struct RouteAttachment {
 impl ConfigSet {
     /// Parses and merges files given as `(path for messages, text)`. Reports every error of every
     /// file (sorted by file and position), including objects defined twice.
-    pub fn build<P, T>(
-        files: impl IntoIterator<Item = (P, T)>,
-    ) -> Result<ConfigSet, Vec<ConfigError>>
+    pub fn build<P, T>(files: impl IntoIterator<Item = (P, T)>) -> Result<ConfigSet, ConfigErrors>
     where
         P: AsRef<str>,
         T: AsRef<str>,
@@ -228,12 +226,12 @@ impl ConfigSet {
             Ok(set) if errors.is_empty() => Ok(set),
             Ok(_) => {
                 sort_errors(&mut errors);
-                Err(errors)
+                Err(errors.into())
             }
             Err(mut e) => {
                 errors.append(&mut e);
                 sort_errors(&mut errors);
-                Err(errors)
+                Err(errors.into())
             }
         }
     }
@@ -243,7 +241,7 @@ impl ConfigSet {
     /// matter) naming the earlier one.
     pub fn from_objects(
         objects: impl IntoIterator<Item = Object>,
-    ) -> Result<ConfigSet, Vec<ConfigError>> {
+    ) -> Result<ConfigSet, ConfigErrors> {
         let mut objects: Vec<Object> = objects.into_iter().collect();
         objects.sort_by(|a, b| a.source().cmp(b.source()));
         let mut set = ConfigSet::default();
@@ -269,7 +267,7 @@ impl ConfigSet {
         if errors.is_empty() {
             Ok(set)
         } else {
-            Err(errors)
+            Err(errors.into())
         }
     }
 
@@ -987,7 +985,7 @@ mod tests {
         )
     }
 
-    fn msgs(r: Result<ConfigSet, Vec<ConfigError>>) -> Vec<String> {
+    fn msgs(r: Result<ConfigSet, ConfigErrors>) -> Vec<String> {
         r.expect_err("expected errors")
             .iter()
             .map(|e| e.to_string())

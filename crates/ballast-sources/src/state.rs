@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use ballast_model::{ConfigError, ConfigSet, LoadReport};
+use ballast_model::{ConfigError, ConfigErrors, ConfigSet, LoadReport};
 use tokio::sync::watch;
 
 /// The state a source publishes: last known good config and sync status.
@@ -198,7 +198,9 @@ pub fn merge_states<'a>(
     if sets.len() == 1 {
         return Ok(Some((*sets[0]).clone()));
     }
-    ConfigSet::from_objects(sets.iter().flat_map(|s| s.objects())).map(Some)
+    ConfigSet::from_objects(sets.iter().flat_map(|s| s.objects()))
+        .map(Some)
+        .map_err(ConfigErrors::into_vec)
 }
 
 #[cfg(test)]
@@ -225,7 +227,9 @@ mod tests {
         assert!(!s.apply_success(backend("a.yaml", "a", 80), 1, now));
         assert_eq!(s.generation, 1);
         // Failure keeps the config; the same failure again is no news.
-        let err = ballast_model::parse_file("x.yaml", "apiVersion: v1\n").unwrap_err();
+        let err = ballast_model::parse_file("x.yaml", "apiVersion: v1\n")
+            .unwrap_err()
+            .into_vec();
         assert!(s.apply_failure(err.clone(), now));
         assert!(!s.apply_failure(err, now));
         assert_eq!(s.generation, 1);

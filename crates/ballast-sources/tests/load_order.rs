@@ -14,7 +14,7 @@ fn backend(name: &str, port: u16) -> String {
 }
 
 /// The set with every object's source, or the error messages.
-fn outcome(r: Result<ballast_model::ConfigSet, Vec<ballast_model::ConfigError>>) -> String {
+fn outcome(r: Result<ballast_model::ConfigSet, ballast_model::ConfigErrors>) -> String {
     match r {
         Ok(set) => set
             .objects()

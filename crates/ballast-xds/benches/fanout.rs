@@ -7,9 +7,9 @@ use std::time::Duration;
 use ballast_xds::envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DiscoveryRequest,
 };
-use ballast_xds::protocol::delta::DeltaMachine;
-use ballast_xds::protocol::sotw::SotwMachine;
-use ballast_xds::server::codec::WireMessage;
+use ballast_xds::internals::DeltaMachine;
+use ballast_xds::internals::SotwMachine;
+use ballast_xds::internals::WireMessage;
 use ballast_xds::{ResourceType, Snapshot, simple};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ballast_xds::server::NodeGrouper;
+use ballast_xds::NodeGrouper;
 use ballast_xds::{Snapshot, SnapshotCache, XdsServer, simple};
 
 #[tokio::main]
@@ -39,5 +39,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let grouper: NodeGrouper = Arc::new(|_node| Ok("default".to_string()));
     let server = XdsServer::builder(cache).grouper(grouper).build();
     eprintln!("xDS on {xds} (gRPC ADS/SotW/Delta, REST-JSON, CSDS)");
-    server.serve(xds).await
+    server.serve(xds).await?;
+    Ok(())
 }

@@ -64,6 +64,9 @@ impl Groups {
 }
 
 #[derive(Clone)]
+/// The latest snapshot per group of nodes (go-control-plane's `SnapshotCache`),
+/// published through `tokio::sync::watch`, plus the readiness gate. Cheap to
+/// clone: clones share one cache.
 pub struct SnapshotCache {
     inner: Arc<Inner>,
 }
@@ -88,6 +91,7 @@ impl SnapshotCacheBuilder {
         self
     }
 
+    /// The cache, not ready yet.
     pub fn build(self) -> SnapshotCache {
         SnapshotCache {
             inner: Arc::new(Inner {
@@ -111,6 +115,7 @@ impl SnapshotCache {
         Self::builder().build()
     }
 
+    /// Configures a cache (e.g. how much history to keep).
     pub fn builder() -> SnapshotCacheBuilder {
         SnapshotCacheBuilder {
             history: DEFAULT_HISTORY,
@@ -123,10 +128,12 @@ impl SnapshotCache {
         self.inner.ready.send_replace(ready);
     }
 
+    /// Whether [`set_ready`](Self::set_ready)`(true)` was called (and not undone).
     pub fn is_ready(&self) -> bool {
         *self.inner.ready.borrow()
     }
 
+    /// The readiness gate as a watch, for tasks that wait for it.
     pub fn watch_ready(&self) -> watch::Receiver<bool> {
         self.inner.ready.subscribe()
     }
@@ -213,6 +220,7 @@ impl SnapshotCache {
         snapshot
     }
 
+    /// The group's current snapshot (go-control-plane's `GetSnapshot`).
     pub fn snapshot(&self, group: &str) -> Option<Arc<Snapshot>> {
         let slot = self.inner.groups.lock().map.get(group).cloned();
         slot.and_then(|s| s.tx.borrow().clone())
@@ -237,11 +245,9 @@ impl SnapshotCache {
     /// Like [`SnapshotCache::watch`], but the group's slot is freed as soon as
     /// the returned watch is dropped, if it is then unused.
     pub fn watch_group(&self, group: &str) -> GroupWatch {
-        GroupWatch {
-            rx: Some(self.watch(group)),
-            cache: self.clone(),
-            group: group.into(),
-        }
+        let cache = self.clone();
+        let group: Arc<str> = group.into();
+        GroupWatch::with_release(self.watch(&group), move || cache.release(&group))
     }
 
     /// Groups that have a snapshot, sorted.
@@ -263,12 +269,34 @@ impl SnapshotCache {
     }
 }
 
-/// A group's snapshot receiver that frees the group's slot when dropped
-/// (if nothing else uses it). Derefs to the `watch::Receiver`.
+/// A group's snapshot receiver, with an optional action run when it is
+/// dropped (the [`SnapshotCache`] frees the group's slot then, if nothing else
+/// uses it). Derefs to the `watch::Receiver`.
 pub struct GroupWatch {
     rx: Option<watch::Receiver<Option<Arc<Snapshot>>>>,
-    cache: SnapshotCache,
-    group: Arc<str>,
+    release: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl GroupWatch {
+    /// A watch with nothing to do on drop.
+    pub fn new(rx: watch::Receiver<Option<Arc<Snapshot>>>) -> Self {
+        GroupWatch {
+            rx: Some(rx),
+            release: None,
+        }
+    }
+
+    /// A watch that calls `release` once it is dropped (after the receiver
+    /// itself is gone, so `release` no longer sees it as a watcher).
+    pub fn with_release(
+        rx: watch::Receiver<Option<Arc<Snapshot>>>,
+        release: impl FnOnce() + Send + Sync + 'static,
+    ) -> Self {
+        GroupWatch {
+            rx: Some(rx),
+            release: Some(Box::new(release)),
+        }
+    }
 }
 
 impl std::ops::Deref for GroupWatch {
@@ -288,7 +316,69 @@ impl Drop for GroupWatch {
     fn drop(&mut self) {
         // The receiver goes first, so the slot no longer counts it.
         drop(self.rx.take());
-        self.cache.release(&self.group);
+        if let Some(release) = self.release.take() {
+            release();
+        }
+    }
+}
+
+/// What an [`XdsServer`](crate::XdsServer) reads from a cache (go-control-plane's
+/// `cache.Cache`): the readiness gate and, per group, the current snapshot as
+/// a watch. [`SnapshotCache`] is the library's implementation; implement it to
+/// serve from something else (a linear cache keyed by resource, a mux of
+/// caches by group, ...). Every stream calls [`watch_group`](Self::watch_group)
+/// once and then only reads its watch, so implementations publish by sending
+/// on the watch and never wait for clients.
+pub trait XdsCache: Send + Sync + 'static {
+    /// The readiness gate: no response leaves while it is `false`.
+    fn watch_ready(&self) -> watch::Receiver<bool>;
+
+    /// Whether the gate is open now.
+    fn is_ready(&self) -> bool {
+        *self.watch_ready().borrow()
+    }
+
+    /// A group's snapshot as a watch: `None` until it has one. Called once
+    /// per stream and per fetch; the watch is dropped when they end.
+    fn watch_group(&self, group: &str) -> GroupWatch;
+
+    /// The group's current snapshot.
+    fn snapshot(&self, group: &str) -> Option<Arc<Snapshot>> {
+        self.watch_group(group).borrow().clone()
+    }
+
+    /// The group's recent snapshots, newest first: lets a reconnecting client
+    /// that reports a version resume from exactly what it holds. By default
+    /// only the current one.
+    fn history(&self, group: &str) -> Vec<Arc<Snapshot>> {
+        self.snapshot(group).into_iter().collect()
+    }
+
+    /// Groups that have a snapshot, sorted, for status pages. By default none
+    /// are listed.
+    fn groups(&self) -> Vec<Arc<str>> {
+        Vec::new()
+    }
+}
+
+impl XdsCache for SnapshotCache {
+    fn watch_ready(&self) -> watch::Receiver<bool> {
+        SnapshotCache::watch_ready(self)
+    }
+    fn is_ready(&self) -> bool {
+        SnapshotCache::is_ready(self)
+    }
+    fn watch_group(&self, group: &str) -> GroupWatch {
+        SnapshotCache::watch_group(self, group)
+    }
+    fn snapshot(&self, group: &str) -> Option<Arc<Snapshot>> {
+        SnapshotCache::snapshot(self, group)
+    }
+    fn history(&self, group: &str) -> Vec<Arc<Snapshot>> {
+        SnapshotCache::history(self, group)
+    }
+    fn groups(&self) -> Vec<Arc<str>> {
+        SnapshotCache::groups(self)
     }
 }
 

@@ -2,33 +2,38 @@
 //! of the same protos `envoy-types` was generated from. Used for REST-xDS,
 //! config dumps and printing resources; never on the gRPC hot path.
 
-use std::sync::LazyLock;
-
 use prost::Message;
-use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
-
-static DESCRIPTORS: &[u8] = include_bytes!("../descriptors/envoy-types-0.7.7.bin");
+use prost_reflect::{DynamicMessage, SerializeOptions};
 
 /// The descriptor pool of every Envoy API message.
-pub fn pool() -> &'static DescriptorPool {
-    static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
-        DescriptorPool::decode(DESCRIPTORS).expect("bundled descriptor set is valid")
-    });
-    &POOL
+pub fn pool() -> &'static prost_reflect::DescriptorPool {
+    crate::descriptors::pool()
 }
 
 #[derive(Debug, thiserror::Error)]
+/// Errors converting between protobuf bytes and proto-JSON.
+#[non_exhaustive]
 pub enum JsonError {
     #[error("unknown message type {0}")]
+    /// The message type is not in the bundled descriptor set.
     UnknownType(String),
     #[error("invalid {ty} JSON: {source}")]
+    /// The JSON does not parse as that message type.
     Parse {
+        /// The message type.
         ty: String,
         #[source]
+        /// What the parser said.
         source: serde_json::Error,
     },
     #[error("cannot decode {ty}: {message}")]
-    Decode { ty: String, message: String },
+    /// The bytes do not decode as that message type (`ty`; `message` says why).
+    Decode {
+        /// The message type.
+        ty: String,
+        /// What the decoder said.
+        message: String,
+    },
 }
 
 /// Encoded protobuf bytes of `full_name` → proto-JSON value.

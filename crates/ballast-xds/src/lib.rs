@@ -1,38 +1,72 @@
-//! `ballast-xds`: the Envoy xDS protocol side of Ballast, usable on its own —
-//! the management-server library (the role go-control-plane plays for Go).
+#![doc = include_str!("../README.md")]
 //!
-//! - [`resource`]: one Envoy object, encoded once, content-hash versioned.
-//! - [`snapshot`]: a consistent set of resources for one group of proxies.
-//! - [`cache`]: the latest snapshot per group, published through `watch`, and readiness.
-//! - [`protocol`]: SotW and Delta as pure state machines (ordering, ACK/NACK, wildcard rules).
-//! - [`server`]: gRPC (ADS and per-type, SotW/Delta/Fetch), REST-JSON, CSDS.
-//! - [`registry`]: connected nodes, per-type sync state, eviction.
-//! - [`events`]: observability hooks.
+//! # Crate layout
 //!
-//! Nothing here knows about config kinds.
+//! The public surface is this crate root (plus [`simple`], [`security`],
+//! [`limits`] and, with the `rest` feature, `json`):
+//!
+//! - [`Resource`]: one Envoy object, encoded once, content-hash versioned.
+//! - [`Snapshot`]: a consistent set of resources for one group of proxies,
+//!   built with [`Snapshot::builder`], which refuses dangling references.
+//! - [`SnapshotCache`]: the latest snapshot per group, published through
+//!   `tokio::sync::watch`, and the readiness gate; the server runs over any
+//!   [`XdsCache`], of which it is one implementation.
+//! - [`XdsServer`]: gRPC ADS and per-type services, SotW and Delta, unary
+//!   Fetch, REST-JSON and CSDS (the last two behind features), built with
+//!   [`XdsServer::builder`].
+//! - Node grouping ([`NodeGrouper`], [`group_by_node_id`]), stream events
+//!   ([`XdsEvent`], [`XdsObserver`]) and typed errors ([`SnapshotError`],
+//!   [`ResourceError`], [`GroupError`], [`ServeError`]).
+//!
+//! Everything else (the protocol state machines, the wire codec) is private;
+//! the `unstable-internals` feature exposes a few of them for benchmarks, with
+//! no stability promise. Nothing here knows about Ballast's config kinds.
 #![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
 
-pub mod cache;
-pub mod events;
+mod cache;
+mod descriptors;
+mod events;
+#[cfg(feature = "rest")]
 pub mod json;
-pub mod protocol;
-pub mod registry;
-pub mod resource;
+mod protocol;
+mod registry;
+mod resource;
 pub mod security;
-pub mod server;
+mod server;
 pub mod simple;
-pub mod snapshot;
-pub mod status;
-pub mod version;
+mod snapshot;
+mod status;
+mod version;
 mod wire;
 
-pub use cache::SnapshotCache;
-pub use events::{XdsEvent, XdsObserver};
-pub use registry::NodeRegistry;
-pub use resource::{Ref, Resource, ResourceType, XdsResource};
-pub use server::{NodeGrouper, XdsServer};
-pub use snapshot::{Snapshot, SnapshotBuilder, SnapshotError};
-pub use status::{SyncState, TypeStatus};
+pub use cache::{DEFAULT_HISTORY, GroupWatch, SnapshotCache, SnapshotCacheBuilder, XdsCache};
+pub use events::{BroadcastObserver, NoopObserver, StreamKind, XdsEvent, XdsObserver};
+pub use registry::{DEFAULT_GRACE, NodeRegistry, NodeStatus};
+pub use resource::{Ref, Resource, ResourceError, ResourceType, XdsResource};
+pub use server::limits::{self, Limits};
+pub use server::resume_guard::{ResumeGuardConfig, ResumeRelease};
+pub use server::{
+    DEFAULT_SHUTDOWN_GRACE, GroupError, NodeGrouper, ServeError, XdsServer, XdsServerBuilder,
+    group_by_node_id,
+};
+pub use snapshot::{
+    Inconsistency, ResourceMap, Snapshot, SnapshotBuilder, SnapshotError, TypeResources,
+};
+pub use status::{NackInfo, SyncState, TypeStatus};
+pub use version::content_version;
 
 /// Envoy's protobuf types, re-exported so users need not depend on `envoy-types` themselves.
 pub use envoy_types;
+
+/// Internals for the crate's own benchmarks (`benches/`): the protocol state
+/// machines and the wire codec. No stability promise: anything here may change
+/// in a patch release. Enabled by the `unstable-internals` feature.
+#[cfg(feature = "unstable-internals")]
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::protocol::delta::DeltaMachine;
+    pub use crate::protocol::sotw::SotwMachine;
+    pub use crate::protocol::{DeltaResponse, RequestOutcome, SotwResponse};
+    pub use crate::server::codec::WireMessage;
+}

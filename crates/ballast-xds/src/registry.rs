@@ -18,6 +18,9 @@ use crate::status::TypeStatus;
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
 #[derive(Clone)]
+/// The nodes the server knows (connected, or disconnected within their grace
+/// period) and their per-type sync state: go-control-plane's `GetStatusInfo`.
+/// Read it through [`XdsServer::registry`](crate::XdsServer::registry).
 pub struct NodeRegistry {
     inner: Arc<Inner>,
 }
@@ -44,7 +47,7 @@ struct NodeEntry {
 
 /// Computes a stream's current status on demand (status pages and CSDS are
 /// rare; streams do not publish their state on every message).
-pub type StatusSource = Arc<dyn Fn() -> Vec<TypeStatus> + Send + Sync>;
+pub(crate) type StatusSource = Arc<dyn Fn() -> Vec<TypeStatus> + Send + Sync>;
 
 #[derive(Clone)]
 struct StreamEntry {
@@ -64,19 +67,26 @@ impl StreamEntry {
 
 /// A snapshot of one node's state, for status pages and CSDS.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct NodeStatus {
+    /// The node's id.
     pub id: Arc<str>,
+    /// The node as it last identified itself.
     pub node: Arc<Node>,
+    /// The group (snapshot) it is served from.
     pub group: Arc<str>,
+    /// Its open streams: a server-wide stream number and the protocol.
     pub streams: Vec<(u64, StreamKind)>,
+    /// Whether any stream is open.
     pub connected: bool,
+    /// When its first current stream opened (or its last one closed, when disconnected).
     pub connected_since: SystemTime,
     /// Per type, merged over the node's streams (a per-type service opens one each).
     pub types: Vec<TypeStatus>,
 }
 
 impl NodeRegistry {
-    pub fn new(grace: Duration, observer: Arc<dyn XdsObserver>) -> Self {
+    pub(crate) fn new(grace: Duration, observer: Arc<dyn XdsObserver>) -> Self {
         NodeRegistry {
             inner: Arc::new(Inner {
                 nodes: Mutex::new(HashMap::new()),
@@ -88,6 +98,7 @@ impl NodeRegistry {
         }
     }
 
+    /// How long a disconnected node's state is kept.
     pub fn grace(&self) -> Duration {
         self.inner.grace
     }
@@ -145,6 +156,7 @@ impl NodeRegistry {
         self.inner.nodes.lock().len()
     }
 
+    /// Whether no node is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -154,6 +166,7 @@ impl NodeRegistry {
         self.inner.count.subscribe()
     }
 
+    /// Every node held, sorted by id.
     pub fn nodes(&self) -> Vec<NodeStatus> {
         let nodes = self.inner.nodes.lock();
         let mut out: Vec<NodeStatus> = nodes.iter().map(|(id, e)| status_of(id, e)).collect();
@@ -162,6 +175,7 @@ impl NodeRegistry {
         out
     }
 
+    /// One node's state, if held.
     pub fn node(&self, id: &str) -> Option<NodeStatus> {
         let nodes = self.inner.nodes.lock();
         nodes.get_key_value(id).map(|(id, e)| status_of(id, e))

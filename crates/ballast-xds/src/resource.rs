@@ -34,12 +34,20 @@ use crate::version::content_version;
 
 /// The resource types Ballast serves, in make-before-break order (invariant 6):
 /// additions go in this order, removals in reverse.
+/// Not `#[non_exhaustive]` on purpose: users match on it to pick the Envoy
+/// message type, and a new type is a breaking change anyway (a new
+/// make-before-break position).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ResourceType {
+    /// SDS: `envoy.extensions.transport_sockets.tls.v3.Secret`.
     Secret = 0,
+    /// CDS: `envoy.config.cluster.v3.Cluster`.
     Cluster = 1,
+    /// EDS: `envoy.config.endpoint.v3.ClusterLoadAssignment`.
     ClusterLoadAssignment = 2,
+    /// LDS: `envoy.config.listener.v3.Listener`.
     Listener = 3,
+    /// RDS: `envoy.config.route.v3.RouteConfiguration`.
     RouteConfiguration = 4,
 }
 
@@ -53,10 +61,12 @@ impl ResourceType {
         ResourceType::RouteConfiguration,
     ];
 
+    /// Position in [`ResourceType::ALL`], for per-type arrays.
     pub const fn index(self) -> usize {
         self as usize
     }
 
+    /// The `type.googleapis.com/...` URL of the type.
     pub fn type_url(self) -> &'static str {
         match self {
             ResourceType::Secret => {
@@ -73,6 +83,7 @@ impl ResourceType {
         }
     }
 
+    /// The type with this URL, if served.
     pub fn from_type_url(url: &str) -> Option<ResourceType> {
         ResourceType::ALL.into_iter().find(|t| t.type_url() == url)
     }
@@ -104,7 +115,9 @@ impl fmt::Display for ResourceType {
 /// A reference from one resource to another.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Ref {
+    /// The referenced resource's type.
     pub ty: ResourceType,
+    /// The referenced resource's name.
     pub name: Arc<str>,
     /// A hard reference breaks traffic when its target is missing at the client
     /// (a route to an absent cluster answers 503). Soft references only make the
@@ -124,9 +137,10 @@ pub struct Resource {
     refs: Vec<Ref>,
     /// Proto-JSON of `any` for REST pollers, made on first use and shared by
     /// all of them (invariant 10: encode once per resource version).
+    #[cfg(feature = "rest")]
     json: std::sync::OnceLock<Arc<str>>,
     /// How many times `json` was computed (tests prove "once").
-    #[cfg(test)]
+    #[cfg(all(test, feature = "rest"))]
     pub(crate) json_encodings: std::sync::atomic::AtomicUsize,
 }
 
@@ -150,13 +164,25 @@ impl Eq for Resource {}
 
 /// Errors building a resource from bytes.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ResourceError {
     #[error("unsupported resource type URL {0:?}")]
+    /// An `Any` whose type URL is not one of [`ResourceType::ALL`].
     UnknownType(String),
     #[error("cannot decode {ty} resource: {message}")]
-    Decode { ty: ResourceType, message: String },
+    /// Bytes that do not decode as the type (`message` says why).
+    Decode {
+        /// The type expected.
+        ty: ResourceType,
+        /// What the decoder said.
+        message: String,
+    },
     #[error("{ty} resource has an empty name")]
-    EmptyName { ty: ResourceType },
+    /// A resource without a name cannot be served.
+    EmptyName {
+        /// The type of the resource.
+        ty: ResourceType,
+    },
 }
 
 impl Resource {
@@ -248,24 +274,30 @@ impl Resource {
             any: buf.freeze(),
             value_start,
             refs,
+            #[cfg(feature = "rest")]
             json: std::sync::OnceLock::new(),
-            #[cfg(test)]
+            #[cfg(all(test, feature = "rest"))]
             json_encodings: Default::default(),
         }
     }
 
+    /// The resource's type.
     pub fn ty(&self) -> ResourceType {
         self.ty
     }
+    /// The resource's name (unique per type in a snapshot).
     pub fn name(&self) -> &str {
         &self.name
     }
+    /// The name, shared.
     pub fn name_arc(&self) -> &Arc<str> {
         &self.name
     }
+    /// The content hash of the encoded bytes: equal content, equal version.
     pub fn version(&self) -> &str {
         &self.version
     }
+    /// The version, shared.
     pub fn version_arc(&self) -> &Arc<str> {
         &self.version
     }
@@ -273,6 +305,7 @@ impl Resource {
     pub fn any_bytes(&self) -> &Bytes {
         &self.any
     }
+    #[cfg(feature = "rest")]
     /// The proto-JSON of [`Resource::any_bytes`] (`{"@type": ..., ...}`),
     /// computed once per resource and then shared by every REST poller.
     pub fn any_json(&self) -> Result<Arc<str>, crate::json::JsonError> {
@@ -280,7 +313,7 @@ impl Resource {
             return Ok(j.clone());
         }
         let v = crate::json::bytes_to_json(&Any::full_name(), &self.any)?;
-        #[cfg(test)]
+        #[cfg(all(test, feature = "rest"))]
         self.json_encodings
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Two racing first pollers: both compute, one value is kept for all.
@@ -290,6 +323,7 @@ impl Resource {
     pub fn value_bytes(&self) -> Bytes {
         self.any.slice(self.value_start..)
     }
+    /// Every reference this resource makes, sorted.
     pub fn refs(&self) -> &[Ref] {
         &self.refs
     }
@@ -310,7 +344,7 @@ fn descriptor(ty: ResourceType) -> &'static prost_reflect::MessageDescriptor {
                 .iter()
                 .map(|t| {
                     let name = t.type_url().rsplit('/').next().unwrap_or_default();
-                    crate::json::pool()
+                    crate::descriptors::pool()
                         .get_message_by_name(name)
                         .expect("every resource type is in the bundled descriptors")
                 })
@@ -323,7 +357,9 @@ fn descriptor(ty: ResourceType) -> &'static prost_reflect::MessageDescriptor {
 
 /// An Envoy message that can be served as an xDS resource.
 pub trait XdsResource: Message + Name + Sized {
+    /// The resource type this message is served as.
     const TYPE: ResourceType;
+    /// The resource's name (e.g. `Cluster::name`).
     fn resource_name(&self) -> &str;
     /// References this resource makes to other resources.
     fn refs(&self) -> Vec<Ref>;

@@ -46,6 +46,7 @@ pub fn ads_source() -> ConfigSource {
     }
 }
 
+/// A TCP socket address.
 pub fn socket_address(ip: &str, port: u16) -> Address {
     Address {
         address: Some(AddressKind::SocketAddress(SocketAddress {

@@ -27,18 +27,23 @@ impl TypeResources {
             resources: Arc::new(resources),
         }
     }
+    /// The type's version: a hash of every resource's name and version.
     pub fn version(&self) -> &Arc<str> {
         &self.version
     }
+    /// The resources by name.
     pub fn resources(&self) -> &Arc<ResourceMap> {
         &self.resources
     }
+    /// One resource by name.
     pub fn get(&self, name: &str) -> Option<&Arc<Resource>> {
         self.resources.get(name)
     }
+    /// How many resources.
     pub fn len(&self) -> usize {
         self.resources.len()
     }
+    /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.resources.is_empty()
     }
@@ -64,7 +69,7 @@ pub struct Snapshot {
 
 /// The names of one type whose resource differs between two maps.
 #[derive(Debug)]
-pub struct TypeChanges {
+pub(crate) struct TypeChanges {
     /// The map these changes are relative to. A `Weak` keeps the allocation,
     /// so comparing its address with a live map's is sound.
     base: Weak<ResourceMap>,
@@ -76,7 +81,7 @@ pub struct TypeChanges {
 
 impl TypeChanges {
     /// Compares two maps by walking them in order (pointer comparisons first).
-    pub fn between(base: &Arc<ResourceMap>, new: &Arc<ResourceMap>) -> TypeChanges {
+    pub(crate) fn between(base: &Arc<ResourceMap>, new: &Arc<ResourceMap>) -> TypeChanges {
         let mut names = Vec::new();
         let mut keys_changed = false;
         if !Arc::ptr_eq(base, new) {
@@ -122,32 +127,44 @@ impl TypeChanges {
     }
 
     /// Whether these changes are relative to `map`.
-    pub fn is_from(&self, map: &Arc<ResourceMap>) -> bool {
+    pub(crate) fn is_from(&self, map: &Arc<ResourceMap>) -> bool {
         std::ptr::eq(self.base.as_ptr(), Arc::as_ptr(map))
     }
-    pub fn names(&self) -> &[Arc<str>] {
+    pub(crate) fn names(&self) -> &[Arc<str>] {
         &self.names
     }
-    pub fn keys_changed(&self) -> bool {
+    pub(crate) fn keys_changed(&self) -> bool {
         self.keys_changed
     }
 }
 
 /// One problem that makes a snapshot inconsistent.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Inconsistency {
+    /// Two resources of one type with one name.
     Duplicate {
+        /// The type.
         ty: ResourceType,
+        /// The name used twice.
         name: String,
     },
+    /// A reference to a resource the snapshot lacks.
     MissingRef {
+        /// The referrer's type.
         from_ty: ResourceType,
+        /// The referrer's name.
         from: String,
+        /// The missing resource's type.
         ty: ResourceType,
+        /// The missing resource's name.
         name: String,
     },
+    /// An EDS or RDS resource nothing references (it would never be requested).
     Unreferenced {
+        /// The type (EDS or RDS).
         ty: ResourceType,
+        /// The resource's name.
         name: String,
     },
 }
@@ -175,7 +192,9 @@ impl fmt::Display for Inconsistency {
 
 /// A snapshot was refused; every problem is listed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub struct SnapshotError {
+    /// Every problem found, in a stable order.
     pub problems: Vec<Inconsistency>,
 }
 
@@ -207,29 +226,35 @@ impl Default for Snapshot {
 }
 
 impl Snapshot {
+    /// Starts an empty snapshot.
     pub fn builder() -> SnapshotBuilder {
         SnapshotBuilder::default()
     }
 
+    /// Everything of one type.
     pub fn of(&self, ty: ResourceType) -> &TypeResources {
         &self.types[ty.index()]
     }
+    /// One type's version.
     pub fn version(&self, ty: ResourceType) -> &Arc<str> {
         self.of(ty).version()
     }
+    /// One type's resources by name.
     pub fn resources(&self, ty: ResourceType) -> &Arc<ResourceMap> {
         self.of(ty).resources()
     }
+    /// One resource.
     pub fn get(&self, ty: ResourceType, name: &str) -> Option<&Arc<Resource>> {
         self.of(ty).get(name)
     }
+    /// How many resources of every type.
     pub fn total(&self) -> usize {
         self.types.iter().map(TypeResources::len).sum()
     }
 
     /// Records what changed since `prev` (once; later calls are ignored).
     /// Called when the snapshot replaces `prev` in the cache.
-    pub fn record_changes_from(&self, prev: &Arc<Snapshot>) {
+    pub(crate) fn record_changes_from(&self, prev: &Arc<Snapshot>) {
         if self.changes.get().is_some() {
             return;
         }
@@ -241,7 +266,7 @@ impl Snapshot {
     }
 
     /// What changed for `ty` since the predecessor this snapshot replaced, if recorded.
-    pub fn changes(&self, ty: ResourceType) -> Option<&TypeChanges> {
+    pub(crate) fn changes(&self, ty: ResourceType) -> Option<&TypeChanges> {
         self.changes.get().map(|c| &c[ty.index()])
     }
 
@@ -252,7 +277,7 @@ impl Snapshot {
     /// When `base` is older, the recorded changes of the snapshots in between
     /// (kept alive by the cache's history) are merged: bounded by the history
     /// length, and cheaper than comparing the maps once they are large.
-    pub fn changed_since(
+    pub(crate) fn changed_since(
         &self,
         ty: ResourceType,
         base: &Arc<ResourceMap>,
@@ -285,7 +310,7 @@ impl Snapshot {
     /// Whether `base` (a map of an earlier snapshot) has exactly the names of
     /// this snapshot's map of `ty`, as far as the recorded changes tell
     /// (`false` when they do not reach back to `base`).
-    pub fn same_keys_since(&self, ty: ResourceType, base: &Arc<ResourceMap>) -> bool {
+    pub(crate) fn same_keys_since(&self, ty: ResourceType, base: &Arc<ResourceMap>) -> bool {
         if Arc::ptr_eq(base, self.resources(ty)) {
             return true;
         }
@@ -364,6 +389,7 @@ impl SnapshotBuilder {
         Ok(self.add(r))
     }
 
+    /// [`message`](Self::message), for chaining by value.
     pub fn with<M: XdsResource>(mut self, msg: &M) -> Result<Self, ResourceError> {
         self.message(msg)?;
         Ok(self)

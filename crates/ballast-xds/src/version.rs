@@ -16,7 +16,7 @@ pub fn content_version(bytes: &[u8]) -> String {
 /// processes, so equal content could otherwise get different versions.
 /// Costs one scan of the bytes; a second pass and a copy only when some map
 /// has two or more entries.
-pub fn message_version(desc: &MessageDescriptor, bytes: &[u8]) -> String {
+pub(crate) fn message_version(desc: &MessageDescriptor, bytes: &[u8]) -> String {
     if needs_sorting(desc, bytes, 0) {
         let mut out = Vec::with_capacity(bytes.len());
         canonical_into(desc, bytes, &mut out, 0);
@@ -105,7 +105,10 @@ fn any_content(any: &[u8]) -> Option<(MessageDescriptor, &[u8])> {
     }
     let url = std::str::from_utf8(url?).ok()?;
     let name = url.rsplit('/').next()?;
-    Some((crate::json::pool().get_message_by_name(name)?, value?))
+    Some((
+        crate::descriptors::pool().get_message_by_name(name)?,
+        value?,
+    ))
 }
 
 const ANY: &str = "google.protobuf.Any";
@@ -204,7 +207,7 @@ fn canonical_any(bytes: &[u8], out: &mut Vec<u8>, depth: u32) {
 
 /// Version of a set of resources: a hash of the sorted (name, version) pairs.
 /// The iterator must yield names in sorted order (BTreeMap order).
-pub fn set_version<'a>(items: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+pub(crate) fn set_version<'a>(items: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
     let mut h = Xxh3::new();
     let mut n = 0u64;
     for (name, version) in items {
@@ -251,7 +254,7 @@ mod tests {
     /// different HashMap orders) has one version; other content another.
     #[test]
     fn map_order_does_not_change_the_version() {
-        let desc = crate::json::pool()
+        let desc = crate::descriptors::pool()
             .get_message_by_name("google.protobuf.Struct")
             .unwrap();
         let keys: Vec<String> = (0..64).map(|i| format!("key-{i}")).collect();

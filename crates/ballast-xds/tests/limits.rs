@@ -21,7 +21,7 @@ use ballast_xds::envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DiscoveryRequest, DiscoveryResponse,
 };
 use ballast_xds::envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
-use ballast_xds::server::Limits;
+use ballast_xds::Limits;
 use ballast_xds::{ResourceType, SnapshotCache, XdsEvent, XdsServer};
 use bytes::Bytes;
 use common::EventLog;
@@ -221,9 +221,10 @@ fn rand_suffix(i: usize) -> u64 {
 /// on streams and on unary Fetch (tonic's own decoder would say OUT_OF_RANGE).
 #[tokio::test]
 async fn request_size_limit() {
-    let limits = Limits {
-        max_request_bytes: 1024,
-        ..Limits::default()
+    let limits = {
+        let mut l = Limits::default();
+        l.max_request_bytes = 1024;
+        l
     };
     let (s, log, _) = server(limits).await;
     let ch = common::client::channel(s.addr).await;
@@ -321,9 +322,10 @@ async fn raw_call(ch: &Channel, path: &str, first: Bytes) -> Status {
 /// unsubscribe + initial versions, and Fetch.
 #[tokio::test]
 async fn resource_names_limit() {
-    let limits = Limits {
-        max_resource_names: 10,
-        ..Limits::default()
+    let limits = {
+        let mut l = Limits::default();
+        l.max_resource_names = 10;
+        l
     };
     let (s, log, _) = server(limits).await;
     let ch = common::client::channel(s.addr).await;
@@ -378,11 +380,12 @@ async fn resource_names_limit() {
 /// its place back.
 #[tokio::test]
 async fn stream_count_limits() {
-    let limits = Limits {
-        max_streams_per_connection: 2,
-        max_streams_per_node: 2,
-        max_streams: 4,
-        ..Limits::default()
+    let limits = {
+        let mut l = Limits::default();
+        l.max_streams_per_connection = 2;
+        l.max_streams_per_node = 2;
+        l.max_streams = 4;
+        l
     };
     let (s, log, _) = server(limits).await;
     let c1 = common::client::channel(s.addr).await;
@@ -446,10 +449,11 @@ async fn stream_count_limits() {
 /// Node id, cluster and metadata sizes: INVALID_ARGUMENT on streams and fetches.
 #[tokio::test]
 async fn node_size_limits() {
-    let limits = Limits {
-        max_node_id_bytes: 64,
-        max_node_metadata_bytes: 100,
-        ..Limits::default()
+    let limits = {
+        let mut l = Limits::default();
+        l.max_node_id_bytes = 64;
+        l.max_node_metadata_bytes = 100;
+        l
     };
     let (s, log, _) = server(limits).await;
     let ch = common::client::channel(s.addr).await;
@@ -501,9 +505,10 @@ async fn node_size_limits() {
 /// A REST body over the limit answers 413 naming the limit; one within it is served.
 #[tokio::test]
 async fn rest_body_limit() {
-    let limits = Limits {
-        max_rest_body_bytes: 256,
-        ..Limits::default()
+    let limits = {
+        let mut l = Limits::default();
+        l.max_rest_body_bytes = 256;
+        l
     };
     let (s, log, _) = server(limits).await;
     let pad = "x".repeat(300);

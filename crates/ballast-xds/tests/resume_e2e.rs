@@ -42,8 +42,7 @@ async fn failover_to_newer_replica(mode: AdsMode) {
 
     // Replica 1 moves on to V2 while Envoy is connected to replica 0.
     servers[1]
-        .server
-        .cache()
+        .cache
         .set_snapshot("g", common::routed_snapshot("b", &[("b", &[b.addr()])]));
     let traffic = Traffic::start(TrafficConfig::new(addr, "web.example.com", "/").concurrency(3));
     wait_until(T, POLL, || async { traffic.report().ok_2xx >= 50 })

@@ -12,7 +12,7 @@ use ballast_xds::ResourceType::{
     Cluster as CDS, ClusterLoadAssignment as EDS, Listener as LDS, RouteConfiguration as RDS,
 };
 use ballast_xds::envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
-use ballast_xds::server::resume_guard::{ResumeGuardConfig, ResumeRelease};
+use ballast_xds::{ResumeGuardConfig, ResumeRelease};
 use ballast_xds::{SnapshotCache, XdsEvent, XdsServer};
 use common::client::{Delta, Sotw};
 use common::{EventLog, fixture};

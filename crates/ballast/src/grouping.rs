@@ -2,13 +2,14 @@
 //! the gateway named by its `node.cluster` (`namespace/name`, or `name` in
 //! namespace `default`); node metadata `ballast.gateway` overrides it.
 
+use ballast_xds::GroupError;
 use ballast_xds::envoy_types::pb::envoy::config::core::v3::Node;
 use ballast_xds::envoy_types::pb::google::protobuf::value::Kind;
 
 pub const METADATA_KEY: &str = "ballast.gateway";
 
 /// The group key (`namespace/name`) of the gateway a node serves.
-pub fn gateway_of(node: &Node) -> Result<String, String> {
+pub fn gateway_of(node: &Node) -> Result<String, GroupError> {
     let from_metadata = node
         .metadata
         .as_ref()
@@ -19,20 +20,20 @@ pub fn gateway_of(node: &Node) -> Result<String, String> {
         });
     let raw = from_metadata.unwrap_or(node.cluster.as_str()).trim();
     if raw.is_empty() {
-        return Err(format!(
+        return Err(GroupError::new(format!(
             "node {:?} names no gateway: set node.cluster to `namespace/name` or metadata {METADATA_KEY}",
             node.id
-        ));
+        )));
     }
     let (ns, name) = match raw.split_once('/') {
         Some((ns, name)) => (ns, name),
         None => ("default", raw),
     };
     if ns.is_empty() || name.is_empty() || name.contains('/') {
-        return Err(format!(
+        return Err(GroupError::new(format!(
             "node {:?}: {raw:?} is not `namespace/name`",
             node.id
-        ));
+        )));
     }
     Ok(format!("{ns}/{name}"))
 }

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use ballast_xds::ResourceType;
-use ballast_xds::snapshot::Snapshot;
+use ballast_xds::Snapshot;
 use prost::Message;
 
 #[derive(Clone, Debug)]

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ballast_xds::events::{StreamKind, XdsEvent, XdsObserver};
+use ballast_xds::{StreamKind, XdsEvent, XdsObserver};
 use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -255,7 +255,7 @@ impl Metrics {
                 f.get_or_create(&ty(t)).inc_by(0);
             }
         }
-        for limit in ballast_xds::server::limits::name::ALL {
+        for limit in ballast_xds::limits::name::ALL {
             m.limit_rejections
                 .get_or_create(&LimitLabel {
                     limit: limit.to_string(),
@@ -419,6 +419,9 @@ impl XdsObserver for MetricsObserver {
             XdsEvent::Rejected { .. } => {
                 m.xds_denied.inc();
             }
+            // Events added to the library later are not counted until
+            // a metric is defined for them.
+            _ => {}
         }
     }
 }

@@ -428,7 +428,7 @@ pub(crate) fn decode(ty: ResourceType, type_url: &str, value: &[u8]) -> Result<D
     if type_url != ty.type_url() {
         return Err(format!("resource of type {type_url} in a {ty} response"));
     }
-    let version = version_u64(&ballast_xds::version::content_version(value));
+    let version = version_u64(&ballast_xds::content_version(value));
     let err = |e: prost::DecodeError| format!("cannot decode {ty}: {e}");
     let (name, eds, rds) = match ty {
         ResourceType::Cluster => {

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use ballast_model::{ConfigError, ConfigSet};
+use ballast_model::{ConfigError, ConfigErrors, ConfigSet};
 use notify::{Config, PollWatcher, RecommendedWatcher, Watcher};
 use tokio::sync::{Notify, watch as tokio_watch};
 use tokio::time::{Instant, sleep, sleep_until};
@@ -99,20 +99,20 @@ impl Source for FileSource {
 /// Loads once, synchronously, strictly (for `ballast translate`): the set only if there is no
 /// error at all, else every error, sorted by file and position. Same discovery and rules as
 /// [`FileSource`]; kinds Ballast does not implement are skipped.
-pub fn load_paths(paths: &[PathBuf]) -> Result<ConfigSet, Vec<ConfigError>> {
+pub fn load_paths(paths: &[PathBuf]) -> Result<ConfigSet, ConfigErrors> {
     let loaded = walk::load(paths)?;
     if loaded.report.errors.is_empty() {
         Ok(loaded.set)
     } else {
-        Err(loaded.report.errors)
+        Err(loaded.report.errors.into())
     }
 }
 
 /// Loads once as a cold-started [`FileSource`] would (for `ballast validate`): the set that would
 /// be served and the report of every error and skipped object. `Err` only when a configured
 /// path cannot be walked.
-pub fn load_paths_report(paths: &[PathBuf]) -> Result<Loaded, Vec<ConfigError>> {
-    walk::load(paths)
+pub fn load_paths_report(paths: &[PathBuf]) -> Result<Loaded, ConfigErrors> {
+    Ok(walk::load(paths)?)
 }
 
 /// The blocking half of the source: the watches and the parse cache, moved to a blocking

@@ -6,6 +6,8 @@
 //! delivers a message, so a stream that owes the client nothing (resumed at
 //! the current versions) gets a response with no resources and no removals,
 //! which Envoy applies as an empty update and ACKs.
+// Reachable from outside only through `crate::internals` (feature `unstable-internals`).
+#![cfg_attr(not(feature = "unstable-internals"), allow(unreachable_pub))]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -320,6 +322,7 @@ pub struct DeltaMachine {
 }
 
 impl DeltaMachine {
+    /// A machine for ADS (`None`) or for one type's service.
     pub fn new(only: Option<ResourceType>) -> Self {
         DeltaMachine {
             only,
@@ -337,10 +340,12 @@ impl DeltaMachine {
 
     /// Splits responses at `bytes` instead of the 4 MiB default (a single
     /// resource larger than that still goes alone).
+    #[cfg_attr(not(feature = "unstable-internals"), allow(dead_code))]
     pub fn set_max_response_bytes(&mut self, bytes: usize) {
         self.max_response_bytes = bytes;
     }
 
+    /// The group's snapshot changed (or the cache became ready).
     pub fn set_snapshot(&mut self, snapshot: Option<Arc<Snapshot>>) {
         self.snapshot = snapshot;
     }
@@ -358,6 +363,8 @@ impl DeltaMachine {
         self.resume_released = true;
     }
 
+    /// Applies one client request: subscriptions, ACK or NACK.
+    #[cfg_attr(not(feature = "unstable-internals"), allow(dead_code))]
     pub fn handle_request(&mut self, req: &DeltaDiscoveryRequest) -> RequestOutcome {
         self.handle_request_with_history(req, &[])
     }
@@ -980,6 +987,7 @@ impl DeltaMachine {
             && resume_holds_removals(ty, |t| self.types[t.index()].is_some(), self)
     }
 
+    /// Per-type state, for status pages and CSDS.
     pub fn status(&self) -> Vec<TypeStatus> {
         ResourceType::ALL
             .into_iter()

@@ -19,9 +19,12 @@
 //! resets its reconnect backoff only when a message arrives ([`sotw`],
 //! [`delta`]).
 
-pub mod delta;
-pub mod sotw;
-pub mod subscription;
+pub(crate) mod delta;
+mod sorted;
+pub(crate) mod sotw;
+pub(crate) mod subscription;
+
+pub(crate) use sorted::Seeker;
 
 #[cfg(test)]
 mod sim;
@@ -34,43 +37,80 @@ use crate::snapshot::{ResourceMap, Snapshot};
 
 /// Outcome of one request, for status and metrics.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+#[cfg_attr(not(feature = "unstable-internals"), allow(unreachable_pub))]
 pub enum RequestOutcome {
     /// First request for a type on this stream, or a subscription change.
-    Subscribed { ty: ResourceType },
-    Ack {
+    Subscribed {
+        /// The type requested.
         ty: ResourceType,
+    },
+    /// The client accepted a response.
+    Ack {
+        /// The type acknowledged.
+        ty: ResourceType,
+        /// The version the client now holds.
         version: Arc<str>,
+        /// The nonce of the response acknowledged.
         nonce: Arc<str>,
     },
+    /// The client rejected a response (`error_detail` set); it keeps its previous version.
     Nack {
+        /// The type rejected.
         ty: ResourceType,
+        /// The version the client rejected.
         version: Arc<str>,
+        /// The nonce of the response rejected.
         nonce: Arc<str>,
+        /// The client's `error_detail` message.
         message: String,
     },
     /// A request carrying a nonce that is not the latest: ignored (SotW).
-    StaleNonce { ty: ResourceType, nonce: String },
+    StaleNonce {
+        /// The type of the request.
+        ty: ResourceType,
+        /// The nonce it carried.
+        nonce: String,
+    },
     /// A type this server does not serve; the request is ignored.
-    UnknownType { type_url: String },
+    UnknownType {
+        /// The type URL as sent.
+        type_url: String,
+    },
     /// A per-type service got a request for another type.
-    WrongType { type_url: String },
+    WrongType {
+        /// The type URL as sent.
+        type_url: String,
+    },
 }
 
 /// A response computed by a machine, before wire framing.
 #[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "unstable-internals"), allow(unreachable_pub))]
 pub struct SotwResponse {
+    /// The type of every resource in it.
     pub ty: ResourceType,
+    /// `version_info`.
     pub version: Arc<str>,
+    /// The response's nonce.
     pub nonce: Arc<str>,
+    /// The resources sent (all of the type, or the subscribed ones).
     pub resources: Arc<ResourceMap>,
 }
 
+/// A Delta response computed by a machine, before wire framing.
 #[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "unstable-internals"), allow(unreachable_pub))]
 pub struct DeltaResponse {
+    /// The type of every resource in it.
     pub ty: ResourceType,
+    /// `system_version_info` (the snapshot's version of the type).
     pub system_version: Arc<str>,
+    /// The response's nonce.
     pub nonce: Arc<str>,
+    /// Resources added or changed.
     pub resources: Vec<Arc<Resource>>,
+    /// Names the client must drop.
     pub removed: Vec<Arc<str>>,
 }
 
@@ -95,88 +135,6 @@ pub(crate) trait ClientViews {
     }
     /// Every resource the client holds or is being sent.
     fn for_each_held(&self, f: &mut dyn FnMut(&Resource));
-}
-
-/// Lookups of names in a sorted map, in one walk when they come in order
-/// (a resource's references are sorted): a route configuration naming
-/// thousands of clusters is checked in O(n) string compares, not O(n log n).
-/// A name far ahead is found by a range lookup (few names in a large map
-/// cost O(k log n), not a walk of the map); a name out of order falls back to
-/// a plain lookup.
-pub(crate) struct Seeker<'a, V = Arc<Resource>> {
-    map: &'a std::collections::BTreeMap<Arc<str>, V>,
-    iter: std::iter::Peekable<std::collections::btree_map::Range<'a, Arc<str>, V>>,
-    /// The greatest key behind the walk's position.
-    passed: Option<&'a Arc<str>>,
-}
-
-/// Steps a [`Seeker`] walks before it jumps with a range lookup instead.
-const SEEK_STEPS: usize = 8;
-
-impl<'a, V> Seeker<'a, V> {
-    pub(crate) fn new(map: &'a std::collections::BTreeMap<Arc<str>, V>) -> Self {
-        Seeker {
-            map,
-            iter: map.range::<str, _>(..).peekable(),
-            passed: None,
-        }
-    }
-
-    pub(crate) fn get(&mut self, name: &str) -> Option<&'a V> {
-        self.get_key_value(name).map(|(_, v)| v)
-    }
-
-    pub(crate) fn contains_key(&mut self, name: &str) -> bool {
-        self.get_key_value(name).is_some()
-    }
-
-    pub(crate) fn get_key_value(&mut self, name: &str) -> Option<(&'a Arc<str>, &'a V)> {
-        use std::ops::Bound::{Excluded, Included, Unbounded};
-        if self.passed.is_some_and(|p| name <= &**p) {
-            return self.map.get_key_value(name);
-        }
-        for _ in 0..SEEK_STEPS {
-            let &(k, v) = self.iter.peek()?;
-            // Names are mostly the map's own (interned) keys: equal by address.
-            let same = std::ptr::eq(k.as_ptr(), name.as_ptr()) && k.len() == name.len();
-            let order = if same {
-                std::cmp::Ordering::Equal
-            } else {
-                (**k).cmp(name)
-            };
-            match order {
-                std::cmp::Ordering::Less => {
-                    self.passed = Some(k);
-                    self.iter.next();
-                }
-                std::cmp::Ordering::Equal => {
-                    self.passed = Some(k);
-                    self.iter.next();
-                    return Some((k, v));
-                }
-                std::cmp::Ordering::Greater => return None,
-            }
-        }
-        // Far ahead: jump there.
-        self.passed = self
-            .map
-            .range::<str, _>((Unbounded, Excluded(name)))
-            .next_back()
-            .map(|(k, _)| k)
-            .or(self.passed);
-        self.iter = self
-            .map
-            .range::<str, _>((Included(name), Unbounded))
-            .peekable();
-        let &(k, v) = self.iter.peek()?;
-        if **k == *name {
-            self.passed = Some(k);
-            self.iter.next();
-            Some((k, v))
-        } else {
-            None
-        }
-    }
 }
 
 /// [`ClientViews::client_has`] for many names of one type.

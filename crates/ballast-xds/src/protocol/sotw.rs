@@ -9,6 +9,8 @@
 //! named watch only for resources present in the response, so it only ACKs);
 //! for a client that subscribes to none of those, its CDS or LDS state again at
 //! the same version (Envoy skips every resource whose hash is unchanged).
+// Reachable from outside only through `crate::internals` (feature `unstable-internals`).
+#![cfg_attr(not(feature = "unstable-internals"), allow(unreachable_pub))]
 
 use std::sync::Arc;
 
@@ -173,6 +175,7 @@ impl SotwMachine {
         self.resume_released = true;
     }
 
+    /// Applies one client request: subscription, ACK, NACK or stale nonce.
     pub fn handle_request(&mut self, req: &DiscoveryRequest) -> RequestOutcome {
         self.handle_request_with_history(req, &[])
     }
@@ -778,6 +781,7 @@ impl SotwMachine {
             .any(|r| r.hard && r.ty == ResourceType::Cluster && !f.resources.contains_key(&r.name))
     }
 
+    /// Per-type state, for status pages and CSDS.
     pub fn status(&self) -> Vec<TypeStatus> {
         ResourceType::ALL
             .into_iter()

@@ -13,13 +13,13 @@ use std::sync::Arc;
 use crate::resource::ResourceType;
 use crate::snapshot::ResourceMap;
 
-pub const WILDCARD: &str = "*";
+pub(crate) const WILDCARD: &str = "*";
 
 /// Whether an empty first request for `ty` subscribes to everything (legacy
 /// wildcard). Only LDS and CDS: answering an empty EDS request with every
 /// load assignment would make the server believe the client holds what it
 /// ignored, and a later request naming them would get nothing.
-pub fn empty_first_request_is_wildcard(ty: ResourceType) -> bool {
+pub(crate) fn empty_first_request_is_wildcard(ty: ResourceType) -> bool {
     matches!(ty, ResourceType::Listener | ResourceType::Cluster)
 }
 
@@ -40,7 +40,7 @@ impl Default for Names {
 
 /// The set of resource names one stream subscribes to, for one type.
 #[derive(Clone, Debug, Default)]
-pub struct Subscription {
+pub(crate) struct Subscription {
     wildcard: bool,
     /// Wildcard came from an empty first request: empty lists keep it on.
     legacy: bool,
@@ -66,43 +66,44 @@ fn intern(name: &str, known: Option<&Arc<ResourceMap>>) -> Arc<str> {
 }
 
 impl Subscription {
-    pub fn is_wildcard(&self) -> bool {
+    pub(crate) fn is_wildcard(&self) -> bool {
         self.wildcard
     }
     /// Explicitly subscribed names, sorted.
-    pub fn iter(&self) -> Box<dyn Iterator<Item = &Arc<str>> + '_> {
+    pub(crate) fn iter(&self) -> Box<dyn Iterator<Item = &Arc<str>> + '_> {
         match &self.names {
             Names::Owned(s) => Box::new(s.iter()),
             Names::Keys(m) => Box::new(m.keys()),
         }
     }
     /// Number of explicitly subscribed names.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match &self.names {
             Names::Owned(s) => s.len(),
             Names::Keys(m) => m.len(),
         }
     }
     /// Explicitly subscribed.
-    pub fn contains(&self, name: &str) -> bool {
+    pub(crate) fn contains(&self, name: &str) -> bool {
         match &self.names {
             Names::Owned(s) => s.contains(name),
             Names::Keys(m) => m.contains_key(name),
         }
     }
-    pub fn covers(&self, name: &str) -> bool {
+    pub(crate) fn covers(&self, name: &str) -> bool {
         self.wildcard || self.contains(name)
     }
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         !self.wildcard && self.len() == 0
     }
     /// The names are shared with `map`'s keys (O(1); false does not mean
     /// they differ).
-    pub fn is_keys_of(&self, map: &Arc<ResourceMap>) -> bool {
+    pub(crate) fn is_keys_of(&self, map: &Arc<ResourceMap>) -> bool {
         matches!(&self.names, Names::Keys(m) if Arc::ptr_eq(m, map))
     }
     /// The names are exactly the keys of `map` (cheap when shared).
-    pub fn names_are_keys_of(&self, map: &Arc<ResourceMap>) -> bool {
+    pub(crate) fn names_are_keys_of(&self, map: &Arc<ResourceMap>) -> bool {
         match &self.names {
             Names::Keys(m) if Arc::ptr_eq(m, map) => true,
             _ => self.len() == map.len() && self.iter().zip(map.keys()).all(|(a, b)| a == b),
@@ -111,7 +112,7 @@ impl Subscription {
 
     /// Shares `map`'s keys when they are exactly the subscribed names, and
     /// otherwise interns the names with them. O(names).
-    pub fn share_with(&mut self, map: &Arc<ResourceMap>) {
+    pub(crate) fn share_with(&mut self, map: &Arc<ResourceMap>) {
         if matches!(&self.names, Names::Keys(m) if Arc::ptr_eq(m, map)) {
             return;
         }
@@ -133,7 +134,7 @@ impl Subscription {
 
     /// Moves shared names to `map` when its keys are the same (so an old map
     /// is not kept alive): O(1) with the snapshot's recorded changes.
-    pub fn follow(
+    pub(crate) fn follow(
         &mut self,
         map: &Arc<ResourceMap>,
         keys_same: impl FnOnce(&Arc<ResourceMap>) -> bool,
@@ -176,13 +177,14 @@ impl Subscription {
     /// Applies a State-of-the-World request's full `resource_names` list.
     /// Returns the names that became subscribed (and `"*"` if wildcard was turned on),
     /// which must be answered even if nothing changed.
-    pub fn apply_sotw(&mut self, names: &[String], first: bool) -> Vec<Arc<str>> {
+    #[cfg(test)]
+    pub(crate) fn apply_sotw(&mut self, names: &[String], first: bool) -> Vec<Arc<str>> {
         self.apply_sotw_with(names, first, None).0
     }
 
     /// [`Subscription::apply_sotw`], interning names with `known` (the
     /// snapshot's map for the type); also says whether anything changed.
-    pub fn apply_sotw_with(
+    pub(crate) fn apply_sotw_with(
         &mut self,
         names: &[String],
         first: bool,
@@ -230,7 +232,8 @@ impl Subscription {
 
     /// Applies a Delta request's subscribe/unsubscribe lists.
     /// Returns newly subscribed names (and `"*"` if wildcard was turned on).
-    pub fn apply_delta(
+    #[cfg(test)]
+    pub(crate) fn apply_delta(
         &mut self,
         subscribe: &[String],
         unsubscribe: &[String],
@@ -277,7 +280,7 @@ impl Subscription {
         Some(names)
     }
 
-    pub fn apply_delta_with(
+    pub(crate) fn apply_delta_with(
         &mut self,
         subscribe: &[String],
         unsubscribe: &[String],

@@ -25,8 +25,11 @@ pub enum Access {
 pub struct AdmissionRequest<'a> {
     /// `None` on a plaintext connection or a TLS one without a client certificate.
     pub peer: Option<&'a PeerIdentity>,
+    /// The node as it identified itself.
     pub node: &'a Node,
+    /// The group the grouper placed it in.
     pub group: &'a str,
+    /// What it asks for.
     pub access: Access,
 }
 
@@ -34,12 +37,16 @@ pub struct AdmissionRequest<'a> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("identity {identity} may not be served {group}{}", reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default())]
 pub struct Rejection {
+    /// The peer's identity (or `(no client certificate)`).
     pub identity: String,
+    /// The group refused.
     pub group: String,
+    /// Why, when the policy says.
     pub reason: Option<String>,
 }
 
 impl Rejection {
+    /// A refusal of `group` to `peer`, without a reason.
     pub fn new(peer: Option<&PeerIdentity>, group: &str) -> Rejection {
         Rejection {
             identity: peer
@@ -57,8 +64,11 @@ pub type Admission = Arc<dyn Fn(&AdmissionRequest<'_>) -> Result<(), Rejection> 
 /// A refused stream or fetch, kept for status pages.
 #[derive(Debug, Clone)]
 pub struct RejectionRecord {
+    /// When.
     pub at: SystemTime,
+    /// The node's id.
     pub node: String,
+    /// What was refused.
     pub rejection: Rejection,
 }
 
@@ -69,7 +79,7 @@ pub(crate) struct RejectionLog {
 }
 
 /// How many refusals [`RejectionLog`] keeps.
-pub const REJECTIONS_KEPT: usize = 64;
+pub(crate) const REJECTIONS_KEPT: usize = 64;
 
 impl RejectionLog {
     pub(crate) fn push(&self, node: &Node, rejection: &Rejection) {

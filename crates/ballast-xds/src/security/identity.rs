@@ -4,9 +4,12 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+#[cfg(feature = "tls")]
 use x509_parser::extensions::GeneralName;
+#[cfg(feature = "tls")]
 use x509_parser::prelude::{FromDer, X509Certificate};
 
+#[cfg(feature = "tls")]
 use super::SecurityError;
 
 /// What a verified client certificate says about its holder. Only the
@@ -24,6 +27,7 @@ pub struct PeerIdentity {
 }
 
 impl PeerIdentity {
+    #[cfg(feature = "tls")]
     /// Parses a DER certificate (x509-parser: a maintained, pure-Rust parser
     /// from the rusticata project; rustls exposes no SAN accessors).
     pub fn from_der(der: &[u8]) -> Result<PeerIdentity, SecurityError> {
@@ -60,7 +64,9 @@ impl PeerIdentity {
 /// listener (tonic's `Connected`): where it comes from and, with mTLS, who it is.
 #[derive(Debug, Clone, Default)]
 pub struct ConnInfo {
+    /// The peer's address.
     pub remote: Option<SocketAddr>,
+    /// Its client certificate's identity (mTLS only).
     pub peer: Option<Arc<PeerIdentity>>,
 }
 

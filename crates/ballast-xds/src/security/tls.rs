@@ -8,10 +8,8 @@
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -19,17 +17,17 @@ use rustls::RootCertStore;
 use rustls::server::{ServerConfig, WebPkiClientVerifier};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::SecurityError;
-use super::identity::{ConnInfo, PeerIdentity};
+use super::identity::PeerIdentity;
+use super::listen::{ServerConn, conn_info};
 
 /// A client that has not finished its handshake by then is dropped (a
 /// silent client must not hold a task forever).
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the xDS port's certificate material lives (PEM files).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,6 +144,7 @@ impl TlsReloader {
         })
     }
 
+    /// The files this reloader reads.
     pub fn files(&self) -> &TlsFiles {
         &self.files
     }
@@ -206,124 +205,9 @@ impl TlsReloader {
     }
 }
 
-/// One accepted connection on the xDS port, plaintext or TLS; tells tonic
-/// (and through request extensions, the handlers) who is on the other end.
-pub enum ServerConn {
-    Plain(TcpStream, ConnInfo),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>, ConnInfo),
-}
-
-impl tonic::transport::server::Connected for ServerConn {
-    type ConnectInfo = ConnInfo;
-    fn connect_info(&self) -> ConnInfo {
-        match self {
-            ServerConn::Plain(_, c) | ServerConn::Tls(_, c) => c.clone(),
-        }
-    }
-}
-
-impl AsyncRead for ServerConn {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ServerConn::Plain(s, _) => Pin::new(s).poll_read(cx, buf),
-            ServerConn::Tls(s, _) => Pin::new(s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for ServerConn {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ServerConn::Plain(s, _) => Pin::new(s).poll_write(cx, buf),
-            ServerConn::Tls(s, _) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ServerConn::Plain(s, _) => Pin::new(s).poll_write_vectored(cx, bufs),
-            ServerConn::Tls(s, _) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
-    }
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            ServerConn::Plain(s, _) => s.is_write_vectored(),
-            ServerConn::Tls(s, _) => s.is_write_vectored(),
-        }
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ServerConn::Plain(s, _) => Pin::new(s).poll_flush(cx),
-            ServerConn::Tls(s, _) => Pin::new(s).poll_flush(cx),
-        }
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ServerConn::Plain(s, _) => Pin::new(s).poll_shutdown(cx),
-            ServerConn::Tls(s, _) => Pin::new(s).poll_shutdown(cx),
-        }
-    }
-}
-
-/// Accepted connections for tonic: TLS handshakes run in their own tasks so
-/// a slow or hostile client never delays the others. Ends when the server
-/// drops the stream.
-pub fn incoming(
-    listener: TcpListener,
-    tls: Option<Arc<TlsReloader>>,
-) -> tokio_stream::wrappers::ReceiverStream<io::Result<ServerConn>> {
-    let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                _ = tx.closed() => return,
-                r = listener.accept() => r,
-            };
-            let (tcp, remote) = match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    warn!(error = %e, "xDS accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            match &tls {
-                None => {
-                    let conn = ServerConn::Plain(tcp, conn_info(remote, None));
-                    if tx.send(Ok(conn)).await.is_err() {
-                        return;
-                    }
-                }
-                Some(tls) => {
-                    let (tls, tx) = (tls.clone(), tx.clone());
-                    tokio::spawn(async move { handshake(tls, tcp, remote, tx).await });
-                }
-            }
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
-}
-
-fn conn_info(remote: SocketAddr, peer: Option<Arc<PeerIdentity>>) -> ConnInfo {
-    ConnInfo {
-        remote: Some(remote),
-        peer,
-    }
-}
-
-async fn handshake(
+/// Completes a TLS handshake (bounded by [`HANDSHAKE_TIMEOUT`]) and hands
+/// the connection, with the client certificate's identity, to the server.
+pub(crate) async fn handshake(
     tls: Arc<TlsReloader>,
     tcp: TcpStream,
     remote: SocketAddr,

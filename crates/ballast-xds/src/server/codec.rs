@@ -6,16 +6,15 @@
 //! copied per stream), while the hand-framed fields and small resources are
 //! copied into short-lived chunks (an HTTP/2 DATA frame and a body poll cost
 //! more than copying a few hundred bytes). Nothing is kept per stream between
-//! messages. [`XdsCodec`] (prost decoding, hand encoding) serves unary Fetch.
+//! messages.
+// Reachable from outside only through `crate::internals` (feature `unstable-internals`).
+#![cfg_attr(not(feature = "unstable-internals"), allow(unreachable_pub))]
 
 use std::collections::VecDeque;
-use std::marker::PhantomData;
 use std::ops::Bound;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use tonic::Status;
-use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
 
 use crate::protocol::{DeltaResponse, SotwResponse};
 use crate::wire::{
@@ -24,7 +23,10 @@ use crate::wire::{
 
 /// A message written by hand onto the wire.
 pub trait WireMessage {
+    /// Exact encoded size.
     fn encoded_len(&self) -> usize;
+    /// Writes the message (no length prefix).
+    #[cfg_attr(not(feature = "unstable-internals"), allow(dead_code))]
     fn encode_raw(&self, buf: &mut impl BufMut);
 }
 
@@ -120,7 +122,7 @@ pub(crate) const CHUNK: usize = 16 * 1024;
 
 /// The chunks of one gRPC message being written: a 5-byte gRPC header, then
 /// the message (total `len` bytes after the header).
-pub struct Chunks {
+pub(crate) struct Chunks {
     staging: BytesMut,
     ready: VecDeque<Bytes>,
     /// Bytes of the framed message (header included) not yet staged or shared.
@@ -129,7 +131,7 @@ pub struct Chunks {
 
 impl Chunks {
     /// Starts a gRPC message of `len` bytes (uncompressed).
-    pub fn new(len: usize) -> Self {
+    pub(crate) fn new(len: usize) -> Self {
         let mut c = Chunks {
             staging: BytesMut::new(),
             ready: VecDeque::new(),
@@ -189,7 +191,7 @@ impl Chunks {
         !self.ready.is_empty()
     }
 
-    pub fn pop(&mut self) -> Option<Bytes> {
+    pub(crate) fn pop(&mut self) -> Option<Bytes> {
         self.ready.pop_front()
     }
 
@@ -202,7 +204,7 @@ impl Chunks {
 
 /// Where a chunked write stands.
 #[derive(Debug, Default)]
-pub struct WritePos {
+pub(crate) struct WritePos {
     phase: u8,
     index: usize,
     last: Option<Arc<str>>,
@@ -210,7 +212,7 @@ pub struct WritePos {
 
 /// A message written as chunks, resumably: each call writes until a chunk is
 /// ready, so only the chunks the transport can take exist at a time.
-pub trait ChunkedMessage: WireMessage {
+pub(crate) trait ChunkedMessage: WireMessage {
     /// Writes on from `pos` until `out` has a chunk ready or the message is
     /// complete; returns `true` once complete (all chunks then ready in `out`).
     fn write_chunks(&self, pos: &mut WritePos, out: &mut Chunks) -> bool;
@@ -313,55 +315,6 @@ impl ChunkedMessage for DeltaResponse {
         out.put(control_plane_len(7), |b| put_control_plane(b, 7));
         out.finish();
         true
-    }
-}
-
-/// Codec: `E` written by hand, `D` decoded by prost.
-pub struct XdsCodec<E, D>(PhantomData<fn(E) -> D>);
-
-impl<E, D> Default for XdsCodec<E, D> {
-    fn default() -> Self {
-        XdsCodec(PhantomData)
-    }
-}
-
-/// Small initial buffer: an idle stream should cost little memory (docs/architecture.md §3).
-fn buffer() -> BufferSettings {
-    BufferSettings::new(4 * 1024, 32 * 1024)
-}
-
-impl<E, D> Codec for XdsCodec<E, D>
-where
-    E: WireMessage + Send + 'static,
-    D: prost::Message + Default + Send + 'static,
-{
-    type Encode = E;
-    type Decode = D;
-    type Encoder = WireEncoder<E>;
-    type Decoder = tonic_prost::ProstDecoder<D>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        WireEncoder(PhantomData)
-    }
-    fn decoder(&mut self) -> Self::Decoder {
-        tonic_prost::ProstDecoder::new(BufferSettings::default())
-    }
-}
-
-pub struct WireEncoder<E>(PhantomData<fn(E)>);
-
-impl<E: WireMessage> Encoder for WireEncoder<E> {
-    type Item = E;
-    type Error = Status;
-
-    fn encode(&mut self, item: E, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.reserve(item.encoded_len());
-        item.encode_raw(dst);
-        Ok(())
-    }
-
-    fn buffer_settings(&self) -> BufferSettings {
-        buffer()
     }
 }
 

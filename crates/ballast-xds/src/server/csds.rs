@@ -30,7 +30,7 @@ pub(crate) fn csds_service(server: XdsServer) -> ClientStatusDiscoveryServiceSer
     ClientStatusDiscoveryServiceServer::new(Csds(server))
 }
 
-pub struct Csds(XdsServer);
+pub(crate) struct Csds(XdsServer);
 
 /// `StringMatcher` as Envoy applies it: `ignore_case` for exact, prefix,
 /// suffix and contains; `safe_regex` must match the whole string.
@@ -148,7 +148,7 @@ fn value_matches(m: &ValueMatcher, v: Option<&Value>, at: &str) -> Result<bool, 
 }
 
 /// A `NodeMatcher` (AND of its node id matcher and every metadata matcher).
-pub fn node_matches(m: &NodeMatcher, node: &Node, at: &str) -> Result<bool, Status> {
+pub(crate) fn node_matches(m: &NodeMatcher, node: &Node, at: &str) -> Result<bool, Status> {
     if let Some(sm) = &m.node_id
         && !string_matches(sm, &node.id, &format!("{at}.node_id"))?
     {
@@ -171,13 +171,14 @@ impl Csds {
     /// Answers one request: every connected node that any of
     /// `node_matchers` matches (all nodes when there are none). `req.node`
     /// identifies the requester, as the spec says; it does not filter.
-    pub fn status(&self, req: &ClientStatusRequest) -> Result<ClientStatusResponse, Status> {
+    #[cfg(test)]
+    pub(crate) fn status(&self, req: &ClientStatusRequest) -> Result<ClientStatusResponse, Status> {
         self.status_for(req, None)
     }
 
     /// [`Csds::status`] as seen by `peer`: only nodes the admission policy
     /// lets it see (all of them without a policy).
-    pub fn status_for(
+    pub(crate) fn status_for(
         &self,
         req: &ClientStatusRequest,
         peer: Option<&crate::security::PeerIdentity>,

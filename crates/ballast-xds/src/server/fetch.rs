@@ -10,20 +10,9 @@ use crate::protocol::SotwResponse;
 use crate::protocol::sotw::SotwMachine;
 use crate::resource::ResourceType;
 
-/// Computes the response to a one-shot request. `Ok(None)`: the client's
-/// `version_info` is already current (REST answers 304 Not Modified).
-/// Anonymous: under an admission policy, see [`fetch_as`].
-pub async fn fetch(
-    server: &XdsServer,
-    ty: ResourceType,
-    req: &DiscoveryRequest,
-) -> Result<Option<SotwResponse>, Status> {
-    fetch_as(server, ty, req, None).await
-}
-
-/// [`fetch`] on behalf of `peer` (the client certificate's identity), which
+/// Computes the response to a one-shot request on behalf of `peer` (the client certificate's identity), which
 /// the server's admission policy must admit for the node's group.
-pub async fn fetch_as(
+pub(crate) async fn fetch_as(
     server: &XdsServer,
     ty: ResourceType,
     req: &DiscoveryRequest,
@@ -54,7 +43,7 @@ pub async fn fetch_as(
             false,
         ));
     }
-    let group = (shared.grouper)(node).map_err(Status::invalid_argument)?;
+    let group = (shared.grouper)(node).map_err(|e| Status::invalid_argument(e.to_string()))?;
     shared.admit(peer, node, &group)?;
     // A fetch may wait long (held until ready): it counts as a stream.
     let _permit = shared

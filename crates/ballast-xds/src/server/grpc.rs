@@ -22,7 +22,7 @@ use crate::protocol::sotw::SotwMachine;
 use crate::resource::ResourceType;
 
 /// A gRPC xDS service: its name and the one type it serves (`None` = ADS).
-pub trait ServiceSpec: Send + Sync + 'static {
+pub(crate) trait ServiceSpec: Send + Sync + 'static {
     const NAME: &'static str;
     const TYPE: Option<ResourceType>;
 }
@@ -30,7 +30,7 @@ pub trait ServiceSpec: Send + Sync + 'static {
 macro_rules! spec {
     ($name:ident, $svc:literal, $ty:expr) => {
         #[derive(Debug, Clone, Copy)]
-        pub struct $name;
+        pub(crate) struct $name;
         impl ServiceSpec for $name {
             const NAME: &'static str = $svc;
             const TYPE: Option<ResourceType> = $ty;
@@ -69,7 +69,7 @@ spec!(
     Some(ResourceType::Secret)
 );
 
-pub struct XdsService<S> {
+pub(crate) struct XdsService<S> {
     server: XdsServer,
     _spec: PhantomData<S>,
 }
@@ -84,7 +84,7 @@ impl<S> Clone for XdsService<S> {
 }
 
 impl<S: ServiceSpec> XdsService<S> {
-    pub fn new(server: XdsServer) -> Self {
+    pub(crate) fn new(server: XdsServer) -> Self {
         XdsService {
             server,
             _spec: PhantomData,
@@ -123,7 +123,18 @@ where
         let server = self.server.clone();
         Box::pin(async move {
             let is_ads = S::TYPE.is_none();
-            let resp = if method.starts_with("Stream") {
+            let (sotw, delta) = (server.shared.sotw, server.shared.delta);
+            let resp = if (method.starts_with("Stream") || method.starts_with("Fetch")) && !sotw {
+                Status::unimplemented(
+                    "State-of-the-World xDS is disabled on this server; use Delta",
+                )
+                .into_http()
+            } else if method.starts_with("Delta") && !delta {
+                Status::unimplemented(
+                    "Delta xDS is disabled on this server; use State-of-the-World",
+                )
+                .into_http()
+            } else if method.starts_with("Stream") {
                 streaming(
                     server,
                     SotwMachine::new(S::TYPE),

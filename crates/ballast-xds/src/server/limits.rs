@@ -18,6 +18,7 @@ use crate::events::{XdsEvent, XdsObserver};
 /// Server limits; see each field for its default. Configure with
 /// [`super::XdsServerBuilder::limits`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Limits {
     /// Largest gRPC request message (default 4 MiB, gRPC's own default).
     pub max_request_bytes: usize,
@@ -57,13 +58,21 @@ impl Default for Limits {
 
 /// The label of each limit, as reported in [`XdsEvent::LimitExceeded`].
 pub mod name {
+    /// [`Limits::max_request_bytes`](super::Limits::max_request_bytes).
     pub const REQUEST_BYTES: &str = "request_bytes";
+    /// [`Limits::max_resource_names`](super::Limits::max_resource_names).
     pub const RESOURCE_NAMES: &str = "resource_names";
+    /// [`Limits::max_streams_per_connection`](super::Limits::max_streams_per_connection).
     pub const STREAMS_PER_CONNECTION: &str = "streams_per_connection";
+    /// [`Limits::max_streams_per_node`](super::Limits::max_streams_per_node).
     pub const STREAMS_PER_NODE: &str = "streams_per_node";
+    /// [`Limits::max_streams`](super::Limits::max_streams).
     pub const STREAMS: &str = "streams";
+    /// [`Limits::max_node_id_bytes`](super::Limits::max_node_id_bytes).
     pub const NODE_ID_BYTES: &str = "node_id_bytes";
+    /// [`Limits::max_node_metadata_bytes`](super::Limits::max_node_metadata_bytes).
     pub const NODE_METADATA_BYTES: &str = "node_metadata_bytes";
+    /// [`Limits::max_rest_body_bytes`](super::Limits::max_rest_body_bytes).
     pub const REST_BODY_BYTES: &str = "rest_body_bytes";
     /// Every limit name.
     pub const ALL: [&str; 8] = [

@@ -5,14 +5,16 @@
 //! `fetch.rs` (unary Fetch and REST-JSON), `csds.rs` (client status).
 
 mod body;
-pub mod codec;
-pub mod csds;
-pub mod fetch;
-pub mod grpc;
+pub(crate) mod codec;
+#[cfg(feature = "csds")]
+pub(crate) mod csds;
+pub(crate) mod fetch;
+pub(crate) mod grpc;
 pub mod limits;
-pub mod rest;
-pub mod resume_guard;
-pub mod stream;
+#[cfg(feature = "rest")]
+pub(crate) mod rest;
+pub(crate) mod resume_guard;
+pub(crate) mod stream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,28 +24,70 @@ use envoy_types::pb::envoy::config::core::v3::Node;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::SnapshotCache;
+use crate::cache::XdsCache;
 use crate::events::{NoopObserver, XdsObserver};
 use crate::registry::{DEFAULT_GRACE, NodeRegistry};
+#[cfg(feature = "tls")]
+use crate::security::TlsReloader;
 use crate::security::admission::RejectionLog;
-use crate::security::{
-    Access, Admission, AdmissionRequest, PeerIdentity, RejectionRecord, TlsReloader,
-};
-pub use limits::Limits;
+use crate::security::listen::TlsHandle;
+use crate::security::{Access, Admission, AdmissionRequest, PeerIdentity, RejectionRecord};
+pub(crate) use limits::Limits;
 
-/// Maps a node to the group whose snapshot it is served; an error closes the
-/// stream with that message.
-pub type NodeGrouper = Arc<dyn Fn(&Node) -> Result<String, String> + Send + Sync>;
+/// Maps a node to the group whose snapshot it is served (go-control-plane's
+/// `NodeHash`); an error closes the stream with `INVALID_ARGUMENT` carrying
+/// its message.
+pub type NodeGrouper = Arc<dyn Fn(&Node) -> Result<String, GroupError> + Send + Sync>;
+
+/// Why a [`NodeGrouper`] could not place a node in a group; its message is
+/// what the client sees in the stream's status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct GroupError {
+    message: String,
+}
+
+impl GroupError {
+    /// An error whose message names what is wrong with the node.
+    pub fn new(message: impl Into<String>) -> Self {
+        GroupError {
+            message: message.into(),
+        }
+    }
+
+    /// The message the client is told.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
 
 /// Groups nodes by their id (the library default).
 pub fn group_by_node_id() -> NodeGrouper {
     Arc::new(|node: &Node| {
         if node.id.is_empty() {
-            Err("node.id is empty".to_string())
+            Err(GroupError::new("node.id is empty"))
         } else {
             Ok(node.id.clone())
         }
     })
+}
+
+/// Why [`XdsServer::serve`] stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The address could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address that was asked for.
+        addr: SocketAddr,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gRPC transport failed while serving.
+    #[error("serving xDS: {0}")]
+    Transport(#[from] tonic::transport::Error),
 }
 
 /// How long [`XdsServer::serve_with_shutdown`] waits for connections to
@@ -53,12 +97,12 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// The status every open stream ends with when the server shuts down: Envoy
 /// (and gRPC clients) keep their config and retry UNAVAILABLE, reconnecting to
 /// whichever replica answers.
-pub fn shutting_down() -> tonic::Status {
+pub(crate) fn shutting_down() -> tonic::Status {
     tonic::Status::unavailable("the xDS server is shutting down")
 }
 
 pub(crate) struct Shared {
-    pub cache: SnapshotCache,
+    pub cache: Arc<dyn XdsCache>,
     pub registry: NodeRegistry,
     pub grouper: NodeGrouper,
     pub limits: Limits,
@@ -68,10 +112,14 @@ pub(crate) struct Shared {
     /// watches; cancelled once, when shutdown begins.
     pub drain: CancellationToken,
     pub shutdown_grace: Duration,
-    pub tls: Option<Arc<TlsReloader>>,
+    pub tls: Option<TlsHandle>,
     pub admission: Option<Admission>,
     pub rejections: RejectionLog,
     pub resume_guard: Option<resume_guard::ResumeGuardConfig>,
+    /// Whether State-of-the-World (streams and unary Fetch) is served.
+    pub sotw: bool,
+    /// Whether Delta streams are served.
+    pub delta: bool,
 }
 
 impl Shared {
@@ -105,6 +153,7 @@ impl Shared {
     }
 
     /// Whether `peer` may read the status of `node` (CSDS); no record.
+    #[cfg(feature = "csds")]
     pub(crate) fn may_see(&self, peer: Option<&PeerIdentity>, node: &Node, group: &str) -> bool {
         self.admission.as_ref().is_none_or(|a| {
             a(&AdmissionRequest {
@@ -118,30 +167,49 @@ impl Shared {
     }
 }
 
-/// An xDS management server over a [`SnapshotCache`].
+/// An xDS management server over an [`XdsCache`] (usually a
+/// [`SnapshotCache`](crate::SnapshotCache)).
 #[derive(Clone)]
 pub struct XdsServer {
     pub(crate) shared: Arc<Shared>,
 }
 
+/// Configures an [`XdsServer`]; start with [`XdsServer::builder`].
 pub struct XdsServerBuilder {
-    cache: SnapshotCache,
+    cache: Arc<dyn XdsCache>,
     grouper: NodeGrouper,
     observer: Arc<dyn XdsObserver>,
     grace: Duration,
     limits: Limits,
     shutdown_grace: Duration,
-    tls: Option<Arc<TlsReloader>>,
+    tls: Option<TlsHandle>,
     admission: Option<Admission>,
     resume_guard: Option<resume_guard::ResumeGuardConfig>,
+    sotw: bool,
+    delta: bool,
 }
 
 impl XdsServerBuilder {
+    /// Serve State-of-the-World streams and unary Fetch (default `true`).
+    /// Off, they are answered `UNIMPLEMENTED` naming the protocol: for a
+    /// Delta-only deployment, where a client configured for SotW must fail
+    /// loudly rather than be served.
+    pub fn sotw(mut self, enabled: bool) -> Self {
+        self.sotw = enabled;
+        self
+    }
+    /// Serve Delta (incremental) streams (default `true`); off, they are
+    /// answered `UNIMPLEMENTED`.
+    pub fn delta(mut self, enabled: bool) -> Self {
+        self.delta = enabled;
+        self
+    }
     /// Limits on request sizes, names per request, streams and node sizes.
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
         self
     }
+    #[cfg(feature = "tls")]
     /// Serve TLS (or mTLS, when the files name a client CA) instead of
     /// plaintext; gRPC and REST-JSON alike. The files are re-read when they
     /// change (see [`TlsReloader`]). Use [`TlsReloader::new`] to load them.
@@ -159,16 +227,18 @@ impl XdsServerBuilder {
         self
     }
     /// Holds a resuming client's first push when it would remove more than
-    /// a share of what the client reports holding (see [`resume_guard`]);
+    /// a share of what the client reports holding (see [`ResumeGuardConfig`](crate::ResumeGuardConfig));
     /// off by default.
     pub fn resume_guard(mut self, cfg: Option<resume_guard::ResumeGuardConfig>) -> Self {
         self.resume_guard = cfg;
         self
     }
+    /// How nodes map to groups (default: [`group_by_node_id`]).
     pub fn grouper(mut self, grouper: NodeGrouper) -> Self {
         self.grouper = grouper;
         self
     }
+    /// Receives every stream event (default: none).
     pub fn observer(mut self, observer: Arc<dyn XdsObserver>) -> Self {
         self.observer = observer;
         self
@@ -186,6 +256,8 @@ impl XdsServerBuilder {
         self.shutdown_grace = grace;
         self
     }
+    /// The server; serve it with [`XdsServer::serve_with_shutdown`] or mount
+    /// [`XdsServer::routes`] in your own tonic server.
     pub fn build(self) -> XdsServer {
         XdsServer {
             shared: Arc::new(Shared {
@@ -201,15 +273,19 @@ impl XdsServerBuilder {
                 admission: self.admission,
                 rejections: RejectionLog::default(),
                 resume_guard: self.resume_guard,
+                sotw: self.sotw,
+                delta: self.delta,
             }),
         }
     }
 }
 
 impl XdsServer {
-    pub fn builder(cache: SnapshotCache) -> XdsServerBuilder {
+    /// A server over `cache`, with library defaults for everything else.
+    /// Takes any [`XdsCache`]: a [`SnapshotCache`](crate::SnapshotCache), or your own.
+    pub fn builder(cache: impl XdsCache) -> XdsServerBuilder {
         XdsServerBuilder {
-            cache,
+            cache: Arc::new(cache),
             grouper: group_by_node_id(),
             observer: Arc::new(NoopObserver),
             grace: DEFAULT_GRACE,
@@ -218,6 +294,8 @@ impl XdsServer {
             tls: None,
             admission: None,
             resume_guard: None,
+            sotw: true,
+            delta: true,
         }
     }
 
@@ -230,14 +308,17 @@ impl XdsServer {
         self.shared.drain.cancel();
     }
 
+    /// Whether [`shutdown`](Self::shutdown) began.
     pub fn is_shutting_down(&self) -> bool {
         self.shared.drain.is_cancelled()
     }
 
-    pub fn cache(&self) -> &SnapshotCache {
-        &self.shared.cache
+    /// The cache it serves.
+    pub fn cache(&self) -> &dyn XdsCache {
+        &*self.shared.cache
     }
 
+    /// The nodes it knows and their sync state (go-control-plane's `GetStatusInfo`).
     pub fn registry(&self) -> &NodeRegistry {
         &self.shared.registry
     }
@@ -248,6 +329,7 @@ impl XdsServer {
     }
 
     /// The TLS configuration of the xDS port, if any.
+    #[cfg(feature = "tls")]
     pub fn tls(&self) -> Option<&Arc<TlsReloader>> {
         self.shared.tls.as_ref()
     }
@@ -263,9 +345,12 @@ impl XdsServer {
             .add_service(XdsService::<Eds>::new(self.clone()))
             .add_service(XdsService::<Lds>::new(self.clone()))
             .add_service(XdsService::<Rds>::new(self.clone()))
-            .add_service(XdsService::<Sds>::new(self.clone()))
-            .add_service(csds::csds_service(self.clone()));
+            .add_service(XdsService::<Sds>::new(self.clone()));
+        #[cfg(feature = "csds")]
+        routes.add_service(csds::csds_service(self.clone()));
+        #[allow(unused_mut)]
         let mut routes = routes.routes();
+        #[cfg(feature = "rest")]
         rest::add_routes(self, routes.axum_router_mut());
         routes
     }
@@ -282,7 +367,7 @@ impl XdsServer {
     ) -> Result<(), tonic::transport::Error> {
         let drain = self.shared.drain.clone();
         let grace = self.shared.shutdown_grace;
-        let incoming = crate::security::tls::incoming(listener, self.shared.tls.clone());
+        let incoming = crate::security::listen::incoming(listener, self.shared.tls.as_ref());
         // tonic stops accepting and closes idle connections on the same
         // signal the streams watch.
         let serve = tonic::transport::Server::builder()
@@ -314,16 +399,13 @@ impl XdsServer {
         }
     }
 
-    /// Binds `addr` and serves forever.
-    pub async fn serve(self, addr: SocketAddr) -> anyhow_like::Result<()> {
-        let listener = TcpListener::bind(addr).await?;
+    /// Binds `addr` and serves until [`shutdown`](Self::shutdown) is called.
+    pub async fn serve(self, addr: SocketAddr) -> Result<(), ServeError> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr, source })?;
         self.serve_with_shutdown(listener, std::future::pending())
             .await?;
         Ok(())
     }
-}
-
-/// Minimal error plumbing for `serve` without pulling anyhow into the library.
-pub mod anyhow_like {
-    pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 }

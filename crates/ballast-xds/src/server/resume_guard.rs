@@ -37,7 +37,7 @@ use crate::snapshot::Snapshot;
 
 /// How long a resuming stream waits for the first requests of the other types
 /// before it judges with what it has.
-pub const GATHER: Duration = Duration::from_secs(1);
+pub(crate) const GATHER: Duration = Duration::from_secs(1);
 
 /// Configuration of the resume guard ([`crate::server::XdsServerBuilder::resume_guard`]).
 #[derive(Clone, Debug, PartialEq)]
@@ -61,7 +61,7 @@ impl Default for ResumeGuardConfig {
 
 /// What the first request of a type says the client holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Reported {
+pub(crate) enum Reported {
     /// Names of the resources held (Delta; SotW EDS/RDS/SDS).
     Names(BTreeSet<String>),
     /// A type version (SotW LDS/CDS): the names are those of the snapshot
@@ -70,7 +70,7 @@ pub enum Reported {
 }
 
 /// A request that may report what the client holds from an earlier stream.
-pub trait ReportsHoldings {
+pub(crate) trait ReportsHoldings {
     /// The type and what the client says it holds; `None` when it reports
     /// nothing (a client that holds nothing, or an unknown type).
     fn reported(&self) -> Option<(ResourceType, Reported)>;
@@ -133,7 +133,7 @@ pub enum ResumeRelease {
 
 /// What the stream should report, from [`ResumeGuard::admit`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GuardNews {
+pub(crate) enum GuardNews {
     Held { reason: String },
     Released(ResumeRelease),
 }
@@ -152,7 +152,7 @@ enum Phase {
 
 /// One stream's resume guard: a pure state machine, driven by the stream task.
 #[derive(Debug)]
-pub struct ResumeGuard {
+pub(crate) struct ResumeGuard {
     cfg: Option<ResumeGuardConfig>,
     /// Types whose first request is expected before judging.
     expected: Vec<ResourceType>,
@@ -166,7 +166,7 @@ pub struct ResumeGuard {
 
 impl ResumeGuard {
     /// `only`: the type of a per-type stream (`None`: ADS). `cfg` `None`: off.
-    pub fn new(cfg: Option<ResumeGuardConfig>, only: Option<ResourceType>) -> Self {
+    pub(crate) fn new(cfg: Option<ResumeGuardConfig>, only: Option<ResourceType>) -> Self {
         let expected = match only {
             Some(ty) => vec![ty],
             None => vec![
@@ -193,7 +193,7 @@ impl ResumeGuard {
     }
 
     /// Notes a request: the first one of each type may report holdings.
-    pub fn observe(&mut self, req: &impl ReportsHoldings, now: Instant) {
+    pub(crate) fn observe(&mut self, req: &impl ReportsHoldings, now: Instant) {
         if matches!(self.phase, Phase::Open) {
             return;
         }
@@ -226,7 +226,7 @@ impl ResumeGuard {
     }
 
     /// When the stream must call [`Self::admit`] again even if nothing else happens.
-    pub fn deadline(&self) -> Option<Instant> {
+    pub(crate) fn deadline(&self) -> Option<Instant> {
         let started = self.started?;
         match self.phase {
             Phase::Gathering if !self.gathered => Some(started + GATHER),
@@ -236,14 +236,14 @@ impl ResumeGuard {
     }
 
     /// Is the guard holding the stream's pushes right now?
-    pub fn is_holding(&self) -> bool {
+    pub(crate) fn is_holding(&self) -> bool {
         matches!(self.phase, Phase::Gathering | Phase::Held { .. })
     }
 
     /// The snapshot the stream may deliver now (`None`: deliver nothing yet),
     /// given the group's `current` one and recent `history` (for SotW
     /// versions), and what to report.
-    pub fn admit(
+    pub(crate) fn admit(
         &mut self,
         current: Option<Arc<Snapshot>>,
         history: impl FnOnce() -> Vec<Arc<Snapshot>>,

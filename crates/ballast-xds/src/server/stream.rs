@@ -28,10 +28,10 @@ use crate::status::TypeStatus;
 /// How long a resumed stream holds removals waiting for the first request of
 /// each type that may reference them (Envoy sends them at once; this only
 /// bounds the wait for clients that never do).
-pub const RESUME_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const RESUME_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// gRPC's default maximum message size; larger responses are reported.
-pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
 /// What the driver needs from a protocol machine.
 pub(crate) trait Machine: Send + 'static {
@@ -46,7 +46,18 @@ pub(crate) trait Machine: Send + 'static {
     fn next(&mut self) -> Option<Self::Resp>;
     fn status(&self) -> Vec<TypeStatus>;
     fn node(req: &Self::Req) -> Option<&Node>;
-    fn describe(resp: &Self::Resp) -> (ResourceType, Arc<str>, Arc<str>, usize, usize);
+    fn describe(resp: &Self::Resp) -> Sent;
+}
+
+/// What a response carries, for logs, events and ACK latency.
+pub(crate) struct Sent {
+    pub ty: ResourceType,
+    /// `version_info` (SotW) or `system_version_info` (Delta).
+    pub version: Arc<str>,
+    pub nonce: Arc<str>,
+    pub resources: usize,
+    /// Names removed (Delta; always 0 in SotW).
+    pub removed: usize,
 }
 
 impl Machine for SotwMachine {
@@ -73,14 +84,14 @@ impl Machine for SotwMachine {
     fn node(req: &DiscoveryRequest) -> Option<&Node> {
         req.node.as_ref()
     }
-    fn describe(r: &SotwResponse) -> (ResourceType, Arc<str>, Arc<str>, usize, usize) {
-        (
-            r.ty,
-            r.version.clone(),
-            r.nonce.clone(),
-            r.resources.len(),
-            0,
-        )
+    fn describe(r: &SotwResponse) -> Sent {
+        Sent {
+            ty: r.ty,
+            version: r.version.clone(),
+            nonce: r.nonce.clone(),
+            resources: r.resources.len(),
+            removed: 0,
+        }
     }
 }
 
@@ -108,14 +119,14 @@ impl Machine for DeltaMachine {
     fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
         req.node.as_ref()
     }
-    fn describe(r: &DeltaResponse) -> (ResourceType, Arc<str>, Arc<str>, usize, usize) {
-        (
-            r.ty,
-            r.system_version.clone(),
-            r.nonce.clone(),
-            r.resources.len(),
-            r.removed.len(),
-        )
+    fn describe(r: &DeltaResponse) -> Sent {
+        Sent {
+            ty: r.ty,
+            version: r.system_version.clone(),
+            nonce: r.nonce.clone(),
+            resources: r.resources.len(),
+            removed: r.removed.len(),
+        }
     }
 }
 
@@ -185,7 +196,7 @@ async fn run<M: Machine>(
         .stream_counts
         .identify(&mut permit, &shared.limits, &*shared.observer, &id)?;
     requests.set_node(id);
-    let group = (shared.grouper)(&node).map_err(Status::invalid_argument)?;
+    let group = (shared.grouper)(&node).map_err(|e| Status::invalid_argument(e.to_string()))?;
     shared.admit(peer.as_deref(), &node, &group)?;
     tracing::Span::current().record("node", node.id.as_str());
     let handle = shared.registry.open(node, group.as_str().into(), kind);
@@ -241,7 +252,13 @@ async fn run<M: Machine>(
         loop {
             let next = machine.lock().next();
             let Some(resp) = next else { break };
-            let (ty, version, nonce, resources, removed) = M::describe(&resp);
+            let Sent {
+                ty,
+                version,
+                nonce,
+                resources,
+                removed,
+            } = M::describe(&resp);
             let bytes = resp.encoded_len();
             if bytes > MAX_RESPONSE_BYTES {
                 warn!(%ty, bytes, "response exceeds 4 MiB; clients with default limits reject it");

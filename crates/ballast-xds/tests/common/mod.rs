@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ballast_xds::server::NodeGrouper;
+use ballast_xds::NodeGrouper;
 use ballast_xds::{Snapshot, SnapshotCache, XdsServer, simple};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -16,6 +16,8 @@ pub mod client;
 pub struct Running {
     pub addr: SocketAddr,
     pub server: XdsServer,
+    /// The cache the server runs over (a handle to publish into).
+    pub cache: SnapshotCache,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -45,7 +47,7 @@ pub fn one_group() -> NodeGrouper {
 }
 
 pub async fn start(cache: SnapshotCache, grace: Duration) -> Running {
-    start_with(cache, grace, Arc::new(ballast_xds::events::NoopObserver)).await
+    start_with(cache, grace, Arc::new(ballast_xds::NoopObserver)).await
 }
 
 /// Logs to the test output when `RUST_LOG` is set.
@@ -62,7 +64,7 @@ pub async fn start_with(
     observer: Arc<dyn ballast_xds::XdsObserver>,
 ) -> Running {
     init_tracing();
-    let server = XdsServer::builder(cache)
+    let server = XdsServer::builder(cache.clone())
         .grouper(one_group())
         .grace(grace)
         .observer(observer)
@@ -81,6 +83,7 @@ pub async fn start_with(
     Running {
         addr,
         server,
+        cache,
         stop: Some(tx),
         task: Some(task),
     }

@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use crate::guard::GuardConfig;
 use crate::metrics::{Metrics, MetricsObserver};
-use ballast_xds::server::resume_guard::ResumeGuardConfig;
+use ballast_xds::ResumeGuardConfig;
 use pipeline::{GuardInfo, Pipeline, PipelineStatus};
 
 pub const QUICKSTART: &str = include_str!("../quickstart.yaml");
@@ -60,7 +60,7 @@ pub struct ServeOptions {
     pub debounce_max: Duration,
     pub initial_sync_delay: Duration,
     pub quickstart_port: u16,
-    pub limits: ballast_xds::server::Limits,
+    pub limits: ballast_xds::Limits,
     /// Bound on a graceful stop: streams end at once, the process exits
     /// within this even if clients misbehave.
     pub shutdown_grace: Duration,
@@ -79,16 +79,16 @@ pub struct LimitArgs {
     pub max_request_bytes: usize,
     /// Most resource names in one request (SotW names; Delta subscribe +
     /// unsubscribe + initial versions).
-    #[arg(long, default_value_t = ballast_xds::server::Limits::default().max_resource_names, value_parser = count)]
+    #[arg(long, default_value_t = ballast_xds::Limits::default().max_resource_names, value_parser = count)]
     pub max_resource_names: usize,
     /// Most concurrent xDS streams on one connection.
-    #[arg(long, default_value_t = ballast_xds::server::Limits::default().max_streams_per_connection, value_parser = count)]
+    #[arg(long, default_value_t = ballast_xds::Limits::default().max_streams_per_connection, value_parser = count)]
     pub max_streams_per_connection: usize,
     /// Most concurrent xDS streams of one node id.
-    #[arg(long, default_value_t = ballast_xds::server::Limits::default().max_streams_per_node, value_parser = count)]
+    #[arg(long, default_value_t = ballast_xds::Limits::default().max_streams_per_node, value_parser = count)]
     pub max_streams_per_node: usize,
     /// Most concurrent xDS streams in total.
-    #[arg(long, default_value_t = ballast_xds::server::Limits::default().max_streams, value_parser = count)]
+    #[arg(long, default_value_t = ballast_xds::Limits::default().max_streams, value_parser = count)]
     pub max_streams: usize,
     /// Longest node.id and node.cluster.
     #[arg(long, default_value = "1KiB", value_parser = size)]
@@ -102,16 +102,18 @@ pub struct LimitArgs {
 }
 
 impl LimitArgs {
-    pub fn limits(&self) -> ballast_xds::server::Limits {
-        ballast_xds::server::Limits {
-            max_request_bytes: self.max_request_bytes,
-            max_resource_names: self.max_resource_names,
-            max_streams_per_connection: self.max_streams_per_connection,
-            max_streams_per_node: self.max_streams_per_node,
-            max_streams: self.max_streams,
-            max_node_id_bytes: self.max_node_id_bytes,
-            max_node_metadata_bytes: self.max_node_metadata_bytes,
-            max_rest_body_bytes: self.max_rest_body_bytes,
+    pub fn limits(&self) -> ballast_xds::Limits {
+        {
+            let mut l = ballast_xds::Limits::default();
+            l.max_request_bytes = self.max_request_bytes;
+            l.max_resource_names = self.max_resource_names;
+            l.max_streams_per_connection = self.max_streams_per_connection;
+            l.max_streams_per_node = self.max_streams_per_node;
+            l.max_streams = self.max_streams;
+            l.max_node_id_bytes = self.max_node_id_bytes;
+            l.max_node_metadata_bytes = self.max_node_metadata_bytes;
+            l.max_rest_body_bytes = self.max_rest_body_bytes;
+            l
         }
     }
 }
@@ -420,7 +422,7 @@ mod tests {
     fn limit_flags_default_to_the_library_limits_and_parse_sizes() {
         use clap::Parser;
         let d = Cli::try_parse_from(["x"]).unwrap().limits.limits();
-        assert_eq!(d, ballast_xds::server::Limits::default());
+        assert_eq!(d, ballast_xds::Limits::default());
         let c = Cli::try_parse_from([
             "x",
             "--max-request-bytes=64KiB",
@@ -435,19 +437,18 @@ mod tests {
         .unwrap()
         .limits
         .limits();
-        assert_eq!(
-            c,
-            ballast_xds::server::Limits {
-                max_request_bytes: 65536,
-                max_resource_names: 7,
-                max_streams_per_connection: 2,
-                max_streams_per_node: 3,
-                max_streams: 9,
-                max_node_id_bytes: 100,
-                max_node_metadata_bytes: 1 << 20,
-                max_rest_body_bytes: 512,
-            }
-        );
+        assert_eq!(c, {
+            let mut l = ballast_xds::Limits::default();
+            l.max_request_bytes = 65536;
+            l.max_resource_names = 7;
+            l.max_streams_per_connection = 2;
+            l.max_streams_per_node = 3;
+            l.max_streams = 9;
+            l.max_node_id_bytes = 100;
+            l.max_node_metadata_bytes = 1 << 20;
+            l.max_rest_body_bytes = 512;
+            l
+        });
         for bad in [
             "--max-streams=0",
             "--max-request-bytes=4TiB",

@@ -1,0 +1,157 @@
+//! The xDS port's accept loop: plaintext, or TLS with the `tls` feature
+//! (handshakes in their own tasks, see `super::tls`). Each connection carries
+//! a [`ConnInfo`] (remote address, client certificate identity) to the
+//! handlers through tonic's `Connected`.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use super::identity::{ConnInfo, PeerIdentity};
+
+/// The TLS configuration of the xDS port; uninhabited without the `tls`
+/// feature, so a server built without it can only be plaintext.
+#[cfg(feature = "tls")]
+pub(crate) type TlsHandle = Arc<super::tls::TlsReloader>;
+/// The TLS configuration of the xDS port; uninhabited without the `tls`
+/// feature, so a server built without it can only be plaintext.
+#[cfg(not(feature = "tls"))]
+pub(crate) type TlsHandle = std::convert::Infallible;
+
+/// One accepted connection on the xDS port, plaintext or TLS; tells tonic
+/// (and through request extensions, the handlers) who is on the other end.
+pub(crate) enum ServerConn {
+    Plain(TcpStream, ConnInfo),
+    #[cfg(feature = "tls")]
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>, ConnInfo),
+}
+
+impl tonic::transport::server::Connected for ServerConn {
+    type ConnectInfo = ConnInfo;
+    fn connect_info(&self) -> ConnInfo {
+        match self {
+            ServerConn::Plain(_, c) => c.clone(),
+            #[cfg(feature = "tls")]
+            ServerConn::Tls(_, c) => c.clone(),
+        }
+    }
+}
+
+impl AsyncRead for ServerConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ServerConn::Plain(s, _) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(feature = "tls")]
+            ServerConn::Tls(s, _) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ServerConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ServerConn::Plain(s, _) => Pin::new(s).poll_write(cx, buf),
+            #[cfg(feature = "tls")]
+            ServerConn::Tls(s, _) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ServerConn::Plain(s, _) => Pin::new(s).poll_write_vectored(cx, bufs),
+            #[cfg(feature = "tls")]
+            ServerConn::Tls(s, _) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            ServerConn::Plain(s, _) => s.is_write_vectored(),
+            #[cfg(feature = "tls")]
+            ServerConn::Tls(s, _) => s.is_write_vectored(),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ServerConn::Plain(s, _) => Pin::new(s).poll_flush(cx),
+            #[cfg(feature = "tls")]
+            ServerConn::Tls(s, _) => Pin::new(s).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ServerConn::Plain(s, _) => Pin::new(s).poll_shutdown(cx),
+            #[cfg(feature = "tls")]
+            ServerConn::Tls(s, _) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Accepted connections for tonic: TLS handshakes run in their own tasks so
+/// a slow or hostile client never delays the others. Ends when the server
+/// drops the stream.
+pub(crate) fn incoming(
+    listener: TcpListener,
+    tls: Option<&TlsHandle>,
+) -> tokio_stream::wrappers::ReceiverStream<io::Result<ServerConn>> {
+    let tls = tls.cloned();
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                _ = tx.closed() => return,
+                r = listener.accept() => r,
+            };
+            let (tcp, remote) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    warn!(error = %e, "xDS accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            match &tls {
+                None => {
+                    let conn = ServerConn::Plain(tcp, conn_info(remote, None));
+                    if tx.send(Ok(conn)).await.is_err() {
+                        return;
+                    }
+                }
+                #[cfg(feature = "tls")]
+                Some(tls) => {
+                    let (tls, tx) = (tls.clone(), tx.clone());
+                    tokio::spawn(async move { super::tls::handshake(tls, tcp, remote, tx).await });
+                }
+                #[cfg(not(feature = "tls"))]
+                Some(never) => match *never {},
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+pub(crate) fn conn_info(remote: SocketAddr, peer: Option<Arc<PeerIdentity>>) -> ConnInfo {
+    ConnInfo {
+        remote: Some(remote),
+        peer,
+    }
+}
