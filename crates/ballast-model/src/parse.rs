@@ -13,8 +13,9 @@ use serde_saphyr::MessageFormatter;
 use crate::error::{ConfigError, ObjectRef, sort_errors};
 use crate::kinds::secret::SecretDoc;
 use crate::kinds::{
-    Backend, BackendSpec, DEFAULT_NAMESPACE, Gateway, GatewaySpec, HttpRoute, HttpRouteSpec, Kind,
-    KindMatch, Metadata, Object, ObjectKey, Source,
+    Backend, BackendSpec, DEFAULT_NAMESPACE, EndpointSlice, EndpointSliceSpec, Gateway,
+    GatewaySpec, HttpRoute, HttpRouteSpec, Ignored, Kind, KindMatch, Metadata, Object, ObjectKey,
+    Service, ServiceSpec, SliceEndpoint, SlicePort, Source,
 };
 use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
@@ -160,6 +161,26 @@ struct Doc<S> {
     kind: String,
     metadata: Metadata,
     spec: S,
+    /// Written by controllers (`kubectl get -o yaml` exports carry it); Ballast computes its own.
+    #[serde(default)]
+    #[allow(dead_code)]
+    status: Ignored,
+}
+
+/// The strict read of an EndpointSlice (its fields are top-level: it has no `spec`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct EndpointSliceDoc {
+    #[allow(dead_code)]
+    api_version: String,
+    #[allow(dead_code)]
+    kind: String,
+    metadata: Metadata,
+    address_type: Spanned<String>,
+    #[serde(default)]
+    endpoints: Option<Vec<SliceEndpoint>>,
+    #[serde(default)]
+    ports: Option<Vec<SlicePort>>,
 }
 
 fn options() -> serde_saphyr::Options {
@@ -347,6 +368,18 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
         Kind::Backend => deserialize::<Doc<BackendSpec>>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::Backend(d.spec))),
         Kind::Secret => deserialize::<SecretDoc>(doc.text).map(Typed::Secret),
+        Kind::Service => deserialize::<Doc<ServiceSpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::Service(d.spec))),
+        Kind::EndpointSlice => deserialize::<EndpointSliceDoc>(doc.text).map(|d| {
+            Typed::EndpointSlice(
+                d.metadata,
+                EndpointSliceSpec {
+                    address_type: d.address_type,
+                    endpoints: d.endpoints,
+                    ports: d.ports,
+                },
+            )
+        }),
     }
     .map_err(strict_error)?;
     finish(file, object, doc_pos, typed).map(Parsed::Object)
@@ -356,12 +389,14 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
 enum Typed {
     Spec(Metadata, TypedSpec),
     Secret(SecretDoc),
+    EndpointSlice(Metadata, EndpointSliceSpec),
 }
 
 enum TypedSpec {
     Gateway(GatewaySpec),
     HttpRoute(HttpRouteSpec),
     Backend(BackendSpec),
+    Service(ServiceSpec),
 }
 
 /// Applies defaults and validates; the one place both parse paths build objects.
@@ -404,6 +439,24 @@ fn finish(
             };
             validate::backend(&mut ctx, &b);
             Object::Backend(Arc::new(b))
+        }
+        Typed::Spec(metadata, TypedSpec::Service(spec)) => {
+            let svc = Service {
+                metadata,
+                spec,
+                source,
+            };
+            validate::service(&mut ctx, &svc);
+            Object::Service(Arc::new(svc))
+        }
+        Typed::EndpointSlice(metadata, spec) => {
+            let es = EndpointSlice {
+                metadata,
+                spec,
+                source,
+            };
+            validate::endpoint_slice(&mut ctx, &es);
+            Object::EndpointSlice(Arc::new(es))
         }
         Typed::Secret(d) => match validate::secret(&mut ctx, d, source) {
             Some(s) => Object::Secret(Arc::new(s)),
@@ -1044,19 +1097,31 @@ spec:
             "f.yaml:7:42: Gateway default/edge: spec.listeners[0].hostnme: unknown field `hostnme`, \
              expected one of name, hostname, port, protocol, tls, allowedRoutes"
         );
-        assert_eq!(
-            one_error(
-                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b, uid: x}\nspec: {}\n"
+        // Server-set metadata (uid, managedFields, ...) and `status` are accepted (kubectl
+        // exports); anything else is still an error.
+        let e = one_error(
+            "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b, colour: x}\nspec: {}\n",
+        );
+        assert!(
+            e.starts_with(
+                "f.yaml:3:21: Backend default/b: metadata.colour: unknown field `colour`, expected one of \
+                 name, namespace, labels, annotations, uid"
             ),
-            "f.yaml:3:21: Backend default/b: metadata.uid: unknown field `uid`, expected one of \
-             name, namespace, labels, annotations"
+            "{e}"
+        );
+        assert!(
+            parse_file(
+                "f.yaml",
+                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b, uid: x, resourceVersion: '1'}\nspec: {}\nstatus: {x: 1}\n"
+            )
+            .is_ok()
         );
         assert_eq!(
             one_error(
-                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec: {}\nstatus: {}\n"
+                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec: {}\nbogus: {}\n"
             ),
-            "f.yaml:5:1: Backend default/b: status: unknown field `status`, expected one of \
-             apiVersion, kind, metadata, spec"
+            "f.yaml:5:1: Backend default/b: bogus: unknown field `bogus`, expected one of \
+             apiVersion, kind, metadata, spec, status"
         );
     }
 

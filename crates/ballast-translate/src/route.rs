@@ -112,7 +112,7 @@ impl RouteEntry {
 #[derive(Debug)]
 pub(crate) struct TranslatedRoute {
     pub route: Arc<HttpRoute>,
-    pub signature: Vec<Option<LbPolicy>>,
+    pub signature: Vec<Option<(ObjectKey, LbPolicy)>>,
     pub entries: Vec<RouteEntry>,
     /// Backends the Envoy routes send traffic to.
     pub clusters: BTreeSet<ObjectKey>,
@@ -122,21 +122,26 @@ pub(crate) struct TranslatedRoute {
 }
 
 /// What the Envoy routes of `route` depend on besides the route: per backendRef, the policy of
-/// the Backend it resolves to, or `None`.
-pub(crate) fn backend_signature(config: &ConfigSet, route: &HttpRoute) -> Vec<Option<LbPolicy>> {
+/// the Backend it resolves to (which can change without the Backend changing: a Service
+/// appearing takes over a shorthand ref), or `None`.
+pub(crate) fn backend_signature(
+    config: &ConfigSet,
+    route: &HttpRoute,
+) -> Vec<Option<(ObjectKey, LbPolicy)>> {
     route
         .spec
         .rules
         .iter()
         .flat_map(|rule| &rule.backend_refs)
         .map(|r| match config.resolve_backend(route, r) {
-            BackendRefResolution::Resolved(b) => Some(b.spec.load_balancer.policy),
+            BackendRefResolution::Resolved(b) => Some((b.key(), b.spec.load_balancer.policy)),
             _ => None,
         })
         .collect()
 }
 
-/// Every Backend key the backendRefs of `route` name.
+/// Every Backend key the backendRefs of `route` may name (Ballast Backends and the Backends
+/// derived from Service ports, see [`ballast_model::HttpBackendRef::candidate_keys`]).
 pub(crate) fn backend_refs(route: &HttpRoute) -> impl Iterator<Item = ObjectKey> + '_ {
     let ns = route.metadata.namespace.as_str();
     route
@@ -144,8 +149,7 @@ pub(crate) fn backend_refs(route: &HttpRoute) -> impl Iterator<Item = ObjectKey>
         .rules
         .iter()
         .flat_map(|rule| &rule.backend_refs)
-        .filter(|r| r.is_backend())
-        .map(move |r| ObjectKey::new(r.namespace_or(ns), r.name.as_str()))
+        .flat_map(move |r| r.candidate_keys(ns))
 }
 
 pub(crate) fn translate_route(config: &ConfigSet, route: &Arc<HttpRoute>) -> TranslatedRoute {

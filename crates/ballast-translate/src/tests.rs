@@ -1135,3 +1135,82 @@ fn documentation_examples_give_consistent_snapshots() {
         assert!(!res.listeners.is_empty());
     }
 }
+
+fn service_yaml(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name} }}\nspec:\n  ports: [{{ name: http, port: 80, targetPort: 8080 }}]\n"
+    )
+}
+
+fn slice_yaml(service: &str, addrs: &[&str]) -> String {
+    let eps: Vec<String> = addrs
+        .iter()
+        .map(|a| format!("{{ addresses: [{a}], conditions: {{ ready: true }}, zone: z1 }}"))
+        .collect();
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: {service}-abc, labels: {{ kubernetes.io/service-name: {service} }} }}\naddressType: IPv4\nports: [{{ name: http, port: 8080 }}]\nendpoints: [{}]\n",
+        eps.join(", ")
+    )
+}
+
+/// Service + EndpointSlice backends: one EDS cluster per Service port; an EndpointSlice change is
+/// an EDS-only patch; a Service appearing takes over a shorthand ref that meant a Backend (and
+/// every step equals a from-scratch translation).
+#[test]
+fn service_backends_translate_incrementally() {
+    let route = route_yaml(
+        "r",
+        "  rules:\n  - backendRefs: [{ name: web, port: 80 }]\n",
+    );
+    let backend = backend_yaml("web", "  endpoints: [{ address: 127.0.0.1, port: 9 }]\n");
+    let mut t = Translator::new(Options::default());
+    let step = |t: &mut Translator, yaml: String| {
+        let set = Arc::new(config(&yaml));
+        let out = t.update(&set);
+        let res = t.gateway(&gw("edge")).unwrap();
+        assert_eq!(
+            *res,
+            translate_gateway(&set, &gw("edge"), &Options::default()).unwrap()
+        );
+        (out, res)
+    };
+    // Only a Backend named web: the shorthand ref resolves to it.
+    let (_, res) = step(&mut t, docs(&[GATEWAY_HTTP, &route, &backend]));
+    assert_eq!(names(&res.clusters), vec!["default/web"]);
+    // A Service named web appears: the bare ref now means the Service (Gateway API).
+    let (out, res) = step(
+        &mut t,
+        docs(&[
+            GATEWAY_HTTP,
+            &route,
+            &backend,
+            &service_yaml("web"),
+            &slice_yaml("web", &["10.0.0.1", "10.0.0.2"]),
+        ]),
+    );
+    assert_eq!(out.stats.gateways_translated, 1);
+    assert_eq!(names(&res.clusters), vec!["default/web:80"]);
+    let cla: ClusterLoadAssignment = decode(find(&res.load_assignments, "default/web:80"));
+    let eps: Vec<_> = cla.endpoints[0].lb_endpoints.iter().collect();
+    assert_eq!(eps.len(), 2);
+    assert_eq!(cla.endpoints[0].locality.as_ref().unwrap().zone, "z1");
+    // An endpoint change: only the load assignment is patched.
+    let (out, res) = step(
+        &mut t,
+        docs(&[
+            GATEWAY_HTTP,
+            &route,
+            &backend,
+            &service_yaml("web"),
+            &slice_yaml("web", &["10.0.0.3"]),
+        ]),
+    );
+    assert_eq!(out.stats.gateways_translated, 0);
+    assert_eq!(out.stats.gateways_patched, 1);
+    let cla: ClusterLoadAssignment = decode(find(&res.load_assignments, "default/web:80"));
+    assert_eq!(cla.endpoints[0].lb_endpoints.len(), 1);
+    // The Service goes: back to the Backend.
+    let (out, res) = step(&mut t, docs(&[GATEWAY_HTTP, &route, &backend]));
+    assert_eq!(out.stats.gateways_translated, 1);
+    assert_eq!(names(&res.clusters), vec!["default/web"]);
+}

@@ -124,8 +124,8 @@ impl Translator {
                 Kind::Backend => {
                     let users = self.index.gateways_of_backend(&c.key).cloned();
                     let routes_unchanged = c.change == ChangeKind::Modified
-                        && old.backends[&c.key].spec.load_balancer
-                            == config.backends[&c.key].spec.load_balancer;
+                        && old.backend(&c.key).map(|b| &b.spec.load_balancer)
+                            == config.backend(&c.key).map(|b| &b.spec.load_balancer);
                     if routes_unchanged {
                         for g in users {
                             patch.entry(g).or_default().insert(c.key.clone());
@@ -137,6 +137,14 @@ impl Translator {
                 Kind::Secret => {
                     rebuild.extend(self.index.gateways_of_secret(&c.key).cloned());
                 }
+                // A Service appearing or going changes what bare backendRefs of its name mean
+                // (Service or the Backend shorthand); those refs depend on the Backend key of
+                // the same name. Its ports and endpoints reach the translation as the derived
+                // Backends' changes.
+                Kind::Service if c.change != ChangeKind::Modified => {
+                    rebuild.extend(self.index.gateways_of_backend(&c.key).cloned());
+                }
+                Kind::Service | Kind::EndpointSlice => {}
             }
         }
 
@@ -210,7 +218,10 @@ impl Translator {
                 let Ok(ci) = res.clusters.binary_search_by(|r| r.name().cmp(&name)) else {
                     continue; // referenced only with weight 0 or from unserved listeners
                 };
-                let entry = self.caches.backend(&config.backends[b], stats);
+                let Some(backend) = config.backend(b) else {
+                    continue;
+                };
+                let entry = self.caches.backend(backend, stats);
                 let li = res
                     .load_assignments
                     .binary_search_by(|r| r.name().cmp(&name))
@@ -235,7 +246,7 @@ impl Translator {
                 Kind::HttpRoute => orphans.routes.push(c.key.clone()),
                 Kind::Backend => orphans.backends.push(c.key.clone()),
                 Kind::Secret => orphans.secrets.push(c.key.clone()),
-                Kind::Gateway => {}
+                Kind::Gateway | Kind::Service | Kind::EndpointSlice => {}
             }
         }
         for k in orphans.routes {
@@ -244,7 +255,7 @@ impl Translator {
             }
         }
         for k in orphans.backends {
-            if !self.index.uses_backend(&k) || !config.backends.contains_key(&k) {
+            if !self.index.uses_backend(&k) || config.backend(&k).is_none() {
                 self.caches.backends.remove(&k);
             }
         }
@@ -268,7 +279,7 @@ impl Translator {
                 .caches
                 .backends
                 .keys()
-                .all(|k| self.index.uses_backend(k) && c.backends.contains_key(k))
+                .all(|k| self.index.uses_backend(k) && c.backend(k).is_some())
             && self
                 .caches
                 .secrets
@@ -303,7 +314,14 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
         &mut out,
     );
     diff_map(Kind::Backend, &old.backends, &new.backends, &mut out);
+    diff_map(
+        Kind::Backend,
+        &old.service_backends,
+        &new.service_backends,
+        &mut out,
+    );
     diff_map(Kind::Secret, &old.secrets, &new.secrets, &mut out);
+    diff_map(Kind::Service, &old.services, &new.services, &mut out);
     out
 }
 

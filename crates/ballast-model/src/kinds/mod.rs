@@ -9,6 +9,7 @@ pub mod backend;
 pub mod gateway;
 pub mod route;
 pub mod secret;
+pub mod service;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -20,6 +21,7 @@ pub use backend::*;
 pub use gateway::*;
 pub use route::*;
 pub use secret::*;
+pub use service::*;
 
 use crate::spanned::Pos;
 
@@ -38,10 +40,19 @@ pub enum Kind {
     HttpRoute,
     Backend,
     Secret,
+    Service,
+    EndpointSlice,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [Kind::Gateway, Kind::HttpRoute, Kind::Backend, Kind::Secret];
+    pub const ALL: [Kind; 6] = [
+        Kind::Gateway,
+        Kind::HttpRoute,
+        Kind::Backend,
+        Kind::Secret,
+        Kind::Service,
+        Kind::EndpointSlice,
+    ];
 
     /// The `kind:` string.
     pub fn as_str(self) -> &'static str {
@@ -50,6 +61,8 @@ impl Kind {
             Kind::HttpRoute => "HTTPRoute",
             Kind::Backend => "Backend",
             Kind::Secret => "Secret",
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
         }
     }
 
@@ -58,7 +71,8 @@ impl Kind {
         match self {
             Kind::Gateway | Kind::HttpRoute => "gateway.networking.k8s.io/v1",
             Kind::Backend => "ballast.dev/v1alpha1",
-            Kind::Secret => "v1",
+            Kind::Secret | Kind::Service => "v1",
+            Kind::EndpointSlice => "discovery.k8s.io/v1",
         }
     }
 
@@ -135,6 +149,29 @@ pub struct Metadata {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
+    /// Set by the API server; accepted (and ignored) so `kubectl get -o yaml` exports load.
+    #[serde(default)]
+    pub uid: Ignored,
+    #[serde(default)]
+    pub resource_version: Ignored,
+    #[serde(default)]
+    pub generation: Ignored,
+    #[serde(default)]
+    pub creation_timestamp: Ignored,
+    #[serde(default)]
+    pub deletion_timestamp: Ignored,
+    #[serde(default)]
+    pub deletion_grace_period_seconds: Ignored,
+    #[serde(default)]
+    pub managed_fields: Ignored,
+    #[serde(default)]
+    pub owner_references: Ignored,
+    #[serde(default)]
+    pub finalizers: Ignored,
+    #[serde(default)]
+    pub generate_name: Ignored,
+    #[serde(default)]
+    pub self_link: Ignored,
 }
 
 fn default_namespace() -> String {
@@ -187,6 +224,8 @@ pub enum Object {
     HttpRoute(Arc<HttpRoute>),
     Backend(Arc<Backend>),
     Secret(Arc<Secret>),
+    Service(Arc<Service>),
+    EndpointSlice(Arc<EndpointSlice>),
 }
 
 impl Object {
@@ -196,6 +235,8 @@ impl Object {
             Object::HttpRoute(_) => Kind::HttpRoute,
             Object::Backend(_) => Kind::Backend,
             Object::Secret(_) => Kind::Secret,
+            Object::Service(_) => Kind::Service,
+            Object::EndpointSlice(_) => Kind::EndpointSlice,
         }
     }
 
@@ -205,6 +246,8 @@ impl Object {
             Object::HttpRoute(o) => &o.metadata,
             Object::Backend(o) => &o.metadata,
             Object::Secret(o) => &o.metadata,
+            Object::Service(o) => &o.metadata,
+            Object::EndpointSlice(o) => &o.metadata,
         }
     }
 
@@ -218,6 +261,8 @@ impl Object {
             Object::HttpRoute(o) => &o.source,
             Object::Backend(o) => &o.source,
             Object::Secret(o) => &o.source,
+            Object::Service(o) => &o.source,
+            Object::EndpointSlice(o) => &o.source,
         }
     }
 }
