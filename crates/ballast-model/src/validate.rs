@@ -635,6 +635,9 @@ pub(crate) fn backend(ctx: &mut Ctx, b: &Backend) {
         if let Err(e) = check_path(&hc.path) {
             ctx.err(hc.path.pos, format!("{f}.path"), e);
         }
+        if let Some(h) = &hc.host {
+            hostname(ctx, h, format!("{f}.host"), false);
+        }
         for (name, d) in [("interval", &hc.interval), ("timeout", &hc.timeout)] {
             if d.is_zero() {
                 ctx.err(

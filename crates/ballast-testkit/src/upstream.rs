@@ -7,7 +7,8 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
@@ -21,6 +22,9 @@ struct Shared {
     name: String,
     hits: AtomicU64,
     status: AtomicU16,
+    /// Answer 400 to a missing or syntactically invalid `Host` (as strict servers do).
+    strict_host: AtomicBool,
+    last_host: Mutex<Option<String>>,
 }
 
 /// A running upstream on `127.0.0.1:<ephemeral>`; stopped (listener and every connection closed) by
@@ -42,6 +46,8 @@ impl Upstream {
             name: name.to_owned(),
             hits: AtomicU64::new(0),
             status: AtomicU16::new(200),
+            strict_host: AtomicBool::new(false),
+            last_host: Mutex::new(None),
         });
         let task = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Upstream {
@@ -69,6 +75,22 @@ impl Upstream {
     /// Changes the status code of subsequent responses (e.g. `503` to simulate a failing backend).
     pub fn set_status(&self, status: u16) {
         self.shared.status.store(status, Ordering::SeqCst);
+    }
+
+    /// Whether to answer `400` to requests whose `Host` is missing or not a valid hostname
+    /// (`[a-z0-9.-]` labels, optional `:port`), like strict HTTP servers do: e.g. a health check
+    /// sending `Host: default/web`.
+    pub fn set_strict_host(&self, strict: bool) {
+        self.shared.strict_host.store(strict, Ordering::SeqCst);
+    }
+
+    /// The `Host` header of the last request (`None` before any, or if it had none).
+    pub fn last_host(&self) -> Option<String> {
+        self.shared
+            .last_host
+            .lock()
+            .expect("last_host lock")
+            .clone()
     }
 
     /// Closes the listener and every open connection, and waits until they are closed, so that a
@@ -99,11 +121,22 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 let Ok((stream, _)) = accepted else { continue };
                 let shared = shared.clone();
                 conns.spawn(async move {
-                    let svc = service_fn(move |_req: hyper::Request<hyper::body::Incoming>| {
+                    let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                         let shared = shared.clone();
                         async move {
                             shared.hits.fetch_add(1, Ordering::SeqCst);
-                            let status = shared.status.load(Ordering::SeqCst);
+                            let host = req
+                                .headers()
+                                .get(hyper::header::HOST)
+                                .and_then(|h| h.to_str().ok())
+                                .map(str::to_owned);
+                            let valid = host.as_deref().is_some_and(valid_host);
+                            *shared.last_host.lock().expect("last_host lock") = host;
+                            let status = if !valid && shared.strict_host.load(Ordering::SeqCst) {
+                                400
+                            } else {
+                                shared.status.load(Ordering::SeqCst)
+                            };
                             let resp = hyper::Response::builder()
                                 .status(status)
                                 .header("x-upstream", shared.name.as_str())
@@ -125,6 +158,19 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
+/// `name[:port]` with `name` made of dot-separated `[A-Za-z0-9-]` labels.
+fn valid_host(host: &str) -> bool {
+    let (name, port) = match host.rsplit_once(':') {
+        Some((n, p)) => (n, Some(p)),
+        None => (host, None),
+    };
+    port.is_none_or(|p| p.parse::<u16>().is_ok())
+        && !name.is_empty()
+        && name
+            .split('.')
+            .all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +184,11 @@ mod tests {
         let (status, body) = crate::http_get(up.addr(), "/y").await.unwrap();
         assert_eq!((status, body.as_str()), (503, "alpha"));
         assert_eq!(up.hits(), 2);
+        up.set_status(200);
+        up.set_strict_host(true);
+        assert!(valid_host("web.default:8080") && !valid_host("default/web"));
+        let (status, _) = crate::http_get(up.addr(), "/z").await.unwrap();
+        assert_eq!(status, 200, "http_get sends a valid Host");
         up.stop().await;
         assert!(tokio::net::TcpStream::connect(up.addr()).await.is_err());
     }

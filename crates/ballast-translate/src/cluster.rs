@@ -49,6 +49,10 @@ pub(crate) fn cluster(backend: &Backend) -> Cluster {
                 }),
                 health_checker: Some(HealthChecker::HttpHealthCheck(HttpHealthCheck {
                     path: hc.path.value.clone(),
+                    host: hc
+                        .host
+                        .as_ref()
+                        .map_or_else(|| backend.metadata.name.clone(), |h| h.value.clone()),
                     ..Default::default()
                 })),
                 ..Default::default()

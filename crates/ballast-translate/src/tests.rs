@@ -744,6 +744,8 @@ fn backend_cluster_and_endpoints() {
             unhealthy_threshold: Some(UInt32Value { value: 3 }),
             health_checker: Some(HealthChecker::HttpHealthCheck(HttpHealthCheck {
                 path: "/healthz".into(),
+                // A valid Host (Envoy's default would be the cluster name `default/users`).
+                host: "users".into(),
                 ..Default::default()
             })),
             ..Default::default()

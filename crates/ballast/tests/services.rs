@@ -121,13 +121,17 @@ async fn service_endpoint_slices_serve_and_follow_readiness() {
     // A second slice (a new pod on another port): both serve.
     write_atomic(
         &slices,
-        &(slice("web", "web-a", a.addr(), true, "z1") + &slice("web", "web-b", b.addr(), true, "z2")),
+        &(slice("web", "web-a", a.addr(), true, "z1")
+            + &slice("web", "web-b", b.addr(), true, "z2")),
     );
-    wait_until(T, POLL, || async { b.hits() > 10 }).await.unwrap();
+    wait_until(T, POLL, || async { b.hits() > 10 })
+        .await
+        .unwrap();
     // Pod a stops being ready: it gets no more requests, and nothing fails.
     write_atomic(
         &slices,
-        &(slice("web", "web-a", a.addr(), false, "z1") + &slice("web", "web-b", b.addr(), true, "z2")),
+        &(slice("web", "web-a", a.addr(), false, "z1")
+            + &slice("web", "web-b", b.addr(), true, "z2")),
     );
     let hits_a = || a.hits();
     wait_until(T, POLL, || async {
@@ -165,7 +169,8 @@ async fn shorthand_backend_ref_still_serves_and_validate_says_how_to_fix() {
     std::fs::write(
         dir.path().join("all.yaml"),
         gateway(gw_port)
-            + &route("web", "web.example.com", "web").replace("group: ballast.dev, kind: Backend, ", "")
+            + &route("web", "web.example.com", "web")
+                .replace("group: ballast.dev, kind: Backend, ", "")
             + &backend("web", &[a.addr()]),
     )
     .unwrap();

@@ -86,6 +86,10 @@ pub enum LbPolicy {
 pub struct HealthCheck {
     /// Request path, e.g. `/healthz`; a 200 answer is healthy.
     pub path: Spanned<String>,
+    /// `Host` header of the checks; default the Backend's name (Envoy's own default, the
+    /// cluster name `ns/name`, is not a valid Host and strict servers answer it with 400).
+    #[serde(default)]
+    pub host: Option<Spanned<String>>,
     #[serde(default = "five_seconds", deserialize_with = "de_duration")]
     pub interval: Spanned<Duration>,
     #[serde(default = "one_second", deserialize_with = "de_duration")]
