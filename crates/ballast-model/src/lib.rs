@@ -81,7 +81,7 @@ mod docs_tests {
                 set.services.len(),
                 set.endpoint_slices.len(),
             ),
-            (1, 4, 1, 2, 1, 1)
+            (2, 4, 1, 2, 1, 1)
         );
         // No example uses the deprecated backendRef shorthand.
         let status = crate::status::compute(&set);

@@ -120,6 +120,21 @@ fn hostname(ctx: &mut Ctx, h: &Spanned<String>, field: String, allow_wildcard: b
 
 pub(crate) fn gateway(ctx: &mut Ctx, g: &Gateway) {
     metadata(ctx, &g.metadata);
+    let a = &g.metadata.annotations;
+    if let Some(Err(e)) = a.get(ACCESS_LOG_ANNOTATION).map(|v| parse_sink(v)) {
+        ctx.err(
+            Pos::UNKNOWN,
+            format!("metadata.annotations[{ACCESS_LOG_ANNOTATION}]"),
+            e,
+        );
+    }
+    if let Some(Err(e)) = a.get(ACCESS_LOG_FORMAT_ANNOTATION).map(|v| parse_format(v)) {
+        ctx.err(
+            Pos::UNKNOWN,
+            format!("metadata.annotations[{ACCESS_LOG_FORMAT_ANNOTATION}]"),
+            e,
+        );
+    }
     if g.spec.gateway_class_name.is_empty() {
         ctx.err(
             Pos::UNKNOWN,

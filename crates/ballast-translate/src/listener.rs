@@ -128,8 +128,9 @@ fn stat_prefix(gw: &ObjectKey, port: u32, options: &Options) -> String {
     }
 }
 
-fn hcm_filter(stat_prefix: &str, route_config: &str) -> Filter {
+fn hcm_filter(gw: &Gateway, stat_prefix: &str, route_config: &str) -> Filter {
     let mut hcm = rds_http_connection_manager(stat_prefix, route_config);
+    hcm.access_log = crate::access_log::access_logs(gw);
     // Virtual hosts list bare hostnames; `Host: a.example.com:8443` must still match them.
     hcm.strip_port_mode = Some(StripPortMode::StripAnyHostPort(true));
     // Gateway API path matching assumes normalized paths (`/a/../b` must not dodge `/b` rules).
@@ -210,7 +211,7 @@ pub(crate) fn envoy_listener(
                     server_names: vec![s.clone()],
                     ..Default::default()
                 }),
-                filters: vec![hcm_filter(&stat_prefix, &c.route_config)],
+                filters: vec![hcm_filter(gw, &stat_prefix, &c.route_config)],
                 transport_socket: https.then(|| tls_transport_socket(&c.certificates)),
                 ..Default::default()
             })

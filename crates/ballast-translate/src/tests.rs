@@ -210,7 +210,12 @@ fn http_connection_manager_settings() {
     );
     want.strip_port_mode = Some(StripPortMode::StripAnyHostPort(true));
     want.normalize_path = Some(BoolValue { value: true });
-    assert_eq!(hcm(&l, 0), want);
+    let got = hcm(&l, 0);
+    // Access log on by default: stdout, one JSON line per request (access_log.rs tests it).
+    assert_eq!(got.access_log.len(), 1);
+    assert_eq!(got.access_log[0].name, "envoy.access_loggers.stdout");
+    want.access_log = got.access_log.clone();
+    assert_eq!(got, want);
     // No routes: an empty route configuration, still referenced by the listener.
     let rc: RouteConfiguration = decode(&res.route_configs[0]);
     assert!(rc.virtual_hosts.is_empty());

@@ -5,6 +5,7 @@
 //! [`crate::parse`] has filled in Gateway API defaults and [`crate::validate`] has checked them.
 //! A value of these types inside a [`crate::ConfigSet`] is therefore valid.
 
+pub mod access_log;
 pub mod backend;
 pub mod gateway;
 pub mod route;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use access_log::*;
 pub use backend::*;
 pub use gateway::*;
 pub use route::*;
