@@ -636,6 +636,18 @@ pub(crate) fn backend(ctx: &mut Ctx, b: &Backend) {
             );
         }
     }
+    if let Some(p) = &b.spec.protocol
+        && upstream_protocol(p).is_none()
+    {
+        ctx.err(
+            p.pos,
+            "spec.protocol",
+            format!(
+                "unknown protocol {:?}; expected http, kubernetes.io/h2c, h2c, grpc, kubernetes.io/ws or ws",
+                p.value
+            ),
+        );
+    }
     if let Some(t) = &b.spec.connect_timeout
         && t.is_zero()
     {

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use ballast_model::{Backend, HealthStatus, LbPolicy};
+use ballast_model::{Backend, HealthStatus, LbPolicy, UpstreamProtocol};
 use ballast_xds::simple::{ads_source, socket_address};
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{
@@ -19,7 +19,14 @@ use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
 };
+use envoy_types::pb::envoy::config::core::v3::Http2ProtocolOptions;
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::explicit_http_config::ProtocolConfig;
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::{
+    ExplicitHttpConfig, UpstreamProtocolOptions,
+};
 use envoy_types::pb::google::protobuf::UInt32Value;
+use envoy_types::util::pack_any;
 
 use crate::{names, pb_duration};
 
@@ -58,6 +65,25 @@ pub(crate) fn cluster(backend: &Backend) -> Cluster {
                 ..Default::default()
             })
             .collect(),
+        // One entry: the map's (random) iteration order cannot change the encoding.
+        typed_extension_protocol_options: match spec.upstream_protocol() {
+            UpstreamProtocol::Http1 => Default::default(),
+            UpstreamProtocol::Http2 => [(
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_owned(),
+                pack_any(HttpProtocolOptions {
+                    upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+                        ExplicitHttpConfig {
+                            protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(
+                                Http2ProtocolOptions::default(),
+                            )),
+                        },
+                    )),
+                    ..Default::default()
+                }),
+            )]
+            .into_iter()
+            .collect(),
+        },
         ..Default::default()
     }
 }
@@ -128,4 +154,5 @@ pub(crate) fn same_cluster(a: &Backend, b: &Backend) -> bool {
         && a.spec.load_balancer == b.spec.load_balancer
         && a.spec.connect_timeout == b.spec.connect_timeout
         && a.spec.health_check == b.spec.health_check
+        && a.spec.upstream_protocol() == b.spec.upstream_protocol()
 }

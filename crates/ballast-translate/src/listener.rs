@@ -23,7 +23,9 @@ use envoy_types::pb::envoy::config::listener::v3::{
     ListenerFilter,
 };
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
-use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::StripPortMode;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::{
+    StripPortMode, UpgradeConfig,
+};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
 };
@@ -131,6 +133,11 @@ fn stat_prefix(gw: &ObjectKey, port: u32, options: &Options) -> String {
 fn hcm_filter(gw: &Gateway, stat_prefix: &str, route_config: &str) -> Filter {
     let mut hcm = rds_http_connection_manager(stat_prefix, route_config);
     hcm.access_log = crate::access_log::access_logs(gw);
+    // WebSocket upgrades pass through every HTTP listener (Envoy refuses them otherwise).
+    hcm.upgrade_configs = vec![UpgradeConfig {
+        upgrade_type: "websocket".into(),
+        ..Default::default()
+    }];
     // Virtual hosts list bare hostnames; `Host: a.example.com:8443` must still match them.
     hcm.strip_port_mode = Some(StripPortMode::StripAnyHostPort(true));
     // Gateway API path matching assumes normalized paths (`/a/../b` must not dodge `/b` rules).

@@ -215,6 +215,9 @@ fn http_connection_manager_settings() {
     assert_eq!(got.access_log.len(), 1);
     assert_eq!(got.access_log[0].name, "envoy.access_loggers.stdout");
     want.access_log = got.access_log.clone();
+    assert_eq!(got.upgrade_configs.len(), 1);
+    assert_eq!(got.upgrade_configs[0].upgrade_type, "websocket");
+    want.upgrade_configs = got.upgrade_configs.clone();
     assert_eq!(got, want);
     // No routes: an empty route configuration, still referenced by the listener.
     let rc: RouteConfiguration = decode(&res.route_configs[0]);
@@ -1220,4 +1223,43 @@ fn service_backends_translate_incrementally() {
     let (out, res) = step(&mut t, docs(&[GATEWAY_HTTP, &route, &backend]));
     assert_eq!(out.stats.gateways_translated, 1);
     assert_eq!(names(&res.clusters), vec!["default/web"]);
+}
+
+/// `protocol` (Backend) / `appProtocol` (Service port): h2c and grpc make the cluster speak
+/// HTTP/2; the default and ws stay HTTP/1.1.
+#[test]
+fn upstream_protocols() {
+    use envoy_types::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
+    let h2 = backend_yaml(
+        "h2",
+        "  protocol: kubernetes.io/h2c\n  endpoints: [{ address: 127.0.0.1, port: 1 }]\n",
+    );
+    let ws = backend_yaml(
+        "ws",
+        "  protocol: kubernetes.io/ws\n  endpoints: [{ address: 127.0.0.1, port: 2 }]\n",
+    );
+    let svc = "apiVersion: v1\nkind: Service\nmetadata: { name: rpc }\nspec:\n  ports: [{ port: 50051, appProtocol: grpc }]\n";
+    let route = route_yaml(
+        "r",
+        "  rules:\n  - backendRefs: [{ group: ballast.dev, kind: Backend, name: h2 }, { group: ballast.dev, kind: Backend, name: ws }, { name: rpc, port: 50051 }]\n",
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, &h2, &ws, svc, &route]), "edge");
+    let opts = |name: &str| {
+        let c: Cluster = decode(find(&res.clusters, name));
+        c.typed_extension_protocol_options
+            .get("envoy.extensions.upstreams.http.v3.HttpProtocolOptions")
+            .map(|any| HttpProtocolOptions::decode(any.value.as_slice()).unwrap())
+    };
+    let is_h2 = |o: Option<HttpProtocolOptions>| format!("{o:?}").contains("Http2ProtocolOptions");
+    assert!(is_h2(opts("default/h2")));
+    assert!(is_h2(opts("default/rpc:50051")));
+    assert_eq!(opts("default/ws"), None);
+    // An unknown Backend protocol is an error at the field.
+    let bad = backend_yaml("x", "  protocol: quic\n");
+    let e = ballast_model::ConfigSet::build([("b.yaml", bad)]).unwrap_err();
+    assert!(
+        e[0].to_string()
+            .contains("spec.protocol: unknown protocol \"quic\""),
+        "{e:?}"
+    );
 }

@@ -30,6 +30,43 @@ pub struct BackendSpec {
     pub connect_timeout: Option<Spanned<Duration>>,
     #[serde(default)]
     pub health_check: Option<HealthCheck>,
+    /// Upstream protocol, as a Kubernetes `appProtocol`: `http` (default, HTTP/1.1),
+    /// `kubernetes.io/h2c` / `h2c` / `grpc` (HTTP/2 without TLS), `kubernetes.io/ws` / `ws`
+    /// (HTTP/1.1; WebSocket upgrades pass on every listener anyway).
+    #[serde(default)]
+    pub protocol: Option<Spanned<String>>,
+}
+
+/// The HTTP version Envoy speaks to a Backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum UpstreamProtocol {
+    #[default]
+    Http1,
+    /// HTTP/2 with prior knowledge (h2c), as gRPC needs.
+    Http2,
+}
+
+/// The `appProtocol` values Ballast understands, and what they select; others are errors on a
+/// Backend and ignored (HTTP/1.1) on a Service port, as Kubernetes allows any value there.
+pub fn upstream_protocol(app_protocol: &str) -> Option<UpstreamProtocol> {
+    match app_protocol {
+        "http" | "HTTP" | "kubernetes.io/ws" | "ws" | "kubernetes.io/wss" => {
+            Some(UpstreamProtocol::Http1)
+        }
+        "kubernetes.io/h2c" | "h2c" | "grpc" | "GRPC" | "http2" | "HTTP2" => {
+            Some(UpstreamProtocol::Http2)
+        }
+        _ => None,
+    }
+}
+
+impl BackendSpec {
+    pub fn upstream_protocol(&self) -> UpstreamProtocol {
+        self.protocol
+            .as_ref()
+            .and_then(|p| upstream_protocol(p))
+            .unwrap_or_default()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]

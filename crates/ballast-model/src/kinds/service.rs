@@ -17,7 +17,7 @@ use serde::Deserialize;
 
 use super::{
     Backend, BackendSpec, Endpoint, HealthStatus, LoadBalancer, Metadata, ObjectKey, Source,
-    object_kind,
+    object_kind, upstream_protocol,
 };
 use crate::spanned::{Pos, Spanned};
 
@@ -279,6 +279,24 @@ pub fn service_backends<'a>(
                 load_balancer: LoadBalancer::default(),
                 connect_timeout: None,
                 health_check: None,
+                // The Service port's appProtocol, else the slice port's; unknown values (any
+                // string is valid in Kubernetes) mean HTTP/1.1.
+                protocol: sp
+                    .app_protocol
+                    .clone()
+                    .or_else(|| {
+                        slices
+                            .clone()
+                            .find_map(|s| {
+                                s.spec.ports.iter().flatten().find_map(|p| {
+                                    (p.name.as_deref().unwrap_or("") == sp.name())
+                                        .then(|| p.app_protocol.clone())
+                                        .flatten()
+                                })
+                            })
+                            .map(|a| Spanned::new(a, Pos::UNKNOWN))
+                    })
+                    .filter(|a| upstream_protocol(a).is_some()),
             },
             source: service.source.clone(),
         });
