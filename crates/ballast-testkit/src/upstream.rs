@@ -38,6 +38,16 @@ pub struct Upstream {
 impl Upstream {
     /// Starts an upstream named `name`: every request gets `200`, body `name`, header `x-upstream: name`.
     pub async fn start(name: &str) -> Result<Upstream> {
+        Self::start_with(name, false).await
+    }
+
+    /// Like [`Upstream::start`], but speaking only HTTP/2 with prior knowledge (h2c, as gRPC
+    /// servers do): an HTTP/1.1 request fails.
+    pub async fn start_h2c(name: &str) -> Result<Upstream> {
+        Self::start_with(name, true).await
+    }
+
+    async fn start_with(name: &str, h2c: bool) -> Result<Upstream> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .context("bind upstream on 127.0.0.1:0")?;
@@ -49,7 +59,7 @@ impl Upstream {
             strict_host: AtomicBool::new(false),
             last_host: Mutex::new(None),
         });
-        let task = tokio::spawn(accept_loop(listener, shared.clone()));
+        let task = tokio::spawn(accept_loop(listener, shared.clone(), h2c));
         Ok(Upstream {
             addr,
             shared,
@@ -113,7 +123,7 @@ impl Drop for Upstream {
 
 /// Owns the listener and, through the `JoinSet`, every connection task: aborting this task drops both,
 /// which closes all sockets at once.
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, h2c: bool) {
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
@@ -146,10 +156,18 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                             Ok::<_, Infallible>(resp)
                         }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .keep_alive(true)
+                    if h2c {
+                        let _ = hyper::server::conn::http2::Builder::new(
+                            hyper_util::rt::TokioExecutor::new(),
+                        )
                         .serve_connection(TokioIo::new(stream), svc)
                         .await;
+                    } else {
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .keep_alive(true)
+                            .serve_connection(TokioIo::new(stream), svc)
+                            .await;
+                    }
                 });
             }
             // Reap finished connections so the set does not grow over a long test.
