@@ -1057,7 +1057,7 @@ spec:
         assert_eq!(
             p.invalid[0].1[0].to_string(),
             "f.yaml:37:51: Backend default/bad: spec.extra: unknown field `extra`, expected one \
-             of endpoints, loadBalancer, connectTimeout, healthCheck"
+             of endpoints, loadBalancer, connectTimeout, healthCheck, protocol"
         );
         // No name: nothing to blame but the file.
         assert_eq!(p.file_errors.len(), 1, "{:?}", p.file_errors);

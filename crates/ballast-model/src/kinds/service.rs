@@ -235,6 +235,9 @@ pub fn service_backends<'a>(
     slices: impl Iterator<Item = &'a EndpointSlice> + Clone,
 ) -> Vec<Backend> {
     let mut out = Vec::new();
+    if service.is_external_name() {
+        return out; // DNS backends are not served yet: its refs are BackendNotFound with why.
+    }
     for sp in &service.spec.ports {
         let mut endpoints: Vec<Endpoint> = Vec::new();
         let mut seen = std::collections::HashSet::new();
@@ -471,6 +474,33 @@ mod tests {
             problems.contains("Service shop/nope not found"),
             "{problems}"
         );
+    }
+
+    #[test]
+    fn external_name_services_are_reported_not_served() {
+        let set = ConfigSet::build([
+            (
+                "svc.yaml",
+                "apiVersion: v1\nkind: Service\nmetadata: { name: ext, namespace: shop }\nspec:\n  type: ExternalName\n  externalName: api.example.com\n  ports: [{ port: 443 }]\n".to_owned(),
+            ),
+            ("r.yaml", route("shop", "{ name: ext, port: 443 }")),
+        ])
+        .unwrap();
+        assert_eq!(resolve(&set), vec![BackendRefResolution::NotFound]);
+        let problems = crate::status::compute(&set).problems().join("\n");
+        assert!(
+            problems.contains(
+                "Service shop/ext is of type ExternalName, which Ballast does not serve yet"
+            ),
+            "{problems}"
+        );
+        // ExternalName needs externalName.
+        let e = ConfigSet::build([(
+            "svc.yaml",
+            "apiVersion: v1\nkind: Service\nmetadata: { name: ext }\nspec:\n  type: ExternalName\n",
+        )])
+        .unwrap_err();
+        assert!(e[0].to_string().contains("spec.externalName"), "{e:?}");
     }
 
     #[test]
