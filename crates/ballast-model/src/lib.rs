@@ -78,10 +78,20 @@ mod docs_tests {
                 set.gateways.len(),
                 set.http_routes.len(),
                 set.backends.len(),
-                set.secrets.len()
+                set.secrets.len(),
+                set.services.len(),
+                set.endpoint_slices.len(),
             ),
-            (1, 3, 1, 2)
+            (2, 4, 1, 2, 1, 1)
         );
+        // No example uses the deprecated backendRef shorthand.
+        let status = crate::status::compute(&set);
+        let refs: Vec<String> = status
+            .problems()
+            .into_iter()
+            .filter(|p| p.contains("without group/kind"))
+            .collect();
+        assert!(refs.is_empty(), "{refs:#?}");
     }
 }
 

@@ -15,8 +15,9 @@ use crate::kinds::configmap::ConfigMapDoc;
 use crate::kinds::secret::SecretDoc;
 use crate::kinds::{
     Backend, BackendPolicy, BackendPolicySpec, BackendSpec, BackendTlsPolicy, BackendTlsPolicySpec,
-    ClientPolicy, ClientPolicySpec, DEFAULT_NAMESPACE, Gateway, GatewaySpec, GrpcRoute,
-    GrpcRouteSpec, HttpRoute, HttpRouteSpec, Kind, KindMatch, Metadata, Object, ObjectKey, Source,
+    ClientPolicy, ClientPolicySpec, DEFAULT_NAMESPACE, EndpointSlice, EndpointSliceSpec, Gateway,
+    GatewaySpec, GrpcRoute, GrpcRouteSpec, HttpRoute, HttpRouteSpec, Ignored, Kind, KindMatch,
+    Metadata, Object, ObjectKey, Service, ServiceSpec, SliceEndpoint, SlicePort, Source,
 };
 use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
@@ -162,6 +163,26 @@ struct Doc<S> {
     kind: String,
     metadata: Metadata,
     spec: S,
+    /// Written by controllers (`kubectl get -o yaml` exports carry it); Ballast computes its own.
+    #[serde(default)]
+    #[allow(dead_code)]
+    status: Ignored,
+}
+
+/// The strict read of an EndpointSlice (its fields are top-level: it has no `spec`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct EndpointSliceDoc {
+    #[allow(dead_code)]
+    api_version: String,
+    #[allow(dead_code)]
+    kind: String,
+    metadata: Metadata,
+    address_type: Spanned<String>,
+    #[serde(default)]
+    endpoints: Option<Vec<SliceEndpoint>>,
+    #[serde(default)]
+    ports: Option<Vec<SlicePort>>,
 }
 
 fn options() -> serde_saphyr::Options {
@@ -358,6 +379,18 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
             .map(|d| Typed::Spec(d.metadata, TypedSpec::ClientPolicy(Box::new(d.spec)))),
         Kind::GrpcRoute => deserialize::<Doc<GrpcRouteSpec>>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::GrpcRoute(d.spec))),
+        Kind::Service => deserialize::<Doc<ServiceSpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::Service(d.spec))),
+        Kind::EndpointSlice => deserialize::<EndpointSliceDoc>(doc.text).map(|d| {
+            Typed::EndpointSlice(
+                d.metadata,
+                EndpointSliceSpec {
+                    address_type: d.address_type,
+                    endpoints: d.endpoints,
+                    ports: d.ports,
+                },
+            )
+        }),
     }
     .map_err(strict_error)?;
     finish(file, object, doc_pos, typed).map(Parsed::Object)
@@ -368,6 +401,7 @@ enum Typed {
     Spec(Metadata, TypedSpec),
     Secret(SecretDoc),
     ConfigMap(ConfigMapDoc),
+    EndpointSlice(Metadata, EndpointSliceSpec),
 }
 
 enum TypedSpec {
@@ -379,6 +413,7 @@ enum TypedSpec {
     BackendTlsPolicy(Box<BackendTlsPolicySpec>),
     ClientPolicy(Box<ClientPolicySpec>),
     GrpcRoute(GrpcRouteSpec),
+    Service(ServiceSpec),
 }
 
 /// Applies defaults and validates; the one place both parse paths build objects.
@@ -458,6 +493,24 @@ fn finish(
             let r = GrpcRoute::new(metadata, spec, source);
             validate::grpc_route(&mut ctx, &r);
             Object::GrpcRoute(Arc::new(r))
+        }
+        Typed::Spec(metadata, TypedSpec::Service(spec)) => {
+            let svc = Service {
+                metadata,
+                spec,
+                source,
+            };
+            validate::service(&mut ctx, &svc);
+            Object::Service(Arc::new(svc))
+        }
+        Typed::EndpointSlice(metadata, spec) => {
+            let es = EndpointSlice {
+                metadata,
+                spec,
+                source,
+            };
+            validate::endpoint_slice(&mut ctx, &es);
+            Object::EndpointSlice(Arc::new(es))
         }
         Typed::Secret(d) => match validate::secret(&mut ctx, d, source) {
             Some(s) => Object::Secret(Arc::new(s)),
@@ -1065,7 +1118,7 @@ spec:
         assert_eq!(
             p.invalid[0].1[0].to_string(),
             "f.yaml:37:51: Backend default/bad: spec.extra: unknown field `extra`, expected one \
-             of endpoints, loadBalancer, connectTimeout, healthCheck, appProtocol"
+             of endpoints, loadBalancer, connectTimeout, healthCheck, appProtocol, protocol"
         );
         // No name: nothing to blame but the file.
         assert_eq!(p.file_errors.len(), 1, "{:?}", p.file_errors);
@@ -1105,19 +1158,31 @@ spec:
             "f.yaml:7:42: Gateway default/edge: spec.listeners[0].hostnme: unknown field `hostnme`, \
              expected one of name, hostname, port, protocol, tls, allowedRoutes"
         );
-        assert_eq!(
-            one_error(
-                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b, uid: x}\nspec: {}\n"
+        // Server-set metadata (uid, managedFields, ...) and `status` are accepted (kubectl
+        // exports); anything else is still an error.
+        let e = one_error(
+            "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b, colour: x}\nspec: {}\n",
+        );
+        assert!(
+            e.starts_with(
+                "f.yaml:3:21: Backend default/b: metadata.colour: unknown field `colour`, expected one of \
+                 name, namespace, labels, annotations, uid"
             ),
-            "f.yaml:3:21: Backend default/b: metadata.uid: unknown field `uid`, expected one of \
-             name, namespace, labels, annotations"
+            "{e}"
+        );
+        assert!(
+            parse_file(
+                "f.yaml",
+                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b, uid: x, resourceVersion: '1'}\nspec: {}\nstatus: {x: 1}\n"
+            )
+            .is_ok()
         );
         assert_eq!(
             one_error(
-                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec: {}\nstatus: {}\n"
+                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec: {}\nbogus: {}\n"
             ),
-            "f.yaml:5:1: Backend default/b: status: unknown field `status`, expected one of \
-             apiVersion, kind, metadata, spec"
+            "f.yaml:5:1: Backend default/b: bogus: unknown field `bogus`, expected one of \
+             apiVersion, kind, metadata, spec, status"
         );
     }
 

@@ -121,6 +121,14 @@ pub struct ConfigSet {
     pub backend_tls_policies: BTreeMap<ObjectKey, Arc<BackendTlsPolicy>>,
     pub client_policies: BTreeMap<ObjectKey, Arc<ClientPolicy>>,
     pub grpc_routes: BTreeMap<ObjectKey, Arc<GrpcRoute>>,
+    pub services: BTreeMap<ObjectKey, Arc<Service>>,
+    pub endpoint_slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
+    /// Derived, maintained by [`ConfigSet::insert`]/[`ConfigSet::remove`]: one Backend per
+    /// Service port (named [`service_backend_name`]) with its EndpointSlices' endpoints. Never
+    /// edit directly.
+    pub service_backends: BTreeMap<ObjectKey, Arc<Backend>>,
+    /// Derived: Service key → the EndpointSlices labelled with its name.
+    slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
 }
 
 /// How one object differs between two sets.
@@ -142,11 +150,47 @@ pub struct Change {
 /// What a route's backendRef points at.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BackendRefResolution {
+    /// A Ballast Backend, or the Backend derived from the referenced Service port.
     Resolved(Arc<Backend>),
-    /// Names a Backend that does not exist: requests this ref would get are answered with 500.
+    /// Names a Backend or Service that does not exist, or a Service port it does not have:
+    /// requests this ref would get are answered with 500.
     NotFound,
-    /// Names a group/kind other than `ballast.dev` `Backend`; treated like `NotFound` for traffic.
+    /// Names a group/kind other than core `Service` or `ballast.dev` `Backend`; treated like
+    /// `NotFound` for traffic.
     InvalidKind,
+}
+
+/// What a backendRef names, before looking anything up ([`HttpBackendRef::target`] applied
+/// to a config).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackendTarget {
+    /// A core Service and the Service port (`None`: the ref has no port).
+    Service(ObjectKey, Option<u32>),
+    /// A Ballast Backend. `shorthand`: named by a bare ref (no group/kind) that found no Service
+    /// of that name — the pre-Gateway-API meaning, deprecated ([`BackendTarget::deprecation`]).
+    Backend {
+        key: ObjectKey,
+        shorthand: bool,
+    },
+    Invalid,
+}
+
+impl BackendTarget {
+    /// The warning for a deprecated shorthand reference, saying how to fix it.
+    pub fn deprecation(&self) -> Option<String> {
+        match self {
+            BackendTarget::Backend {
+                key,
+                shorthand: true,
+            } => Some(format!(
+                "backendRef {name:?} without group/kind means a Service in Gateway API; \
+                 it resolves to Backend {key} only because no such Service exists. \
+                 Add `group: ballast.dev` and `kind: Backend` to keep that meaning",
+                name = key.name
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// What a listener's certificateRef points at.
@@ -387,7 +431,82 @@ impl ConfigSet {
                 .insert(key, p)
                 .map(Object::ClientPolicy),
             Object::GrpcRoute(r) => self.grpc_routes.insert(key, r).map(Object::GrpcRoute),
+            Object::Service(s) => {
+                let old = self.services.insert(key.clone(), s).map(Object::Service);
+                self.refresh_service(&key);
+                old
+            }
+            Object::EndpointSlice(e) => {
+                let service = e.service();
+                let old = self.endpoint_slices.insert(key.clone(), e);
+                let old_service = old.as_ref().and_then(|o| o.service());
+                if let Some(os) = &old_service
+                    && Some(os) != service.as_ref()
+                {
+                    self.unlink_slice(os, &key);
+                    self.refresh_service(os);
+                }
+                if let Some(svc) = service {
+                    self.slices_by_service
+                        .entry(svc.clone())
+                        .or_default()
+                        .insert(key);
+                    self.refresh_service(&svc);
+                }
+                old.map(Object::EndpointSlice)
+            }
         }
+    }
+
+    fn unlink_slice(&mut self, service: &ObjectKey, slice: &ObjectKey) {
+        if let Some(set) = self.slices_by_service.get_mut(service) {
+            set.remove(slice);
+            if set.is_empty() {
+                self.slices_by_service.remove(service);
+            }
+        }
+    }
+
+    /// Recomputes the Backends derived from Service `key` (its ports × its slices' endpoints).
+    fn refresh_service(&mut self, key: &ObjectKey) {
+        let prefix = format!("{}:", key.name);
+        let stale: Vec<ObjectKey> = self
+            .service_backends
+            .range(ObjectKey::new(&key.namespace, prefix.clone())..)
+            .take_while(|(k, _)| k.namespace == key.namespace && k.name.starts_with(&prefix))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut fresh = Vec::new();
+        if let Some(svc) = self.services.get(key) {
+            let slices: Vec<&EndpointSlice> = self
+                .slices_by_service
+                .get(key)
+                .into_iter()
+                .flatten()
+                .filter_map(|k| self.endpoint_slices.get(k).map(|e| &**e))
+                .collect();
+            fresh = service_backends(svc, slices.iter().copied());
+        }
+        for k in stale {
+            if !fresh.iter().any(|b| b.key() == k) {
+                self.service_backends.remove(&k);
+            }
+        }
+        for b in fresh {
+            let k = b.key();
+            // Keep the old Arc when nothing changed, so diffs stay pointer checks.
+            if self.service_backends.get(&k).is_some_and(|o| **o == b) {
+                continue;
+            }
+            self.service_backends.insert(k, Arc::new(b));
+        }
+    }
+
+    /// A Backend by key: a Ballast Backend, or one derived from a Service port.
+    pub fn backend(&self, key: &ObjectKey) -> Option<&Arc<Backend>> {
+        self.backends
+            .get(key)
+            .or_else(|| self.service_backends.get(key))
     }
 
     pub fn remove(&mut self, kind: Kind, key: &ObjectKey) -> Option<Object> {
@@ -404,6 +523,19 @@ impl ConfigSet {
                 .map(Object::BackendTlsPolicy),
             Kind::ClientPolicy => self.client_policies.remove(key).map(Object::ClientPolicy),
             Kind::GrpcRoute => self.grpc_routes.remove(key).map(Object::GrpcRoute),
+            Kind::Service => {
+                let old = self.services.remove(key).map(Object::Service);
+                self.refresh_service(key);
+                old
+            }
+            Kind::EndpointSlice => {
+                let old = self.endpoint_slices.remove(key);
+                if let Some(svc) = old.as_ref().and_then(|o| o.service()) {
+                    self.unlink_slice(&svc, key);
+                    self.refresh_service(&svc);
+                }
+                old.map(Object::EndpointSlice)
+            }
         }
     }
 
@@ -430,6 +562,12 @@ impl ConfigSet {
                 .cloned()
                 .map(Object::ClientPolicy),
             Kind::GrpcRoute => self.grpc_routes.get(key).cloned().map(Object::GrpcRoute),
+            Kind::Service => self.services.get(key).cloned().map(Object::Service),
+            Kind::EndpointSlice => self
+                .endpoint_slices
+                .get(key)
+                .cloned()
+                .map(Object::EndpointSlice),
         }
     }
 
@@ -463,6 +601,13 @@ impl ConfigSet {
             .chain(tp)
             .chain(cp)
             .chain(self.grpc_routes.values().cloned().map(Object::GrpcRoute))
+            .chain(self.services.values().cloned().map(Object::Service))
+            .chain(
+                self.endpoint_slices
+                    .values()
+                    .cloned()
+                    .map(Object::EndpointSlice),
+            )
     }
 
     pub fn len(&self) -> usize {
@@ -475,6 +620,8 @@ impl ConfigSet {
             + self.backend_tls_policies.len()
             + self.client_policies.len()
             + self.grpc_routes.len()
+            + self.services.len()
+            + self.endpoint_slices.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -522,6 +669,13 @@ impl ConfigSet {
             Kind::GrpcRoute,
             &self.grpc_routes,
             &new.grpc_routes,
+            &mut out,
+        );
+        diff_map(Kind::Service, &self.services, &new.services, &mut out);
+        diff_map(
+            Kind::EndpointSlice,
+            &self.endpoint_slices,
+            &new.endpoint_slices,
             &mut out,
         );
         out.sort();
@@ -729,15 +883,51 @@ impl ConfigSet {
         Ok(pem)
     }
 
+    /// What a backendRef of a route in namespace `route_ns` names. A bare ref (no group/kind)
+    /// is a Service as in Gateway API, unless no Service but a Backend of that name exists
+    /// (the deprecated shorthand of older Ballast configs, still honoured).
+    pub fn backend_target(&self, route_ns: &str, r: &HttpBackendRef) -> BackendTarget {
+        let key = ObjectKey::new(r.namespace_or(route_ns), r.name.as_str());
+        let port = r.port.as_ref().map(|p| p.value);
+        match r.ref_kind() {
+            BackendRefKind::Service => BackendTarget::Service(key, port),
+            BackendRefKind::Backend => BackendTarget::Backend {
+                key,
+                shorthand: false,
+            },
+            BackendRefKind::Unspecified => {
+                if !self.services.contains_key(&key) && self.backends.contains_key(&key) {
+                    BackendTarget::Backend {
+                        key,
+                        shorthand: true,
+                    }
+                } else {
+                    BackendTarget::Service(key, port)
+                }
+            }
+            BackendRefKind::Other => BackendTarget::Invalid,
+        }
+    }
+
     /// Resolves a backendRef of `route` (its namespace defaults to the route's).
     pub fn resolve_backend(&self, route: &HttpRoute, r: &HttpBackendRef) -> BackendRefResolution {
-        if !r.is_backend() {
-            return BackendRefResolution::InvalidKind;
-        }
-        let key = ObjectKey::new(r.namespace_or(&route.metadata.namespace), r.name.as_str());
-        match self.backends.get(&key) {
-            Some(b) => BackendRefResolution::Resolved(b.clone()),
-            None => BackendRefResolution::NotFound,
+        match self.backend_target(&route.metadata.namespace, r) {
+            BackendTarget::Invalid => BackendRefResolution::InvalidKind,
+            BackendTarget::Backend { key, .. } => match self.backends.get(&key) {
+                Some(b) => BackendRefResolution::Resolved(b.clone()),
+                None => BackendRefResolution::NotFound,
+            },
+            BackendTarget::Service(key, port) => {
+                // Gateway API requires the port of a Service ref.
+                let Some(port) = port else {
+                    return BackendRefResolution::NotFound;
+                };
+                let derived = ObjectKey::new(key.namespace, service_backend_name(&key.name, port));
+                match self.service_backends.get(&derived) {
+                    Some(b) => BackendRefResolution::Resolved(b.clone()),
+                    None => BackendRefResolution::NotFound,
+                }
+            }
         }
     }
 

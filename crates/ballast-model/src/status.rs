@@ -9,7 +9,7 @@
 use serde::Serialize;
 
 use crate::kinds::*;
-use crate::set::{BackendRefResolution, CertificateRefResolution, ConfigSet};
+use crate::set::{BackendRefResolution, BackendTarget, CertificateRefResolution, ConfigSet};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum ConditionStatus {
@@ -85,6 +85,9 @@ pub struct RouteStatus {
     pub parents: Vec<RouteParentStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unresolved_backend_refs: Vec<UnresolvedBackendRef>,
+    /// Things that work but should be fixed (deprecated backendRef shorthand), with the fix.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -309,6 +312,12 @@ impl ConfigStatus {
                     ));
                 }
             }
+            for w in &r.warnings {
+                out.push(format!(
+                    "{}: HTTPRoute {}/{}: {w}",
+                    r.source, r.namespace, r.name
+                ));
+            }
         }
         out
     }
@@ -475,25 +484,41 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
 
 fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
     let mut unresolved = Vec::new();
+    let mut warnings = Vec::new();
     let mut messages = Vec::new();
     let mut reason = None;
     for (i, rule) in r.spec.rules.iter().enumerate() {
         for (j, b) in rule.backend_refs.iter().enumerate() {
-            let ns = b.namespace_or(&r.metadata.namespace);
+            let target = set.backend_target(&r.metadata.namespace, b);
+            if let Some(w) = target.deprecation() {
+                warnings.push(format!("rules[{i}].backendRefs[{j}]: {w}"));
+            }
             let why = match set.resolve_backend(r, b) {
                 BackendRefResolution::Resolved(_) => continue,
                 BackendRefResolution::NotFound => {
-                    messages.push(format!(
-                        "rules[{i}].backendRefs[{j}]: Backend {ns}/{} not found",
-                        b.name.value
-                    ));
+                    let what = match &target {
+                        BackendTarget::Service(key, None) if set.services.contains_key(key) => {
+                            format!("Service {key}: port is required for a Service backendRef")
+                        }
+                        BackendTarget::Service(key, None) => format!("Service {key} not found"),
+                        BackendTarget::Service(key, Some(port)) => match set.services.get(key) {
+                            Some(s) if s.is_external_name() => format!(
+                                "Service {key} is of type ExternalName, which Ballast does not serve yet"
+                            ),
+                            Some(_) => format!("Service {key} has no port {port}"),
+                            None => format!("Service {key} not found"),
+                        },
+                        BackendTarget::Backend { key, .. } => format!("Backend {key} not found"),
+                        BackendTarget::Invalid => String::new(),
+                    };
+                    messages.push(format!("rules[{i}].backendRefs[{j}]: {what}"));
                     "BackendNotFound"
                 }
                 BackendRefResolution::InvalidKind => {
                     messages.push(format!(
-                        "rules[{i}].backendRefs[{j}]: unsupported kind {}/{}; only ballast.dev/Backend is supported",
-                        b.group.as_ref().map_or(BALLAST_GROUP, |g| g.as_str()),
-                        b.kind.as_ref().map_or("Backend", |k| k.as_str())
+                        "rules[{i}].backendRefs[{j}]: unsupported kind {}/{}; only core Service and ballast.dev/Backend are supported",
+                        b.group.as_ref().map_or("", |g| g.as_str()),
+                        b.kind.as_ref().map_or("Service", |k| k.as_str())
                     ));
                     "InvalidKind"
                 }
@@ -566,6 +591,7 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
         source: r.source.to_string(),
         parents,
         unresolved_backend_refs: unresolved,
+        warnings,
     }
 }
 
@@ -832,7 +858,7 @@ spec: { endpoints: [{ address: 127.0.0.1, port: 8080 }] }
                 "default",
                 "{ name: edge }",
                 "web.example.com",
-                "{ name: web, weight: 3 }, { name: missing }, { group: \"\", kind: Service, name: svc }",
+                "{ group: ballast.dev, kind: Backend, name: web, weight: 3 }, { name: missing }, { group: example.com, kind: Thing, name: svc }",
             )],
             true,
         );
@@ -846,8 +872,8 @@ spec: { endpoints: [{ address: 127.0.0.1, port: 8080 }] }
         );
         assert_eq!(
             r.parents[0].conditions[1].message,
-            "rules[0].backendRefs[1]: Backend default/missing not found; rules[0].backendRefs[2]: unsupported kind /Service; \
-             only ballast.dev/Backend is supported (requests for these backends get 500)"
+            "rules[0].backendRefs[1]: Service default/missing not found; rules[0].backendRefs[2]: unsupported kind \
+             example.com/Thing; only core Service and ballast.dev/Backend are supported (requests for these backends get 500)"
         );
         let refs: Vec<(usize, usize, &str)> = r
             .unresolved_backend_refs
@@ -910,7 +936,7 @@ spec: { endpoints: [{ address: 127.0.0.1, port: 8080 }] }
                 "default",
                 "{ name: nope, sectionName: x }",
                 "",
-                "{ name: web }",
+                "{ group: ballast.dev, kind: Backend, name: web }",
             )],
             true,
         );

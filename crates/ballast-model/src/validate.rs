@@ -120,6 +120,21 @@ fn hostname(ctx: &mut Ctx, h: &Spanned<String>, field: String, allow_wildcard: b
 
 pub(crate) fn gateway(ctx: &mut Ctx, g: &Gateway) {
     metadata(ctx, &g.metadata);
+    let a = &g.metadata.annotations;
+    if let Some(Err(e)) = a.get(ACCESS_LOG_ANNOTATION).map(|v| parse_sink(v)) {
+        ctx.err(
+            Pos::UNKNOWN,
+            format!("metadata.annotations[{ACCESS_LOG_ANNOTATION}]"),
+            e,
+        );
+    }
+    if let Some(Err(e)) = a.get(ACCESS_LOG_FORMAT_ANNOTATION).map(|v| parse_format(v)) {
+        ctx.err(
+            Pos::UNKNOWN,
+            format!("metadata.annotations[{ACCESS_LOG_FORMAT_ANNOTATION}]"),
+            e,
+        );
+    }
     if g.spec.gateway_class_name.is_empty() {
         ctx.err(
             Pos::UNKNOWN,
@@ -714,6 +729,18 @@ pub(crate) fn backend(ctx: &mut Ctx, b: &Backend) {
             );
         }
     }
+    if let Some(p) = &b.spec.protocol
+        && upstream_protocol(p).is_none()
+    {
+        ctx.err(
+            p.pos,
+            "spec.protocol",
+            format!(
+                "unknown protocol {:?}; expected http, kubernetes.io/h2c, h2c, grpc, kubernetes.io/ws or ws",
+                p.value
+            ),
+        );
+    }
     if let Some(t) = &b.spec.connect_timeout
         && t.is_zero()
     {
@@ -727,6 +754,9 @@ pub(crate) fn backend(ctx: &mut Ctx, b: &Backend) {
         let f = "spec.healthCheck";
         if let Err(e) = check_path(&hc.path) {
             ctx.err(hc.path.pos, format!("{f}.path"), e);
+        }
+        if let Some(h) = &hc.host {
+            hostname(ctx, h, format!("{f}.host"), false);
         }
         for (name, d) in [("interval", &hc.interval), ("timeout", &hc.timeout)] {
             if d.is_zero() {
@@ -748,6 +778,111 @@ pub(crate) fn backend(ctx: &mut Ctx, b: &Backend) {
                     format!("{name} must be at least 1"),
                 );
             }
+        }
+    }
+}
+
+/// A Service: Kubernetes' own rules for what Ballast reads (ports, type, externalName).
+pub(crate) fn service(ctx: &mut Ctx, s: &Service) {
+    metadata(ctx, &s.metadata);
+    let mut names = HashMap::new();
+    let mut numbers = HashMap::new();
+    let several = s.spec.ports.len() > 1;
+    for (i, p) in s.spec.ports.iter().enumerate() {
+        let f = format!("spec.ports[{i}]");
+        port(ctx, &p.port, format!("{f}.port"));
+        if several && p.name.is_none() {
+            ctx.err(
+                p.port.pos,
+                format!("{f}.name"),
+                "name is required when a Service has several ports",
+            );
+        }
+        if let Some(first) = names.insert(p.name(), i) {
+            ctx.err(
+                p.port.pos,
+                format!("{f}.name"),
+                format!(
+                    "duplicate port name {:?} (also spec.ports[{first}])",
+                    p.name()
+                ),
+            );
+        }
+        let proto = p.protocol.as_ref().map_or("TCP", |p| p.as_str());
+        if let Some(first) = numbers.insert((p.port.value, proto.to_owned()), i) {
+            ctx.err(
+                p.port.pos,
+                format!("{f}.port"),
+                format!("duplicate port {} (also spec.ports[{first}])", p.port.value),
+            );
+        }
+    }
+    if let Some(t) = &s.spec.type_
+        && !matches!(
+            t.as_str(),
+            "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName"
+        )
+    {
+        ctx.err(
+            t.pos,
+            "spec.type",
+            format!(
+                "unknown Service type {:?}; expected ClusterIP, NodePort, LoadBalancer or ExternalName",
+                t.value
+            ),
+        );
+    }
+    match (&s.spec.external_name, s.is_external_name()) {
+        (Some(n), true) => hostname(ctx, n, "spec.externalName".into(), false),
+        (None, true) => ctx.err(
+            s.spec.type_.as_ref().map_or(Pos::UNKNOWN, |t| t.pos),
+            "spec.externalName",
+            "a Service of type ExternalName needs spec.externalName",
+        ),
+        _ => {}
+    }
+}
+
+/// An EndpointSlice: a known address type and addresses of that type.
+pub(crate) fn endpoint_slice(ctx: &mut Ctx, e: &EndpointSlice) {
+    metadata(ctx, &e.metadata);
+    let t = &e.spec.address_type;
+    let want_ip = match t.as_str() {
+        "IPv4" => Some(false),
+        "IPv6" => Some(true),
+        "FQDN" => None,
+        other => {
+            ctx.err(
+                t.pos,
+                "addressType",
+                format!("unknown addressType {other:?}; expected IPv4, IPv6 or FQDN"),
+            );
+            return;
+        }
+    };
+    for (i, ep) in e.spec.endpoints.iter().flatten().enumerate() {
+        for (j, a) in ep.addresses.iter().enumerate() {
+            let f = format!("endpoints[{i}].addresses[{j}]");
+            match (want_ip, a.parse::<std::net::IpAddr>()) {
+                (Some(v6), Ok(ip)) if ip.is_ipv6() == v6 => {}
+                (Some(_), _) => ctx.err(
+                    a.pos,
+                    f,
+                    format!("{:?} is not an {} address", a.value, t.value),
+                ),
+                (None, _) => hostname(ctx, a, f, false),
+            }
+        }
+    }
+    for (i, p) in e.spec.ports.iter().flatten().enumerate() {
+        if let Some(n) = p.port
+            && !(1..=65535).contains(&n)
+        {
+            ctx.err(
+                Pos::UNKNOWN,
+                format!("ports[{i}].port"),
+                format!("port {n} is out of range 1..=65535"),
+            );
         }
     }
 }

@@ -55,6 +55,7 @@ mod tcp_proxy;
 mod traffic;
 mod upstream;
 mod wait;
+mod websocket;
 
 pub use config_dump::ConfigSummary;
 pub use envoy::{
@@ -68,6 +69,7 @@ pub use tcp_proxy::TcpProxy;
 pub use traffic::{Traffic, TrafficConfig, TrafficReport};
 pub use upstream::Upstream;
 pub use wait::{wait_for, wait_until};
+pub use websocket::{WsEcho, ws_echo_roundtrip};
 
 /// The ports `free_port` hands out: below Linux's default ephemeral range (32768–60999), so no
 /// outgoing connection's local port can take one before its listener binds it.

@@ -7,7 +7,8 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
@@ -25,6 +26,9 @@ struct Shared {
     delay_ms: AtomicU64,
     /// Headers of the last request (lowercase names), for tests of what the proxy forwards.
     last_headers: std::sync::Mutex<Vec<(String, String)>>,
+    /// Answer 400 to a missing or syntactically invalid `Host` (as strict servers do).
+    strict_host: AtomicBool,
+    last_host: Mutex<Option<String>>,
 }
 
 /// A running upstream on `127.0.0.1:<ephemeral>`; stopped (listener and every connection closed) by
@@ -38,6 +42,16 @@ pub struct Upstream {
 impl Upstream {
     /// Starts an upstream named `name`: every request gets `200`, body `name`, header `x-upstream: name`.
     pub async fn start(name: &str) -> Result<Upstream> {
+        Self::start_with(name, false).await
+    }
+
+    /// Like [`Upstream::start`], but speaking only HTTP/2 with prior knowledge (h2c, as gRPC
+    /// servers do): an HTTP/1.1 request fails.
+    pub async fn start_h2c(name: &str) -> Result<Upstream> {
+        Self::start_with(name, true).await
+    }
+
+    async fn start_with(name: &str, h2c: bool) -> Result<Upstream> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .context("bind upstream on 127.0.0.1:0")?;
@@ -48,8 +62,10 @@ impl Upstream {
             status: AtomicU16::new(200),
             delay_ms: AtomicU64::new(0),
             last_headers: std::sync::Mutex::new(Vec::new()),
+            strict_host: AtomicBool::new(false),
+            last_host: Mutex::new(None),
         });
-        let task = tokio::spawn(accept_loop(listener, shared.clone()));
+        let task = tokio::spawn(accept_loop(listener, shared.clone(), h2c));
         Ok(Upstream {
             addr,
             shared,
@@ -92,6 +108,22 @@ impl Upstream {
         self.shared.delay_ms.store(ms, Ordering::SeqCst);
     }
 
+    /// Whether to answer `400` to requests whose `Host` is missing or not a valid hostname
+    /// (`[a-z0-9.-]` labels, optional `:port`), like strict HTTP servers do: e.g. a health check
+    /// sending `Host: default/web`.
+    pub fn set_strict_host(&self, strict: bool) {
+        self.shared.strict_host.store(strict, Ordering::SeqCst);
+    }
+
+    /// The `Host` header of the last request (`None` before any, or if it had none).
+    pub fn last_host(&self) -> Option<String> {
+        self.shared
+            .last_host
+            .lock()
+            .expect("last_host lock")
+            .clone()
+    }
+
     /// Closes the listener and every open connection, and waits until they are closed, so that a
     /// following connection attempt is refused. Idempotent.
     pub async fn stop(&mut self) {
@@ -112,7 +144,7 @@ impl Drop for Upstream {
 
 /// Owns the listener and, through the `JoinSet`, every connection task: aborting this task drops both,
 /// which closes all sockets at once.
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, h2c: bool) {
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
@@ -136,7 +168,18 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                             if delay > 0 {
                                 tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
                             }
-                            let status = shared.status.load(Ordering::SeqCst);
+                            let host = req
+                                .headers()
+                                .get(hyper::header::HOST)
+                                .and_then(|h| h.to_str().ok())
+                                .map(str::to_owned);
+                            let valid = host.as_deref().is_some_and(valid_host);
+                            *shared.last_host.lock().expect("last_host lock") = host;
+                            let status = if !valid && shared.strict_host.load(Ordering::SeqCst) {
+                                400
+                            } else {
+                                shared.status.load(Ordering::SeqCst)
+                            };
                             let resp = hyper::Response::builder()
                                 .status(status)
                                 .header("x-upstream", shared.name.as_str())
@@ -146,16 +189,37 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                             Ok::<_, Infallible>(resp)
                         }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .keep_alive(true)
+                    if h2c {
+                        let _ = hyper::server::conn::http2::Builder::new(
+                            hyper_util::rt::TokioExecutor::new(),
+                        )
                         .serve_connection(TokioIo::new(stream), svc)
                         .await;
+                    } else {
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .keep_alive(true)
+                            .serve_connection(TokioIo::new(stream), svc)
+                            .await;
+                    }
                 });
             }
             // Reap finished connections so the set does not grow over a long test.
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
+}
+
+/// `name[:port]` with `name` made of dot-separated `[A-Za-z0-9-]` labels.
+fn valid_host(host: &str) -> bool {
+    let (name, port) = match host.rsplit_once(':') {
+        Some((n, p)) => (n, Some(p)),
+        None => (host, None),
+    };
+    port.is_none_or(|p| p.parse::<u16>().is_ok())
+        && !name.is_empty()
+        && name
+            .split('.')
+            .all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
 }
 
 #[cfg(test)]
@@ -171,6 +235,11 @@ mod tests {
         let (status, body) = crate::http_get(up.addr(), "/y").await.unwrap();
         assert_eq!((status, body.as_str()), (503, "alpha"));
         assert_eq!(up.hits(), 2);
+        up.set_status(200);
+        up.set_strict_host(true);
+        assert!(valid_host("web.default:8080") && !valid_host("default/web"));
+        let (status, _) = crate::http_get(up.addr(), "/z").await.unwrap();
+        assert_eq!(status, 200, "http_get sends a valid Host");
         up.stop().await;
         assert!(tokio::net::TcpStream::connect(up.addr()).await.is_err());
     }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use ballast_model::{AppProtocol, Backend, HealthStatus, LbPolicy};
+use ballast_model::{Backend, HealthStatus, LbPolicy, UpstreamProtocol};
 use ballast_xds::simple::{ads_source, socket_address};
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{
@@ -68,13 +68,19 @@ fn backend_cluster(backend: &Backend) -> Cluster {
                 }),
                 health_checker: Some(HealthChecker::HttpHealthCheck(HttpHealthCheck {
                     path: hc.path.value.clone(),
+                    host: hc
+                        .host
+                        .as_ref()
+                        .map_or_else(|| backend.metadata.name.clone(), |h| h.value.clone()),
                     ..Default::default()
                 })),
                 ..Default::default()
             })
             .collect(),
-        typed_extension_protocol_options: match spec.app_protocol {
-            Some(AppProtocol::H2c) => [(
+        // One entry: the map's (random) iteration order cannot change the encoding.
+        typed_extension_protocol_options: match spec.upstream_protocol() {
+            UpstreamProtocol::Http1 => Default::default(),
+            UpstreamProtocol::Http2 => [(
                 "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_owned(),
                 pack_any(HttpProtocolOptions {
                     upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
@@ -89,7 +95,6 @@ fn backend_cluster(backend: &Backend) -> Cluster {
             )]
             .into_iter()
             .collect(),
-            Some(AppProtocol::Http) | None => Default::default(),
         },
         ..Default::default()
     }
@@ -161,5 +166,5 @@ pub(crate) fn same_cluster(a: &Backend, b: &Backend) -> bool {
         && a.spec.load_balancer == b.spec.load_balancer
         && a.spec.connect_timeout == b.spec.connect_timeout
         && a.spec.health_check == b.spec.health_check
-        && a.spec.app_protocol == b.spec.app_protocol
+        && a.spec.upstream_protocol() == b.spec.upstream_protocol()
 }

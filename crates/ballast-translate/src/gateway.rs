@@ -425,7 +425,7 @@ pub(crate) fn build_gateway(
     }
     for b in used.keys() {
         // Used backends resolved when their routes were translated against this config.
-        if let Some(backend) = config.backends.get(b) {
+        if let Some(backend) = config.backend(b) {
             let e = caches.backend(config, backend, stats);
             resources.clusters.push(e.cluster.clone());
             resources.load_assignments.push(e.load_assignment.clone());
@@ -578,7 +578,7 @@ pub(crate) fn patch_routes(
     for b in used_touched {
         let name = names::cluster(&b);
         let at = res.clusters.binary_search_by(|r| r.name().cmp(&name));
-        let backend = config.backends.get(&b);
+        let backend = config.backend(&b);
         match (at, state.used.contains_key(&b), backend) {
             (Err(ci), true, Some(backend)) => {
                 let e = caches.backend(config, backend, stats);

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ballast_model::{AppProtocol, Backend, ConfigSet, HttpRoute, ObjectKey};
+use ballast_model::{Backend, ConfigSet, HttpRoute, ObjectKey, UpstreamProtocol};
 
 /// Suffix of the HTTP/2 copy of a Backend.
 pub const H2C_SUFFIX: &str = ":h2c";
@@ -40,15 +40,22 @@ pub fn translation_view(config: &Arc<ConfigSet>) -> Arc<ConfigSet> {
                 }
                 let base = ObjectKey::new(r.namespace_or(&key.namespace), r.name.as_str());
                 let namespace = base.namespace.clone();
+                if config.services.contains_key(&base) {
+                    // A Service port speaks HTTP/2 through its `appProtocol` (grpc/h2c).
+                    continue;
+                }
                 match config.backends.get(&base) {
-                    Some(b) if b.spec.app_protocol == Some(AppProtocol::H2c) => {}
+                    Some(b) if b.spec.upstream_protocol() == UpstreamProtocol::Http2 => {}
                     found => {
                         r.name.value = format!("{}{H2C_SUFFIX}", base.name);
                         r.namespace = Some(namespace);
                         if let Some(b) = found {
                             let mut copy = (**b).clone();
                             copy.metadata.name = r.name.value.clone();
-                            copy.spec.app_protocol = Some(AppProtocol::H2c);
+                            copy.spec.protocol = Some(ballast_model::Spanned::new(
+                                "kubernetes.io/h2c".to_owned(),
+                                ballast_model::Pos::UNKNOWN,
+                            ));
                             h2c.insert(copy.key(), Arc::new(copy));
                         }
                     }

@@ -40,6 +40,7 @@
 //!   `Programmed=False`), so no filter chain is generated for it.
 #![forbid(unsafe_code)]
 
+mod access_log;
 mod cluster;
 mod gateway;
 pub mod grpc;

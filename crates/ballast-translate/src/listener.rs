@@ -23,7 +23,9 @@ use envoy_types::pb::envoy::config::listener::v3::{
     ListenerFilter,
 };
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
-use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::StripPortMode;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::{
+    StripPortMode, UpgradeConfig,
+};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
 };
@@ -131,6 +133,7 @@ fn stat_prefix(gw: &ObjectKey, port: u32, options: &Options) -> String {
 }
 
 fn hcm_filter(
+    gw: &Gateway,
     stat_prefix: &str,
     route_config: &str,
     client: Option<&ClientSettings<'_>>,
@@ -139,6 +142,12 @@ fn hcm_filter(
     if let Some(c) = client {
         crate::policy::apply_client_hcm(&mut hcm, c);
     }
+    hcm.access_log = crate::access_log::access_logs(gw);
+    // WebSocket upgrades pass through every HTTP listener (Envoy refuses them otherwise).
+    hcm.upgrade_configs = vec![UpgradeConfig {
+        upgrade_type: "websocket".into(),
+        ..Default::default()
+    }];
     // Virtual hosts list bare hostnames; `Host: a.example.com:8443` must still match them.
     hcm.strip_port_mode = Some(StripPortMode::StripAnyHostPort(true));
     // Gateway API path matching assumes normalized paths (`/a/../b` must not dodge `/b` rules).
@@ -238,7 +247,12 @@ pub(crate) fn envoy_listener(
                     server_names: vec![s.clone()],
                     ..Default::default()
                 }),
-                filters: vec![hcm_filter(&stat_prefix, &c.route_config, client.as_ref())],
+                filters: vec![hcm_filter(
+                    gw,
+                    &stat_prefix,
+                    &c.route_config,
+                    client.as_ref(),
+                )],
                 transport_socket: https
                     .then(|| tls_transport_socket(&c.certificates, client.as_ref())),
                 ..Default::default()

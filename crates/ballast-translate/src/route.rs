@@ -112,7 +112,7 @@ impl RouteEntry {
 #[derive(Debug)]
 pub(crate) struct TranslatedRoute {
     pub route: Arc<HttpRoute>,
-    pub signature: Vec<Option<Option<HashKey>>>,
+    pub signature: Vec<Option<(ObjectKey, Option<HashKey>)>>,
     pub entries: Vec<RouteEntry>,
     /// Backends the Envoy routes send traffic to.
     pub clusters: BTreeSet<ObjectKey>,
@@ -122,24 +122,26 @@ pub(crate) struct TranslatedRoute {
 }
 
 /// What the Envoy routes of `route` depend on besides the route: per backendRef, the policy of
-/// the Backend it resolves to, or `None`.
+/// the Backend it resolves to (which can change without the Backend changing: a Service
+/// appearing takes over a shorthand ref), or `None`.
 pub(crate) fn backend_signature(
     config: &ConfigSet,
     route: &HttpRoute,
-) -> Vec<Option<Option<HashKey>>> {
+) -> Vec<Option<(ObjectKey, Option<HashKey>)>> {
     route
         .spec
         .rules
         .iter()
         .flat_map(|rule| &rule.backend_refs)
         .map(|r| match config.resolve_backend(route, r) {
-            BackendRefResolution::Resolved(b) => Some(hash_key(config, &b)),
+            BackendRefResolution::Resolved(b) => Some((b.key(), hash_key(config, &b))),
             _ => None,
         })
         .collect()
 }
 
-/// Every Backend key the backendRefs of `route` name.
+/// Every Backend key the backendRefs of `route` may name (Ballast Backends and the Backends
+/// derived from Service ports, see [`ballast_model::HttpBackendRef::candidate_keys`]).
 pub(crate) fn backend_refs(route: &HttpRoute) -> impl Iterator<Item = ObjectKey> + '_ {
     let ns = route.metadata.namespace.as_str();
     route
@@ -147,8 +149,7 @@ pub(crate) fn backend_refs(route: &HttpRoute) -> impl Iterator<Item = ObjectKey>
         .rules
         .iter()
         .flat_map(|rule| &rule.backend_refs)
-        .filter(|r| r.is_backend())
-        .map(move |r| ObjectKey::new(r.namespace_or(ns), r.name.as_str()))
+        .flat_map(move |r| r.candidate_keys(ns))
 }
 
 pub(crate) fn translate_route(config: &ConfigSet, route: &Arc<HttpRoute>) -> TranslatedRoute {

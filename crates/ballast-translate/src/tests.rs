@@ -210,7 +210,15 @@ fn http_connection_manager_settings() {
     );
     want.strip_port_mode = Some(StripPortMode::StripAnyHostPort(true));
     want.normalize_path = Some(BoolValue { value: true });
-    assert_eq!(hcm(&l, 0), want);
+    let got = hcm(&l, 0);
+    // Access log on by default: stdout, one JSON line per request (access_log.rs tests it).
+    assert_eq!(got.access_log.len(), 1);
+    assert_eq!(got.access_log[0].name, "envoy.access_loggers.stdout");
+    want.access_log = got.access_log.clone();
+    assert_eq!(got.upgrade_configs.len(), 1);
+    assert_eq!(got.upgrade_configs[0].upgrade_type, "websocket");
+    want.upgrade_configs = got.upgrade_configs.clone();
+    assert_eq!(got, want);
     // No routes: an empty route configuration, still referenced by the listener.
     let rc: RouteConfiguration = decode(&res.route_configs[0]);
     assert!(rc.virtual_hosts.is_empty());
@@ -744,6 +752,8 @@ fn backend_cluster_and_endpoints() {
             unhealthy_threshold: Some(UInt32Value { value: 3 }),
             health_checker: Some(HealthChecker::HttpHealthCheck(HttpHealthCheck {
                 path: "/healthz".into(),
+                // A valid Host (Envoy's default would be the cluster name `default/users`).
+                host: "users".into(),
                 ..Default::default()
             })),
             ..Default::default()
@@ -1219,4 +1229,122 @@ fn grpc_routes_share_virtual_hosts_with_http_routes_and_use_h2c_clusters() {
     let res = t.gateway(&gw("edge")).unwrap();
     let cla: ClusterLoadAssignment = decode(find(&res.load_assignments, "default/web:h2c"));
     assert!(format!("{cla:?}").contains("10.0.0.9"), "{cla:?}");
+}
+
+fn service_yaml(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name} }}\nspec:\n  ports: [{{ name: http, port: 80, targetPort: 8080 }}]\n"
+    )
+}
+
+fn slice_yaml(service: &str, addrs: &[&str]) -> String {
+    let eps: Vec<String> = addrs
+        .iter()
+        .map(|a| format!("{{ addresses: [{a}], conditions: {{ ready: true }}, zone: z1 }}"))
+        .collect();
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: {service}-abc, labels: {{ kubernetes.io/service-name: {service} }} }}\naddressType: IPv4\nports: [{{ name: http, port: 8080 }}]\nendpoints: [{}]\n",
+        eps.join(", ")
+    )
+}
+
+/// Service + EndpointSlice backends: one EDS cluster per Service port; an EndpointSlice change is
+/// an EDS-only patch; a Service appearing takes over a shorthand ref that meant a Backend (and
+/// every step equals a from-scratch translation).
+#[test]
+fn service_backends_translate_incrementally() {
+    let route = route_yaml(
+        "r",
+        "  rules:\n  - backendRefs: [{ name: web, port: 80 }]\n",
+    );
+    let backend = backend_yaml("web", "  endpoints: [{ address: 127.0.0.1, port: 9 }]\n");
+    let mut t = Translator::new(Options::default());
+    let step = |t: &mut Translator, yaml: String| {
+        let set = Arc::new(config(&yaml));
+        let out = t.update(&set);
+        let res = t.gateway(&gw("edge")).unwrap();
+        assert_eq!(
+            *res,
+            translate_gateway(&set, &gw("edge"), &Options::default()).unwrap()
+        );
+        (out, res)
+    };
+    // Only a Backend named web: the shorthand ref resolves to it.
+    let (_, res) = step(&mut t, docs(&[GATEWAY_HTTP, &route, &backend]));
+    assert_eq!(names(&res.clusters), vec!["default/web"]);
+    // A Service named web appears: the bare ref now means the Service (Gateway API).
+    let (out, res) = step(
+        &mut t,
+        docs(&[
+            GATEWAY_HTTP,
+            &route,
+            &backend,
+            &service_yaml("web"),
+            &slice_yaml("web", &["10.0.0.1", "10.0.0.2"]),
+        ]),
+    );
+    assert_eq!(out.stats.gateways_translated, 1);
+    assert_eq!(names(&res.clusters), vec!["default/web:80"]);
+    let cla: ClusterLoadAssignment = decode(find(&res.load_assignments, "default/web:80"));
+    let eps: Vec<_> = cla.endpoints[0].lb_endpoints.iter().collect();
+    assert_eq!(eps.len(), 2);
+    assert_eq!(cla.endpoints[0].locality.as_ref().unwrap().zone, "z1");
+    // An endpoint change: only the load assignment is patched.
+    let (out, res) = step(
+        &mut t,
+        docs(&[
+            GATEWAY_HTTP,
+            &route,
+            &backend,
+            &service_yaml("web"),
+            &slice_yaml("web", &["10.0.0.3"]),
+        ]),
+    );
+    assert_eq!(out.stats.gateways_translated, 0);
+    assert_eq!(out.stats.gateways_patched, 1);
+    let cla: ClusterLoadAssignment = decode(find(&res.load_assignments, "default/web:80"));
+    assert_eq!(cla.endpoints[0].lb_endpoints.len(), 1);
+    // The Service goes: back to the Backend.
+    let (out, res) = step(&mut t, docs(&[GATEWAY_HTTP, &route, &backend]));
+    assert_eq!(out.stats.gateways_translated, 1);
+    assert_eq!(names(&res.clusters), vec!["default/web"]);
+}
+
+/// `protocol` (Backend) / `appProtocol` (Service port): h2c and grpc make the cluster speak
+/// HTTP/2; the default and ws stay HTTP/1.1.
+#[test]
+fn upstream_protocols() {
+    use envoy_types::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
+    let h2 = backend_yaml(
+        "h2",
+        "  protocol: kubernetes.io/h2c\n  endpoints: [{ address: 127.0.0.1, port: 1 }]\n",
+    );
+    let ws = backend_yaml(
+        "ws",
+        "  protocol: kubernetes.io/ws\n  endpoints: [{ address: 127.0.0.1, port: 2 }]\n",
+    );
+    let svc = "apiVersion: v1\nkind: Service\nmetadata: { name: rpc }\nspec:\n  ports: [{ port: 50051, appProtocol: grpc }]\n";
+    let route = route_yaml(
+        "r",
+        "  rules:\n  - backendRefs: [{ group: ballast.dev, kind: Backend, name: h2 }, { group: ballast.dev, kind: Backend, name: ws }, { name: rpc, port: 50051 }]\n",
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, &h2, &ws, svc, &route]), "edge");
+    let opts = |name: &str| {
+        let c: Cluster = decode(find(&res.clusters, name));
+        c.typed_extension_protocol_options
+            .get("envoy.extensions.upstreams.http.v3.HttpProtocolOptions")
+            .map(|any| HttpProtocolOptions::decode(any.value.as_slice()).unwrap())
+    };
+    let is_h2 = |o: Option<HttpProtocolOptions>| format!("{o:?}").contains("Http2ProtocolOptions");
+    assert!(is_h2(opts("default/h2")));
+    assert!(is_h2(opts("default/rpc:50051")));
+    assert_eq!(opts("default/ws"), None);
+    // An unknown Backend protocol is an error at the field.
+    let bad = backend_yaml("x", "  protocol: quic\n");
+    let e = ballast_model::ConfigSet::build([("b.yaml", bad)]).unwrap_err();
+    assert!(
+        e[0].to_string()
+            .contains("spec.protocol: unknown protocol \"quic\""),
+        "{e:?}"
+    );
 }

@@ -129,8 +129,8 @@ impl Translator {
                 Kind::Backend => {
                     let users = self.index.gateways_of_backend(&c.key).cloned();
                     let routes_unchanged = c.change == ChangeKind::Modified
-                        && hash_key(&old, &old.backends[&c.key])
-                            == hash_key(config, &config.backends[&c.key]);
+                        && old.backend(&c.key).map(|b| hash_key(&old, b))
+                            == config.backend(&c.key).map(|b| hash_key(config, b));
                     if routes_unchanged {
                         for g in users {
                             patch.entry(g).or_default().insert(c.key.clone());
@@ -153,8 +153,7 @@ impl Translator {
                         .flat_map(|p| targeted_backends(p))
                         .collect();
                     for b in targets {
-                        let (Some(ob), Some(nb)) = (old.backends.get(&b), config.backends.get(&b))
-                        else {
+                        let (Some(ob), Some(nb)) = (old.backend(&b), config.backend(&b)) else {
                             continue; // the Backend's own change (if any) handles it
                         };
                         let users = self.index.gateways_of_backend(&b).cloned();
@@ -205,7 +204,7 @@ impl Translator {
                         backends.extend(backends_using_object(config, c.kind, &c.key));
                     }
                     for b in backends {
-                        if old.backends.contains_key(&b) && config.backends.contains_key(&b) {
+                        if old.backend(&b).is_some() && config.backend(&b).is_some() {
                             for g in self.index.gateways_of_backend(&b) {
                                 patch.entry(g.clone()).or_default().insert(b.clone());
                             }
@@ -214,6 +213,14 @@ impl Translator {
                 }
                 // The view holds GRPCRoutes as HTTPRoutes (`crate::grpc`).
                 Kind::GrpcRoute => {}
+                // A Service appearing or going changes what bare backendRefs of its name mean
+                // (Service or the Backend shorthand); those refs depend on the Backend key of
+                // the same name. Its ports and endpoints reach the translation as the derived
+                // Backends' changes.
+                Kind::Service if c.change != ChangeKind::Modified => {
+                    rebuild.extend(self.index.gateways_of_backend(&c.key).cloned());
+                }
+                Kind::Service | Kind::EndpointSlice => {}
             }
         }
 
@@ -287,7 +294,10 @@ impl Translator {
                 let Ok(ci) = res.clusters.binary_search_by(|r| r.name().cmp(&name)) else {
                     continue; // referenced only with weight 0 or from unserved listeners
                 };
-                let entry = self.caches.backend(config, &config.backends[b], stats);
+                let Some(backend) = config.backend(b) else {
+                    continue;
+                };
+                let entry = self.caches.backend(config, backend, stats);
                 let li = res
                     .load_assignments
                     .binary_search_by(|r| r.name().cmp(&name))
@@ -317,7 +327,9 @@ impl Translator {
                 | Kind::ConfigMap
                 | Kind::BackendTlsPolicy
                 | Kind::ClientPolicy
-                | Kind::GrpcRoute => {}
+                | Kind::GrpcRoute
+                | Kind::Service
+                | Kind::EndpointSlice => {}
             }
         }
         for k in orphans.routes {
@@ -326,7 +338,7 @@ impl Translator {
             }
         }
         for k in orphans.backends {
-            if !self.index.uses_backend(&k) || !config.backends.contains_key(&k) {
+            if !self.index.uses_backend(&k) || config.backend(&k).is_none() {
                 self.caches.backends.remove(&k);
             }
         }
@@ -350,7 +362,7 @@ impl Translator {
                 .caches
                 .backends
                 .keys()
-                .all(|k| self.index.uses_backend(k) && c.backends.contains_key(k))
+                .all(|k| self.index.uses_backend(k) && c.backend(k).is_some())
             && self
                 .caches
                 .secrets
@@ -385,6 +397,12 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
         &mut out,
     );
     diff_map(Kind::Backend, &old.backends, &new.backends, &mut out);
+    diff_map(
+        Kind::Backend,
+        &old.service_backends,
+        &new.service_backends,
+        &mut out,
+    );
     diff_map(Kind::Secret, &old.secrets, &new.secrets, &mut out);
     diff_map(
         Kind::BackendPolicy,
@@ -404,6 +422,7 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
         &new.backend_tls_policies,
         &mut out,
     );
+    diff_map(Kind::Service, &old.services, &new.services, &mut out);
     out
 }
 

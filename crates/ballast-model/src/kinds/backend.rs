@@ -30,19 +30,44 @@ pub struct BackendSpec {
     pub connect_timeout: Option<Spanned<Duration>>,
     #[serde(default)]
     pub health_check: Option<HealthCheck>,
-    /// The protocol Envoy speaks to the endpoints, named as Gateway API `appProtocol`
-    /// (GEP-1911); HTTP/1.1 when omitted. Backends of GRPCRoutes always get HTTP/2.
-    #[serde(default)]
-    pub app_protocol: Option<AppProtocol>,
+    /// Upstream protocol, as a Kubernetes `appProtocol`: `http` (default, HTTP/1.1),
+    /// `kubernetes.io/h2c` / `h2c` / `grpc` (HTTP/2 without TLS), `kubernetes.io/ws` / `ws`
+    /// (HTTP/1.1; WebSocket upgrades pass on every listener anyway).
+    /// Also accepted as `appProtocol` (Gateway API GEP-1911 spelling).
+    #[serde(default, alias = "appProtocol")]
+    pub protocol: Option<Spanned<String>>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
-pub enum AppProtocol {
-    #[serde(rename = "http")]
-    Http,
-    /// HTTP/2 over cleartext with prior knowledge (gRPC backends).
-    #[serde(rename = "kubernetes.io/h2c")]
-    H2c,
+/// The HTTP version Envoy speaks to a Backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum UpstreamProtocol {
+    #[default]
+    Http1,
+    /// HTTP/2 with prior knowledge (h2c), as gRPC needs.
+    Http2,
+}
+
+/// The `appProtocol` values Ballast understands, and what they select; others are errors on a
+/// Backend and ignored (HTTP/1.1) on a Service port, as Kubernetes allows any value there.
+pub fn upstream_protocol(app_protocol: &str) -> Option<UpstreamProtocol> {
+    match app_protocol {
+        "http" | "HTTP" | "kubernetes.io/ws" | "ws" | "kubernetes.io/wss" => {
+            Some(UpstreamProtocol::Http1)
+        }
+        "kubernetes.io/h2c" | "h2c" | "grpc" | "GRPC" | "http2" | "HTTP2" => {
+            Some(UpstreamProtocol::Http2)
+        }
+        _ => None,
+    }
+}
+
+impl BackendSpec {
+    pub fn upstream_protocol(&self) -> UpstreamProtocol {
+        self.protocol
+            .as_ref()
+            .and_then(|p| upstream_protocol(p))
+            .unwrap_or_default()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -99,6 +124,10 @@ pub enum LbPolicy {
 pub struct HealthCheck {
     /// Request path, e.g. `/healthz`; a 200 answer is healthy.
     pub path: Spanned<String>,
+    /// `Host` header of the checks; default the Backend's name (Envoy's own default, the
+    /// cluster name `ns/name`, is not a valid Host and strict servers answer it with 400).
+    #[serde(default)]
+    pub host: Option<Spanned<String>>,
     #[serde(default = "five_seconds", deserialize_with = "de_duration")]
     pub interval: Spanned<Duration>,
     #[serde(default = "one_second", deserialize_with = "de_duration")]

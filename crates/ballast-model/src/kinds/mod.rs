@@ -5,6 +5,7 @@
 //! [`crate::parse`] has filled in Gateway API defaults and [`crate::validate`] has checked them.
 //! A value of these types inside a [`crate::ConfigSet`] is therefore valid.
 
+pub mod access_log;
 pub mod backend;
 pub mod backend_tls;
 pub mod client_policy;
@@ -14,6 +15,7 @@ pub mod grpcroute;
 pub mod policy;
 pub mod route;
 pub mod secret;
+pub mod service;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -21,6 +23,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use access_log::*;
 pub use backend::*;
 pub use backend_tls::*;
 pub use client_policy::*;
@@ -30,6 +33,7 @@ pub use grpcroute::*;
 pub use policy::*;
 pub use route::*;
 pub use secret::*;
+pub use service::*;
 
 use crate::spanned::Pos;
 
@@ -55,10 +59,12 @@ pub enum Kind {
     ClientPolicy,
     #[serde(rename = "GRPCRoute")]
     GrpcRoute,
+    Service,
+    EndpointSlice,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Gateway,
         Kind::HttpRoute,
         Kind::Backend,
@@ -68,6 +74,8 @@ impl Kind {
         Kind::BackendTlsPolicy,
         Kind::ClientPolicy,
         Kind::GrpcRoute,
+        Kind::Service,
+        Kind::EndpointSlice,
     ];
 
     /// The `kind:` string.
@@ -82,6 +90,8 @@ impl Kind {
             Kind::BackendTlsPolicy => "BackendTLSPolicy",
             Kind::ClientPolicy => "ClientPolicy",
             Kind::GrpcRoute => "GRPCRoute",
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
         }
     }
 
@@ -92,6 +102,8 @@ impl Kind {
             Kind::Backend | Kind::BackendPolicy | Kind::ClientPolicy => "ballast.dev/v1alpha1",
             Kind::Secret | Kind::ConfigMap => "v1",
             Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1alpha3",
+            Kind::Service => "v1",
+            Kind::EndpointSlice => "discovery.k8s.io/v1",
         }
     }
 
@@ -175,6 +187,29 @@ pub struct Metadata {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
+    /// Set by the API server; accepted (and ignored) so `kubectl get -o yaml` exports load.
+    #[serde(default)]
+    pub uid: Ignored,
+    #[serde(default)]
+    pub resource_version: Ignored,
+    #[serde(default)]
+    pub generation: Ignored,
+    #[serde(default)]
+    pub creation_timestamp: Ignored,
+    #[serde(default)]
+    pub deletion_timestamp: Ignored,
+    #[serde(default)]
+    pub deletion_grace_period_seconds: Ignored,
+    #[serde(default)]
+    pub managed_fields: Ignored,
+    #[serde(default)]
+    pub owner_references: Ignored,
+    #[serde(default)]
+    pub finalizers: Ignored,
+    #[serde(default)]
+    pub generate_name: Ignored,
+    #[serde(default)]
+    pub self_link: Ignored,
 }
 
 fn default_namespace() -> String {
@@ -232,6 +267,8 @@ pub enum Object {
     BackendTlsPolicy(Arc<BackendTlsPolicy>),
     ClientPolicy(Arc<ClientPolicy>),
     GrpcRoute(Arc<GrpcRoute>),
+    Service(Arc<Service>),
+    EndpointSlice(Arc<EndpointSlice>),
 }
 
 impl Object {
@@ -246,6 +283,8 @@ impl Object {
             Object::BackendTlsPolicy(_) => Kind::BackendTlsPolicy,
             Object::ClientPolicy(_) => Kind::ClientPolicy,
             Object::GrpcRoute(_) => Kind::GrpcRoute,
+            Object::Service(_) => Kind::Service,
+            Object::EndpointSlice(_) => Kind::EndpointSlice,
         }
     }
 
@@ -260,6 +299,8 @@ impl Object {
             Object::BackendTlsPolicy(o) => &o.metadata,
             Object::ClientPolicy(o) => &o.metadata,
             Object::GrpcRoute(o) => &o.metadata,
+            Object::Service(o) => &o.metadata,
+            Object::EndpointSlice(o) => &o.metadata,
         }
     }
 
@@ -278,6 +319,8 @@ impl Object {
             Object::BackendTlsPolicy(o) => &o.source,
             Object::ClientPolicy(o) => &o.source,
             Object::GrpcRoute(o) => &o.source,
+            Object::Service(o) => &o.source,
+            Object::EndpointSlice(o) => &o.source,
         }
     }
 }

@@ -347,21 +347,23 @@ impl PathModifier {
     }
 }
 
-/// A weighted reference to a `Backend`.
+/// A weighted reference to a core `Service` (the Gateway API default) or a Ballast `Backend`
+/// (`group: ballast.dev`, `kind: Backend`).
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HttpBackendRef {
-    /// `ballast.dev` (the default: ballast has no Kubernetes Services).
+    /// `""` (core, the default) for a Service; `ballast.dev` for a Backend.
     #[serde(default)]
     pub group: Option<Spanned<String>>,
-    /// `Backend` (the default).
+    /// `Service` (the default) or `Backend`.
     #[serde(default)]
     pub kind: Option<Spanned<String>>,
     pub name: Spanned<String>,
     /// Defaults to the route's namespace.
     #[serde(default)]
     pub namespace: Option<String>,
-    /// Accepted for Kubernetes compatibility; a Backend's endpoints carry their own ports.
+    /// The Service port (required for a Service, as in Gateway API); ignored for a Backend,
+    /// whose endpoints carry their own ports.
     #[serde(default)]
     pub port: Option<Spanned<u32>>,
     /// Share of the rule's traffic, relative to its other backendRefs (0 = none).
@@ -373,13 +375,66 @@ fn one() -> Spanned<u32> {
     Spanned::new(1, Pos::UNKNOWN)
 }
 
+/// What the `group`/`kind` of a backendRef say, before looking anything up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendRefKind {
+    /// Neither given: a Service in Gateway API; older Ballast configs meant a Backend
+    /// ([`crate::set::ConfigSet::backend_target`] decides).
+    Unspecified,
+    Service,
+    Backend,
+    /// Anything else: not served.
+    Other,
+}
+
 impl HttpBackendRef {
-    /// Whether this names a ballast `Backend` (the only kind ballast can route to).
+    pub fn ref_kind(&self) -> BackendRefKind {
+        let group = self.group.as_ref().map(|g| g.as_str());
+        let kind = self.kind.as_ref().map(|k| k.as_str());
+        match (group, kind) {
+            (None, None) => BackendRefKind::Unspecified,
+            (None | Some(""), Some("Service")) | (Some(""), None) => BackendRefKind::Service,
+            // `kind: Backend` alone was accepted before Services existed.
+            (Some(BALLAST_GROUP), None | Some("Backend")) | (None, Some("Backend")) => {
+                BackendRefKind::Backend
+            }
+            _ => BackendRefKind::Other,
+        }
+    }
+
+    /// Whether this may name a Ballast `Backend` (explicitly or by the old shorthand).
     pub fn is_backend(&self) -> bool {
-        self.group
-            .as_ref()
-            .is_none_or(|g| g.as_str() == BALLAST_GROUP)
-            && self.kind.as_ref().is_none_or(|k| k.as_str() == "Backend")
+        matches!(
+            self.ref_kind(),
+            BackendRefKind::Backend | BackendRefKind::Unspecified
+        )
+    }
+
+    /// Whether this may name a core Service.
+    pub fn is_service(&self) -> bool {
+        matches!(
+            self.ref_kind(),
+            BackendRefKind::Service | BackendRefKind::Unspecified
+        )
+    }
+
+    /// Every Backend key this ref may resolve to, from the ref alone (for dependency
+    /// tracking): the Ballast Backend and/or the Backend derived from the Service port.
+    pub fn candidate_keys(&self, route_namespace: &str) -> Vec<super::ObjectKey> {
+        let ns = self.namespace_or(route_namespace);
+        let mut out = Vec::new();
+        if self.is_backend() {
+            out.push(super::ObjectKey::new(ns, self.name.as_str()));
+        }
+        if self.is_service()
+            && let Some(p) = &self.port
+        {
+            out.push(super::ObjectKey::new(
+                ns,
+                super::service_backend_name(&self.name, p.value),
+            ));
+        }
+        out
     }
 
     pub fn namespace_or<'a>(&'a self, route_namespace: &'a str) -> &'a str {
