@@ -14,7 +14,7 @@ use crate::error::{ConfigError, ObjectRef, sort_errors};
 use crate::kinds::secret::SecretDoc;
 use crate::kinds::{
     Backend, BackendSpec, DEFAULT_NAMESPACE, Gateway, GatewaySpec, HttpRoute, HttpRouteSpec, Kind,
-    KindMatch, Metadata, Object, ObjectKey, Source,
+    KindMatch, Metadata, Object, ObjectKey, ReferenceGrant, ReferenceGrantSpec, Source,
 };
 use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
@@ -316,7 +316,7 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
                 "missing field `apiVersion`".into(),
             )]);
         }
-        Some(v) if v.value != kind.api_version() => {
+        Some(v) if !kind.accepts(&v.value) => {
             return Err(vec![error(
                 v.pos,
                 Some(object),
@@ -347,6 +347,8 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
         Kind::Backend => deserialize::<Doc<BackendSpec>>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::Backend(d.spec))),
         Kind::Secret => deserialize::<SecretDoc>(doc.text).map(Typed::Secret),
+        Kind::ReferenceGrant => deserialize::<Doc<ReferenceGrantSpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::ReferenceGrant(d.spec))),
     }
     .map_err(strict_error)?;
     finish(file, object, doc_pos, typed).map(Parsed::Object)
@@ -362,6 +364,7 @@ enum TypedSpec {
     Gateway(GatewaySpec),
     HttpRoute(HttpRouteSpec),
     Backend(BackendSpec),
+    ReferenceGrant(ReferenceGrantSpec),
 }
 
 /// Applies defaults and validates; the one place both parse paths build objects.
@@ -404,6 +407,15 @@ fn finish(
             };
             validate::backend(&mut ctx, &b);
             Object::Backend(Arc::new(b))
+        }
+        Typed::Spec(metadata, TypedSpec::ReferenceGrant(spec)) => {
+            let g = ReferenceGrant {
+                metadata,
+                spec,
+                source,
+            };
+            validate::reference_grant(&mut ctx, &g);
+            Object::ReferenceGrant(Arc::new(g))
         }
         Typed::Secret(d) => match validate::secret(&mut ctx, d, source) {
             Some(s) => Object::Secret(Arc::new(s)),
@@ -456,6 +468,9 @@ impl<'de> Deserialize<'de> for FastDoc {
                                 Some(Kind::Gateway) => TypedSpec::Gateway(map.next_value()?),
                                 Some(Kind::HttpRoute) => TypedSpec::HttpRoute(map.next_value()?),
                                 Some(Kind::Backend) => TypedSpec::Backend(map.next_value()?),
+                                Some(Kind::ReferenceGrant) => {
+                                    TypedSpec::ReferenceGrant(map.next_value()?)
+                                }
                                 _ => return Err(decline()),
                             })
                         }
@@ -463,9 +478,7 @@ impl<'de> Deserialize<'de> for FastDoc {
                     }
                 }
                 match (api, kind, metadata, spec) {
-                    (Some(api), Some(kind), Some(metadata), Some(spec))
-                        if api == kind.api_version() =>
-                    {
+                    (Some(api), Some(kind), Some(metadata), Some(spec)) if kind.accepts(&api) => {
                         Ok(FastDoc {
                             kind,
                             metadata,
@@ -961,8 +974,8 @@ spec:
     #[test]
     fn unknown_kinds_are_skipped_not_errors() {
         let text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n---\n\
-            apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\n\
-            metadata: {name: g, namespace: apps}\nspec: {from: [], to: []}\n---\n\
+            apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+            metadata: {name: g, namespace: apps}\nspec: {podSelector: {}}\n---\n\
             apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: Backend\nmetadata: {name: b}\n\
             spec: {endpoints: [{fqdn: {hostname: x.example.com, port: 80}}]}\n---\n\
             kind: SomethingElse\n---\n{CANONICAL}"
@@ -975,7 +988,7 @@ spec:
             got,
             [
                 "f.yaml:1:1: skipped ConfigMap default/x (v1): kind not implemented by Ballast",
-                "f.yaml:5:1: skipped ReferenceGrant apps/g (gateway.networking.k8s.io/v1beta1): kind not implemented by Ballast",
+                "f.yaml:5:1: skipped NetworkPolicy apps/g (networking.k8s.io/v1): kind not implemented by Ballast",
                 "f.yaml:10:1: skipped Backend default/b (gateway.envoyproxy.io/v1alpha1): kind not implemented by Ballast",
                 "f.yaml:15:1: skipped SomethingElse (no apiVersion): kind not implemented by Ballast",
             ]

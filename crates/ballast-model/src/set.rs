@@ -116,6 +116,7 @@ pub struct ConfigSet {
     pub http_routes: BTreeMap<ObjectKey, Arc<HttpRoute>>,
     pub backends: BTreeMap<ObjectKey, Arc<Backend>>,
     pub secrets: BTreeMap<ObjectKey, Arc<Secret>>,
+    pub reference_grants: BTreeMap<ObjectKey, Arc<ReferenceGrant>>,
 }
 
 /// How one object differs between two sets.
@@ -142,6 +143,10 @@ pub enum BackendRefResolution {
     NotFound,
     /// Names a group/kind other than `ballast.dev` `Backend`; treated like `NotFound` for traffic.
     InvalidKind,
+    /// Names a Backend of another namespace that no ReferenceGrant there allows the route to
+    /// use (Gateway API `RefNotPermitted`); treated like `NotFound` for traffic, whether or not
+    /// the Backend exists (existence must not leak across namespaces).
+    NotPermitted,
 }
 
 /// What a listener's certificateRef points at.
@@ -150,6 +155,8 @@ pub enum CertificateRefResolution {
     Resolved(Arc<Secret>),
     NotFound,
     InvalidKind,
+    /// A Secret of another namespace without a ReferenceGrant there for the Gateway.
+    NotPermitted,
 }
 
 /// Why a parentRef does not attach (Gateway API `Accepted=False` reasons).
@@ -370,6 +377,10 @@ impl ConfigSet {
             Object::HttpRoute(r) => self.http_routes.insert(key, r).map(Object::HttpRoute),
             Object::Backend(b) => self.backends.insert(key, b).map(Object::Backend),
             Object::Secret(s) => self.secrets.insert(key, s).map(Object::Secret),
+            Object::ReferenceGrant(g) => self
+                .reference_grants
+                .insert(key, g)
+                .map(Object::ReferenceGrant),
         }
     }
 
@@ -379,6 +390,10 @@ impl ConfigSet {
             Kind::HttpRoute => self.http_routes.remove(key).map(Object::HttpRoute),
             Kind::Backend => self.backends.remove(key).map(Object::Backend),
             Kind::Secret => self.secrets.remove(key).map(Object::Secret),
+            Kind::ReferenceGrant => self
+                .reference_grants
+                .remove(key)
+                .map(Object::ReferenceGrant),
         }
     }
 
@@ -388,6 +403,11 @@ impl ConfigSet {
             Kind::HttpRoute => self.http_routes.get(key).cloned().map(Object::HttpRoute),
             Kind::Backend => self.backends.get(key).cloned().map(Object::Backend),
             Kind::Secret => self.secrets.get(key).cloned().map(Object::Secret),
+            Kind::ReferenceGrant => self
+                .reference_grants
+                .get(key)
+                .cloned()
+                .map(Object::ReferenceGrant),
         }
     }
 
@@ -397,11 +417,20 @@ impl ConfigSet {
         let r = self.http_routes.values().cloned().map(Object::HttpRoute);
         let b = self.backends.values().cloned().map(Object::Backend);
         let s = self.secrets.values().cloned().map(Object::Secret);
-        g.chain(r).chain(b).chain(s)
+        let rg = self
+            .reference_grants
+            .values()
+            .cloned()
+            .map(Object::ReferenceGrant);
+        g.chain(r).chain(b).chain(s).chain(rg)
     }
 
     pub fn len(&self) -> usize {
-        self.gateways.len() + self.http_routes.len() + self.backends.len() + self.secrets.len()
+        self.gateways.len()
+            + self.http_routes.len()
+            + self.backends.len()
+            + self.secrets.len()
+            + self.reference_grants.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -421,7 +450,33 @@ impl ConfigSet {
         );
         diff_map(Kind::Backend, &self.backends, &new.backends, &mut out);
         diff_map(Kind::Secret, &self.secrets, &new.secrets, &mut out);
+        diff_map(
+            Kind::ReferenceGrant,
+            &self.reference_grants,
+            &new.reference_grants,
+            &mut out,
+        );
         out
+    }
+
+    /// Whether an object of kind `from` in namespace `from_ns` may refer to the object `to_name`
+    /// of kind `to` in `to_ns` (Gateway API ReferenceGrant): always within a namespace; across
+    /// namespaces only when a ReferenceGrant in `to_ns` lists `from`/`from_ns` and `to` (with
+    /// `to_name` or no name). The one check for every kind of cross-namespace reference.
+    pub fn ref_permitted(
+        &self,
+        from: GroupKind<'_>,
+        from_ns: &str,
+        to: GroupKind<'_>,
+        to_ns: &str,
+        to_name: &str,
+    ) -> bool {
+        from_ns == to_ns
+            || self
+                .reference_grants
+                .range(ObjectKey::new(to_ns, "")..)
+                .take_while(|(k, _)| k.namespace == to_ns)
+                .any(|(_, g)| g.permits(from, from_ns, to, to_name))
     }
 
     /// Resolves a backendRef of `route` (its namespace defaults to the route's).
@@ -430,6 +485,15 @@ impl ConfigSet {
             return BackendRefResolution::InvalidKind;
         }
         let key = ObjectKey::new(r.namespace_or(&route.metadata.namespace), r.name.as_str());
+        if !self.ref_permitted(
+            HTTP_ROUTE_GK,
+            &route.metadata.namespace,
+            GroupKind::new(BALLAST_GROUP, "Backend"),
+            &key.namespace,
+            &key.name,
+        ) {
+            return BackendRefResolution::NotPermitted;
+        }
         match self.backends.get(&key) {
             Some(b) => BackendRefResolution::Resolved(b.clone()),
             None => BackendRefResolution::NotFound,
@@ -449,6 +513,15 @@ impl ConfigSet {
             .namespace
             .as_deref()
             .unwrap_or(&gateway.metadata.namespace);
+        if !self.ref_permitted(
+            GATEWAY_GK,
+            &gateway.metadata.namespace,
+            SECRET_GK,
+            ns,
+            &r.name,
+        ) {
+            return CertificateRefResolution::NotPermitted;
+        }
         match self.secrets.get(&ObjectKey::new(ns, r.name.as_str())) {
             Some(s) => CertificateRefResolution::Resolved(s.clone()),
             None => CertificateRefResolution::NotFound,
@@ -962,7 +1035,7 @@ mod tests {
         let files = [
             ("a.yaml", format!("{}---\n{}", backend("a", 0), backend("b", 80))),
             ("r.yaml", route("r", "r.example", "b")),
-            ("x.yaml", "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: g}\nspec: {}\n".to_owned()),
+            ("x.yaml", "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: g}\nspec: {}\n".to_owned()),
         ];
         let (set, report) = assemble(None, &files);
         assert_eq!(set.len(), 2);
@@ -970,7 +1043,7 @@ mod tests {
         assert_eq!(report.rejected.len(), 1);
         assert_eq!(report.rejected[0].serving, None);
         assert_eq!(report.skipped.len(), 1);
-        assert_eq!(report.skipped[0].kind, "ReferenceGrant");
+        assert_eq!(report.skipped[0].kind, "NetworkPolicy");
         assert_eq!(report.errors.len(), 1);
     }
 

@@ -182,18 +182,30 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
     let mut listeners = Vec::new();
     for l in &g.spec.listeners {
         let mut bad = Vec::new();
+        let mut bad_reason = None;
         let mut resolved = 0;
         for r in l.tls.iter().flat_map(|t| &t.certificate_refs) {
             let ns = r.namespace.as_deref().unwrap_or(&g.metadata.namespace);
             match set.resolve_certificate(g, r) {
                 CertificateRefResolution::Resolved(_) => resolved += 1,
                 CertificateRefResolution::NotFound => {
+                    bad_reason.get_or_insert("InvalidCertificateRef");
                     bad.push(format!("Secret {ns}/{} not found", r.name.value))
                 }
-                CertificateRefResolution::InvalidKind => bad.push(format!(
-                    "certificateRef {ns}/{} has unsupported kind {:?} (group {:?}); only core Secret is supported",
-                    r.name.value, r.kind.value, r.group
-                )),
+                CertificateRefResolution::InvalidKind => {
+                    bad_reason.get_or_insert("InvalidCertificateRef");
+                    bad.push(format!(
+                        "certificateRef {ns}/{} has unsupported kind {:?} (group {:?}); only core Secret is supported",
+                        r.name.value, r.kind.value, r.group
+                    ))
+                }
+                CertificateRefResolution::NotPermitted => {
+                    bad_reason.get_or_insert("RefNotPermitted");
+                    bad.push(format!(
+                        "Secret {ns}/{} is in another namespace and no ReferenceGrant in {ns} allows Gateway {}/{} to use it",
+                        r.name.value, g.metadata.namespace, g.metadata.name
+                    ))
+                }
             }
         }
         let refs_ok = bad.is_empty();
@@ -215,7 +227,7 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
                     Condition::new(
                         "ResolvedRefs",
                         false,
-                        "InvalidCertificateRef",
+                        bad_reason.unwrap_or("InvalidCertificateRef"),
                         bad.join("; "),
                     )
                 },
@@ -276,6 +288,13 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
                         b.kind.as_ref().map_or("Backend", |k| k.as_str())
                     ));
                     "InvalidKind"
+                }
+                BackendRefResolution::NotPermitted => {
+                    messages.push(format!(
+                        "rules[{i}].backendRefs[{j}]: Backend {ns}/{} is in another namespace and no ReferenceGrant in {ns} allows HTTPRoute {}/{} to use it",
+                        b.name.value, r.metadata.namespace, r.metadata.name
+                    ));
+                    "RefNotPermitted"
                 }
             };
             reason.get_or_insert(why);

@@ -590,6 +590,47 @@ fn path_modifier(ctx: &mut Ctx, p: &PathModifier, rule: &HttpRouteRule, f: &str)
     }
 }
 
+/// Gateway API requires at least one `from` and one `to`, non-empty kinds and valid names.
+pub(crate) fn reference_grant(ctx: &mut Ctx, g: &ReferenceGrant) {
+    metadata(ctx, &g.metadata);
+    if g.spec.from.is_empty() {
+        ctx.err(Pos::UNKNOWN, "spec.from", "must list at least one referrer");
+    }
+    if g.spec.to.is_empty() {
+        ctx.err(Pos::UNKNOWN, "spec.to", "must list at least one target");
+    }
+    for (i, f) in g.spec.from.iter().enumerate() {
+        if f.kind.is_empty() {
+            ctx.err(
+                f.kind.pos,
+                format!("spec.from[{i}].kind"),
+                "kind must not be empty",
+            );
+        }
+        if let Err(e) = check_dns_label(&f.namespace) {
+            ctx.err(
+                f.namespace.pos,
+                format!("spec.from[{i}].namespace"),
+                format!("namespace {e}"),
+            );
+        }
+    }
+    for (i, t) in g.spec.to.iter().enumerate() {
+        if t.kind.is_empty() {
+            ctx.err(
+                t.kind.pos,
+                format!("spec.to[{i}].kind"),
+                "kind must not be empty",
+            );
+        }
+        if let Some(n) = &t.name
+            && let Err(e) = check_dns_subdomain(n)
+        {
+            ctx.err(n.pos, format!("spec.to[{i}].name"), format!("name {e}"));
+        }
+    }
+}
+
 pub(crate) fn backend(ctx: &mut Ctx, b: &Backend) {
     metadata(ctx, &b.metadata);
     let mut seen = HashMap::new();

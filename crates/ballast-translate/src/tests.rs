@@ -1135,3 +1135,36 @@ fn documentation_examples_give_consistent_snapshots() {
         assert!(!res.listeners.is_empty());
     }
 }
+
+/// A cross-namespace backendRef becomes a cluster only while a ReferenceGrant allows it, and the
+/// incremental translator follows the grant being added and removed (nothing else changes).
+#[test]
+fn reference_grant_gates_cross_namespace_backends_incrementally() {
+    let backend = "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: { name: web, namespace: backends }\nspec:\n  endpoints: [{ address: 10.0.0.1, port: 80 }]\n";
+    let route = route_yaml(
+        "web",
+        "  rules: [{ backendRefs: [{ name: web, namespace: backends }] }]\n",
+    );
+    let grant = "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: { name: allow, namespace: backends }\nspec:\n  from: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: default }]\n  to: [{ group: ballast.dev, kind: Backend }]\n";
+    let without = Arc::new(config(&docs(&[GATEWAY_HTTP, backend, &route])));
+    let with = Arc::new(config(&docs(&[GATEWAY_HTTP, backend, &route, grant])));
+    let mut t = Translator::new(Options::default());
+    let is_500 = |res: &GatewayResources| matches!(&only_vhost(res).routes[0].action, Some(Action::DirectResponse(d)) if d.status == 500);
+    let out = t.update(&without);
+    let res = &out.changed[&gw("edge")];
+    assert!(res.clusters.is_empty() && is_500(res));
+    let out = t.update(&with);
+    let res = out.changed[&gw("edge")].clone();
+    assert_eq!(names(&res.clusters), ["backends/web"]);
+    assert_eq!(
+        route_action(&only_vhost(&res).routes[0]).cluster_specifier,
+        Some(ClusterSpecifier::Cluster("backends/web".into()))
+    );
+    assert_eq!(
+        *res,
+        translate_gateway(&with, &gw("edge"), &Options::default()).unwrap()
+    );
+    let out = t.update(&without);
+    let res = &out.changed[&gw("edge")];
+    assert!(res.clusters.is_empty() && is_500(res));
+}

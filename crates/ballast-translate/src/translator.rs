@@ -137,6 +137,9 @@ impl Translator {
                 Kind::Secret => {
                     rebuild.extend(self.index.gateways_of_secret(&c.key).cloned());
                 }
+                // A grant can make any cross-namespace backendRef or certificateRef (un)resolve.
+                // Grants change rarely: rebuild every gateway rather than index who uses which.
+                Kind::ReferenceGrant => rebuild.extend(config.gateways.keys().cloned()),
             }
         }
 
@@ -235,7 +238,7 @@ impl Translator {
                 Kind::HttpRoute => orphans.routes.push(c.key.clone()),
                 Kind::Backend => orphans.backends.push(c.key.clone()),
                 Kind::Secret => orphans.secrets.push(c.key.clone()),
-                Kind::Gateway => {}
+                Kind::Gateway | Kind::ReferenceGrant => {}
             }
         }
         for k in orphans.routes {
@@ -304,6 +307,12 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
     );
     diff_map(Kind::Backend, &old.backends, &new.backends, &mut out);
     diff_map(Kind::Secret, &old.secrets, &new.secrets, &mut out);
+    diff_map(
+        Kind::ReferenceGrant,
+        &old.reference_grants,
+        &new.reference_grants,
+        &mut out,
+    );
     out
 }
 

@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod gateway;
+pub mod reference_grant;
 pub mod route;
 pub mod secret;
 
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 pub use backend::*;
 pub use gateway::*;
+pub use reference_grant::*;
 pub use route::*;
 pub use secret::*;
 
@@ -38,10 +40,17 @@ pub enum Kind {
     HttpRoute,
     Backend,
     Secret,
+    ReferenceGrant,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [Kind::Gateway, Kind::HttpRoute, Kind::Backend, Kind::Secret];
+    pub const ALL: [Kind; 5] = [
+        Kind::Gateway,
+        Kind::HttpRoute,
+        Kind::Backend,
+        Kind::Secret,
+        Kind::ReferenceGrant,
+    ];
 
     /// The `kind:` string.
     pub fn as_str(self) -> &'static str {
@@ -50,6 +59,7 @@ impl Kind {
             Kind::HttpRoute => "HTTPRoute",
             Kind::Backend => "Backend",
             Kind::Secret => "Secret",
+            Kind::ReferenceGrant => "ReferenceGrant",
         }
     }
 
@@ -59,7 +69,15 @@ impl Kind {
             Kind::Gateway | Kind::HttpRoute => "gateway.networking.k8s.io/v1",
             Kind::Backend => "ballast.dev/v1alpha1",
             Kind::Secret => "v1",
+            Kind::ReferenceGrant => "gateway.networking.k8s.io/v1beta1",
         }
+    }
+
+    /// Whether `api_version` is served for this kind: [`Kind::api_version`], and for
+    /// ReferenceGrant also `v1` (the version newer Gateway API releases serve it as).
+    pub fn accepts(self, api_version: &str) -> bool {
+        api_version == self.api_version()
+            || (self == Kind::ReferenceGrant && api_version == "gateway.networking.k8s.io/v1")
     }
 
     pub fn from_kind_str(kind: &str) -> Option<Kind> {
@@ -76,7 +94,7 @@ impl Kind {
         };
         let group = |v: &str| v.rsplit_once('/').map_or("", |(g, _)| g).to_owned();
         match api_version {
-            Some(v) if v == k.api_version() => KindMatch::Known(k),
+            Some(v) if k.accepts(v) => KindMatch::Known(k),
             // Our group (or none given): meant for us, with a version we do not serve.
             None => KindMatch::WrongVersion(k),
             Some(v) if group(v) == group(k.api_version()) => KindMatch::WrongVersion(k),
@@ -187,6 +205,7 @@ pub enum Object {
     HttpRoute(Arc<HttpRoute>),
     Backend(Arc<Backend>),
     Secret(Arc<Secret>),
+    ReferenceGrant(Arc<ReferenceGrant>),
 }
 
 impl Object {
@@ -196,6 +215,7 @@ impl Object {
             Object::HttpRoute(_) => Kind::HttpRoute,
             Object::Backend(_) => Kind::Backend,
             Object::Secret(_) => Kind::Secret,
+            Object::ReferenceGrant(_) => Kind::ReferenceGrant,
         }
     }
 
@@ -205,6 +225,7 @@ impl Object {
             Object::HttpRoute(o) => &o.metadata,
             Object::Backend(o) => &o.metadata,
             Object::Secret(o) => &o.metadata,
+            Object::ReferenceGrant(o) => &o.metadata,
         }
     }
 
@@ -218,6 +239,7 @@ impl Object {
             Object::HttpRoute(o) => &o.source,
             Object::Backend(o) => &o.source,
             Object::Secret(o) => &o.source,
+            Object::ReferenceGrant(o) => &o.source,
         }
     }
 }
