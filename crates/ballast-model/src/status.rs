@@ -106,12 +106,27 @@ pub struct GatewayStatus {
     pub listeners: Vec<ListenerStatus>,
 }
 
-/// The status of every Gateway and HTTPRoute, in key order.
+/// A Backend (Gateway API has no Backend status; this is what `ballast get backends` shows):
+/// valid, how many endpoints, and which routes send to it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendStatus {
+    pub namespace: String,
+    pub name: String,
+    pub source: String,
+    pub endpoints: u32,
+    /// `namespace/name` of every HTTPRoute with a backendRef resolving to this Backend.
+    pub routes: Vec<String>,
+    pub conditions: Vec<Condition>,
+}
+
+/// The status of every Gateway, HTTPRoute and Backend, in key order.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ConfigStatus {
     pub gateways: Vec<GatewayStatus>,
     pub http_routes: Vec<RouteStatus>,
+    pub backends: Vec<BackendStatus>,
 }
 
 impl ConfigStatus {
@@ -174,7 +189,50 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
             .values()
             .map(|r| route_status(set, r))
             .collect(),
+        backends: backend_statuses(set),
     }
+}
+
+fn backend_statuses(set: &ConfigSet) -> Vec<BackendStatus> {
+    let mut users: std::collections::BTreeMap<ObjectKey, Vec<String>> = Default::default();
+    for r in set.http_routes.values() {
+        for b in r.spec.rules.iter().flat_map(|rule| &rule.backend_refs) {
+            if let BackendRefResolution::Resolved(b) = set.resolve_backend(r, b) {
+                let list = users.entry(b.key()).or_default();
+                let name = r.key().to_string();
+                if !list.contains(&name) {
+                    list.push(name);
+                }
+            }
+        }
+    }
+    set.backends
+        .values()
+        .map(|b| {
+            let routes = users.remove(&b.key()).unwrap_or_default();
+            let endpoints = u32::try_from(b.spec.endpoints.len()).unwrap_or(u32::MAX);
+            BackendStatus {
+                namespace: b.metadata.namespace.clone(),
+                name: b.metadata.name.clone(),
+                source: b.source.to_string(),
+                endpoints,
+                conditions: vec![
+                    Condition::new("Accepted", true, "Accepted", "Backend is valid"),
+                    if routes.is_empty() {
+                        Condition::new(
+                            "Programmed",
+                            false,
+                            "NotReferenced",
+                            "no route's backendRef resolves to this Backend",
+                        )
+                    } else {
+                        Condition::new("Programmed", true, "Programmed", "referenced by routes")
+                    },
+                ],
+                routes,
+            }
+        })
+        .collect()
 }
 
 fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {

@@ -25,6 +25,22 @@ spec:
     )
 }
 
+/// Runs `ballast get ARGS` and returns its stdout (asserting success).
+fn ballast_get(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .arg("get")
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 const GRANT: &str = "apiVersion: gateway.networking.k8s.io/v1beta1
 kind: ReferenceGrant
 metadata: { name: allow-apps, namespace: backends }
@@ -89,6 +105,27 @@ spec:
     assert_eq!(c["status"], "False", "{c}");
     assert_eq!(c["reason"], "RefNotPermitted", "{c}");
     assert_eq!(up.hits(), 0, "no request may reach the ungranted backend");
+    // `ballast get` shows the same, from the running server and from the files.
+    let admin = ballast.admin.to_string();
+    let from_server = ballast_get(&["routes", "--admin-addr", &admin]);
+    assert!(
+        from_server
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == [
+                    "apps",
+                    "cross",
+                    "infra/edge",
+                    "True",
+                    "False",
+                    "(RefNotPermitted)"
+                ]),
+        "{from_server}"
+    );
+    let from_files = ballast_get(&["routes", dir.path().to_str().unwrap()]);
+    assert_eq!(from_files, from_server);
+    let yaml = ballast_get(&["backends", "-o", "yaml", "--admin-addr", &admin]);
+    assert!(yaml.contains("reason: NotReferenced"), "{yaml}");
 
     let grant = dir.path().join("grant.yaml");
     write_atomic(&grant, GRANT);
@@ -98,6 +135,11 @@ spec:
     .await
     .unwrap();
     assert_eq!(route_status().await["reason"], "ResolvedRefs");
+    let table = ballast_get(&["routes", "--admin-addr", &admin]);
+    assert!(
+        table.contains("apps       cross  infra/edge  True      True"),
+        "{table}"
+    );
 
     // A grant for another namespace's routes does not count.
     write_atomic(

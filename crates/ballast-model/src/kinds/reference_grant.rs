@@ -204,23 +204,55 @@ mod tests {
         assert_eq!(u, ["RefNotPermitted", "BackendNotFound"]);
     }
 
+    /// Backend status lists the routes that reach it: an ungranted cross-namespace ref does not.
+    #[test]
+    fn backend_status_lists_routes_that_resolve_to_it() {
+        let routes_of = |extra: &str| {
+            let set =
+                ConfigSet::build([("r.yaml", ROUTE), ("b.yaml", BACKENDS), ("g.yaml", extra)])
+                    .unwrap();
+            compute(&set)
+                .backends
+                .iter()
+                .map(|b| {
+                    (
+                        b.namespace.clone(),
+                        b.routes.clone(),
+                        b.conditions[1].reason.clone(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let apps_r = vec!["apps/r".to_owned()];
+        assert_eq!(
+            routes_of(""),
+            [
+                ("apps".to_owned(), apps_r.clone(), "Programmed".to_owned()),
+                ("backends".to_owned(), vec![], "NotReferenced".to_owned()),
+            ]
+        );
+        let g = grant(
+            "backends",
+            FROM_APPS,
+            "{ group: ballast.dev, kind: Backend }",
+        );
+        assert_eq!(
+            routes_of(&g)[1],
+            ("backends".to_owned(), apps_r, "Programmed".to_owned())
+        );
+    }
+
     #[test]
     fn cross_namespace_certificate_needs_a_grant() {
         let gw = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: edge, namespace: infra }\n\
             spec:\n  gatewayClassName: ballast\n  listeners:\n  - name: https\n    port: 443\n    protocol: HTTPS\n\
             \x20   tls: { certificateRefs: [{ name: tls, namespace: certs }] }\n";
-        let secret = format!(
-            "apiVersion: v1\nkind: Secret\nmetadata: {{ name: tls, namespace: certs }}\ntype: kubernetes.io/tls\n\
+        let secret = "apiVersion: v1\nkind: Secret\nmetadata: { name: tls, namespace: certs }\ntype: kubernetes.io/tls\n\
              stringData:\n  tls.crt: |\n    -----BEGIN CERTIFICATE-----\n    x\n    -----END CERTIFICATE-----\n\
-             \x20 tls.key: |\n    -----BEGIN PRIVATE KEY-----\n    x\n    -----END PRIVATE KEY-----\n"
-        );
+             \x20 tls.key: |\n    -----BEGIN PRIVATE KEY-----\n    x\n    -----END PRIVATE KEY-----\n";
         let check = |extra: &str| {
-            let set = ConfigSet::build([
-                ("g.yaml", gw),
-                ("s.yaml", secret.as_str()),
-                ("rg.yaml", extra),
-            ])
-            .unwrap();
+            let set =
+                ConfigSet::build([("g.yaml", gw), ("s.yaml", secret), ("rg.yaml", extra)]).unwrap();
             let g = &set.gateways[&ObjectKey::new("infra", "edge")];
             let r = &g.spec.listeners[0].tls.as_ref().unwrap().certificate_refs[0];
             let res = set.resolve_certificate(g, r);
