@@ -77,9 +77,10 @@ mod docs_tests {
                 set.gateways.len(),
                 set.http_routes.len(),
                 set.backends.len(),
-                set.secrets.len()
+                set.secrets.len(),
+                set.reference_grants.len()
             ),
-            (1, 3, 1, 2)
+            (1, 4, 1, 2, 1)
         );
     }
 }

@@ -386,6 +386,29 @@ fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
             ),
         );
     }
+    for (k, c) in rule
+        .retry
+        .iter()
+        .flat_map(|r| r.codes.iter().flatten())
+        .enumerate()
+    {
+        if !(400..=599).contains(&c.value) {
+            ctx.err(
+                c.pos,
+                format!("{f}.retry.codes[{k}]"),
+                format!("status code {} is out of range 400..=599", c.value),
+            );
+        }
+    }
+    if let Some(b) = rule.retry.as_ref().and_then(|r| r.backoff.as_ref())
+        && b.is_zero()
+    {
+        ctx.err(
+            b.pos,
+            format!("{f}.retry.backoff"),
+            "backoff must be greater than 0",
+        );
+    }
     if let Some(retry) = &rule.retry
         && let Some(list) = &retry.retry_on
     {

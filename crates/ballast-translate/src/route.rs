@@ -360,6 +360,13 @@ impl<'a> RuleParts<'a> {
                     value: retry.map_or(0, |r| r.attempts.value),
                 }),
                 per_try_timeout: per_try.map(|d| pb_duration(d.value)),
+                retriable_status_codes: retry.map(|r| r.codes()).unwrap_or_default(),
+                retry_back_off: retry.and_then(|r| r.backoff.as_ref()).map(|b| {
+                    envoy_types::pb::envoy::config::route::v3::retry_policy::RetryBackOff {
+                        base_interval: Some(pb_duration(b.value)),
+                        max_interval: None,
+                    }
+                }),
                 ..Default::default()
             });
         }

@@ -1168,3 +1168,59 @@ fn reference_grant_gates_cross_namespace_backends_incrementally() {
     let res = &out.changed[&gw("edge")];
     assert!(res.clusters.is_empty() && is_500(res));
 }
+
+/// Gateway API's standard `retry`: `codes` become Envoy retriable status codes (on top of the
+/// connection-failure conditions), `attempts` the retry count (default 1), `backoff` the base
+/// interval.
+#[test]
+fn standard_retry_codes_attempts_backoff() {
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - matches: [{ path: { value: /a } }]
+    retry: { codes: [500, 503], attempts: 3, backoff: 100ms }
+    backendRefs: [{ name: web }]
+  - matches: [{ path: { value: /b } }]
+    retry: { codes: [502] }
+    backendRefs: [{ name: web }]
+"#,
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &route]), "edge");
+    let vh = only_vhost(&res);
+    let action = |n: &str| route_action(vh.routes.iter().find(|r| r.name == n).unwrap()).clone();
+    let rp = action("default/web/0/0").retry_policy.unwrap();
+    assert_eq!(
+        rp.retry_on,
+        "connect-failure,refused-stream,unavailable,retriable-status-codes"
+    );
+    assert_eq!(rp.retriable_status_codes, [500, 503]);
+    assert_eq!(rp.num_retries, Some(UInt32Value { value: 3 }));
+    assert_eq!(
+        rp.retry_back_off.unwrap().base_interval,
+        Some(PbDuration {
+            seconds: 0,
+            nanos: 100_000_000
+        })
+    );
+    let rp = action("default/web/1/0").retry_policy.unwrap();
+    assert_eq!(rp.retriable_status_codes, [502]);
+    assert_eq!(rp.num_retries, Some(UInt32Value { value: 1 }));
+    assert_eq!(rp.retry_back_off, None);
+    // Out-of-range codes and a zero backoff are errors at their position.
+    let bad = route_yaml(
+        "web",
+        "  rules: [{ retry: { codes: [200], backoff: 0s }, backendRefs: [{ name: web }] }]\n",
+    );
+    let errs: Vec<String> = ConfigSet::build([("r.yaml", bad)])
+        .unwrap_err()
+        .iter()
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(
+        errs,
+        [
+            "r.yaml:6:30: HTTPRoute default/web: spec.rules[0].retry.codes[0]: status code 200 is out of range 400..=599",
+            "r.yaml:6:45: HTTPRoute default/web: spec.rules[0].retry.backoff: backoff must be greater than 0",
+        ]
+    );
+}

@@ -153,3 +153,74 @@ spec:
     .unwrap();
     assert_eq!(route_status().await["reason"], "RefNotPermitted");
 }
+
+/// Standard `retry` (conformance `HTTPRouteRetry`-style): a Backend with one endpoint answering
+/// 503 and one answering 200. With `retry: { codes: [503], attempts: 2 }` every request succeeds
+/// (the 503 is retried on the other endpoint); the same route without retry lets 503s through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standard_retry_retries_listed_codes() {
+    let bad = Upstream::start("bad").await.unwrap();
+    bad.set_status(503);
+    let good = Upstream::start("good").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let rule = |name: &str, host: &str, retry: &str| {
+        format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: {name} }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [{host}]
+  rules:
+  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: flaky }}]
+{retry}"
+        )
+    };
+    std::fs::write(
+        dir.path().join("all.yaml"),
+        gateway(port)
+            + &rule(
+                "retried",
+                "retry.example.com",
+                "    retry: { codes: [503], attempts: 2, backoff: 10ms }\n",
+            )
+            + &rule("plain", "plain.example.com", "")
+            + &backend("flaky", &[bad.addr(), good.addr()]),
+    )
+    .unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-retry",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_get(gw, "retry.example.com").await, Ok((200, _)))
+    })
+    .await
+    .unwrap();
+    let before = bad.hits();
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        statuses.push(host_status(gw, "retry.example.com").await.unwrap());
+    }
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    assert!(
+        bad.hits() > before,
+        "the failing endpoint was tried (and retried away from)"
+    );
+    let mut plain = Vec::new();
+    for _ in 0..20 {
+        plain.push(host_status(gw, "plain.example.com").await.unwrap());
+    }
+    assert!(
+        plain.contains(&503),
+        "without retry 503s reach the client: {plain:?}"
+    );
+}

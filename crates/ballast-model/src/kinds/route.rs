@@ -76,7 +76,8 @@ pub struct HttpRouteRule {
     pub backend_refs: Vec<HttpBackendRef>,
     #[serde(default)]
     pub timeouts: Option<HttpRouteTimeouts>,
-    /// Ballast extension (not Gateway API): Envoy retry policy for this rule.
+    /// Gateway API `retry` (`codes`, `attempts`, `backoff`), plus ballast's older
+    /// `perTryTimeout`/`retryOn` extension fields.
     #[serde(default)]
     pub retry: Option<RetryPolicy>,
 }
@@ -399,13 +400,23 @@ pub struct HttpRouteTimeouts {
     pub backend_request: Option<Spanned<Duration>>,
 }
 
-/// Ballast extension: retries for a rule (Envoy's retry policy). Not the experimental Gateway API
-/// `retry` field, whose shape differs.
+/// Retries for a rule (Envoy's retry policy): Gateway API `HTTPRouteRetry` (`codes`, `attempts`,
+/// `backoff`) and ballast's extension fields (`perTryTimeout`, `retryOn`), which predate it; both
+/// shapes load, so existing configs keep working and standard manifests load unchanged.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RetryPolicy {
-    /// Retries after the first try (0 disables retrying).
+    /// Retries after the first try (0 disables retrying); Gateway API leaves the default to the
+    /// implementation: 1, as Envoy's.
+    #[serde(default = "one")]
     pub attempts: Spanned<u32>,
+    /// Gateway API: response codes (400..=599) that are retried, besides connection failures.
+    #[serde(default)]
+    pub codes: Option<Vec<Spanned<u32>>>,
+    /// Gateway API: the base interval between retries (Envoy backs off exponentially with jitter
+    /// from it, up to 10 times it); Envoy's 25ms when omitted.
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub backoff: Option<Spanned<Duration>>,
     #[serde(default, deserialize_with = "de_opt_duration")]
     pub per_try_timeout: Option<Spanned<Duration>>,
     /// Envoy `retry_on` conditions; default [`DEFAULT_RETRY_ON`].
@@ -437,11 +448,23 @@ pub const RETRY_ON_CONDITIONS: &[&str] = &[
 ];
 
 impl RetryPolicy {
-    /// The conditions to retry on, with the default applied.
+    /// The conditions to retry on, with the default applied, and `retriable-status-codes` when
+    /// `codes` are given.
     pub fn retry_on(&self) -> Vec<&str> {
-        match &self.retry_on {
+        let mut on: Vec<&str> = match &self.retry_on {
             Some(list) => list.iter().map(|s| s.as_str()).collect(),
             None => DEFAULT_RETRY_ON.to_vec(),
+        };
+        if self.codes.as_ref().is_some_and(|c| !c.is_empty())
+            && !on.contains(&"retriable-status-codes")
+        {
+            on.push("retriable-status-codes");
         }
+        on
+    }
+
+    /// The `codes` to retry (empty when none).
+    pub fn codes(&self) -> Vec<u32> {
+        self.codes.iter().flatten().map(|c| c.value).collect()
     }
 }
