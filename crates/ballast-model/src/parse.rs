@@ -736,7 +736,7 @@ spec:
             (Some("https"), Some(&443))
         );
         let rule = &r.spec.rules[0];
-        assert_eq!(rule.name.as_deref(), Some("main"));
+        assert_eq!(rule.name.as_ref().map(|n| n.as_str()), Some("main"));
         let m = &rule.matches[0];
         assert_eq!(m.path.type_, PathMatchType::Exact);
         assert_eq!(m.headers[1].type_, StringMatchType::RegularExpression);

@@ -237,8 +237,23 @@ pub(crate) fn http_route(ctx: &mut Ctx, r: &HttpRoute) {
     for (i, h) in r.spec.hostnames.iter().enumerate() {
         hostname(ctx, h, format!("spec.hostnames[{i}]"), true);
     }
+    let mut names: HashMap<&str, usize> = HashMap::new();
     for (i, rule) in r.spec.rules.iter().enumerate() {
         route_rule(ctx, rule, &format!("spec.rules[{i}]"));
+        if let Some(n) = &rule.name {
+            if let Err(e) = check_dns_label(n) {
+                ctx.err(n.pos, format!("spec.rules[{i}].name"), format!("name {e}"));
+            } else if let Some(first) = names.insert(n.as_str(), i) {
+                ctx.err(
+                    n.pos,
+                    format!("spec.rules[{i}].name"),
+                    format!(
+                        "rule name {:?} is also used by spec.rules[{first}]",
+                        n.value
+                    ),
+                );
+            }
+        }
     }
 }
 

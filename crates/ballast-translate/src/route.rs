@@ -166,7 +166,7 @@ pub(crate) fn translate_route(config: &ConfigSet, route: &Arc<HttpRoute>) -> Tra
         for (mi, m) in rule.matches.iter().enumerate() {
             out.entries.push(RouteEntry::new(
                 precedence(m, &key, ri, mi),
-                parts.routes(&key, ri, mi, m),
+                parts.routes(&key, ri, rule.name.as_ref().map(|n| n.as_str()), mi, m),
             ));
         }
     }
@@ -255,11 +255,24 @@ impl<'a> RuleParts<'a> {
         parts
     }
 
-    fn routes(&self, route: &ObjectKey, ri: usize, mi: usize, m: &HttpRouteMatch) -> Vec<Route> {
-        let name = format!("{}/{}/{}/{}", route.namespace, route.name, ri, mi);
+    /// The Envoy routes of match `mi` of rule `ri`. A named rule's routes are named after it
+    /// and carry a stat prefix, so Envoy keeps per-rule stats (opt-in: unnamed rules add no
+    /// stats).
+    fn routes(
+        &self,
+        route: &ObjectKey,
+        ri: usize,
+        rule_name: Option<&str>,
+        mi: usize,
+        m: &HttpRouteMatch,
+    ) -> Vec<Route> {
+        let rule = rule_name.map_or_else(|| ri.to_string(), str::to_owned);
         let mut base = Route {
-            name,
+            name: format!("{}/{}/{rule}/{mi}", route.namespace, route.name),
             r#match: Some(route_match(m)),
+            stat_prefix: rule_name
+                .map(|n| format!("{}/{}/{n}", route.namespace, route.name))
+                .unwrap_or_default(),
             ..Default::default()
         };
         if let Some(h) = self.request_headers {

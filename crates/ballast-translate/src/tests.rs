@@ -1224,3 +1224,48 @@ fn standard_retry_codes_attempts_backoff() {
         ]
     );
 }
+
+/// A named rule names its Envoy routes and gives them a stat prefix; unnamed rules keep index
+/// names and no per-route stats. Names are DNS labels, unique within the route.
+#[test]
+fn rule_names_in_route_names_and_stats() {
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - name: users
+    matches: [{ path: { value: /users } }, { path: { value: /people } }]
+    backendRefs: [{ name: web }]
+  - backendRefs: [{ name: web }]
+"#,
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &route]), "edge");
+    let got: Vec<(String, String)> = only_vhost(&res)
+        .routes
+        .iter()
+        .map(|r| (r.name.clone(), r.stat_prefix.clone()))
+        .collect();
+    let s = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+    assert_eq!(
+        got,
+        [
+            s("default/web/users/1", "default/web/users"),
+            s("default/web/users/0", "default/web/users"),
+            s("default/web/1/0", ""),
+        ]
+    );
+    let bad = route_yaml(
+        "web",
+        "  rules:\n  - { name: a, backendRefs: [{ name: web }] }\n  - { name: a }\n  - { name: Bad }\n",
+    );
+    let errs: Vec<String> = ConfigSet::build([("r.yaml", bad)])
+        .unwrap_err()
+        .iter()
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(errs.len(), 2, "{errs:#?}");
+    assert_eq!(
+        errs[0],
+        "r.yaml:8:13: HTTPRoute default/web: spec.rules[1].name: rule name \"a\" is also used by spec.rules[0]"
+    );
+    assert!(errs[1].starts_with("r.yaml:9:13: HTTPRoute default/web: spec.rules[2].name: name \"Bad\" is not a valid DNS label"), "{errs:#?}");
+}

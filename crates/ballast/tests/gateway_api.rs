@@ -174,7 +174,8 @@ spec:
   parentRefs: [{{ name: edge }}]
   hostnames: [{host}]
   rules:
-  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: flaky }}]
+  - name: main
+    backendRefs: [{{ group: ballast.dev, kind: Backend, name: flaky }}]
 {retry}"
         )
     };
@@ -191,7 +192,7 @@ spec:
     )
     .unwrap();
     let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
+    let envoy = Envoy::start(&EnvoyConfig::new(
         ballast.xds,
         "envoy-retry",
         "default/edge",
@@ -215,6 +216,23 @@ spec:
         bad.hits() > before,
         "the failing endpoint was tried (and retried away from)"
     );
+    // The named rule has its own Envoy stats (rule `name` → route stat prefix).
+    let stats = envoy.stats().await.unwrap();
+    let rule_stat = |suffix: &str| {
+        stats
+            .iter()
+            .find(|(k, _)| k.ends_with(&format!(".route.default/retried/main.{suffix}")))
+            .map(|(_, v)| *v)
+    };
+    assert!(
+        rule_stat("upstream_rq_retry").is_some_and(|v| v > 0),
+        "{:#?}",
+        stats
+            .keys()
+            .filter(|k| k.contains(".route."))
+            .collect::<Vec<_>>()
+    );
+    assert!(rule_stat("upstream_rq_completed").is_some_and(|v| v >= 20));
     let mut plain = Vec::new();
     for _ in 0..20 {
         plain.push(host_status(gw, "plain.example.com").await.unwrap());

@@ -64,8 +64,10 @@ impl ParentRef {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HttpRouteRule {
+    /// Unique within the route (a DNS label); names the rule's Envoy routes and, when set,
+    /// gives them per-rule stats (`vhost.*.route.{ns}/{route}/{name}.*`).
     #[serde(default)]
-    pub name: Option<String>,
+    pub name: Option<Spanned<String>>,
     /// Never empty after parsing: Gateway API's default is `PathPrefix /`.
     #[serde(default)]
     pub matches: Vec<HttpRouteMatch>,
