@@ -328,20 +328,33 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
     let mut messages = Vec::new();
     let mut reason = None;
     for (i, rule) in r.spec.rules.iter().enumerate() {
-        for (j, b) in rule.backend_refs.iter().enumerate() {
+        // backendRefs, then RequestMirror targets (reported in the condition, not in
+        // `unresolvedBackendRefs`, which indexes backendRefs).
+        let refs = rule
+            .backend_refs
+            .iter()
+            .enumerate()
+            .map(|(j, b)| (format!("rules[{i}].backendRefs[{j}]"), Some(j), b))
+            .chain(rule.filters.iter().enumerate().filter_map(|(k, f)| {
+                f.request_mirror.as_ref().map(|m| {
+                    (
+                        format!("rules[{i}].filters[{k}].requestMirror.backendRef"),
+                        None,
+                        &m.backend_ref,
+                    )
+                })
+            }));
+        for (at, j, b) in refs {
             let ns = b.namespace_or(&r.metadata.namespace);
             let why = match set.resolve_backend(r, b) {
                 BackendRefResolution::Resolved(_) => continue,
                 BackendRefResolution::NotFound => {
-                    messages.push(format!(
-                        "rules[{i}].backendRefs[{j}]: Backend {ns}/{} not found",
-                        b.name.value
-                    ));
+                    messages.push(format!("{at}: Backend {ns}/{} not found", b.name.value));
                     "BackendNotFound"
                 }
                 BackendRefResolution::InvalidKind => {
                     messages.push(format!(
-                        "rules[{i}].backendRefs[{j}]: unsupported kind {}/{}; only ballast.dev/Backend is supported",
+                        "{at}: unsupported kind {}/{}; only ballast.dev/Backend is supported",
                         b.group.as_ref().map_or(BALLAST_GROUP, |g| g.as_str()),
                         b.kind.as_ref().map_or("Backend", |k| k.as_str())
                     ));
@@ -349,18 +362,20 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
                 }
                 BackendRefResolution::NotPermitted => {
                     messages.push(format!(
-                        "rules[{i}].backendRefs[{j}]: Backend {ns}/{} is in another namespace and no ReferenceGrant in {ns} allows HTTPRoute {}/{} to use it",
+                        "{at}: Backend {ns}/{} is in another namespace and no ReferenceGrant in {ns} allows HTTPRoute {}/{} to use it",
                         b.name.value, r.metadata.namespace, r.metadata.name
                     ));
                     "RefNotPermitted"
                 }
             };
             reason.get_or_insert(why);
-            unresolved.push(UnresolvedBackendRef {
-                rule: i,
-                backend_ref: j,
-                reason: why.to_owned(),
-            });
+            if let Some(j) = j {
+                unresolved.push(UnresolvedBackendRef {
+                    rule: i,
+                    backend_ref: j,
+                    reason: why.to_owned(),
+                });
+            }
         }
     }
     let resolved_refs = match reason {

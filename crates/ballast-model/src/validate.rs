@@ -265,7 +265,8 @@ fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
     for (j, filter) in rule.filters.iter().enumerate() {
         let ff = format!("{f}.filters[{j}]");
         let t = *filter.type_;
-        if let Some(first) = seen.insert(t, j) {
+        // RequestMirror is the one filter Gateway API allows several of in a rule.
+        if let Some(first) = seen.insert(t, j).filter(|_| t != FilterType::RequestMirror) {
             ctx.err(
                 filter.type_.pos,
                 format!("{ff}.type"),
@@ -275,7 +276,8 @@ fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
                 ),
             );
         }
-        let set: [(FilterType, bool); 4] = [
+        let set: [(FilterType, bool); 5] = [
+            (FilterType::RequestMirror, filter.request_mirror.is_some()),
             (
                 FilterType::RequestHeaderModifier,
                 filter.request_header_modifier.is_some(),
@@ -310,6 +312,9 @@ fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
             }
         }
         match filter.action() {
+            Some(FilterAction::RequestMirror(m)) => {
+                request_mirror(ctx, m, &format!("{ff}.requestMirror"))
+            }
             Some(FilterAction::RequestHeaderModifier(m)) => {
                 header_modifier(ctx, m, &format!("{ff}.requestHeaderModifier"))
             }
@@ -446,6 +451,50 @@ fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
                     ),
                 );
             }
+        }
+    }
+}
+
+fn request_mirror(ctx: &mut Ctx, m: &RequestMirror, f: &str) {
+    if m.backend_ref.name.is_empty() {
+        ctx.err(
+            m.backend_ref.name.pos,
+            format!("{f}.backendRef.name"),
+            "name must not be empty",
+        );
+    }
+    if let Some(p) = &m.percent {
+        if m.fraction.is_some() {
+            ctx.err(
+                p.pos,
+                format!("{f}.percent"),
+                "give percent or fraction, not both",
+            );
+        }
+        if p.value > 100 {
+            ctx.err(
+                p.pos,
+                format!("{f}.percent"),
+                format!("percent {} is out of range 0..=100", p.value),
+            );
+        }
+    }
+    if let Some(fr) = &m.fraction {
+        if fr.denominator.value == 0 {
+            ctx.err(
+                fr.denominator.pos,
+                format!("{f}.fraction.denominator"),
+                "denominator must be greater than 0",
+            );
+        } else if fr.numerator.value > fr.denominator.value {
+            ctx.err(
+                fr.numerator.pos,
+                format!("{f}.fraction.numerator"),
+                format!(
+                    "numerator {} is greater than denominator {}",
+                    fr.numerator.value, fr.denominator.value
+                ),
+            );
         }
     }
 }

@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use ballast_model::set::{BackendRefResolution, ListenerAttachment};
 use ballast_model::{
-    ConfigSet, HeaderMatch, HeaderModifier, HttpRoute, HttpRouteMatch, HttpRouteRule, LbPolicy,
-    Listener, ObjectKey, PathMatchType, PathRewrite, RequestRedirect, StringMatchType, UrlRewrite,
-    hostname_matches,
+    ConfigSet, HeaderMatch, HeaderModifier, HttpBackendRef, HttpRoute, HttpRouteMatch,
+    HttpRouteRule, LbPolicy, Listener, ObjectKey, PathMatchType, PathRewrite, RequestRedirect,
+    StringMatchType, UrlRewrite, hostname_matches,
 };
 use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
 use envoy_types::pb::envoy::config::core::v3::{
@@ -29,7 +29,7 @@ use envoy_types::pb::envoy::config::route::v3::route_action::hash_policy::{
     ConnectionProperties, PolicySpecifier,
 };
 use envoy_types::pb::envoy::config::route::v3::route_action::{
-    ClusterSpecifier, HashPolicy, HostRewriteSpecifier,
+    ClusterSpecifier, HashPolicy, HostRewriteSpecifier, RequestMirrorPolicy,
 };
 use envoy_types::pb::envoy::config::route::v3::route_match::PathSpecifier;
 use envoy_types::pb::envoy::config::route::v3::weighted_cluster::ClusterWeight;
@@ -128,7 +128,7 @@ pub(crate) fn backend_signature(config: &ConfigSet, route: &HttpRoute) -> Vec<Op
         .spec
         .rules
         .iter()
-        .flat_map(|rule| &rule.backend_refs)
+        .flat_map(rule_backend_refs)
         .map(|r| match config.resolve_backend(route, r) {
             BackendRefResolution::Resolved(b) => Some(b.spec.load_balancer.policy),
             _ => None,
@@ -136,14 +136,23 @@ pub(crate) fn backend_signature(config: &ConfigSet, route: &HttpRoute) -> Vec<Op
         .collect()
 }
 
-/// Every Backend key the backendRefs of `route` name.
+/// A rule's backendRefs and its RequestMirror targets: everything its Envoy routes may send to.
+fn rule_backend_refs(rule: &HttpRouteRule) -> impl Iterator<Item = &HttpBackendRef> {
+    rule.backend_refs.iter().chain(
+        rule.filters
+            .iter()
+            .filter_map(|f| f.request_mirror.as_ref().map(|m| &m.backend_ref)),
+    )
+}
+
+/// Every Backend key the backendRefs (and mirror targets) of `route` name.
 pub(crate) fn backend_refs(route: &HttpRoute) -> impl Iterator<Item = ObjectKey> + '_ {
     let ns = route.metadata.namespace.as_str();
     route
         .spec
         .rules
         .iter()
-        .flat_map(|rule| &rule.backend_refs)
+        .flat_map(rule_backend_refs)
         .filter(|r| r.is_backend())
         .map(move |r| ObjectKey::new(r.namespace_or(ns), r.name.as_str()))
 }
@@ -162,6 +171,10 @@ pub(crate) fn translate_route(config: &ConfigSet, route: &Arc<HttpRoute>) -> Tra
         if parts.redirect.is_none() {
             out.clusters
                 .extend(parts.clusters.iter().map(|(k, _)| k.clone()));
+            if parts.resolved_weight > 0 {
+                out.clusters
+                    .extend(parts.mirrors.iter().map(|(k, _)| k.clone()));
+            }
         }
         for (mi, m) in rule.matches.iter().enumerate() {
             out.entries.push(RouteEntry::new(
@@ -209,6 +222,8 @@ struct RuleParts<'a> {
     resolved_weight: u64,
     unresolved_weight: u64,
     hash: bool,
+    /// Resolvable RequestMirror targets with their share in millionths.
+    mirrors: Vec<(ObjectKey, u32)>,
 }
 
 impl<'a> RuleParts<'a> {
@@ -224,6 +239,7 @@ impl<'a> RuleParts<'a> {
             resolved_weight: 0,
             unresolved_weight: 0,
             hash: false,
+            mirrors: Vec::new(),
         };
         for f in &rule.filters {
             match f.action() {
@@ -231,6 +247,14 @@ impl<'a> RuleParts<'a> {
                 Some(F::ResponseHeaderModifier(m)) => parts.response_headers = Some(m),
                 Some(F::RequestRedirect(r)) => parts.redirect = Some(r),
                 Some(F::UrlRewrite(r)) => parts.rewrite = Some(r),
+                // An unresolvable mirror target mirrors nothing (status reports it).
+                Some(F::RequestMirror(m)) => {
+                    if let BackendRefResolution::Resolved(b) =
+                        config.resolve_backend(route, &m.backend_ref)
+                    {
+                        parts.mirrors.push((b.key(), m.millionths()));
+                    }
+                }
                 None => {}
             }
         }
@@ -383,6 +407,21 @@ impl<'a> RuleParts<'a> {
                 ..Default::default()
             });
         }
+        action.request_mirror_policies = self
+            .mirrors
+            .iter()
+            .map(|(k, share)| RequestMirrorPolicy {
+                cluster: names::cluster(k),
+                runtime_fraction: (*share < 1_000_000).then(|| RuntimeFractionalPercent {
+                    default_value: Some(FractionalPercent {
+                        numerator: *share,
+                        denominator: DenominatorType::Million as i32,
+                    }),
+                    runtime_key: String::new(),
+                }),
+                ..Default::default()
+            })
+            .collect();
         if self.hash {
             action.hash_policy = vec![HashPolicy {
                 policy_specifier: Some(PolicySpecifier::ConnectionProperties(

@@ -1269,3 +1269,76 @@ fn rule_names_in_route_names_and_stats() {
     );
     assert!(errs[1].starts_with("r.yaml:9:13: HTTPRoute default/web: spec.rules[2].name: name \"Bad\" is not a valid DNS label"), "{errs:#?}");
 }
+
+/// RequestMirror: every mirror target becomes a mirror policy (a share below 100% as a
+/// fraction in millionths) and a cluster; an unresolvable target mirrors nothing.
+#[test]
+fn request_mirror_percent_and_fraction() {
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - filters:
+    - { type: RequestMirror, requestMirror: { backendRef: { name: shadow } } }
+    - { type: RequestMirror, requestMirror: { backendRef: { name: shadow2 }, percent: 25 } }
+    - { type: RequestMirror, requestMirror: { backendRef: { name: shadow3 }, fraction: { numerator: 1, denominator: 3 } } }
+    - { type: RequestMirror, requestMirror: { backendRef: { name: missing } } }
+    backendRefs: [{ name: web }]
+"#,
+    );
+    let shadows: Vec<String> = ["shadow", "shadow2", "shadow3"]
+        .iter()
+        .map(|n| backend_yaml(n, WEB))
+        .collect();
+    let mut parts = vec![GATEWAY_HTTP, BACKEND_WEB, route.as_str()];
+    parts.extend(shadows.iter().map(String::as_str));
+    let res = translate(&docs(&parts), "edge");
+    assert_eq!(
+        names(&res.clusters),
+        [
+            "default/shadow",
+            "default/shadow2",
+            "default/shadow3",
+            "default/web"
+        ]
+    );
+    let vh = only_vhost(&res);
+    let got: Vec<(String, Option<u32>)> = route_action(&vh.routes[0])
+        .request_mirror_policies
+        .iter()
+        .map(|m| {
+            (
+                m.cluster.clone(),
+                m.runtime_fraction
+                    .as_ref()
+                    .map(|f| f.default_value.unwrap().numerator),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("default/shadow".to_owned(), None),
+            ("default/shadow2".to_owned(), Some(250_000)),
+            ("default/shadow3".to_owned(), Some(333_333)),
+        ]
+    );
+    let bad = route_yaml(
+        "web",
+        "  rules: [{ filters: [{ type: RequestMirror, requestMirror: { backendRef: { name: s }, percent: 101, fraction: { numerator: 2, denominator: 1 } } }] }]\n",
+    );
+    let errs: Vec<String> = ConfigSet::build([("r.yaml", bad)])
+        .unwrap_err()
+        .iter()
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(errs.len(), 3, "{errs:#?}");
+    assert!(
+        errs[0].contains("requestMirror.percent: give percent or fraction, not both"),
+        "{errs:#?}"
+    );
+    assert!(errs[1].contains("percent 101 is out of range"), "{errs:#?}");
+    assert!(
+        errs[2].contains("fraction.numerator: numerator 2 is greater than denominator 1"),
+        "{errs:#?}"
+    );
+}

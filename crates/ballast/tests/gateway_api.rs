@@ -242,3 +242,78 @@ spec:
         "without retry 503s reach the client: {plain:?}"
     );
 }
+
+/// Conformance `HTTPRouteRequestMirror`: every request answered by the primary backend also
+/// reaches the mirror backend (whose answers are ignored); a rule mirroring `percent: 0` sends
+/// it none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_mirror_copies_requests_to_another_backend() {
+    let primary = Upstream::start("primary").await.unwrap();
+    let shadow = Upstream::start("shadow").await.unwrap();
+    shadow.set_status(500); // a mirror's answer never reaches the client
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let rule = |name: &str, host: &str, extra: &str| {
+        format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: {name} }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [{host}]
+  rules:
+  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: primary }}]
+    filters:
+    - type: RequestMirror
+      requestMirror: {{ backendRef: {{ group: ballast.dev, kind: Backend, name: shadow }}{extra} }}
+"
+        )
+    };
+    std::fs::write(
+        dir.path().join("all.yaml"),
+        gateway(port)
+            + &rule("mirrored", "mirror.example.com", "")
+            + &rule("none", "none.example.com", ", percent: 0")
+            + &backend("primary", &[primary.addr()])
+            + &backend("shadow", &[shadow.addr()]),
+    )
+    .unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-mirror",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_get(gw, "none.example.com").await, Ok((200, _)))
+    })
+    .await
+    .unwrap();
+    for _ in 0..10 {
+        assert_eq!(
+            host_get(gw, "none.example.com").await.unwrap(),
+            (200, "primary".to_owned())
+        );
+    }
+    assert_eq!(shadow.hits(), 0, "percent: 0 mirrors nothing");
+    // Both routes came in the same route configuration: mirror.example.com is served too, and
+    // every request to it from here on is counted (so late mirror copies cannot skew counts).
+    let (p0, s0) = (primary.hits(), shadow.hits());
+    for _ in 0..10 {
+        assert_eq!(
+            host_get(gw, "mirror.example.com").await.unwrap(),
+            (200, "primary".to_owned())
+        );
+    }
+    assert_eq!(primary.hits() - p0, 10);
+    // Mirrored requests are sent asynchronously: wait (bounded) until all 10 arrived.
+    wait_until(T, POLL, || async { shadow.hits() - s0 >= 10 })
+        .await
+        .unwrap();
+    assert_eq!(shadow.hits() - s0, 10);
+}

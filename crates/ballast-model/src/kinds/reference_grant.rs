@@ -242,6 +242,45 @@ mod tests {
         );
     }
 
+    /// A RequestMirror target is a reference like a backendRef: a grant is needed across
+    /// namespaces, and status names the filter.
+    #[test]
+    fn mirror_targets_need_grants_and_show_in_status() {
+        let route = ROUTE.replace(
+            "rules: [{ backendRefs: [{ name: web, namespace: backends }, { name: local }] }]",
+            "rules: [{ filters: [{ type: RequestMirror, requestMirror: { backendRef: { name: web, namespace: backends } } }], backendRefs: [{ name: local }] }]",
+        );
+        let status = |extra: &str| {
+            let set = ConfigSet::build([
+                ("r.yaml", route.as_str()),
+                ("b.yaml", BACKENDS),
+                ("g.yaml", extra),
+            ])
+            .unwrap();
+            let s = compute(&set);
+            let c = s.http_routes[0].parents[0].conditions[1].clone();
+            (
+                c.reason,
+                c.message,
+                s.http_routes[0].unresolved_backend_refs.len(),
+            )
+        };
+        let (reason, message, listed) = status("");
+        assert_eq!(reason, "RefNotPermitted");
+        assert!(
+            message
+                .starts_with("rules[0].filters[0].requestMirror.backendRef: Backend backends/web"),
+            "{message}"
+        );
+        assert_eq!(listed, 0);
+        let g = grant(
+            "backends",
+            FROM_APPS,
+            "{ group: ballast.dev, kind: Backend }",
+        );
+        assert_eq!(status(&g).0, "ResolvedRefs");
+    }
+
     #[test]
     fn cross_namespace_certificate_needs_a_grant() {
         let gw = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: edge, namespace: infra }\n\

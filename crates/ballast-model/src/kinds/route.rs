@@ -194,6 +194,49 @@ pub struct HttpRouteFilter {
     pub request_redirect: Option<RequestRedirect>,
     #[serde(default, rename = "urlRewrite")]
     pub url_rewrite: Option<UrlRewrite>,
+    #[serde(default)]
+    pub request_mirror: Option<RequestMirror>,
+}
+
+/// Gateway API `RequestMirror`: a copy of each request (or of `percent` / `fraction` of them) is
+/// sent to another Backend; its answer is ignored. The only filter a rule may have several of.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RequestMirror {
+    /// Resolved like a rule's backendRefs (ReferenceGrant included); `weight` is ignored.
+    pub backend_ref: HttpBackendRef,
+    /// 0..=100; all requests when neither this nor `fraction` is given.
+    #[serde(default)]
+    pub percent: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub fraction: Option<Fraction>,
+}
+
+/// `numerator / denominator` of requests (denominator defaults to 100).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fraction {
+    pub numerator: Spanned<u32>,
+    #[serde(default = "hundred")]
+    pub denominator: Spanned<u32>,
+}
+
+fn hundred() -> Spanned<u32> {
+    Spanned::new(100, Pos::UNKNOWN)
+}
+
+impl RequestMirror {
+    /// The mirrored share in millionths (validated: at most a million).
+    pub fn millionths(&self) -> u32 {
+        let share = match (&self.percent, &self.fraction) {
+            (Some(p), _) => u64::from(p.value) * 10_000,
+            (None, Some(f)) if f.denominator.value > 0 => {
+                u64::from(f.numerator.value) * 1_000_000 / u64::from(f.denominator.value)
+            }
+            _ => 1_000_000,
+        };
+        u32::try_from(share.min(1_000_000)).unwrap_or(1_000_000)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
@@ -203,6 +246,7 @@ pub enum FilterType {
     RequestRedirect,
     #[serde(rename = "URLRewrite")]
     UrlRewrite,
+    RequestMirror,
 }
 
 impl FilterType {
@@ -212,6 +256,7 @@ impl FilterType {
             FilterType::ResponseHeaderModifier => "ResponseHeaderModifier",
             FilterType::RequestRedirect => "RequestRedirect",
             FilterType::UrlRewrite => "URLRewrite",
+            FilterType::RequestMirror => "RequestMirror",
         }
     }
 
@@ -222,6 +267,7 @@ impl FilterType {
             FilterType::ResponseHeaderModifier => "responseHeaderModifier",
             FilterType::RequestRedirect => "requestRedirect",
             FilterType::UrlRewrite => "urlRewrite",
+            FilterType::RequestMirror => "requestMirror",
         }
     }
 }
@@ -233,6 +279,7 @@ pub enum FilterAction<'a> {
     ResponseHeaderModifier(&'a HeaderModifier),
     RequestRedirect(&'a RequestRedirect),
     UrlRewrite(&'a UrlRewrite),
+    RequestMirror(&'a RequestMirror),
 }
 
 impl HttpRouteFilter {
@@ -252,6 +299,10 @@ impl HttpRouteFilter {
                 .as_ref()
                 .map(FilterAction::RequestRedirect),
             FilterType::UrlRewrite => self.url_rewrite.as_ref().map(FilterAction::UrlRewrite),
+            FilterType::RequestMirror => self
+                .request_mirror
+                .as_ref()
+                .map(FilterAction::RequestMirror),
         }
     }
 }
