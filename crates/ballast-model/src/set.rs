@@ -675,7 +675,20 @@ fn attach(
             format!("Gateway {} has no {what}", g.key()),
         ));
     }
-    let allowed: Vec<&Listener> = candidates
+    let by_kind: Vec<&Listener> = candidates
+        .into_iter()
+        .filter(|l| l.allows_kind(GATEWAY_GROUP, "HTTPRoute"))
+        .collect();
+    if by_kind.is_empty() {
+        return Err((
+            NotAcceptedReason::NotAllowedByListeners,
+            format!(
+                "no listener of Gateway {} allows kind HTTPRoute (allowedRoutes.kinds)",
+                g.key()
+            ),
+        ));
+    }
+    let allowed: Vec<&Listener> = by_kind
         .into_iter()
         .filter(|l| match l.allowed_routes.namespaces.from {
             FromNamespaces::All => true,

@@ -266,6 +266,22 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
                 }
             }
         }
+        let invalid_kinds = l.invalid_route_kinds();
+        if !invalid_kinds.is_empty() {
+            bad_reason.get_or_insert("InvalidRouteKinds");
+            bad.push(format!(
+                "allowedRoutes.kinds: {} not supported on a {} listener (supported: HTTPRoute)",
+                invalid_kinds
+                    .iter()
+                    .map(|k| format!("{}/{}", k.group(), k.kind.value))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                match *l.protocol {
+                    ListenerProtocol::Http => "HTTP",
+                    ListenerProtocol::Https => "HTTPS",
+                }
+            ));
+        }
         let refs_ok = bad.is_empty();
         let programmed = *l.protocol == ListenerProtocol::Http || resolved > 0;
         let attached = attachments.iter().filter(|a| a.listener == *l.name).count();
