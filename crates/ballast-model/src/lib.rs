@@ -78,9 +78,10 @@ mod docs_tests {
                 set.http_routes.len(),
                 set.backends.len(),
                 set.secrets.len(),
-                set.reference_grants.len()
+                set.reference_grants.len(),
+                set.namespaces.len()
             ),
-            (1, 4, 1, 2, 1)
+            (2, 4, 1, 2, 1, 1)
         );
     }
 }

@@ -14,7 +14,8 @@ use crate::error::{ConfigError, ObjectRef, sort_errors};
 use crate::kinds::secret::SecretDoc;
 use crate::kinds::{
     Backend, BackendSpec, DEFAULT_NAMESPACE, Gateway, GatewaySpec, HttpRoute, HttpRouteSpec, Kind,
-    KindMatch, Metadata, Object, ObjectKey, ReferenceGrant, ReferenceGrantSpec, Source,
+    KindMatch, Metadata, Namespace, NamespaceSpec, Object, ObjectKey, ReferenceGrant,
+    ReferenceGrantSpec, Source,
 };
 use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
@@ -349,6 +350,8 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
         Kind::Secret => deserialize::<SecretDoc>(doc.text).map(Typed::Secret),
         Kind::ReferenceGrant => deserialize::<Doc<ReferenceGrantSpec>>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::ReferenceGrant(d.spec))),
+        Kind::Namespace => deserialize::<NamespaceDoc>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::Namespace(d.spec))),
     }
     .map_err(strict_error)?;
     finish(file, object, doc_pos, typed).map(Parsed::Object)
@@ -365,6 +368,24 @@ enum TypedSpec {
     HttpRoute(HttpRouteSpec),
     Backend(BackendSpec),
     ReferenceGrant(ReferenceGrantSpec),
+    Namespace(NamespaceSpec),
+}
+
+/// A Namespace document: `spec` is optional (and `status` is what `kubectl get -o yaml`
+/// prints; accepted and ignored).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct NamespaceDoc {
+    #[allow(dead_code)]
+    api_version: String,
+    #[allow(dead_code)]
+    kind: String,
+    metadata: Metadata,
+    #[serde(default)]
+    spec: NamespaceSpec,
+    #[serde(default)]
+    #[allow(dead_code)]
+    status: Option<serde::de::IgnoredAny>,
 }
 
 /// Applies defaults and validates; the one place both parse paths build objects.
@@ -416,6 +437,15 @@ fn finish(
             };
             validate::reference_grant(&mut ctx, &g);
             Object::ReferenceGrant(Arc::new(g))
+        }
+        Typed::Spec(metadata, TypedSpec::Namespace(spec)) => {
+            let n = Namespace {
+                metadata,
+                spec,
+                source,
+            };
+            validate::namespace(&mut ctx, &n);
+            Object::Namespace(Arc::new(n))
         }
         Typed::Secret(d) => match validate::secret(&mut ctx, d, source) {
             Some(s) => Object::Secret(Arc::new(s)),

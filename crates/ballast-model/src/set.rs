@@ -117,6 +117,7 @@ pub struct ConfigSet {
     pub backends: BTreeMap<ObjectKey, Arc<Backend>>,
     pub secrets: BTreeMap<ObjectKey, Arc<Secret>>,
     pub reference_grants: BTreeMap<ObjectKey, Arc<ReferenceGrant>>,
+    pub namespaces: BTreeMap<ObjectKey, Arc<Namespace>>,
 }
 
 /// How one object differs between two sets.
@@ -381,6 +382,7 @@ impl ConfigSet {
                 .reference_grants
                 .insert(key, g)
                 .map(Object::ReferenceGrant),
+            Object::Namespace(n) => self.namespaces.insert(key, n).map(Object::Namespace),
         }
     }
 
@@ -394,6 +396,7 @@ impl ConfigSet {
                 .reference_grants
                 .remove(key)
                 .map(Object::ReferenceGrant),
+            Kind::Namespace => self.namespaces.remove(key).map(Object::Namespace),
         }
     }
 
@@ -408,6 +411,7 @@ impl ConfigSet {
                 .get(key)
                 .cloned()
                 .map(Object::ReferenceGrant),
+            Kind::Namespace => self.namespaces.get(key).cloned().map(Object::Namespace),
         }
     }
 
@@ -422,7 +426,8 @@ impl ConfigSet {
             .values()
             .cloned()
             .map(Object::ReferenceGrant);
-        g.chain(r).chain(b).chain(s).chain(rg)
+        let ns = self.namespaces.values().cloned().map(Object::Namespace);
+        g.chain(r).chain(b).chain(s).chain(rg).chain(ns)
     }
 
     pub fn len(&self) -> usize {
@@ -431,6 +436,7 @@ impl ConfigSet {
             + self.backends.len()
             + self.secrets.len()
             + self.reference_grants.len()
+            + self.namespaces.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -456,7 +462,13 @@ impl ConfigSet {
             &new.reference_grants,
             &mut out,
         );
+        diff_map(Kind::Namespace, &self.namespaces, &new.namespaces, &mut out);
         out
+    }
+
+    /// The labels of namespace `ns` (from its `Namespace` object; none without one).
+    pub fn namespace_labels(&self, ns: &str) -> &BTreeMap<String, String> {
+        namespace_labels(&self.namespaces, ns)
     }
 
     /// Whether an object of kind `from` in namespace `from_ns` may refer to the object `to_name`
@@ -548,7 +560,7 @@ impl ConfigSet {
                     ),
                 )
             } else if let Some(g) = self.gateways.get(&gateway) {
-                attach(g, p, route_ns, &hostnames)
+                attach(self.namespace_labels(route_ns), g, p, route_ns, &hostnames)
             } else {
                 fail(
                     NotAcceptedReason::NoMatchingParent,
@@ -573,7 +585,7 @@ impl ConfigSet {
         };
         let mut out: Vec<RouteAttachment> = Vec::new();
         for route in self.http_routes.values() {
-            for a in route_attachments(gateway, g, route) {
+            for a in route_attachments(&self.namespaces, gateway, g, route) {
                 out.push(RouteAttachment {
                     route: route.clone(),
                     listener: a.listener,
@@ -593,13 +605,29 @@ impl ConfigSet {
         route: &HttpRoute,
     ) -> Vec<ListenerAttachment> {
         match self.gateways.get(gateway) {
-            Some(g) => route_attachments(gateway, g, route),
+            Some(g) => route_attachments(&self.namespaces, gateway, g, route),
             None => Vec::new(),
         }
     }
 }
 
+/// Namespaces are cluster-scoped: their objects are keyed (`default`, name) (validation rejects
+/// another `metadata.namespace`).
+fn namespace_labels<'a>(
+    namespaces: &'a BTreeMap<ObjectKey, Arc<Namespace>>,
+    ns: &str,
+) -> &'a BTreeMap<String, String> {
+    static NONE: BTreeMap<String, String> = BTreeMap::new();
+    if namespaces.is_empty() {
+        return &NONE;
+    }
+    namespaces
+        .get(&ObjectKey::new(DEFAULT_NAMESPACE, ns))
+        .map_or(&NONE, |n| &n.metadata.labels)
+}
+
 fn route_attachments(
+    namespaces: &BTreeMap<ObjectKey, Arc<Namespace>>,
     gateway: &ObjectKey,
     g: &Gateway,
     route: &HttpRoute,
@@ -615,6 +643,7 @@ fn route_attachments(
         return Vec::new();
     }
     let hostnames: Vec<&str> = route.spec.hostnames.iter().map(|h| h.as_str()).collect();
+    let labels = namespace_labels(namespaces, route_ns);
     let mut mine: Vec<ListenerAttachment> = Vec::new();
     for p in &route.spec.parent_refs {
         // `resolve_parents` restricted to the parentRefs naming this Gateway.
@@ -624,7 +653,10 @@ fn route_attachments(
         {
             continue;
         }
-        for a in attach(g, p, route_ns, &hostnames).into_iter().flatten() {
+        for a in attach(labels, g, p, route_ns, &hostnames)
+            .into_iter()
+            .flatten()
+        {
             match mine.iter_mut().find(|m| m.listener == a.listener) {
                 Some(m) => {
                     for h in a.hostnames {
@@ -647,6 +679,7 @@ fn route_attachments(
 }
 
 fn attach(
+    labels: &BTreeMap<String, String>,
     g: &Gateway,
     p: &ParentRef,
     route_ns: &str,
@@ -693,6 +726,12 @@ fn attach(
         .filter(|l| match l.allowed_routes.namespaces.from {
             FromNamespaces::All => true,
             FromNamespaces::Same => g.metadata.namespace == route_ns,
+            FromNamespaces::Selector => l
+                .allowed_routes
+                .namespaces
+                .selector
+                .as_ref()
+                .is_some_and(|s| s.matches(labels)),
         })
         .collect();
     if allowed.is_empty() {

@@ -137,6 +137,20 @@ pub(crate) fn gateway(ctx: &mut Ctx, g: &Gateway) {
     let mut names: HashMap<&str, usize> = HashMap::new();
     for (i, l) in g.spec.listeners.iter().enumerate() {
         let f = format!("spec.listeners[{i}]");
+        let ns = &l.allowed_routes.namespaces;
+        match (ns.from, &ns.selector) {
+            (FromNamespaces::Selector, None) => ctx.err(
+                Pos::UNKNOWN,
+                format!("{f}.allowedRoutes.namespaces.selector"),
+                "from: Selector needs a selector",
+            ),
+            (FromNamespaces::Same | FromNamespaces::All, Some(_)) => ctx.err(
+                Pos::UNKNOWN,
+                format!("{f}.allowedRoutes.namespaces.selector"),
+                "selector is only used with from: Selector",
+            ),
+            _ => {}
+        }
         if let Err(e) = check_dns_label(&l.name) {
             ctx.err(
                 l.name.pos,
@@ -673,6 +687,21 @@ fn path_modifier(ctx: &mut Ctx, p: &PathModifier, rule: &HttpRouteRule, f: &str)
             p.type_.pos,
             f.to_owned(),
             "ReplacePrefixMatch needs every match of the rule to be a PathPrefix match",
+        );
+    }
+}
+
+/// A Namespace is cluster-scoped: `metadata.namespace` must not be given (it defaults to
+/// `default`, and the key's name is what routes' namespaces are compared with).
+pub(crate) fn namespace(ctx: &mut Ctx, n: &Namespace) {
+    if let Err(e) = check_dns_label(&n.metadata.name) {
+        ctx.err(Pos::UNKNOWN, "metadata.name", format!("name {e}"));
+    }
+    if n.metadata.namespace != DEFAULT_NAMESPACE {
+        ctx.err(
+            Pos::UNKNOWN,
+            "metadata.namespace",
+            "a Namespace is cluster-scoped: omit metadata.namespace",
         );
     }
 }

@@ -1342,3 +1342,40 @@ fn request_mirror_percent_and_fraction() {
         "{errs:#?}"
     );
 }
+
+/// A listener admitting routes by namespace labels follows a Namespace's labels changing: the
+/// incremental translator adds and removes the route (nothing else changes).
+#[test]
+fn namespace_labels_gate_selector_listeners_incrementally() {
+    let gateway = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: edge }\nspec:\n  gatewayClassName: ballast\n  listeners:\n  - name: http\n    port: 10000\n    protocol: HTTP\n    allowedRoutes: { namespaces: { from: Selector, selector: { matchLabels: { gw: edge } } } }\n";
+    let route = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: { name: web, namespace: team }\nspec:\n  parentRefs: [{ name: edge, namespace: default }]\n  rules: [{ backendRefs: [{ name: web, namespace: default }] }]\n---\napiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: { name: g }\nspec:\n  from: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: team }]\n  to: [{ group: ballast.dev, kind: Backend }]\n";
+    let ns = |labels: &str| {
+        format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{ name: team, labels: {{ {labels} }} }}\n"
+        )
+    };
+    let with = Arc::new(config(&docs(&[
+        gateway,
+        BACKEND_WEB,
+        route,
+        &ns("gw: edge"),
+    ])));
+    let without = Arc::new(config(&docs(&[
+        gateway,
+        BACKEND_WEB,
+        route,
+        &ns("gw: other"),
+    ])));
+    let mut t = Translator::new(Options::default());
+    let out = t.update(&without);
+    assert!(out.changed[&gw("edge")].clusters.is_empty());
+    let out = t.update(&with);
+    let res = out.changed[&gw("edge")].clone();
+    assert_eq!(names(&res.clusters), ["default/web"]);
+    assert_eq!(
+        *res,
+        translate_gateway(&with, &gw("edge"), &Options::default()).unwrap()
+    );
+    let out = t.update(&without);
+    assert!(out.changed[&gw("edge")].clusters.is_empty());
+}

@@ -139,7 +139,10 @@ impl Translator {
                 }
                 // A grant can make any cross-namespace backendRef or certificateRef (un)resolve.
                 // Grants change rarely: rebuild every gateway rather than index who uses which.
-                Kind::ReferenceGrant => rebuild.extend(config.gateways.keys().cloned()),
+                // A Namespace's labels decide which routes `from: Selector` listeners admit.
+                Kind::ReferenceGrant | Kind::Namespace => {
+                    rebuild.extend(config.gateways.keys().cloned())
+                }
             }
         }
 
@@ -238,7 +241,7 @@ impl Translator {
                 Kind::HttpRoute => orphans.routes.push(c.key.clone()),
                 Kind::Backend => orphans.backends.push(c.key.clone()),
                 Kind::Secret => orphans.secrets.push(c.key.clone()),
-                Kind::Gateway | Kind::ReferenceGrant => {}
+                Kind::Gateway | Kind::ReferenceGrant | Kind::Namespace => {}
             }
         }
         for k in orphans.routes {
@@ -313,6 +316,7 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
         &new.reference_grants,
         &mut out,
     );
+    diff_map(Kind::Namespace, &old.namespaces, &new.namespaces, &mut out);
     out
 }
 

@@ -182,6 +182,9 @@ impl Listener {
 pub struct RouteNamespaces {
     #[serde(default)]
     pub from: FromNamespaces,
+    /// With `from: Selector`: routes whose namespace's labels (its `Namespace` object) match.
+    #[serde(default)]
+    pub selector: Option<super::LabelSelector>,
 }
 
 /// Gateway API default is `Same`: routes from other namespaces attach only when allowed.
@@ -190,6 +193,7 @@ pub enum FromNamespaces {
     #[default]
     Same,
     All,
+    Selector,
 }
 
 #[cfg(test)]

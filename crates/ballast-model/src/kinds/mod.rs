@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod gateway;
+pub mod namespace;
 pub mod reference_grant;
 pub mod route;
 pub mod secret;
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 pub use backend::*;
 pub use gateway::*;
+pub use namespace::*;
 pub use reference_grant::*;
 pub use route::*;
 pub use secret::*;
@@ -41,15 +43,17 @@ pub enum Kind {
     Backend,
     Secret,
     ReferenceGrant,
+    Namespace,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 6] = [
         Kind::Gateway,
         Kind::HttpRoute,
         Kind::Backend,
         Kind::Secret,
         Kind::ReferenceGrant,
+        Kind::Namespace,
     ];
 
     /// The `kind:` string.
@@ -60,6 +64,7 @@ impl Kind {
             Kind::Backend => "Backend",
             Kind::Secret => "Secret",
             Kind::ReferenceGrant => "ReferenceGrant",
+            Kind::Namespace => "Namespace",
         }
     }
 
@@ -68,7 +73,7 @@ impl Kind {
         match self {
             Kind::Gateway | Kind::HttpRoute => "gateway.networking.k8s.io/v1",
             Kind::Backend => "ballast.dev/v1alpha1",
-            Kind::Secret => "v1",
+            Kind::Secret | Kind::Namespace => "v1",
             Kind::ReferenceGrant => "gateway.networking.k8s.io/v1beta1",
         }
     }
@@ -206,6 +211,7 @@ pub enum Object {
     Backend(Arc<Backend>),
     Secret(Arc<Secret>),
     ReferenceGrant(Arc<ReferenceGrant>),
+    Namespace(Arc<Namespace>),
 }
 
 impl Object {
@@ -216,6 +222,7 @@ impl Object {
             Object::Backend(_) => Kind::Backend,
             Object::Secret(_) => Kind::Secret,
             Object::ReferenceGrant(_) => Kind::ReferenceGrant,
+            Object::Namespace(_) => Kind::Namespace,
         }
     }
 
@@ -226,6 +233,7 @@ impl Object {
             Object::Backend(o) => &o.metadata,
             Object::Secret(o) => &o.metadata,
             Object::ReferenceGrant(o) => &o.metadata,
+            Object::Namespace(o) => &o.metadata,
         }
     }
 
@@ -240,6 +248,7 @@ impl Object {
             Object::Backend(o) => &o.source,
             Object::Secret(o) => &o.source,
             Object::ReferenceGrant(o) => &o.source,
+            Object::Namespace(o) => &o.source,
         }
     }
 }
