@@ -81,8 +81,10 @@ mod docs_tests {
                 set.secrets.len(),
                 set.services.len(),
                 set.endpoint_slices.len(),
+                set.reference_grants.len(),
+                set.namespaces.len()
             ),
-            (2, 4, 1, 2, 1, 1)
+            (3, 5, 1, 2, 1, 1, 1, 1)
         );
         // No example uses the deprecated backendRef shorthand.
         let status = crate::status::compute(&set);

@@ -17,7 +17,8 @@ use crate::kinds::{
     Backend, BackendPolicy, BackendPolicySpec, BackendSpec, BackendTlsPolicy, BackendTlsPolicySpec,
     ClientPolicy, ClientPolicySpec, DEFAULT_NAMESPACE, EndpointSlice, EndpointSliceSpec, Gateway,
     GatewaySpec, GrpcRoute, GrpcRouteSpec, HttpRoute, HttpRouteSpec, Ignored, Kind, KindMatch,
-    Metadata, Object, ObjectKey, Service, ServiceSpec, SliceEndpoint, SlicePort, Source,
+    Metadata, Namespace, NamespaceSpec, Object, ObjectKey, ReferenceGrant, ReferenceGrantSpec,
+    Service, ServiceSpec, SliceEndpoint, SlicePort, Source,
 };
 use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
@@ -391,6 +392,10 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
                 },
             )
         }),
+        Kind::ReferenceGrant => deserialize::<Doc<ReferenceGrantSpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::ReferenceGrant(d.spec))),
+        Kind::Namespace => deserialize::<NamespaceDoc>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::Namespace(d.spec))),
     }
     .map_err(strict_error)?;
     finish(file, object, doc_pos, typed).map(Parsed::Object)
@@ -414,6 +419,25 @@ enum TypedSpec {
     ClientPolicy(Box<ClientPolicySpec>),
     GrpcRoute(GrpcRouteSpec),
     Service(ServiceSpec),
+    ReferenceGrant(ReferenceGrantSpec),
+    Namespace(NamespaceSpec),
+}
+
+/// A Namespace document: `spec` is optional (and `status` is what `kubectl get -o yaml`
+/// prints; accepted and ignored).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct NamespaceDoc {
+    #[allow(dead_code)]
+    api_version: String,
+    #[allow(dead_code)]
+    kind: String,
+    metadata: Metadata,
+    #[serde(default)]
+    spec: NamespaceSpec,
+    #[serde(default)]
+    #[allow(dead_code)]
+    status: Option<serde::de::IgnoredAny>,
 }
 
 /// Applies defaults and validates; the one place both parse paths build objects.
@@ -512,6 +536,24 @@ fn finish(
             validate::endpoint_slice(&mut ctx, &es);
             Object::EndpointSlice(Arc::new(es))
         }
+        Typed::Spec(metadata, TypedSpec::ReferenceGrant(spec)) => {
+            let g = ReferenceGrant {
+                metadata,
+                spec,
+                source,
+            };
+            validate::reference_grant(&mut ctx, &g);
+            Object::ReferenceGrant(Arc::new(g))
+        }
+        Typed::Spec(metadata, TypedSpec::Namespace(spec)) => {
+            let n = Namespace {
+                metadata,
+                spec,
+                source,
+            };
+            validate::namespace(&mut ctx, &n);
+            Object::Namespace(Arc::new(n))
+        }
         Typed::Secret(d) => match validate::secret(&mut ctx, d, source) {
             Some(s) => Object::Secret(Arc::new(s)),
             None => return Err(ctx.into_errors()),
@@ -571,6 +613,9 @@ impl<'de> Deserialize<'de> for FastDoc {
                                 }
                                 Some(Kind::ClientPolicy) => {
                                     TypedSpec::ClientPolicy(map.next_value()?)
+                                }
+                                Some(Kind::ReferenceGrant) => {
+                                    TypedSpec::ReferenceGrant(map.next_value()?)
                                 }
                                 _ => return Err(decline()),
                             })
@@ -837,7 +882,7 @@ spec:
             (Some("https"), Some(&443))
         );
         let rule = &r.spec.rules[0];
-        assert_eq!(rule.name.as_deref(), Some("main"));
+        assert_eq!(rule.name.as_ref().map(|n| n.as_str()), Some("main"));
         let m = &rule.matches[0];
         assert_eq!(m.path.type_, PathMatchType::Exact);
         assert_eq!(m.headers[1].type_, StringMatchType::RegularExpression);
@@ -1075,8 +1120,8 @@ spec:
     #[test]
     fn unknown_kinds_are_skipped_not_errors() {
         let text = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: x}\n---\n\
-            apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\n\
-            metadata: {name: g, namespace: apps}\nspec: {from: [], to: []}\n---\n\
+            apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+            metadata: {name: g, namespace: apps}\nspec: {podSelector: {}}\n---\n\
             apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: Backend\nmetadata: {name: b}\n\
             spec: {endpoints: [{fqdn: {hostname: x.example.com, port: 80}}]}\n---\n\
             kind: SomethingElse\n---\n{CANONICAL}"
@@ -1089,7 +1134,7 @@ spec:
             got,
             [
                 "f.yaml:1:1: skipped ServiceAccount default/x (v1): kind not implemented by Ballast",
-                "f.yaml:5:1: skipped ReferenceGrant apps/g (gateway.networking.k8s.io/v1beta1): kind not implemented by Ballast",
+                "f.yaml:5:1: skipped NetworkPolicy apps/g (networking.k8s.io/v1): kind not implemented by Ballast",
                 "f.yaml:10:1: skipped Backend default/b (gateway.envoyproxy.io/v1alpha1): kind not implemented by Ballast",
                 "f.yaml:15:1: skipped SomethingElse (no apiVersion): kind not implemented by Ballast",
             ]

@@ -129,6 +129,8 @@ pub struct ConfigSet {
     pub service_backends: BTreeMap<ObjectKey, Arc<Backend>>,
     /// Derived: Service key → the EndpointSlices labelled with its name.
     slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+    pub reference_grants: BTreeMap<ObjectKey, Arc<ReferenceGrant>>,
+    pub namespaces: BTreeMap<ObjectKey, Arc<Namespace>>,
 }
 
 /// How one object differs between two sets.
@@ -158,6 +160,10 @@ pub enum BackendRefResolution {
     /// Names a group/kind other than core `Service` or `ballast.dev` `Backend`; treated like
     /// `NotFound` for traffic.
     InvalidKind,
+    /// Names a Backend of another namespace that no ReferenceGrant there allows the route to
+    /// use (Gateway API `RefNotPermitted`); treated like `NotFound` for traffic, whether or not
+    /// the Backend exists (existence must not leak across namespaces).
+    NotPermitted,
 }
 
 /// What a backendRef names, before looking anything up ([`HttpBackendRef::target`] applied
@@ -199,6 +205,8 @@ pub enum CertificateRefResolution {
     Resolved(Arc<Secret>),
     NotFound,
     InvalidKind,
+    /// A Secret of another namespace without a ReferenceGrant there for the Gateway.
+    NotPermitted,
 }
 
 /// Why a parentRef does not attach (Gateway API `Accepted=False` reasons).
@@ -455,6 +463,11 @@ impl ConfigSet {
                 }
                 old.map(Object::EndpointSlice)
             }
+            Object::ReferenceGrant(g) => self
+                .reference_grants
+                .insert(key, g)
+                .map(Object::ReferenceGrant),
+            Object::Namespace(n) => self.namespaces.insert(key, n).map(Object::Namespace),
         }
     }
 
@@ -536,6 +549,11 @@ impl ConfigSet {
                 }
                 old.map(Object::EndpointSlice)
             }
+            Kind::ReferenceGrant => self
+                .reference_grants
+                .remove(key)
+                .map(Object::ReferenceGrant),
+            Kind::Namespace => self.namespaces.remove(key).map(Object::Namespace),
         }
     }
 
@@ -568,6 +586,12 @@ impl ConfigSet {
                 .get(key)
                 .cloned()
                 .map(Object::EndpointSlice),
+            Kind::ReferenceGrant => self
+                .reference_grants
+                .get(key)
+                .cloned()
+                .map(Object::ReferenceGrant),
+            Kind::Namespace => self.namespaces.get(key).cloned().map(Object::Namespace),
         }
     }
 
@@ -608,6 +632,13 @@ impl ConfigSet {
                     .cloned()
                     .map(Object::EndpointSlice),
             )
+            .chain(
+                self.reference_grants
+                    .values()
+                    .cloned()
+                    .map(Object::ReferenceGrant),
+            )
+            .chain(self.namespaces.values().cloned().map(Object::Namespace))
     }
 
     pub fn len(&self) -> usize {
@@ -622,6 +653,8 @@ impl ConfigSet {
             + self.grpc_routes.len()
             + self.services.len()
             + self.endpoint_slices.len()
+            + self.reference_grants.len()
+            + self.namespaces.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -678,6 +711,13 @@ impl ConfigSet {
             &new.endpoint_slices,
             &mut out,
         );
+        diff_map(
+            Kind::ReferenceGrant,
+            &self.reference_grants,
+            &new.reference_grants,
+            &mut out,
+        );
+        diff_map(Kind::Namespace, &self.namespaces, &new.namespaces, &mut out);
         out.sort();
         out
     }
@@ -909,15 +949,51 @@ impl ConfigSet {
         }
     }
 
+    /// The labels of namespace `ns` (from its `Namespace` object; none without one).
+    pub fn namespace_labels(&self, ns: &str) -> &BTreeMap<String, String> {
+        namespace_labels(&self.namespaces, ns)
+    }
+
+    /// Whether an object of kind `from` in namespace `from_ns` may refer to the object `to_name`
+    /// of kind `to` in `to_ns` (Gateway API ReferenceGrant): always within a namespace; across
+    /// namespaces only when a ReferenceGrant in `to_ns` lists `from`/`from_ns` and `to` (with
+    /// `to_name` or no name). The one check for every kind of cross-namespace reference.
+    pub fn ref_permitted(
+        &self,
+        from: GroupKind<'_>,
+        from_ns: &str,
+        to: GroupKind<'_>,
+        to_ns: &str,
+        to_name: &str,
+    ) -> bool {
+        from_ns == to_ns
+            || self
+                .reference_grants
+                .range(ObjectKey::new(to_ns, "")..)
+                .take_while(|(k, _)| k.namespace == to_ns)
+                .any(|(_, g)| g.permits(from, from_ns, to, to_name))
+    }
+
     /// Resolves a backendRef of `route` (its namespace defaults to the route's).
     pub fn resolve_backend(&self, route: &HttpRoute, r: &HttpBackendRef) -> BackendRefResolution {
-        match self.backend_target(&route.metadata.namespace, r) {
+        let ns = &route.metadata.namespace;
+        match self.backend_target(ns, r) {
             BackendTarget::Invalid => BackendRefResolution::InvalidKind,
-            BackendTarget::Backend { key, .. } => match self.backends.get(&key) {
-                Some(b) => BackendRefResolution::Resolved(b.clone()),
-                None => BackendRefResolution::NotFound,
-            },
+            BackendTarget::Backend { key, .. } => {
+                let to = GroupKind::new(BALLAST_GROUP, "Backend");
+                if !self.ref_permitted(HTTP_ROUTE_GK, ns, to, &key.namespace, &key.name) {
+                    return BackendRefResolution::NotPermitted;
+                }
+                match self.backends.get(&key) {
+                    Some(b) => BackendRefResolution::Resolved(b.clone()),
+                    None => BackendRefResolution::NotFound,
+                }
+            }
             BackendTarget::Service(key, port) => {
+                let to = GroupKind::new("", "Service");
+                if !self.ref_permitted(HTTP_ROUTE_GK, ns, to, &key.namespace, &key.name) {
+                    return BackendRefResolution::NotPermitted;
+                }
                 // Gateway API requires the port of a Service ref.
                 let Some(port) = port else {
                     return BackendRefResolution::NotFound;
@@ -944,6 +1020,15 @@ impl ConfigSet {
             .namespace
             .as_deref()
             .unwrap_or(&gateway.metadata.namespace);
+        if !self.ref_permitted(
+            GATEWAY_GK,
+            &gateway.metadata.namespace,
+            SECRET_GK,
+            ns,
+            &r.name,
+        ) {
+            return CertificateRefResolution::NotPermitted;
+        }
         match self.secrets.get(&ObjectKey::new(ns, r.name.as_str())) {
             Some(s) => CertificateRefResolution::Resolved(s.clone()),
             None => CertificateRefResolution::NotFound,
@@ -970,7 +1055,7 @@ impl ConfigSet {
                     ),
                 )
             } else if let Some(g) = self.gateways.get(&gateway) {
-                attach(g, p, route_ns, &hostnames)
+                attach(self.namespace_labels(route_ns), g, p, route_ns, &hostnames)
             } else {
                 fail(
                     NotAcceptedReason::NoMatchingParent,
@@ -995,7 +1080,7 @@ impl ConfigSet {
         };
         let mut out: Vec<RouteAttachment> = Vec::new();
         for route in self.http_routes.values() {
-            for a in route_attachments(gateway, g, route) {
+            for a in route_attachments(&self.namespaces, gateway, g, route) {
                 out.push(RouteAttachment {
                     route: route.clone(),
                     listener: a.listener,
@@ -1015,13 +1100,29 @@ impl ConfigSet {
         route: &HttpRoute,
     ) -> Vec<ListenerAttachment> {
         match self.gateways.get(gateway) {
-            Some(g) => route_attachments(gateway, g, route),
+            Some(g) => route_attachments(&self.namespaces, gateway, g, route),
             None => Vec::new(),
         }
     }
 }
 
+/// Namespaces are cluster-scoped: their objects are keyed (`default`, name) (validation rejects
+/// another `metadata.namespace`).
+fn namespace_labels<'a>(
+    namespaces: &'a BTreeMap<ObjectKey, Arc<Namespace>>,
+    ns: &str,
+) -> &'a BTreeMap<String, String> {
+    static NONE: BTreeMap<String, String> = BTreeMap::new();
+    if namespaces.is_empty() {
+        return &NONE;
+    }
+    namespaces
+        .get(&ObjectKey::new(DEFAULT_NAMESPACE, ns))
+        .map_or(&NONE, |n| &n.metadata.labels)
+}
+
 fn route_attachments(
+    namespaces: &BTreeMap<ObjectKey, Arc<Namespace>>,
     gateway: &ObjectKey,
     g: &Gateway,
     route: &HttpRoute,
@@ -1037,6 +1138,7 @@ fn route_attachments(
         return Vec::new();
     }
     let hostnames: Vec<&str> = route.spec.hostnames.iter().map(|h| h.as_str()).collect();
+    let labels = namespace_labels(namespaces, route_ns);
     let mut mine: Vec<ListenerAttachment> = Vec::new();
     for p in &route.spec.parent_refs {
         // `resolve_parents` restricted to the parentRefs naming this Gateway.
@@ -1046,7 +1148,10 @@ fn route_attachments(
         {
             continue;
         }
-        for a in attach(g, p, route_ns, &hostnames).into_iter().flatten() {
+        for a in attach(labels, g, p, route_ns, &hostnames)
+            .into_iter()
+            .flatten()
+        {
             match mine.iter_mut().find(|m| m.listener == a.listener) {
                 Some(m) => {
                     for h in a.hostnames {
@@ -1069,6 +1174,7 @@ fn route_attachments(
 }
 
 fn attach(
+    labels: &BTreeMap<String, String>,
     g: &Gateway,
     p: &ParentRef,
     route_ns: &str,
@@ -1097,11 +1203,30 @@ fn attach(
             format!("Gateway {} has no {what}", g.key()),
         ));
     }
-    let allowed: Vec<&Listener> = candidates
+    let by_kind: Vec<&Listener> = candidates
+        .into_iter()
+        .filter(|l| l.allows_kind(GATEWAY_GROUP, "HTTPRoute"))
+        .collect();
+    if by_kind.is_empty() {
+        return Err((
+            NotAcceptedReason::NotAllowedByListeners,
+            format!(
+                "no listener of Gateway {} allows kind HTTPRoute (allowedRoutes.kinds)",
+                g.key()
+            ),
+        ));
+    }
+    let allowed: Vec<&Listener> = by_kind
         .into_iter()
         .filter(|l| match l.allowed_routes.namespaces.from {
             FromNamespaces::All => true,
             FromNamespaces::Same => g.metadata.namespace == route_ns,
+            FromNamespaces::Selector => l
+                .allowed_routes
+                .namespaces
+                .selector
+                .as_ref()
+                .is_some_and(|s| s.matches(labels)),
         })
         .collect();
     if allowed.is_empty() {
@@ -1457,7 +1582,7 @@ mod tests {
         let files = [
             ("a.yaml", format!("{}---\n{}", backend("a", 0), backend("b", 80))),
             ("r.yaml", route("r", "r.example", "b")),
-            ("x.yaml", "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: g}\nspec: {}\n".to_owned()),
+            ("x.yaml", "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: g}\nspec: {}\n".to_owned()),
         ];
         let (set, report) = assemble(None, &files);
         assert_eq!(set.len(), 2);
@@ -1465,7 +1590,7 @@ mod tests {
         assert_eq!(report.rejected.len(), 1);
         assert_eq!(report.rejected[0].serving, None);
         assert_eq!(report.skipped.len(), 1);
-        assert_eq!(report.skipped[0].kind, "ReferenceGrant");
+        assert_eq!(report.skipped[0].kind, "NetworkPolicy");
         assert_eq!(report.errors.len(), 1);
     }
 

@@ -109,7 +109,21 @@ pub struct GatewayStatus {
     pub listeners: Vec<ListenerStatus>,
 }
 
-/// The status of every Gateway and HTTPRoute, in key order.
+/// A Backend (Gateway API has no Backend status; this is what `ballast get backends` shows):
+/// valid, how many endpoints, and which routes send to it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendStatus {
+    pub namespace: String,
+    pub name: String,
+    pub source: String,
+    pub endpoints: u32,
+    /// `namespace/name` of every HTTPRoute with a backendRef resolving to this Backend.
+    pub routes: Vec<String>,
+    pub conditions: Vec<Condition>,
+}
+
+/// The status of every Gateway, HTTPRoute and Backend, in key order.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ConfigStatus {
@@ -123,6 +137,7 @@ pub struct ConfigStatus {
     pub client_policies: Vec<PolicyStatus>,
     /// GRPCRoutes, computed through their HTTPRoute equivalents (same attachment rules).
     pub grpc_routes: Vec<RouteStatus>,
+    pub backends: Vec<BackendStatus>,
 }
 
 /// One targetRef of a policy, as in Gateway API `PolicyAncestorStatus` (the target itself is
@@ -393,7 +408,50 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
             .values()
             .map(|r| route_status(set, &r.as_http))
             .collect(),
+        backends: backend_statuses(set),
     }
+}
+
+fn backend_statuses(set: &ConfigSet) -> Vec<BackendStatus> {
+    let mut users: std::collections::BTreeMap<ObjectKey, Vec<String>> = Default::default();
+    for r in set.http_routes.values() {
+        for b in r.spec.rules.iter().flat_map(|rule| &rule.backend_refs) {
+            if let BackendRefResolution::Resolved(b) = set.resolve_backend(r, b) {
+                let list = users.entry(b.key()).or_default();
+                let name = r.key().to_string();
+                if !list.contains(&name) {
+                    list.push(name);
+                }
+            }
+        }
+    }
+    set.backends
+        .values()
+        .map(|b| {
+            let routes = users.remove(&b.key()).unwrap_or_default();
+            let endpoints = u32::try_from(b.spec.endpoints.len()).unwrap_or(u32::MAX);
+            BackendStatus {
+                namespace: b.metadata.namespace.clone(),
+                name: b.metadata.name.clone(),
+                source: b.source.to_string(),
+                endpoints,
+                conditions: vec![
+                    Condition::new("Accepted", true, "Accepted", "Backend is valid"),
+                    if routes.is_empty() {
+                        Condition::new(
+                            "Programmed",
+                            false,
+                            "NotReferenced",
+                            "no route's backendRef resolves to this Backend",
+                        )
+                    } else {
+                        Condition::new("Programmed", true, "Programmed", "referenced by routes")
+                    },
+                ],
+                routes,
+            }
+        })
+        .collect()
 }
 
 fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
@@ -411,19 +469,47 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
     let mut listeners = Vec::new();
     for l in &g.spec.listeners {
         let mut bad = Vec::new();
+        let mut bad_reason = None;
         let mut resolved = 0;
         for r in l.tls.iter().flat_map(|t| &t.certificate_refs) {
             let ns = r.namespace.as_deref().unwrap_or(&g.metadata.namespace);
             match set.resolve_certificate(g, r) {
                 CertificateRefResolution::Resolved(_) => resolved += 1,
                 CertificateRefResolution::NotFound => {
+                    bad_reason.get_or_insert("InvalidCertificateRef");
                     bad.push(format!("Secret {ns}/{} not found", r.name.value))
                 }
-                CertificateRefResolution::InvalidKind => bad.push(format!(
-                    "certificateRef {ns}/{} has unsupported kind {:?} (group {:?}); only core Secret is supported",
-                    r.name.value, r.kind.value, r.group
-                )),
+                CertificateRefResolution::InvalidKind => {
+                    bad_reason.get_or_insert("InvalidCertificateRef");
+                    bad.push(format!(
+                        "certificateRef {ns}/{} has unsupported kind {:?} (group {:?}); only core Secret is supported",
+                        r.name.value, r.kind.value, r.group
+                    ))
+                }
+                CertificateRefResolution::NotPermitted => {
+                    bad_reason.get_or_insert("RefNotPermitted");
+                    bad.push(format!(
+                        "Secret {ns}/{} is in another namespace and no ReferenceGrant in {ns} allows Gateway {}/{} to use it",
+                        r.name.value, g.metadata.namespace, g.metadata.name
+                    ))
+                }
             }
+        }
+        let invalid_kinds = l.invalid_route_kinds();
+        if !invalid_kinds.is_empty() {
+            bad_reason.get_or_insert("InvalidRouteKinds");
+            bad.push(format!(
+                "allowedRoutes.kinds: {} not supported on a {} listener (supported: HTTPRoute)",
+                invalid_kinds
+                    .iter()
+                    .map(|k| format!("{}/{}", k.group(), k.kind.value))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                match *l.protocol {
+                    ListenerProtocol::Http => "HTTP",
+                    ListenerProtocol::Https => "HTTPS",
+                }
+            ));
         }
         let refs_ok = bad.is_empty();
         let programmed = *l.protocol == ListenerProtocol::Http || resolved > 0;
@@ -444,7 +530,7 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
                     Condition::new(
                         "ResolvedRefs",
                         false,
-                        "InvalidCertificateRef",
+                        bad_reason.unwrap_or("InvalidCertificateRef"),
                         bad.join("; "),
                     )
                 },
@@ -488,11 +574,32 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
     let mut messages = Vec::new();
     let mut reason = None;
     for (i, rule) in r.spec.rules.iter().enumerate() {
-        for (j, b) in rule.backend_refs.iter().enumerate() {
+        // backendRefs, then RequestMirror targets (reported in the condition, not in
+        // `unresolvedBackendRefs`, which indexes backendRefs).
+        let refs = rule
+            .backend_refs
+            .iter()
+            .enumerate()
+            .map(|(j, b)| (format!("rules[{i}].backendRefs[{j}]"), Some(j), b))
+            .chain(rule.filters.iter().enumerate().filter_map(|(k, f)| {
+                f.request_mirror.as_ref().map(|m| {
+                    (
+                        format!("rules[{i}].filters[{k}].requestMirror.backendRef"),
+                        None,
+                        &m.backend_ref,
+                    )
+                })
+            }));
+        for (at, j, b) in refs {
             let target = set.backend_target(&r.metadata.namespace, b);
             if let Some(w) = target.deprecation() {
-                warnings.push(format!("rules[{i}].backendRefs[{j}]: {w}"));
+                warnings.push(format!("{at}: {w}"));
             }
+            let ns = b.namespace_or(&r.metadata.namespace);
+            let target_kind = match &target {
+                BackendTarget::Service(..) => "Service",
+                _ => "Backend",
+            };
             let why = match set.resolve_backend(r, b) {
                 BackendRefResolution::Resolved(_) => continue,
                 BackendRefResolution::NotFound => {
@@ -511,24 +618,33 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
                         BackendTarget::Backend { key, .. } => format!("Backend {key} not found"),
                         BackendTarget::Invalid => String::new(),
                     };
-                    messages.push(format!("rules[{i}].backendRefs[{j}]: {what}"));
+                    messages.push(format!("{at}: {what}"));
                     "BackendNotFound"
                 }
                 BackendRefResolution::InvalidKind => {
                     messages.push(format!(
-                        "rules[{i}].backendRefs[{j}]: unsupported kind {}/{}; only core Service and ballast.dev/Backend are supported",
+                        "{at}: unsupported kind {}/{}; only core Service and ballast.dev/Backend are supported",
                         b.group.as_ref().map_or("", |g| g.as_str()),
                         b.kind.as_ref().map_or("Service", |k| k.as_str())
                     ));
                     "InvalidKind"
                 }
+                BackendRefResolution::NotPermitted => {
+                    messages.push(format!(
+                        "{at}: {target_kind} {ns}/{} is in another namespace and no ReferenceGrant in {ns} allows HTTPRoute {}/{} to use it",
+                        b.name.value, r.metadata.namespace, r.metadata.name
+                    ));
+                    "RefNotPermitted"
+                }
             };
             reason.get_or_insert(why);
-            unresolved.push(UnresolvedBackendRef {
-                rule: i,
-                backend_ref: j,
-                reason: why.to_owned(),
-            });
+            if let Some(j) = j {
+                unresolved.push(UnresolvedBackendRef {
+                    rule: i,
+                    backend_ref: j,
+                    reason: why.to_owned(),
+                });
+            }
         }
     }
     let resolved_refs = match reason {

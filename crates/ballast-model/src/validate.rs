@@ -152,6 +152,20 @@ pub(crate) fn gateway(ctx: &mut Ctx, g: &Gateway) {
     let mut names: HashMap<&str, usize> = HashMap::new();
     for (i, l) in g.spec.listeners.iter().enumerate() {
         let f = format!("spec.listeners[{i}]");
+        let ns = &l.allowed_routes.namespaces;
+        match (ns.from, &ns.selector) {
+            (FromNamespaces::Selector, None) => ctx.err(
+                Pos::UNKNOWN,
+                format!("{f}.allowedRoutes.namespaces.selector"),
+                "from: Selector needs a selector",
+            ),
+            (FromNamespaces::Same | FromNamespaces::All, Some(_)) => ctx.err(
+                Pos::UNKNOWN,
+                format!("{f}.allowedRoutes.namespaces.selector"),
+                "selector is only used with from: Selector",
+            ),
+            _ => {}
+        }
         if let Err(e) = check_dns_label(&l.name) {
             ctx.err(
                 l.name.pos,
@@ -252,8 +266,23 @@ pub(crate) fn http_route(ctx: &mut Ctx, r: &HttpRoute) {
     for (i, h) in r.spec.hostnames.iter().enumerate() {
         hostname(ctx, h, format!("spec.hostnames[{i}]"), true);
     }
+    let mut names: HashMap<&str, usize> = HashMap::new();
     for (i, rule) in r.spec.rules.iter().enumerate() {
         route_rule(ctx, rule, &format!("spec.rules[{i}]"));
+        if let Some(n) = &rule.name {
+            if let Err(e) = check_dns_label(n) {
+                ctx.err(n.pos, format!("spec.rules[{i}].name"), format!("name {e}"));
+            } else if let Some(first) = names.insert(n.as_str(), i) {
+                ctx.err(
+                    n.pos,
+                    format!("spec.rules[{i}].name"),
+                    format!(
+                        "rule name {:?} is also used by spec.rules[{first}]",
+                        n.value
+                    ),
+                );
+            }
+        }
     }
 }
 
@@ -344,7 +373,8 @@ fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
     for (j, filter) in rule.filters.iter().enumerate() {
         let ff = format!("{f}.filters[{j}]");
         let t = *filter.type_;
-        if let Some(first) = seen.insert(t, j) {
+        // RequestMirror is the one filter Gateway API allows several of in a rule.
+        if let Some(first) = seen.insert(t, j).filter(|_| t != FilterType::RequestMirror) {
             ctx.err(
                 filter.type_.pos,
                 format!("{ff}.type"),
@@ -354,7 +384,8 @@ fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
                 ),
             );
         }
-        let set: [(FilterType, bool); 4] = [
+        let set: [(FilterType, bool); 5] = [
+            (FilterType::RequestMirror, filter.request_mirror.is_some()),
             (
                 FilterType::RequestHeaderModifier,
                 filter.request_header_modifier.is_some(),
@@ -389,6 +420,9 @@ fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
             }
         }
         match filter.action() {
+            Some(FilterAction::RequestMirror(m)) => {
+                request_mirror(ctx, m, &format!("{ff}.requestMirror"))
+            }
             Some(FilterAction::RequestHeaderModifier(m)) => {
                 header_modifier(ctx, m, &format!("{ff}.requestHeaderModifier"))
             }
@@ -480,6 +514,29 @@ fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
             ),
         );
     }
+    for (k, c) in rule
+        .retry
+        .iter()
+        .flat_map(|r| r.codes.iter().flatten())
+        .enumerate()
+    {
+        if !(400..=599).contains(&c.value) {
+            ctx.err(
+                c.pos,
+                format!("{f}.retry.codes[{k}]"),
+                format!("status code {} is out of range 400..=599", c.value),
+            );
+        }
+    }
+    if let Some(b) = rule.retry.as_ref().and_then(|r| r.backoff.as_ref())
+        && b.is_zero()
+    {
+        ctx.err(
+            b.pos,
+            format!("{f}.retry.backoff"),
+            "backoff must be greater than 0",
+        );
+    }
     if let Some(retry) = &rule.retry
         && let Some(list) = &retry.retry_on
     {
@@ -502,6 +559,50 @@ fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
                     ),
                 );
             }
+        }
+    }
+}
+
+fn request_mirror(ctx: &mut Ctx, m: &RequestMirror, f: &str) {
+    if m.backend_ref.name.is_empty() {
+        ctx.err(
+            m.backend_ref.name.pos,
+            format!("{f}.backendRef.name"),
+            "name must not be empty",
+        );
+    }
+    if let Some(p) = &m.percent {
+        if m.fraction.is_some() {
+            ctx.err(
+                p.pos,
+                format!("{f}.percent"),
+                "give percent or fraction, not both",
+            );
+        }
+        if p.value > 100 {
+            ctx.err(
+                p.pos,
+                format!("{f}.percent"),
+                format!("percent {} is out of range 0..=100", p.value),
+            );
+        }
+    }
+    if let Some(fr) = &m.fraction {
+        if fr.denominator.value == 0 {
+            ctx.err(
+                fr.denominator.pos,
+                format!("{f}.fraction.denominator"),
+                "denominator must be greater than 0",
+            );
+        } else if fr.numerator.value > fr.denominator.value {
+            ctx.err(
+                fr.numerator.pos,
+                format!("{f}.fraction.numerator"),
+                format!(
+                    "numerator {} is greater than denominator {}",
+                    fr.numerator.value, fr.denominator.value
+                ),
+            );
         }
     }
 }
@@ -695,6 +796,62 @@ pub(crate) fn config_map(ctx: &mut Ctx, c: &ConfigMap) {
             "data.ca.crt",
             "ca.crt is not PEM (expected \"-----BEGIN CERTIFICATE-----\")",
         );
+    }
+}
+
+/// A Namespace is cluster-scoped: `metadata.namespace` must not be given (it defaults to
+/// `default`, and the key's name is what routes' namespaces are compared with).
+pub(crate) fn namespace(ctx: &mut Ctx, n: &Namespace) {
+    if let Err(e) = check_dns_label(&n.metadata.name) {
+        ctx.err(Pos::UNKNOWN, "metadata.name", format!("name {e}"));
+    }
+    if n.metadata.namespace != DEFAULT_NAMESPACE {
+        ctx.err(
+            Pos::UNKNOWN,
+            "metadata.namespace",
+            "a Namespace is cluster-scoped: omit metadata.namespace",
+        );
+    }
+}
+
+/// Gateway API requires at least one `from` and one `to`, non-empty kinds and valid names.
+pub(crate) fn reference_grant(ctx: &mut Ctx, g: &ReferenceGrant) {
+    metadata(ctx, &g.metadata);
+    if g.spec.from.is_empty() {
+        ctx.err(Pos::UNKNOWN, "spec.from", "must list at least one referrer");
+    }
+    if g.spec.to.is_empty() {
+        ctx.err(Pos::UNKNOWN, "spec.to", "must list at least one target");
+    }
+    for (i, f) in g.spec.from.iter().enumerate() {
+        if f.kind.is_empty() {
+            ctx.err(
+                f.kind.pos,
+                format!("spec.from[{i}].kind"),
+                "kind must not be empty",
+            );
+        }
+        if let Err(e) = check_dns_label(&f.namespace) {
+            ctx.err(
+                f.namespace.pos,
+                format!("spec.from[{i}].namespace"),
+                format!("namespace {e}"),
+            );
+        }
+    }
+    for (i, t) in g.spec.to.iter().enumerate() {
+        if t.kind.is_empty() {
+            ctx.err(
+                t.kind.pos,
+                format!("spec.to[{i}].kind"),
+                "kind must not be empty",
+            );
+        }
+        if let Some(n) = &t.name
+            && let Err(e) = check_dns_subdomain(n)
+        {
+            ctx.err(n.pos, format!("spec.to[{i}].name"), format!("name {e}"));
+        }
     }
 }
 

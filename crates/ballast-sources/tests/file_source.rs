@@ -436,14 +436,14 @@ async fn unknown_kinds_are_skipped_and_the_rest_syncs() {
     three_files(d.path());
     write(
         &d.path().join("grants.yaml"),
-        "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: { name: g, namespace: apps }\nspec:\n  from: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: default }]\n  to: [{ group: '', kind: Service }]\n---\napiVersion: gateway.envoyproxy.io/v1alpha1\nkind: ClientTrafficPolicy\nmetadata: { name: p }\nspec: { targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }] }\n",
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: g, namespace: apps }\nspec:\n  podSelector: {}\n---\napiVersion: gateway.envoyproxy.io/v1alpha1\nkind: ClientTrafficPolicy\nmetadata: { name: p }\nspec: { targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }] }\n",
     );
     let mut rx = start(vec![d.path().to_path_buf()], fast());
     let s = until(&mut rx, "initial sync", |s| s.synced).await;
     assert!(s.last_error.is_none(), "{:?}", errors(&s));
     assert_eq!(s.config.as_ref().unwrap().len(), 3);
     let kinds: Vec<&str> = s.report.skipped.iter().map(|k| k.kind.as_str()).collect();
-    assert_eq!(kinds, ["ReferenceGrant", "ClientTrafficPolicy"]);
+    assert_eq!(kinds, ["NetworkPolicy", "ClientTrafficPolicy"]);
 }
 
 /// A single file path, saved the way editors do: write a temporary file and rename it over.

@@ -13,7 +13,7 @@
 //! | `RouteConfiguration` (HTTP port) | `{ns}/{gateway}/{port}`: all HTTP Gateway listeners sharing the port share it, one virtual host per hostname |
 //! | `RouteConfiguration` (HTTPS port) | `{ns}/{gateway}/{port}/{hostname}` (`*` for a listener without hostname): one per SNI filter chain, so a hostname's routes are only reachable through the chain (certificate) of its own Gateway listener |
 //! | `VirtualHost` | the hostname it serves (`*` for all hosts); domains are bare hostnames and the HCM strips any port from `Host` |
-//! | `Route` | `{ns}/{route}/{rule}/{match}` (indices; `{route}` is `grpc:{name}` for a GRPCRoute); the share of a rule sent to unresolvable backends is an extra route named `.../unresolved` |
+//! | `Route` | `{ns}/{route}/{rule}/{match}` (indices; a named rule's name replaces its index, and its routes get the stat prefix `{ns}/{route}/{name}`; `{route}` is `grpc:{name}` for a GRPCRoute); the share of a rule sent to unresolvable backends is an extra route named `.../unresolved` |
 //! | `Cluster`, `ClusterLoadAssignment` | `{ns}/{backend}`; `{ns}/{backend}:h2c` for the HTTP/2 copy a GRPCRoute uses ([`grpc`]) |
 //! | `Secret` | `{ns}/{secret}` |
 //!

@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use ballast_model::set::{BackendRefResolution, ListenerAttachment};
 use ballast_model::{
-    ConfigSet, HashKey, HeaderMatch, HeaderModifier, HttpRoute, HttpRouteMatch, HttpRouteRule,
-    Listener, ObjectKey, PathMatchType, PathRewrite, RequestRedirect, StringMatchType, UrlRewrite,
-    hostname_matches,
+    ConfigSet, HashKey, HeaderMatch, HeaderModifier, HttpBackendRef, HttpRoute, HttpRouteMatch,
+    HttpRouteRule, Listener, ObjectKey, PathMatchType, PathRewrite, RequestRedirect,
+    StringMatchType, UrlRewrite, hostname_matches,
 };
 use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
 use envoy_types::pb::envoy::config::core::v3::{
@@ -29,7 +29,7 @@ use envoy_types::pb::envoy::config::route::v3::route_action::hash_policy::{
     ConnectionProperties, Cookie, Header as HashHeader, PolicySpecifier,
 };
 use envoy_types::pb::envoy::config::route::v3::route_action::{
-    ClusterSpecifier, HashPolicy, HostRewriteSpecifier,
+    ClusterSpecifier, HashPolicy, HostRewriteSpecifier, RequestMirrorPolicy,
 };
 use envoy_types::pb::envoy::config::route::v3::route_match::PathSpecifier;
 use envoy_types::pb::envoy::config::route::v3::weighted_cluster::ClusterWeight;
@@ -132,7 +132,7 @@ pub(crate) fn backend_signature(
         .spec
         .rules
         .iter()
-        .flat_map(|rule| &rule.backend_refs)
+        .flat_map(rule_backend_refs)
         .map(|r| match config.resolve_backend(route, r) {
             BackendRefResolution::Resolved(b) => Some((b.key(), hash_key(config, &b))),
             _ => None,
@@ -140,15 +140,25 @@ pub(crate) fn backend_signature(
         .collect()
 }
 
-/// Every Backend key the backendRefs of `route` may name (Ballast Backends and the Backends
-/// derived from Service ports, see [`ballast_model::HttpBackendRef::candidate_keys`]).
+/// A rule's backendRefs and its RequestMirror targets: everything its Envoy routes may send to.
+fn rule_backend_refs(rule: &HttpRouteRule) -> impl Iterator<Item = &HttpBackendRef> {
+    rule.backend_refs.iter().chain(
+        rule.filters
+            .iter()
+            .filter_map(|f| f.request_mirror.as_ref().map(|m| &m.backend_ref)),
+    )
+}
+
+/// Every Backend key the backendRefs (and mirror targets) of `route` may name (Ballast
+/// Backends and the Backends derived from Service ports, see
+/// [`ballast_model::HttpBackendRef::candidate_keys`]).
 pub(crate) fn backend_refs(route: &HttpRoute) -> impl Iterator<Item = ObjectKey> + '_ {
     let ns = route.metadata.namespace.as_str();
     route
         .spec
         .rules
         .iter()
-        .flat_map(|rule| &rule.backend_refs)
+        .flat_map(rule_backend_refs)
         .flat_map(move |r| r.candidate_keys(ns))
 }
 
@@ -166,11 +176,15 @@ pub(crate) fn translate_route(config: &ConfigSet, route: &Arc<HttpRoute>) -> Tra
         if parts.redirect.is_none() {
             out.clusters
                 .extend(parts.clusters.iter().map(|(k, _)| k.clone()));
+            if parts.resolved_weight > 0 {
+                out.clusters
+                    .extend(parts.mirrors.iter().map(|(k, _)| k.clone()));
+            }
         }
         for (mi, m) in rule.matches.iter().enumerate() {
             out.entries.push(RouteEntry::new(
                 precedence(m, &key, ri, mi),
-                parts.routes(&key, ri, mi, m),
+                parts.routes(&key, ri, rule.name.as_ref().map(|n| n.as_str()), mi, m),
             ));
         }
     }
@@ -214,6 +228,8 @@ struct RuleParts<'a> {
     unresolved_weight: u64,
     /// The keys the rule's backends hash on (usually none or one), in first-reference order.
     hash: Vec<HashKey>,
+    /// Resolvable RequestMirror targets with their share in millionths.
+    mirrors: Vec<(ObjectKey, u32)>,
 }
 
 impl<'a> RuleParts<'a> {
@@ -229,6 +245,7 @@ impl<'a> RuleParts<'a> {
             resolved_weight: 0,
             unresolved_weight: 0,
             hash: Vec::new(),
+            mirrors: Vec::new(),
         };
         for f in &rule.filters {
             match f.action() {
@@ -236,6 +253,14 @@ impl<'a> RuleParts<'a> {
                 Some(F::ResponseHeaderModifier(m)) => parts.response_headers = Some(m),
                 Some(F::RequestRedirect(r)) => parts.redirect = Some(r),
                 Some(F::UrlRewrite(r)) => parts.rewrite = Some(r),
+                // An unresolvable mirror target mirrors nothing (status reports it).
+                Some(F::RequestMirror(m)) => {
+                    if let BackendRefResolution::Resolved(b) =
+                        config.resolve_backend(route, &m.backend_ref)
+                    {
+                        parts.mirrors.push((b.key(), m.millionths()));
+                    }
+                }
                 None => {}
             }
         }
@@ -264,11 +289,24 @@ impl<'a> RuleParts<'a> {
         parts
     }
 
-    fn routes(&self, route: &ObjectKey, ri: usize, mi: usize, m: &HttpRouteMatch) -> Vec<Route> {
-        let name = format!("{}/{}/{}/{}", route.namespace, route.name, ri, mi);
+    /// The Envoy routes of match `mi` of rule `ri`. A named rule's routes are named after it
+    /// and carry a stat prefix, so Envoy keeps per-rule stats (opt-in: unnamed rules add no
+    /// stats).
+    fn routes(
+        &self,
+        route: &ObjectKey,
+        ri: usize,
+        rule_name: Option<&str>,
+        mi: usize,
+        m: &HttpRouteMatch,
+    ) -> Vec<Route> {
+        let rule = rule_name.map_or_else(|| ri.to_string(), str::to_owned);
         let mut base = Route {
-            name,
+            name: format!("{}/{}/{rule}/{mi}", route.namespace, route.name),
             r#match: Some(route_match(m)),
+            stat_prefix: rule_name
+                .map(|n| format!("{}/{}/{n}", route.namespace, route.name))
+                .unwrap_or_default(),
             ..Default::default()
         };
         if let Some(h) = self.request_headers {
@@ -369,9 +407,31 @@ impl<'a> RuleParts<'a> {
                     value: retry.map_or(0, |r| r.attempts.value),
                 }),
                 per_try_timeout: per_try.map(|d| pb_duration(d.value)),
+                retriable_status_codes: retry.map(|r| r.codes()).unwrap_or_default(),
+                retry_back_off: retry.and_then(|r| r.backoff.as_ref()).map(|b| {
+                    envoy_types::pb::envoy::config::route::v3::retry_policy::RetryBackOff {
+                        base_interval: Some(pb_duration(b.value)),
+                        max_interval: None,
+                    }
+                }),
                 ..Default::default()
             });
         }
+        action.request_mirror_policies = self
+            .mirrors
+            .iter()
+            .map(|(k, share)| RequestMirrorPolicy {
+                cluster: names::cluster(k),
+                runtime_fraction: (*share < 1_000_000).then(|| RuntimeFractionalPercent {
+                    default_value: Some(FractionalPercent {
+                        numerator: *share,
+                        denominator: DenominatorType::Million as i32,
+                    }),
+                    runtime_key: String::new(),
+                }),
+                ..Default::default()
+            })
+            .collect();
         action.hash_policy = self
             .hash
             .iter()

@@ -1348,3 +1348,246 @@ fn upstream_protocols() {
         "{e:?}"
     );
 }
+/// A cross-namespace backendRef becomes a cluster only while a ReferenceGrant allows it, and the
+/// incremental translator follows the grant being added and removed (nothing else changes).
+#[test]
+fn reference_grant_gates_cross_namespace_backends_incrementally() {
+    let backend = "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: { name: web, namespace: backends }\nspec:\n  endpoints: [{ address: 10.0.0.1, port: 80 }]\n";
+    let route = route_yaml(
+        "web",
+        "  rules: [{ backendRefs: [{ name: web, namespace: backends }] }]\n",
+    );
+    let grant = "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: { name: allow, namespace: backends }\nspec:\n  from: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: default }]\n  to: [{ group: ballast.dev, kind: Backend }]\n";
+    let without = Arc::new(config(&docs(&[GATEWAY_HTTP, backend, &route])));
+    let with = Arc::new(config(&docs(&[GATEWAY_HTTP, backend, &route, grant])));
+    let mut t = Translator::new(Options::default());
+    let is_500 = |res: &GatewayResources| matches!(&only_vhost(res).routes[0].action, Some(Action::DirectResponse(d)) if d.status == 500);
+    let out = t.update(&without);
+    let res = &out.changed[&gw("edge")];
+    assert!(res.clusters.is_empty() && is_500(res));
+    let out = t.update(&with);
+    let res = out.changed[&gw("edge")].clone();
+    assert_eq!(names(&res.clusters), ["backends/web"]);
+    assert_eq!(
+        route_action(&only_vhost(&res).routes[0]).cluster_specifier,
+        Some(ClusterSpecifier::Cluster("backends/web".into()))
+    );
+    assert_eq!(
+        *res,
+        translate_gateway(&with, &gw("edge"), &Options::default()).unwrap()
+    );
+    let out = t.update(&without);
+    let res = &out.changed[&gw("edge")];
+    assert!(res.clusters.is_empty() && is_500(res));
+}
+
+/// Gateway API's standard `retry`: `codes` become Envoy retriable status codes (on top of the
+/// connection-failure conditions), `attempts` the retry count (default 1), `backoff` the base
+/// interval.
+#[test]
+fn standard_retry_codes_attempts_backoff() {
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - matches: [{ path: { value: /a } }]
+    retry: { codes: [500, 503], attempts: 3, backoff: 100ms }
+    backendRefs: [{ name: web }]
+  - matches: [{ path: { value: /b } }]
+    retry: { codes: [502] }
+    backendRefs: [{ name: web }]
+"#,
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &route]), "edge");
+    let vh = only_vhost(&res);
+    let action = |n: &str| route_action(vh.routes.iter().find(|r| r.name == n).unwrap()).clone();
+    let rp = action("default/web/0/0").retry_policy.unwrap();
+    assert_eq!(
+        rp.retry_on,
+        "connect-failure,refused-stream,unavailable,retriable-status-codes"
+    );
+    assert_eq!(rp.retriable_status_codes, [500, 503]);
+    assert_eq!(rp.num_retries, Some(UInt32Value { value: 3 }));
+    assert_eq!(
+        rp.retry_back_off.unwrap().base_interval,
+        Some(PbDuration {
+            seconds: 0,
+            nanos: 100_000_000
+        })
+    );
+    let rp = action("default/web/1/0").retry_policy.unwrap();
+    assert_eq!(rp.retriable_status_codes, [502]);
+    assert_eq!(rp.num_retries, Some(UInt32Value { value: 1 }));
+    assert_eq!(rp.retry_back_off, None);
+    // Out-of-range codes and a zero backoff are errors at their position.
+    let bad = route_yaml(
+        "web",
+        "  rules: [{ retry: { codes: [200], backoff: 0s }, backendRefs: [{ name: web }] }]\n",
+    );
+    let errs: Vec<String> = ConfigSet::build([("r.yaml", bad)])
+        .unwrap_err()
+        .iter()
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(
+        errs,
+        [
+            "r.yaml:6:30: HTTPRoute default/web: spec.rules[0].retry.codes[0]: status code 200 is out of range 400..=599",
+            "r.yaml:6:45: HTTPRoute default/web: spec.rules[0].retry.backoff: backoff must be greater than 0",
+        ]
+    );
+}
+
+/// A named rule names its Envoy routes and gives them a stat prefix; unnamed rules keep index
+/// names and no per-route stats. Names are DNS labels, unique within the route.
+#[test]
+fn rule_names_in_route_names_and_stats() {
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - name: users
+    matches: [{ path: { value: /users } }, { path: { value: /people } }]
+    backendRefs: [{ name: web }]
+  - backendRefs: [{ name: web }]
+"#,
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &route]), "edge");
+    let got: Vec<(String, String)> = only_vhost(&res)
+        .routes
+        .iter()
+        .map(|r| (r.name.clone(), r.stat_prefix.clone()))
+        .collect();
+    let s = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+    assert_eq!(
+        got,
+        [
+            s("default/web/users/1", "default/web/users"),
+            s("default/web/users/0", "default/web/users"),
+            s("default/web/1/0", ""),
+        ]
+    );
+    let bad = route_yaml(
+        "web",
+        "  rules:\n  - { name: a, backendRefs: [{ name: web }] }\n  - { name: a }\n  - { name: Bad }\n",
+    );
+    let errs: Vec<String> = ConfigSet::build([("r.yaml", bad)])
+        .unwrap_err()
+        .iter()
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(errs.len(), 2, "{errs:#?}");
+    assert_eq!(
+        errs[0],
+        "r.yaml:8:13: HTTPRoute default/web: spec.rules[1].name: rule name \"a\" is also used by spec.rules[0]"
+    );
+    assert!(errs[1].starts_with("r.yaml:9:13: HTTPRoute default/web: spec.rules[2].name: name \"Bad\" is not a valid DNS label"), "{errs:#?}");
+}
+
+/// RequestMirror: every mirror target becomes a mirror policy (a share below 100% as a
+/// fraction in millionths) and a cluster; an unresolvable target mirrors nothing.
+#[test]
+fn request_mirror_percent_and_fraction() {
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - filters:
+    - { type: RequestMirror, requestMirror: { backendRef: { name: shadow } } }
+    - { type: RequestMirror, requestMirror: { backendRef: { name: shadow2 }, percent: 25 } }
+    - { type: RequestMirror, requestMirror: { backendRef: { name: shadow3 }, fraction: { numerator: 1, denominator: 3 } } }
+    - { type: RequestMirror, requestMirror: { backendRef: { name: missing } } }
+    backendRefs: [{ name: web }]
+"#,
+    );
+    let shadows: Vec<String> = ["shadow", "shadow2", "shadow3"]
+        .iter()
+        .map(|n| backend_yaml(n, WEB))
+        .collect();
+    let mut parts = vec![GATEWAY_HTTP, BACKEND_WEB, route.as_str()];
+    parts.extend(shadows.iter().map(String::as_str));
+    let res = translate(&docs(&parts), "edge");
+    assert_eq!(
+        names(&res.clusters),
+        [
+            "default/shadow",
+            "default/shadow2",
+            "default/shadow3",
+            "default/web"
+        ]
+    );
+    let vh = only_vhost(&res);
+    let got: Vec<(String, Option<u32>)> = route_action(&vh.routes[0])
+        .request_mirror_policies
+        .iter()
+        .map(|m| {
+            (
+                m.cluster.clone(),
+                m.runtime_fraction
+                    .as_ref()
+                    .map(|f| f.default_value.unwrap().numerator),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("default/shadow".to_owned(), None),
+            ("default/shadow2".to_owned(), Some(250_000)),
+            ("default/shadow3".to_owned(), Some(333_333)),
+        ]
+    );
+    let bad = route_yaml(
+        "web",
+        "  rules: [{ filters: [{ type: RequestMirror, requestMirror: { backendRef: { name: s }, percent: 101, fraction: { numerator: 2, denominator: 1 } } }] }]\n",
+    );
+    let errs: Vec<String> = ConfigSet::build([("r.yaml", bad)])
+        .unwrap_err()
+        .iter()
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(errs.len(), 3, "{errs:#?}");
+    assert!(
+        errs[0].contains("requestMirror.percent: give percent or fraction, not both"),
+        "{errs:#?}"
+    );
+    assert!(errs[1].contains("percent 101 is out of range"), "{errs:#?}");
+    assert!(
+        errs[2].contains("fraction.numerator: numerator 2 is greater than denominator 1"),
+        "{errs:#?}"
+    );
+}
+
+/// A listener admitting routes by namespace labels follows a Namespace's labels changing: the
+/// incremental translator adds and removes the route (nothing else changes).
+#[test]
+fn namespace_labels_gate_selector_listeners_incrementally() {
+    let gateway = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: edge }\nspec:\n  gatewayClassName: ballast\n  listeners:\n  - name: http\n    port: 10000\n    protocol: HTTP\n    allowedRoutes: { namespaces: { from: Selector, selector: { matchLabels: { gw: edge } } } }\n";
+    let route = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: { name: web, namespace: team }\nspec:\n  parentRefs: [{ name: edge, namespace: default }]\n  rules: [{ backendRefs: [{ name: web, namespace: default }] }]\n---\napiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: { name: g }\nspec:\n  from: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: team }]\n  to: [{ group: ballast.dev, kind: Backend }]\n";
+    let ns = |labels: &str| {
+        format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{ name: team, labels: {{ {labels} }} }}\n"
+        )
+    };
+    let with = Arc::new(config(&docs(&[
+        gateway,
+        BACKEND_WEB,
+        route,
+        &ns("gw: edge"),
+    ])));
+    let without = Arc::new(config(&docs(&[
+        gateway,
+        BACKEND_WEB,
+        route,
+        &ns("gw: other"),
+    ])));
+    let mut t = Translator::new(Options::default());
+    let out = t.update(&without);
+    assert!(out.changed[&gw("edge")].clusters.is_empty());
+    let out = t.update(&with);
+    let res = out.changed[&gw("edge")].clone();
+    assert_eq!(names(&res.clusters), ["default/web"]);
+    assert_eq!(
+        *res,
+        translate_gateway(&with, &gw("edge"), &Options::default()).unwrap()
+    );
+    let out = t.update(&without);
+    assert!(out.changed[&gw("edge")].clusters.is_empty());
+}

@@ -221,6 +221,12 @@ impl Translator {
                     rebuild.extend(self.index.gateways_of_backend(&c.key).cloned());
                 }
                 Kind::Service | Kind::EndpointSlice => {}
+                // A grant can make any cross-namespace backendRef or certificateRef (un)resolve.
+                // Grants change rarely: rebuild every gateway rather than index who uses which.
+                // A Namespace's labels decide which routes `from: Selector` listeners admit.
+                Kind::ReferenceGrant | Kind::Namespace => {
+                    rebuild.extend(config.gateways.keys().cloned())
+                }
             }
         }
 
@@ -329,7 +335,9 @@ impl Translator {
                 | Kind::ClientPolicy
                 | Kind::GrpcRoute
                 | Kind::Service
-                | Kind::EndpointSlice => {}
+                | Kind::EndpointSlice
+                | Kind::ReferenceGrant
+                | Kind::Namespace => {}
             }
         }
         for k in orphans.routes {
@@ -422,7 +430,20 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
         &new.backend_tls_policies,
         &mut out,
     );
+    diff_map(
+        Kind::ClientPolicy,
+        &old.client_policies,
+        &new.client_policies,
+        &mut out,
+    );
     diff_map(Kind::Service, &old.services, &new.services, &mut out);
+    diff_map(
+        Kind::ReferenceGrant,
+        &old.reference_grants,
+        &new.reference_grants,
+        &mut out,
+    );
+    diff_map(Kind::Namespace, &old.namespaces, &new.namespaces, &mut out);
     out
 }
 

@@ -6,6 +6,7 @@ mod admin;
 mod authz;
 mod bootstrap;
 mod certs;
+mod get_cmd;
 mod grouping;
 mod guard;
 mod metrics;
@@ -175,6 +176,25 @@ enum Command {
     /// Development certificates for mTLS on the xDS port.
     #[command(subcommand)]
     Certs(CertsCommand),
+    /// Gateway API status (Accepted/ResolvedRefs/Programmed with reasons) of
+    /// gateways, routes or backends: from a running server's admin API, or from
+    /// config PATHS when given.
+    Get {
+        #[arg(value_enum)]
+        resource: get_cmd::Resource,
+        /// Config files or directories to compute status from, instead of asking
+        /// a running server.
+        paths: Vec<PathBuf>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value = "table")]
+        output: get_cmd::Output,
+        /// The admin address of `ballast serve` (when no PATHS are given).
+        #[arg(long, default_value = "127.0.0.1:18001")]
+        admin_addr: SocketAddr,
+        /// Bearer token for an admin API bound off loopback.
+        #[arg(long, value_name = "FILE")]
+        admin_token_file: Option<PathBuf>,
+    },
     /// Connected proxies and their per-type sync state.
     Status {
         /// The admin address of `ballast serve`.
@@ -436,6 +456,41 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     println!("{}", dir.join(certs::SERVER).display());
                 }
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Get {
+            resource,
+            paths,
+            output,
+            admin_addr,
+            admin_token_file,
+        } => {
+            let status: serde_json::Value = if paths.is_empty() {
+                let token = admin_token_file
+                    .map(|f| admin::auth::read_token(&f))
+                    .transpose()?;
+                let body =
+                    status_cmd::admin_get_with(admin_addr, "/debug/sources", token.as_deref())?;
+                let v: serde_json::Value = serde_json::from_str(&body)?;
+                v["status"].clone()
+            } else {
+                match ballast_sources::load_paths_report(&paths) {
+                    Err(errors) => {
+                        for e in &errors {
+                            eprintln!("{e}");
+                        }
+                        anyhow::bail!("{} error(s)", errors.len());
+                    }
+                    Ok(loaded) => {
+                        // Invalid objects are left out, as `serve` would at a cold start.
+                        for e in &loaded.report.errors {
+                            eprintln!("{e}");
+                        }
+                        serde_json::to_value(ballast_model::status::compute(&loaded.set))?
+                    }
+                }
+            };
+            print!("{}", get_cmd::render(&status, resource, output)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Status {

@@ -68,19 +68,7 @@ pub fn render(proxies: &Value) -> String {
         }
         rows.push(row);
     }
-    let widths: Vec<usize> = (0..rows[0].len())
-        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for r in &rows {
-        let line: Vec<String> = r
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
+    let mut out = columns(&rows);
     for n in notes {
         out.push_str(&n);
         out.push('\n');
@@ -92,6 +80,25 @@ pub fn render(proxies: &Value) -> String {
             r["node"].as_str().unwrap_or("?"),
             r["message"].as_str().unwrap_or("")
         ));
+    }
+    out
+}
+
+/// `rows` (the first is the header) as left-aligned columns two spaces apart.
+pub fn columns(rows: &[Vec<String>]) -> String {
+    let n = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..n)
+        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
     }
     out
 }

@@ -168,7 +168,7 @@ fn validate_warns_about_skipped_kinds_and_still_fails_on_errors() {
     .unwrap();
     std::fs::write(
         dir.path().join("grant.yaml"),
-        "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: { name: g, namespace: backends }\nspec: { from: [], to: [] }\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TLSRoute\nmetadata: { name: tls }\nspec: {}\n",
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: g, namespace: backends }\nspec: { podSelector: {} }\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TLSRoute\nmetadata: { name: tls }\nspec: {}\n",
     )
     .unwrap();
     let d = path(dir.path());
@@ -177,7 +177,7 @@ fn validate_warns_about_skipped_kinds_and_still_fails_on_errors() {
     assert_eq!(out.status.code(), Some(0), "{text}");
     for expected in [
         format!(
-            "warning: {d}/grant.yaml:1:1: skipped ReferenceGrant backends/g (gateway.networking.k8s.io/v1beta1): kind not implemented by Ballast"
+            "warning: {d}/grant.yaml:1:1: skipped NetworkPolicy backends/g (networking.k8s.io/v1): kind not implemented by Ballast"
         ),
         format!(
             "warning: {d}/grant.yaml:6:1: skipped TLSRoute default/tls (gateway.networking.k8s.io/v1alpha2): kind not implemented by Ballast"

@@ -268,7 +268,7 @@ async fn bad_edit_to_one_route_keeps_it_and_a_good_edit_applies() {
     .unwrap();
 }
 
-/// A directory as real Gateway API users have it (a ReferenceGrant, another project's policy
+/// A directory as real Kubernetes users have it (a NetworkPolicy, another project's policy
 /// kind) plus one never-valid object starts ready and serves everything else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unimplemented_kinds_and_a_never_valid_object_start_ready() {
@@ -282,12 +282,11 @@ async fn unimplemented_kinds_and_a_never_valid_object_start_ready() {
     .unwrap();
     std::fs::write(
         dir.path().join("grants.yaml"),
-        "apiVersion: gateway.networking.k8s.io/v1beta1
-kind: ReferenceGrant
+        "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
 metadata: { name: allow-routes, namespace: backends }
 spec:
-  from: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: default }]
-  to: [{ group: '', kind: Service }]
+  podSelector: {}
 ---
 apiVersion: gateway.envoyproxy.io/v1alpha1
 kind: BackendTrafficPolicy
@@ -332,7 +331,7 @@ spec:
         .collect();
     assert_eq!(
         skipped,
-        ["ReferenceGrant", "BackendTrafficPolicy"],
+        ["NetworkPolicy", "BackendTrafficPolicy"],
         "{src:#}"
     );
     assert_eq!(src["rejected"][0]["name"], "broken", "{src:#}");

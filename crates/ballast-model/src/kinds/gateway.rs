@@ -126,6 +126,55 @@ impl SecretObjectRef {
 pub struct AllowedRoutes {
     #[serde(default)]
     pub namespaces: RouteNamespaces,
+    /// Route kinds that may attach; empty means the kinds the listener's protocol supports.
+    #[serde(default)]
+    pub kinds: Vec<RouteGroupKind>,
+}
+
+/// A route kind in `allowedRoutes.kinds`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteGroupKind {
+    /// Defaults to `gateway.networking.k8s.io`.
+    #[serde(default)]
+    pub group: Option<String>,
+    pub kind: Spanned<String>,
+}
+
+impl RouteGroupKind {
+    pub fn group(&self) -> &str {
+        self.group.as_deref().unwrap_or(super::GATEWAY_GROUP)
+    }
+}
+
+/// The route kinds (group, kind) HTTP and HTTPS listeners serve.
+pub const HTTP_ROUTE_KINDS: &[(&str, &str)] = &[(super::GATEWAY_GROUP, "HTTPRoute")];
+
+impl Listener {
+    /// Whether routes of `group`/`kind` may attach (`allowedRoutes.kinds`, or the protocol's
+    /// kinds when it lists none).
+    pub fn allows_kind(&self, group: &str, kind: &str) -> bool {
+        let supported = HTTP_ROUTE_KINDS.contains(&(group, kind));
+        if self.allowed_routes.kinds.is_empty() {
+            supported
+        } else {
+            supported
+                && self
+                    .allowed_routes
+                    .kinds
+                    .iter()
+                    .any(|k| k.group() == group && *k.kind == kind)
+        }
+    }
+
+    /// `allowedRoutes.kinds` entries the listener cannot serve (status `InvalidRouteKinds`).
+    pub fn invalid_route_kinds(&self) -> Vec<&RouteGroupKind> {
+        self.allowed_routes
+            .kinds
+            .iter()
+            .filter(|k| !HTTP_ROUTE_KINDS.contains(&(k.group(), k.kind.as_str())))
+            .collect()
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -133,6 +182,9 @@ pub struct AllowedRoutes {
 pub struct RouteNamespaces {
     #[serde(default)]
     pub from: FromNamespaces,
+    /// With `from: Selector`: routes whose namespace's labels (its `Namespace` object) match.
+    #[serde(default)]
+    pub selector: Option<super::LabelSelector>,
 }
 
 /// Gateway API default is `Same`: routes from other namespaces attach only when allowed.
@@ -141,4 +193,54 @@ pub enum FromNamespaces {
     #[default]
     Same,
     All,
+    Selector,
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ConfigSet;
+    use crate::status::compute;
+
+    fn gateway(kinds: &str) -> String {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{ name: edge }}\nspec:\n  gatewayClassName: ballast\n  listeners:\n  - name: http\n    port: 80\n    protocol: HTTP\n    allowedRoutes: {{ kinds: [{kinds}] }}\n---\n\
+             apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{ name: r }}\nspec:\n  parentRefs: [{{ name: edge }}]\n"
+        )
+    }
+
+    /// (route Accepted reason, listener ResolvedRefs reason, attached routes).
+    fn outcome(kinds: &str) -> (String, String, u32) {
+        let set = ConfigSet::build([("g.yaml", gateway(kinds))]).unwrap();
+        let s = compute(&set);
+        let l = &s.gateways[0].listeners[0];
+        (
+            s.http_routes[0].parents[0].conditions[0].reason.clone(),
+            l.conditions[1].reason.clone(),
+            l.attached_routes,
+        )
+    }
+
+    /// `allowedRoutes.kinds` restricts which route kinds attach; kinds the listener cannot serve
+    /// are `ResolvedRefs=False InvalidRouteKinds`.
+    #[test]
+    fn allowed_route_kinds() {
+        let ok = |a: &str, b: &str, n| (a.to_owned(), b.to_owned(), n);
+        assert_eq!(outcome(""), ok("Accepted", "ResolvedRefs", 1));
+        assert_eq!(
+            outcome("{ kind: HTTPRoute }"),
+            ok("Accepted", "ResolvedRefs", 1)
+        );
+        assert_eq!(
+            outcome("{ group: gateway.networking.k8s.io, kind: HTTPRoute }, { kind: TCPRoute }"),
+            ok("Accepted", "InvalidRouteKinds", 1)
+        );
+        assert_eq!(
+            outcome("{ kind: TCPRoute }"),
+            ok("NotAllowedByListeners", "InvalidRouteKinds", 0)
+        );
+        assert_eq!(
+            outcome("{ group: example.com, kind: HTTPRoute }"),
+            ok("NotAllowedByListeners", "InvalidRouteKinds", 0)
+        );
+    }
 }

@@ -153,7 +153,7 @@ impl GrpcRouteSpec {
             .rules
             .iter()
             .map(|r| HttpRouteRule {
-                name: r.name.clone(),
+                name: r.name.clone().map(|n| Spanned::new(n, Pos::UNKNOWN)),
                 matches: r
                     .matches
                     .iter()
@@ -208,6 +208,7 @@ impl GrpcRouteFilter {
             response_header_modifier: self.response_header_modifier.clone(),
             request_redirect: None,
             url_rewrite: None,
+            request_mirror: None,
         }
     }
 }

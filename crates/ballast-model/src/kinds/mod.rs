@@ -12,7 +12,9 @@ pub mod client_policy;
 pub mod configmap;
 pub mod gateway;
 pub mod grpcroute;
+pub mod namespace;
 pub mod policy;
+pub mod reference_grant;
 pub mod route;
 pub mod secret;
 pub mod service;
@@ -30,7 +32,9 @@ pub use client_policy::*;
 pub use configmap::*;
 pub use gateway::*;
 pub use grpcroute::*;
+pub use namespace::*;
 pub use policy::*;
+pub use reference_grant::*;
 pub use route::*;
 pub use secret::*;
 pub use service::*;
@@ -61,10 +65,12 @@ pub enum Kind {
     GrpcRoute,
     Service,
     EndpointSlice,
+    ReferenceGrant,
+    Namespace,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 13] = [
         Kind::Gateway,
         Kind::HttpRoute,
         Kind::Backend,
@@ -76,6 +82,8 @@ impl Kind {
         Kind::GrpcRoute,
         Kind::Service,
         Kind::EndpointSlice,
+        Kind::ReferenceGrant,
+        Kind::Namespace,
     ];
 
     /// The `kind:` string.
@@ -92,6 +100,8 @@ impl Kind {
             Kind::GrpcRoute => "GRPCRoute",
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
+            Kind::ReferenceGrant => "ReferenceGrant",
+            Kind::Namespace => "Namespace",
         }
     }
 
@@ -100,18 +110,20 @@ impl Kind {
         match self {
             Kind::Gateway | Kind::HttpRoute | Kind::GrpcRoute => "gateway.networking.k8s.io/v1",
             Kind::Backend | Kind::BackendPolicy | Kind::ClientPolicy => "ballast.dev/v1alpha1",
-            Kind::Secret | Kind::ConfigMap => "v1",
+            Kind::Secret | Kind::ConfigMap | Kind::Service | Kind::Namespace => "v1",
             Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1alpha3",
-            Kind::Service => "v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
+            Kind::ReferenceGrant => "gateway.networking.k8s.io/v1beta1",
         }
     }
 
     /// Whether `api_version` is served for this kind: [`Self::api_version`], plus `v1` for
-    /// BackendTLSPolicy (same schema, promoted in Gateway API 1.4).
+    /// BackendTLSPolicy (same schema, promoted in Gateway API 1.4) and ReferenceGrant (the
+    /// version newer Gateway API releases serve it as).
     pub fn accepts(self, api_version: &str) -> bool {
         api_version == self.api_version()
-            || (self == Kind::BackendTlsPolicy && api_version == "gateway.networking.k8s.io/v1")
+            || (matches!(self, Kind::BackendTlsPolicy | Kind::ReferenceGrant)
+                && api_version == "gateway.networking.k8s.io/v1")
     }
 
     pub fn from_kind_str(kind: &str) -> Option<Kind> {
@@ -269,6 +281,8 @@ pub enum Object {
     GrpcRoute(Arc<GrpcRoute>),
     Service(Arc<Service>),
     EndpointSlice(Arc<EndpointSlice>),
+    ReferenceGrant(Arc<ReferenceGrant>),
+    Namespace(Arc<Namespace>),
 }
 
 impl Object {
@@ -285,6 +299,8 @@ impl Object {
             Object::GrpcRoute(_) => Kind::GrpcRoute,
             Object::Service(_) => Kind::Service,
             Object::EndpointSlice(_) => Kind::EndpointSlice,
+            Object::ReferenceGrant(_) => Kind::ReferenceGrant,
+            Object::Namespace(_) => Kind::Namespace,
         }
     }
 
@@ -301,6 +317,8 @@ impl Object {
             Object::GrpcRoute(o) => &o.metadata,
             Object::Service(o) => &o.metadata,
             Object::EndpointSlice(o) => &o.metadata,
+            Object::ReferenceGrant(o) => &o.metadata,
+            Object::Namespace(o) => &o.metadata,
         }
     }
 
@@ -321,6 +339,8 @@ impl Object {
             Object::GrpcRoute(o) => &o.source,
             Object::Service(o) => &o.source,
             Object::EndpointSlice(o) => &o.source,
+            Object::ReferenceGrant(o) => &o.source,
+            Object::Namespace(o) => &o.source,
         }
     }
 }

@@ -64,8 +64,10 @@ impl ParentRef {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HttpRouteRule {
+    /// Unique within the route (a DNS label); names the rule's Envoy routes and, when set,
+    /// gives them per-rule stats (`vhost.*.route.{ns}/{route}/{name}.*`).
     #[serde(default)]
-    pub name: Option<String>,
+    pub name: Option<Spanned<String>>,
     /// Never empty after parsing: Gateway API's default is `PathPrefix /`.
     #[serde(default)]
     pub matches: Vec<HttpRouteMatch>,
@@ -76,7 +78,8 @@ pub struct HttpRouteRule {
     pub backend_refs: Vec<HttpBackendRef>,
     #[serde(default)]
     pub timeouts: Option<HttpRouteTimeouts>,
-    /// Ballast extension (not Gateway API): Envoy retry policy for this rule.
+    /// Gateway API `retry` (`codes`, `attempts`, `backoff`), plus ballast's older
+    /// `perTryTimeout`/`retryOn` extension fields.
     #[serde(default)]
     pub retry: Option<RetryPolicy>,
 }
@@ -191,6 +194,49 @@ pub struct HttpRouteFilter {
     pub request_redirect: Option<RequestRedirect>,
     #[serde(default, rename = "urlRewrite")]
     pub url_rewrite: Option<UrlRewrite>,
+    #[serde(default)]
+    pub request_mirror: Option<RequestMirror>,
+}
+
+/// Gateway API `RequestMirror`: a copy of each request (or of `percent` / `fraction` of them) is
+/// sent to another Backend; its answer is ignored. The only filter a rule may have several of.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RequestMirror {
+    /// Resolved like a rule's backendRefs (ReferenceGrant included); `weight` is ignored.
+    pub backend_ref: HttpBackendRef,
+    /// 0..=100; all requests when neither this nor `fraction` is given.
+    #[serde(default)]
+    pub percent: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub fraction: Option<Fraction>,
+}
+
+/// `numerator / denominator` of requests (denominator defaults to 100).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fraction {
+    pub numerator: Spanned<u32>,
+    #[serde(default = "hundred")]
+    pub denominator: Spanned<u32>,
+}
+
+fn hundred() -> Spanned<u32> {
+    Spanned::new(100, Pos::UNKNOWN)
+}
+
+impl RequestMirror {
+    /// The mirrored share in millionths (validated: at most a million).
+    pub fn millionths(&self) -> u32 {
+        let share = match (&self.percent, &self.fraction) {
+            (Some(p), _) => u64::from(p.value) * 10_000,
+            (None, Some(f)) if f.denominator.value > 0 => {
+                u64::from(f.numerator.value) * 1_000_000 / u64::from(f.denominator.value)
+            }
+            _ => 1_000_000,
+        };
+        u32::try_from(share.min(1_000_000)).unwrap_or(1_000_000)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
@@ -200,6 +246,7 @@ pub enum FilterType {
     RequestRedirect,
     #[serde(rename = "URLRewrite")]
     UrlRewrite,
+    RequestMirror,
 }
 
 impl FilterType {
@@ -209,6 +256,7 @@ impl FilterType {
             FilterType::ResponseHeaderModifier => "ResponseHeaderModifier",
             FilterType::RequestRedirect => "RequestRedirect",
             FilterType::UrlRewrite => "URLRewrite",
+            FilterType::RequestMirror => "RequestMirror",
         }
     }
 
@@ -219,6 +267,7 @@ impl FilterType {
             FilterType::ResponseHeaderModifier => "responseHeaderModifier",
             FilterType::RequestRedirect => "requestRedirect",
             FilterType::UrlRewrite => "urlRewrite",
+            FilterType::RequestMirror => "requestMirror",
         }
     }
 }
@@ -230,6 +279,7 @@ pub enum FilterAction<'a> {
     ResponseHeaderModifier(&'a HeaderModifier),
     RequestRedirect(&'a RequestRedirect),
     UrlRewrite(&'a UrlRewrite),
+    RequestMirror(&'a RequestMirror),
 }
 
 impl HttpRouteFilter {
@@ -249,6 +299,10 @@ impl HttpRouteFilter {
                 .as_ref()
                 .map(FilterAction::RequestRedirect),
             FilterType::UrlRewrite => self.url_rewrite.as_ref().map(FilterAction::UrlRewrite),
+            FilterType::RequestMirror => self
+                .request_mirror
+                .as_ref()
+                .map(FilterAction::RequestMirror),
         }
     }
 }
@@ -454,13 +508,23 @@ pub struct HttpRouteTimeouts {
     pub backend_request: Option<Spanned<Duration>>,
 }
 
-/// Ballast extension: retries for a rule (Envoy's retry policy). Not the experimental Gateway API
-/// `retry` field, whose shape differs.
+/// Retries for a rule (Envoy's retry policy): Gateway API `HTTPRouteRetry` (`codes`, `attempts`,
+/// `backoff`) and ballast's extension fields (`perTryTimeout`, `retryOn`), which predate it; both
+/// shapes load, so existing configs keep working and standard manifests load unchanged.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RetryPolicy {
-    /// Retries after the first try (0 disables retrying).
+    /// Retries after the first try (0 disables retrying); Gateway API leaves the default to the
+    /// implementation: 1, as Envoy's.
+    #[serde(default = "one")]
     pub attempts: Spanned<u32>,
+    /// Gateway API: response codes (400..=599) that are retried, besides connection failures.
+    #[serde(default)]
+    pub codes: Option<Vec<Spanned<u32>>>,
+    /// Gateway API: the base interval between retries (Envoy backs off exponentially with jitter
+    /// from it, up to 10 times it); Envoy's 25ms when omitted.
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub backoff: Option<Spanned<Duration>>,
     #[serde(default, deserialize_with = "de_opt_duration")]
     pub per_try_timeout: Option<Spanned<Duration>>,
     /// Envoy `retry_on` conditions; default [`DEFAULT_RETRY_ON`].
@@ -492,11 +556,23 @@ pub const RETRY_ON_CONDITIONS: &[&str] = &[
 ];
 
 impl RetryPolicy {
-    /// The conditions to retry on, with the default applied.
+    /// The conditions to retry on, with the default applied, and `retriable-status-codes` when
+    /// `codes` are given.
     pub fn retry_on(&self) -> Vec<&str> {
-        match &self.retry_on {
+        let mut on: Vec<&str> = match &self.retry_on {
             Some(list) => list.iter().map(|s| s.as_str()).collect(),
             None => DEFAULT_RETRY_ON.to_vec(),
+        };
+        if self.codes.as_ref().is_some_and(|c| !c.is_empty())
+            && !on.contains(&"retriable-status-codes")
+        {
+            on.push("retriable-status-codes");
         }
+        on
+    }
+
+    /// The `codes` to retry (empty when none).
+    pub fn codes(&self) -> Vec<u32> {
+        self.codes.iter().flatten().map(|c| c.value).collect()
     }
 }

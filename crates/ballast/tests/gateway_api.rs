@@ -1,0 +1,319 @@
+//! Gateway API conformance cases ported to files and real Envoy (see docs/gateway-api.md):
+//! the upstream suite's manifests adapted to Ballast's kinds, the same request → expected
+//! backend/response assertions.
+
+mod common;
+
+use ballast_testkit::{AdsMode, Envoy, EnvoyConfig, Upstream, wait_until};
+use common::*;
+
+/// A gateway in `infra` whose listener admits routes from all namespaces.
+fn infra_gateway(port: u16) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: edge, namespace: infra }}
+spec:
+  gatewayClassName: ballast
+  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
+  listeners:
+  - name: http
+    port: {port}
+    protocol: HTTP
+    allowedRoutes: {{ namespaces: {{ from: All }} }}
+"
+    )
+}
+
+/// Runs `ballast get ARGS` and returns its stdout (asserting success).
+fn ballast_get(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .arg("get")
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+const GRANT: &str = "apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: { name: allow-apps, namespace: backends }
+spec:
+  from: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: apps }]
+  to: [{ group: ballast.dev, kind: Backend }]
+";
+
+/// Conformance `HTTPRouteReferenceGrant` / `HTTPRouteInvalidCrossNamespaceBackendRef`: a route's
+/// backendRef into another namespace answers 500 with `ResolvedRefs=False RefNotPermitted` until
+/// a ReferenceGrant there allows it; then traffic reaches the backend; removing the grant
+/// closes the path again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_namespace_backend_ref_needs_reference_grant() {
+    let up = Upstream::start("backends-web").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let base = format!(
+        "{}---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: cross, namespace: apps }}
+spec:
+  parentRefs: [{{ name: edge, namespace: infra }}]
+  hostnames: [cross.example.com]
+  rules:
+  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: web, namespace: backends }}]
+---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: web, namespace: backends }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+        infra_gateway(port),
+        up.addr().ip(),
+        up.addr().port()
+    );
+    std::fs::write(dir.path().join("base.yaml"), &base).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-grant",
+        "infra/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_status(gw, "cross.example.com").await, Ok(500))
+    })
+    .await
+    .unwrap();
+    let route_status = || async {
+        let (_, body) = ballast.get("/debug/sources").await.unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["status"]["httpRoutes"][0]["parents"][0]["conditions"][1].clone()
+    };
+    let c = route_status().await;
+    assert_eq!(c["type"], "ResolvedRefs", "{c}");
+    assert_eq!(c["status"], "False", "{c}");
+    assert_eq!(c["reason"], "RefNotPermitted", "{c}");
+    assert_eq!(up.hits(), 0, "no request may reach the ungranted backend");
+    // `ballast get` shows the same, from the running server and from the files.
+    let admin = ballast.admin.to_string();
+    let from_server = ballast_get(&["routes", "--admin-addr", &admin]);
+    assert!(
+        from_server
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == [
+                    "apps",
+                    "cross",
+                    "infra/edge",
+                    "True",
+                    "False",
+                    "(RefNotPermitted)"
+                ]),
+        "{from_server}"
+    );
+    let from_files = ballast_get(&["routes", dir.path().to_str().unwrap()]);
+    assert_eq!(from_files, from_server);
+    let yaml = ballast_get(&["backends", "-o", "yaml", "--admin-addr", &admin]);
+    assert!(yaml.contains("reason: NotReferenced"), "{yaml}");
+
+    let grant = dir.path().join("grant.yaml");
+    write_atomic(&grant, GRANT);
+    wait_until(T, POLL, || async {
+        matches!(host_get(gw, "cross.example.com").await, Ok((200, body)) if body == "backends-web")
+    })
+    .await
+    .unwrap();
+    assert_eq!(route_status().await["reason"], "ResolvedRefs");
+    let table = ballast_get(&["routes", "--admin-addr", &admin]);
+    assert!(
+        table.contains("apps       cross  infra/edge  True      True"),
+        "{table}"
+    );
+
+    // A grant for another namespace's routes does not count.
+    write_atomic(
+        &grant,
+        &GRANT.replace("namespace: apps }", "namespace: other }"),
+    );
+    wait_until(T, POLL, || async {
+        matches!(host_status(gw, "cross.example.com").await, Ok(500))
+    })
+    .await
+    .unwrap();
+    assert_eq!(route_status().await["reason"], "RefNotPermitted");
+}
+
+/// Standard `retry` (conformance `HTTPRouteRetry`-style): a Backend with one endpoint answering
+/// 503 and one answering 200. With `retry: { codes: [503], attempts: 2 }` every request succeeds
+/// (the 503 is retried on the other endpoint); the same route without retry lets 503s through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standard_retry_retries_listed_codes() {
+    let bad = Upstream::start("bad").await.unwrap();
+    bad.set_status(503);
+    let good = Upstream::start("good").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let rule = |name: &str, host: &str, retry: &str| {
+        format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: {name} }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [{host}]
+  rules:
+  - name: main
+    backendRefs: [{{ group: ballast.dev, kind: Backend, name: flaky }}]
+{retry}"
+        )
+    };
+    std::fs::write(
+        dir.path().join("all.yaml"),
+        gateway(port)
+            + &rule(
+                "retried",
+                "retry.example.com",
+                "    retry: { codes: [503], attempts: 2, backoff: 10ms }\n",
+            )
+            + &rule("plain", "plain.example.com", "")
+            + &backend("flaky", &[bad.addr(), good.addr()]),
+    )
+    .unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-retry",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_get(gw, "retry.example.com").await, Ok((200, _)))
+    })
+    .await
+    .unwrap();
+    let before = bad.hits();
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        statuses.push(host_status(gw, "retry.example.com").await.unwrap());
+    }
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    assert!(
+        bad.hits() > before,
+        "the failing endpoint was tried (and retried away from)"
+    );
+    // The named rule has its own Envoy stats (rule `name` → route stat prefix).
+    let stats = envoy.stats().await.unwrap();
+    let rule_stat = |suffix: &str| {
+        stats
+            .iter()
+            .find(|(k, _)| k.ends_with(&format!(".route.default/retried/main.{suffix}")))
+            .map(|(_, v)| *v)
+    };
+    assert!(
+        rule_stat("upstream_rq_retry").is_some_and(|v| v > 0),
+        "{:#?}",
+        stats
+            .keys()
+            .filter(|k| k.contains(".route."))
+            .collect::<Vec<_>>()
+    );
+    assert!(rule_stat("upstream_rq_completed").is_some_and(|v| v >= 20));
+    let mut plain = Vec::new();
+    for _ in 0..20 {
+        plain.push(host_status(gw, "plain.example.com").await.unwrap());
+    }
+    assert!(
+        plain.contains(&503),
+        "without retry 503s reach the client: {plain:?}"
+    );
+}
+
+/// Conformance `HTTPRouteRequestMirror`: every request answered by the primary backend also
+/// reaches the mirror backend (whose answers are ignored); a rule mirroring `percent: 0` sends
+/// it none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_mirror_copies_requests_to_another_backend() {
+    let primary = Upstream::start("primary").await.unwrap();
+    let shadow = Upstream::start("shadow").await.unwrap();
+    shadow.set_status(500); // a mirror's answer never reaches the client
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let rule = |name: &str, host: &str, extra: &str| {
+        format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: {name} }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [{host}]
+  rules:
+  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: primary }}]
+    filters:
+    - type: RequestMirror
+      requestMirror: {{ backendRef: {{ group: ballast.dev, kind: Backend, name: shadow }}{extra} }}
+"
+        )
+    };
+    std::fs::write(
+        dir.path().join("all.yaml"),
+        gateway(port)
+            + &rule("mirrored", "mirror.example.com", "")
+            + &rule("none", "none.example.com", ", percent: 0")
+            + &backend("primary", &[primary.addr()])
+            + &backend("shadow", &[shadow.addr()]),
+    )
+    .unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-mirror",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_get(gw, "none.example.com").await, Ok((200, _)))
+    })
+    .await
+    .unwrap();
+    for _ in 0..10 {
+        assert_eq!(
+            host_get(gw, "none.example.com").await.unwrap(),
+            (200, "primary".to_owned())
+        );
+    }
+    assert_eq!(shadow.hits(), 0, "percent: 0 mirrors nothing");
+    // Both routes came in the same route configuration: mirror.example.com is served too, and
+    // every request to it from here on is counted (so late mirror copies cannot skew counts).
+    let (p0, s0) = (primary.hits(), shadow.hits());
+    for _ in 0..10 {
+        assert_eq!(
+            host_get(gw, "mirror.example.com").await.unwrap(),
+            (200, "primary".to_owned())
+        );
+    }
+    assert_eq!(primary.hits() - p0, 10);
+    // Mirrored requests are sent asynchronously: wait (bounded) until all 10 arrived.
+    wait_until(T, POLL, || async { shadow.hits() - s0 >= 10 })
+        .await
+        .unwrap();
+    assert_eq!(shadow.hits() - s0, 10);
+}
