@@ -13,7 +13,7 @@ use ballast_model::set::CertificateRefResolution;
 use ballast_model::{
     ConfigSet, Gateway, Listener, ListenerProtocol, ObjectKey,
 };
-use ballast_xds::simple::{ads_source, rds_http_connection_manager, socket_address};
+use ballast_xds::simple::{rds_http_connection_manager, socket_address};
 use envoy_types::pb::envoy::config::core::v3::TransportSocket;
 use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType as TsConfig;
 use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType as FilterConfig;
@@ -23,14 +23,16 @@ use envoy_types::pb::envoy::config::listener::v3::{
     ListenerFilter,
 };
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
-use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::StripPortMode;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::{
+    RouteSpecifier, StripPortMode,
+};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
 };
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
-use crate::{Options, names};
+use crate::{ConfigSources, Options, config_source, names};
 
 /// One filter chain of a port: which Gateway listeners' routes it serves, through which route
 /// configuration, and (HTTPS) for which SNI name with which certificates.
@@ -128,8 +130,11 @@ fn stat_prefix(gw: &ObjectKey, port: u32, options: &Options) -> String {
     }
 }
 
-fn hcm_filter(stat_prefix: &str, route_config: &str) -> Filter {
+fn hcm_filter(stat_prefix: &str, route_config: &str, sources: &ConfigSources) -> Filter {
     let mut hcm = rds_http_connection_manager(stat_prefix, route_config);
+    if let Some(RouteSpecifier::Rds(rds)) = &mut hcm.route_specifier {
+        rds.config_source = Some(config_source(sources));
+    }
     // Virtual hosts list bare hostnames; `Host: a.example.com:8443` must still match them.
     hcm.strip_port_mode = Some(StripPortMode::StripAnyHostPort(true));
     // Gateway API path matching assumes normalized paths (`/a/../b` must not dodge `/b` rules).
@@ -140,14 +145,14 @@ fn hcm_filter(stat_prefix: &str, route_config: &str) -> Filter {
     }
 }
 
-fn tls_transport_socket(certificates: &[ObjectKey]) -> TransportSocket {
+fn tls_transport_socket(certificates: &[ObjectKey], sources: &ConfigSources) -> TransportSocket {
     let ctx = DownstreamTlsContext {
         common_tls_context: Some(CommonTlsContext {
             tls_certificate_sds_secret_configs: certificates
                 .iter()
                 .map(|k| SdsSecretConfig {
                     name: names::secret(k),
-                    sds_config: Some(ads_source()),
+                    sds_config: Some(config_source(sources)),
                 })
                 .collect(),
             alpn_protocols: vec!["h2".into(), "http/1.1".into()],
@@ -210,8 +215,13 @@ pub(crate) fn envoy_listener(
                     server_names: vec![s.clone()],
                     ..Default::default()
                 }),
-                filters: vec![hcm_filter(&stat_prefix, &c.route_config)],
-                transport_socket: https.then(|| tls_transport_socket(&c.certificates)),
+                filters: vec![hcm_filter(
+                    &stat_prefix,
+                    &c.route_config,
+                    &options.config_sources,
+                )],
+                transport_socket: https
+                    .then(|| tls_transport_socket(&c.certificates, &options.config_sources)),
                 ..Default::default()
             })
             .collect(),

@@ -30,7 +30,7 @@ pub use cache::SnapshotCache;
 pub use events::{XdsEvent, XdsObserver};
 pub use registry::NodeRegistry;
 pub use resource::{Ref, Resource, ResourceType, XdsResource};
-pub use server::{NodeGrouper, XdsServer};
+pub use server::{NodeGrouper, Transport, TransportGrouper, XdsServer};
 pub use snapshot::{Snapshot, SnapshotBuilder, SnapshotError};
 pub use status::{SyncState, TypeStatus};
 

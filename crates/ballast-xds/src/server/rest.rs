@@ -113,28 +113,9 @@ async fn handle(
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    // Once ready, every known gateway has a snapshot: a poll for one that
-    // has none is answered now (a poller would otherwise wait until its own
-    // request timeout and learn nothing). Before ready, fetch_as holds it.
-    let shared = &server.shared;
-    if let Some(node) = req.node.as_ref()
-        && shared.cache.is_ready()
-        && let Ok(group) = (shared.grouper)(node)
-        && shared.cache.snapshot(&group).is_none()
+    // An unknown gateway (once ready) is NOT_FOUND → 404 from fetch_over.
+    match super::fetch::fetch_over(&server, ty, &req, peer.as_deref(), super::Transport::Rest).await
     {
-        // Admission first: a refused client learns nothing about gateways.
-        if let Err(status) = shared.admit(peer.as_deref(), node, &group) {
-            return error(http_status(status.code()), status.message().to_string());
-        }
-        return error(
-            StatusCode::NOT_FOUND,
-            format!(
-                "no gateway {group:?} in the config (node {:?}, from node.cluster or metadata ballast.gateway); polls are answered once it appears",
-                node.id
-            ),
-        );
-    }
-    match super::fetch::fetch_as(&server, ty, &req, peer.as_deref()).await {
         Ok(None) => StatusCode::NOT_MODIFIED.into_response(),
         Ok(Some(resp)) => match response_json(&resp) {
             Ok(text) => (
