@@ -202,4 +202,50 @@ mod tests {
         let ours: serde_json::Value = serde_json::from_str(&first).unwrap();
         assert_eq!(ours, whole);
     }
+
+    /// A poller that is current gets 304 with an empty body and nothing is
+    /// encoded for it (Envoy's RestApiFetcher keeps its config on 304 and
+    /// polls again after its refresh delay).
+    #[tokio::test]
+    async fn current_poller_gets_304_without_any_encoding() {
+        let mut b = crate::Snapshot::builder();
+        for name in ["a", "b"] {
+            b.message(&crate::simple::eds_cluster(
+                name,
+                std::time::Duration::from_secs(1),
+            ))
+            .unwrap();
+        }
+        let snap = std::sync::Arc::new(b.build_unchecked().unwrap());
+        let cache = crate::SnapshotCache::new();
+        cache.set_snapshot("g", snap.clone());
+        cache.set_ready(true);
+        let server = XdsServer::builder(cache)
+            .grouper(std::sync::Arc::new(|_: &_| Ok("g".to_string())))
+            .build();
+        let poll = |version: &str| {
+            let body = format!(r#"{{"node":{{"id":"n"}},"versionInfo":"{version}"}}"#);
+            handle(
+                State((server.clone(), ResourceType::Cluster)),
+                axum::http::HeaderMap::new(),
+                axum::http::Extensions::new(),
+                Ok(Bytes::from(body)),
+            )
+        };
+        let first = poll("").await;
+        assert_eq!(first.status(), StatusCode::OK);
+        let encodings = || {
+            snap.resources(ResourceType::Cluster)
+                .values()
+                .map(|r| r.json_encodings.load(Ordering::Relaxed))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(encodings(), [1, 1]);
+        let current = snap.version(ResourceType::Cluster).to_string();
+        let again = poll(&current).await;
+        assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
+        let body = axum::body::to_bytes(again.into_body(), 1024).await.unwrap();
+        assert!(body.is_empty(), "{body:?}");
+        assert_eq!(encodings(), [1, 1], "a 304 encodes nothing");
+    }
 }
