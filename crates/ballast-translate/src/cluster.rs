@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use ballast_model::{Backend, HealthStatus, LbPolicy, UpstreamProtocol};
-use ballast_xds::simple::{ads_source, socket_address};
+use ballast_xds::simple::socket_address;
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{
     ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy as EnvoyLbPolicy,
@@ -28,12 +28,16 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::http_protocol_optio
 use envoy_types::pb::google::protobuf::UInt32Value;
 use envoy_types::util::pack_any;
 
-use crate::{names, pb_duration};
+use crate::{ConfigSources, config_source, names, pb_duration};
 
 /// The EDS cluster of a Backend (everything but its endpoints), with the BackendPolicy that
-/// applies to it, if any.
-pub(crate) fn cluster(backend: &Backend, inputs: &crate::policy::ClusterInputs) -> Cluster {
-    let mut c = backend_cluster(backend);
+/// applies to it, if any, and its EDS config source for the Envoys' transport.
+pub(crate) fn cluster(
+    backend: &Backend,
+    inputs: &crate::policy::ClusterInputs,
+    sources: &ConfigSources,
+) -> Cluster {
+    let mut c = backend_cluster(backend, sources);
     if let Some(p) = &inputs.policy {
         crate::policy::apply_backend_policy(&mut c, p);
     }
@@ -43,14 +47,14 @@ pub(crate) fn cluster(backend: &Backend, inputs: &crate::policy::ClusterInputs) 
     c
 }
 
-fn backend_cluster(backend: &Backend) -> Cluster {
+fn backend_cluster(backend: &Backend, sources: &ConfigSources) -> Cluster {
     let spec = &backend.spec;
     Cluster {
         name: names::cluster(&backend.key()),
         connect_timeout: spec.connect_timeout.as_ref().map(|d| pb_duration(d.value)),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
         eds_cluster_config: Some(EdsClusterConfig {
-            eds_config: Some(ads_source()),
+            eds_config: Some(config_source(sources)),
             service_name: String::new(),
         }),
         lb_policy: lb_policy(spec.load_balancer.policy) as i32,

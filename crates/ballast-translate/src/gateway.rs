@@ -27,7 +27,9 @@ use crate::route::{
     TranslatedRoute, backend_signature, contributions, encode_virtual_host, fixed_hosts,
     translate_route,
 };
-use crate::{GatewayResources, Options, TranslateStats, cluster, encode, names, secret};
+use crate::{
+    ConfigSources, GatewayResources, Options, TranslateStats, cluster, encode, names, secret,
+};
 
 /// Encoded cluster and load assignment of one Backend version.
 pub(crate) struct BackendEntry {
@@ -45,11 +47,12 @@ pub(crate) struct SecretEntry {
 
 /// Per-object caches shared by all gateways: a Backend used by a thousand gateways is encoded
 /// once and every gateway holds the same `Arc<Resource>`.
-#[derive(Default)]
 pub(crate) struct Caches {
     pub backends: BTreeMap<ObjectKey, BackendEntry>,
     pub secrets: BTreeMap<ObjectKey, SecretEntry>,
     pub routes: BTreeMap<ObjectKey, Arc<TranslatedRoute>>,
+    /// Where clusters fetch their endpoints (fixed for the translator's life).
+    pub config_sources: ConfigSources,
 }
 
 fn same<T: PartialEq>(a: &Arc<T>, b: &Arc<T>) -> bool {
@@ -57,6 +60,15 @@ fn same<T: PartialEq>(a: &Arc<T>, b: &Arc<T>) -> bool {
 }
 
 impl Caches {
+    pub fn new(options: &Options) -> Self {
+        Caches {
+            backends: BTreeMap::new(),
+            secrets: BTreeMap::new(),
+            routes: BTreeMap::new(),
+            config_sources: options.config_sources.clone(),
+        }
+    }
+
     pub fn route(
         &mut self,
         config: &ConfigSet,
@@ -99,7 +111,7 @@ impl Caches {
                     e.cluster
                 } else {
                     stats.resources_encoded += 1;
-                    encode(&cluster::cluster(backend, &inputs))
+                    encode(&cluster::cluster(backend, &inputs, &self.config_sources))
                 };
                 let load_assignment = if e.backend.spec.endpoints == backend.spec.endpoints {
                     stats.resources_reused += 1;
@@ -119,7 +131,7 @@ impl Caches {
                 stats.resources_encoded += 2;
                 BackendEntry {
                     backend: backend.clone(),
-                    cluster: encode(&cluster::cluster(backend, &inputs)),
+                    cluster: encode(&cluster::cluster(backend, &inputs, &self.config_sources)),
                     inputs,
                     load_assignment: encode(&cluster::load_assignment(backend)),
                 }

@@ -50,6 +50,7 @@ mod policy;
 mod resources;
 mod route;
 mod secret;
+mod source;
 mod translator;
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -59,6 +60,7 @@ use ballast_model::ObjectKey;
 
 pub use index::{DependencyIndex, Deps, Orphans};
 pub use resources::GatewayResources;
+pub use source::{ConfigSources, DEFAULT_XDS_CLUSTER, XdsTransport, config_source};
 pub use translator::{TranslateOutput, TranslateStats, Translator};
 
 pub use ballast_model::ConfigSet;
@@ -72,6 +74,9 @@ pub struct Options {
     /// Prepended (with `_`) to every HTTP connection manager `stat_prefix`
     /// (`{ns}_{gateway}_{port}`); empty for none.
     pub stat_prefix: String,
+    /// How EDS/RDS/SDS references are fetched (see [`source`]): by default
+    /// `ads: {}`.
+    pub config_sources: ConfigSources,
 }
 
 impl Default for Options {
@@ -79,6 +84,7 @@ impl Default for Options {
         Options {
             default_address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             stat_prefix: String::new(),
+            config_sources: ConfigSources::default(),
         }
     }
 }
@@ -97,7 +103,7 @@ pub fn translate_gateway(
     gateway: &ObjectKey,
     options: &Options,
 ) -> Result<GatewayResources, TranslateError> {
-    let mut caches = gateway::Caches::default();
+    let mut caches = gateway::Caches::new(options);
     let mut stats = TranslateStats::default();
     let config = &grpc::translation_view(&Arc::new(config.clone()));
     gateway::build_gateway(config, gateway, options, &mut caches, None, &mut stats)

@@ -13,7 +13,7 @@ use ballast_model::set::CertificateRefResolution;
 use ballast_model::{
     ConfigSet, Gateway, Listener, ListenerProtocol, ObjectKey,
 };
-use ballast_xds::simple::{ads_source, rds_http_connection_manager, socket_address};
+use ballast_xds::simple::{rds_http_connection_manager, socket_address};
 use envoy_types::pb::envoy::config::core::v3::TransportSocket;
 use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType as TsConfig;
 use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType as FilterConfig;
@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::config::listener::v3::{
 };
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::{
-    StripPortMode, UpgradeConfig,
+    RouteSpecifier, StripPortMode, UpgradeConfig,
 };
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
@@ -33,7 +33,7 @@ use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
 use crate::policy::ClientSettings;
-use crate::{Options, names};
+use crate::{ConfigSources, Options, config_source, names};
 use envoy_types::pb::envoy::extensions::filters::listener::proxy_protocol::v3::ProxyProtocol;
 
 /// One filter chain of a port: which Gateway listeners' routes it serves, through which route
@@ -137,8 +137,12 @@ fn hcm_filter(
     stat_prefix: &str,
     route_config: &str,
     client: Option<&ClientSettings<'_>>,
+    sources: &ConfigSources,
 ) -> Filter {
     let mut hcm = rds_http_connection_manager(stat_prefix, route_config);
+    if let Some(RouteSpecifier::Rds(rds)) = &mut hcm.route_specifier {
+        rds.config_source = Some(config_source(sources));
+    }
     if let Some(c) = client {
         crate::policy::apply_client_hcm(&mut hcm, c);
     }
@@ -161,6 +165,7 @@ fn hcm_filter(
 fn tls_transport_socket(
     certificates: &[ObjectKey],
     client: Option<&ClientSettings<'_>>,
+    sources: &ConfigSources,
 ) -> TransportSocket {
     let mut ctx = DownstreamTlsContext {
         common_tls_context: Some(CommonTlsContext {
@@ -168,7 +173,7 @@ fn tls_transport_socket(
                 .iter()
                 .map(|k| SdsSecretConfig {
                     name: names::secret(k),
-                    sds_config: Some(ads_source()),
+                    sds_config: Some(config_source(sources)),
                 })
                 .collect(),
             alpn_protocols: vec!["h2".into(), "http/1.1".into()],
@@ -252,9 +257,11 @@ pub(crate) fn envoy_listener(
                     &stat_prefix,
                     &c.route_config,
                     client.as_ref(),
+                    &options.config_sources,
                 )],
-                transport_socket: https
-                    .then(|| tls_transport_socket(&c.certificates, client.as_ref())),
+                transport_socket: https.then(|| {
+                    tls_transport_socket(&c.certificates, client.as_ref(), &options.config_sources)
+                }),
                 ..Default::default()
             })
             .collect(),

@@ -85,6 +85,25 @@ impl GatewayResources {
         b.build()
     }
 
+    /// [`Self::snapshot`] without the reference checks, for the resources of
+    /// a non-ADS transport: their EDS/RDS/SDS references name another stream
+    /// (`api_config_source`), so the builder sees no reference to check. The
+    /// same gateway's ADS translation (identical but for the config sources)
+    /// is the one checked.
+    pub fn snapshot_unchecked(
+        &self,
+        prev: Option<Arc<Snapshot>>,
+    ) -> Result<Snapshot, SnapshotError> {
+        let mut b = Snapshot::builder();
+        if let Some(prev) = prev {
+            b = b.reuse_from(prev);
+        }
+        for r in self.iter() {
+            b.add(r.clone());
+        }
+        b.build_unchecked()
+    }
+
     /// The resources as `---`-separated proto-JSON documents (JSON is YAML), each with its
     /// `@type`, in [`Self::by_type`] order, for `ballast translate`. Private keys are redacted.
     pub fn to_yaml(&self) -> String {

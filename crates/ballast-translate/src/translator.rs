@@ -61,9 +61,9 @@ pub struct Translator {
 impl Translator {
     pub fn new(options: Options) -> Self {
         Translator {
+            caches: Caches::new(&options),
             options,
             config: Arc::new(ConfigSet::default()),
-            caches: Caches::default(),
             index: DependencyIndex::default(),
             gateways: BTreeMap::new(),
         }

@@ -47,8 +47,8 @@ pub use resource::{Ref, Resource, ResourceError, ResourceType, XdsResource};
 pub use server::limits::{self, Limits};
 pub use server::resume_guard::{ResumeGuardConfig, ResumeRelease};
 pub use server::{
-    DEFAULT_SHUTDOWN_GRACE, GroupError, NodeGrouper, ServeError, XdsServer, XdsServerBuilder,
-    group_by_node_id,
+    DEFAULT_SHUTDOWN_GRACE, GroupError, NodeGrouper, ServeError, Transport, TransportGrouper,
+    XdsServer, XdsServerBuilder, group_by_node_id,
 };
 pub use snapshot::{
     Inconsistency, ResourceMap, Snapshot, SnapshotBuilder, SnapshotError, TypeResources,

@@ -125,3 +125,80 @@ async fn fetch_held_during_shutdown_is_503() {
         .unwrap()
         .unwrap();
 }
+
+/// Issue 15: a gRPC `FetchClusters` for a gateway the ready server does not
+/// have ends with NOT_FOUND naming it (it used to wait until the client's own
+/// deadline); a group published within `UNKNOWN_GROUP_WAIT` of the request
+/// (published on demand) is answered. The grouper sees each request's
+/// transport.
+#[tokio::test]
+async fn grpc_fetch_for_an_unknown_gateway_is_not_found() {
+    use ballast_xds::Transport;
+    use ballast_xds::envoy_types::pb::envoy::config::core::v3::Node;
+    use ballast_xds::envoy_types::pb::envoy::service::cluster::v3::cluster_discovery_service_client::ClusterDiscoveryServiceClient;
+    use ballast_xds::envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    common::init_tracing();
+    let cache = SnapshotCache::new();
+    cache.set_snapshot("edge@Fetch", common::fixture(&["a"], "a", 1));
+    cache.set_ready(true);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    let grouper: ballast_xds::TransportGrouper =
+        std::sync::Arc::new(move |n: &Node, t: Transport| {
+            s2.lock().unwrap().push(t);
+            Ok(format!("{}@{t:?}", n.cluster))
+        });
+    let server = XdsServer::builder(cache.clone())
+        .transport_grouper(grouper)
+        .build();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(server.serve_with_shutdown(listener, std::future::pending::<()>()));
+    let mut client = ClusterDiscoveryServiceClient::new(common::client::channel(addr).await);
+    let req = |cluster: &str| DiscoveryRequest {
+        node: Some(Node {
+            id: "f-1".into(),
+            cluster: cluster.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let err = tokio::time::timeout(T, client.fetch_clusters(req("nope")))
+        .await
+        .expect("answered within the bound")
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
+    assert!(
+        err.message().contains(r#"no gateway "nope@Fetch""#) && err.message().contains("f-1"),
+        "{err}"
+    );
+    let ok = client
+        .fetch_clusters(req("edge"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ok.resources.len(), 1);
+    // Published on demand shortly after the request: answered, not 404.
+    let late = cache.clone();
+    let publish = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        late.set_snapshot("later@Fetch", common::fixture(&["b"], "b", 1));
+    });
+    let ok = client
+        .fetch_clusters(req("later"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ok.resources.len(), 1);
+    publish.await.unwrap();
+    // REST polls are grouped as REST.
+    let body = r#"{"node":{"id":"rest-1","cluster":"edge"}}"#;
+    let (status, _) = post(addr, "/v3/discovery:clusters", body).await;
+    assert_eq!(status, 404, "group edge@Rest is not published");
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.contains(&Transport::Fetch) && seen.contains(&Transport::Rest),
+        "{seen:?}"
+    );
+    task.abort();
+}

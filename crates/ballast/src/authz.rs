@@ -169,6 +169,8 @@ impl Policy {
     }
 
     pub fn decide(&self, req: &AdmissionRequest<'_>) -> Result<(), Rejection> {
+        // A grant names a gateway, whatever transport its Envoys use.
+        let gateway = crate::grouping::gateway_part(req.group);
         let Some(peer) = req.peer else {
             return Err(Rejection {
                 reason: Some("no client certificate".into()),
@@ -180,12 +182,12 @@ impl Policy {
         }
         let by_spiffe = peer.uris.iter().any(|u| {
             self.spiffe_gateway(u)
-                .is_some_and(|(ns, name)| req.group.split_once('/') == Some((ns, name)))
+                .is_some_and(|(ns, name)| gateway.split_once('/') == Some((ns, name)))
         });
         let by_grant = self
             .grants
             .iter()
-            .any(|(id, gws)| id.held_by(peer) && gws.iter().any(|g| g.matches(req.group)));
+            .any(|(id, gws)| id.held_by(peer) && gws.iter().any(|g| g.matches(gateway)));
         if by_spiffe || by_grant {
             Ok(())
         } else {

@@ -50,15 +50,14 @@ pub fn tls_transport_socket(dir: &std::path::Path, gateway: &str) -> anyhow::Res
     ))
 }
 
-/// How the Envoy fetches its clusters and listeners.
+/// How the Envoy fetches its config.
 ///
-/// Translated clusters, listeners and TLS contexts fetch their endpoints,
-/// routes and secrets with `ads: {}`. Envoy 1.40 rejects `self: {}` on every
-/// transport ("Missing config source specifier in ConfigSource", measured
-/// with tests/transports.rs) and per-type/REST Envoys without ADS reject
-/// `ads: {}` ("ADS must be configured to support an ADS config source"), so one snapshot per gateway stays valid for all
-/// transports only if every bootstrap configures ADS: the per-type and REST
-/// bootstraps fetch CDS and LDS their own way and EDS/RDS/SDS over ADS.
+/// Only ADS bootstraps configure `ads_config`. Envoy 1.40 accepts an EDS/RDS/SDS
+/// reference only if it can subscribe to it itself: `ads: {}` needs ADS and
+/// `self: {}` is not implemented ("Missing config source specifier"). So
+/// Ballast serves each transport its own snapshot (crate::grouping): ADS
+/// Envoys get `ads: {}`, the others `api_config_source` naming the
+/// `ballast_xds` cluster with their own API type (GRPC, DELTA_GRPC, REST).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Transport {
     /// Everything over one Aggregated Discovery Service stream, State of the World.
@@ -66,11 +65,11 @@ pub enum Transport {
     Ads,
     /// Everything over one ADS stream, incremental (Delta) xDS.
     DeltaAds,
-    /// CDS and LDS on their own gRPC streams (SotW); EDS/RDS/SDS over ADS.
+    /// One SotW gRPC stream per type (no ADS).
     Grpc,
-    /// CDS and LDS on their own Delta gRPC streams; EDS/RDS/SDS over Delta ADS.
+    /// One Delta gRPC stream per type (no ADS).
     DeltaGrpc,
-    /// CDS and LDS by REST-JSON polling every second; EDS/RDS/SDS over ADS.
+    /// REST-JSON polling every second, every type (no ADS, no gRPC).
     Rest,
 }
 
@@ -101,7 +100,7 @@ fn dynamic_resources(t: Transport) -> String {
         Transport::Rest => "{ api_type: REST, transport_api_version: V3, cluster_names: [ballast_xds], refresh_delay: 1s, request_timeout: 5s }".to_string(),
     };
     format!(
-        "{ads}  cds_config:\n    resource_api_version: V3\n    api_config_source: {source}\n  lds_config:\n    resource_api_version: V3\n    api_config_source: {source}\n"
+        "  cds_config:\n    resource_api_version: V3\n    api_config_source: {source}\n  lds_config:\n    resource_api_version: V3\n    api_config_source: {source}\n"
     )
 }
 
@@ -206,8 +205,8 @@ static_resources:";
         assert_eq!(d, y.replace("api_type: GRPC", "api_type: DELTA_GRPC"));
     }
 
-    /// Per-type and REST bootstraps still configure ADS (for the `ads: {}`
-    /// EDS/RDS/SDS references) but fetch CDS and LDS their own way.
+    /// Per-type and REST bootstraps have no ADS at all: CDS and LDS (and,
+    /// through what Ballast serves them, EDS/RDS/SDS) go their own way.
     #[test]
     fn per_type_and_rest_fetch_cds_and_lds_their_own_way() {
         for (t, api) in [
@@ -216,10 +215,12 @@ static_resources:";
             (Transport::Rest, "api_type: REST,"),
         ] {
             let y = render(&opts(t)).unwrap();
-            assert!(y.contains("  ads_config:\n"), "{t:?}: {y}");
+            assert!(
+                !y.contains("ads_config") && !y.contains("ads: {}"),
+                "{t:?}: {y}"
+            );
             assert_eq!(y.matches("api_config_source: {").count(), 2, "{t:?}: {y}");
             assert_eq!(y.matches(api).count(), 2, "{t:?}: {y}");
-            assert!(!y.contains("cds_config: { ads"), "{t:?}: {y}");
         }
         let rest = render(&opts(Transport::Rest)).unwrap();
         assert!(

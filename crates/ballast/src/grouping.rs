@@ -1,12 +1,48 @@
 //! Node → gateway (README, "Which Envoy gets which gateway"): an Envoy serves
 //! the gateway named by its `node.cluster` (`namespace/name`, or `name` in
 //! namespace `default`); node metadata `ballast.gateway` overrides it.
+//!
+//! Envoys of one gateway on different transports get different resources
+//! (their EDS/RDS/SDS references name the transport, see
+//! `ballast_translate::config_source`), so the group is the gateway plus,
+//! for anything but ADS, `@transport`: `default/edge` (ADS SotW and Delta),
+//! `default/edge@grpc`, `default/edge@delta-grpc`, `default/edge@rest`.
+//! Each reference names the transport the referencing resource came over,
+//! so an Envoy mixing transports (CDS by REST, LDS over ADS) gets consistent
+//! config per type.
 
 use ballast_xds::GroupError;
 use ballast_xds::envoy_types::pb::envoy::config::core::v3::Node;
 use ballast_xds::envoy_types::pb::google::protobuf::value::Kind;
 
 pub const METADATA_KEY: &str = "ballast.gateway";
+
+use ballast_translate::XdsTransport;
+use ballast_xds::Transport;
+
+/// The config-source form a request over `t` is served with. A unary gRPC
+/// Fetch (no Envoy uses it) gets per-type gRPC references.
+pub fn config_transport(t: Transport) -> XdsTransport {
+    match t {
+        Transport::Ads | Transport::DeltaAds => XdsTransport::Ads,
+        Transport::Grpc | Transport::Fetch => XdsTransport::Grpc,
+        Transport::DeltaGrpc => XdsTransport::DeltaGrpc,
+        Transport::Rest => XdsTransport::Rest,
+    }
+}
+
+/// The snapshot group of `gateway` (`namespace/name`) for Envoys on `t`.
+pub fn group_name(gateway: &str, t: XdsTransport) -> String {
+    match t {
+        XdsTransport::Ads => gateway.to_string(),
+        t => format!("{gateway}@{}", t.as_str()),
+    }
+}
+
+/// The gateway (`namespace/name`) a group serves ('@' is never in a name).
+pub fn gateway_part(group: &str) -> &str {
+    group.split_once('@').map_or(group, |(g, _)| g)
+}
 
 /// The group key (`namespace/name`) of the gateway a node serves.
 pub fn gateway_of(node: &Node) -> Result<String, GroupError> {
@@ -69,5 +105,19 @@ mod tests {
         assert!(gateway_of(&node("", None)).is_err());
         assert!(gateway_of(&node("a/b/c", None)).is_err());
         assert!(gateway_of(&node("/b", None)).is_err());
+    }
+
+    #[test]
+    fn groups_per_transport() {
+        let g = |t| group_name("default/edge", config_transport(t));
+        assert_eq!(g(Transport::Ads), "default/edge");
+        assert_eq!(g(Transport::DeltaAds), "default/edge");
+        assert_eq!(g(Transport::Grpc), "default/edge@grpc");
+        assert_eq!(g(Transport::Fetch), "default/edge@grpc");
+        assert_eq!(g(Transport::DeltaGrpc), "default/edge@delta-grpc");
+        assert_eq!(g(Transport::Rest), "default/edge@rest");
+        for t in XdsTransport::ALL {
+            assert_eq!(gateway_part(&group_name("ns/gw", t)), "ns/gw");
+        }
     }
 }

@@ -363,7 +363,7 @@ impl XdsObserver for MetricsObserver {
                 settle_left,
             } => {
                 let label = GatewayLabel {
-                    gateway: group.to_string(),
+                    gateway: crate::grouping::gateway_part(group).to_string(),
                 };
                 m.guard_client_holds.get_or_create(&label).inc();
                 let now = std::time::SystemTime::now();
@@ -396,7 +396,8 @@ impl XdsObserver for MetricsObserver {
             } => {
                 m.acks.get_or_create(&ty(*t)).inc();
                 m.ack_latency.observe(latency.as_secs_f64());
-                if let Some(at) = m.published_at.lock().get(group).copied() {
+                let gateway = crate::grouping::gateway_part(group);
+                if let Some(at) = m.published_at.lock().get(gateway).copied() {
                     m.convergence.observe(at.elapsed().as_secs_f64());
                 }
             }

@@ -3,6 +3,10 @@
 //! SotW, ADS Delta, per-type gRPC SotW and Delta, and REST polling. Cold start
 //! to 200s; then, under traffic, a route edit, an endpoint move and a cluster
 //! removal all reach Envoy with zero non-2xx, and nothing else is removed.
+//! Only the ADS bootstraps configure `ads_config`: per-type and REST Envoys
+//! fetch EDS/RDS too over their own transport (what Ballast serves them names
+//! it). Two Envoys per transport: their resource versions are equal after
+//! every change (one snapshot per gateway and transport).
 
 mod common;
 
@@ -13,7 +17,7 @@ use ballast_testkit::{Envoy, Traffic, TrafficConfig, Upstream, wait_until};
 use common::*;
 
 /// The bootstrap the CLI prints for `transport` (Envoy admin on any free port).
-fn bootstrap(xds: std::net::SocketAddr, transport: &str) -> String {
+fn bootstrap(xds: std::net::SocketAddr, transport: &str, node: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_ballast"))
         .args([
             "bootstrap",
@@ -23,7 +27,7 @@ fn bootstrap(xds: std::net::SocketAddr, transport: &str) -> String {
             transport,
         ])
         .args(["--xds-addr", &xds.to_string(), "--envoy-admin-port", "0"])
-        .args(["--node-id", &format!("envoy-{transport}")])
+        .args(["--node-id", node])
         .output()
         .unwrap();
     assert!(
@@ -31,7 +35,50 @@ fn bootstrap(xds: std::net::SocketAddr, transport: &str) -> String {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout).unwrap()
+    let y = String::from_utf8(out.stdout).unwrap();
+    let ads = transport.contains("ads");
+    assert_eq!(y.contains("ads_config"), ads, "{transport}: {y}");
+    y
+}
+
+/// Every dynamic cluster's, listener's and route configuration's version as
+/// Envoy reports it (per-type version for SotW/REST, per resource for Delta).
+async fn versions(envoy: &Envoy) -> std::collections::BTreeMap<String, String> {
+    let dump = envoy.config_dump(false).await.unwrap();
+    let mut out = std::collections::BTreeMap::new();
+    for c in dump["configs"].as_array().unwrap() {
+        let mut add = |kind: &str, list: &serde_json::Value, inner: Option<&str>| {
+            for e in list.as_array().into_iter().flatten() {
+                let e = inner.map_or(e, |k| &e[k]);
+                let v = e["version_info"].as_str().unwrap_or("").to_string();
+                let name = ["cluster", "listener", "route_config"]
+                    .iter()
+                    .find_map(|k| e[*k]["name"].as_str())
+                    .unwrap_or("?");
+                out.insert(format!("{kind} {name}"), v);
+            }
+        };
+        add("cluster", &c["dynamic_active_clusters"], None);
+        add("listener", &c["dynamic_listeners"], Some("active_state"));
+        add("route", &c["dynamic_route_configs"], None);
+    }
+    out
+}
+
+/// The two Envoys of one transport converge on identical versions.
+async fn same_versions(transport: &str, a: &Envoy, b: &Envoy) {
+    let r = wait_until(T, POLL, || async {
+        let (va, vb) = (versions(a).await, versions(b).await);
+        !va.is_empty() && va == vb
+    })
+    .await;
+    if let Err(e) = r {
+        panic!(
+            "{transport}: versions differ: {e}\n{:?}\n{:?}",
+            versions(a).await,
+            versions(b).await
+        );
+    }
 }
 
 /// Routes `a` (hosts in `a_hosts`) → backend `ba`, `b` → `bb`, and, when
@@ -79,6 +126,9 @@ async fn check_transport(transport: &str, ballast: &Ballast, envoy: &Envoy) {
             })
             .await
             .expect("REST polls answered 304");
+            for kind in ["ads", "delta-ads", "sotw", "delta"] {
+                assert_eq!(streams(ballast, kind).await, 0.0, "rest: a {kind} stream");
+            }
             return;
         }
         t => panic!("unknown transport {t}"),
@@ -86,6 +136,12 @@ async fn check_transport(transport: &str, ballast: &Ballast, envoy: &Envoy) {
     wait_until(T, POLL, || async { streams(ballast, kind).await >= min })
         .await
         .unwrap_or_else(|e| panic!("{transport}: no {min} {kind} streams: {e}"));
+    if !transport.contains("ads") {
+        // EDS and RDS too: no ADS stream at all.
+        for ads in ["ads", "delta-ads"] {
+            assert_eq!(streams(ballast, ads).await, 0.0, "{transport}: {ads}");
+        }
+    }
 }
 
 async fn stat(envoy: &Envoy, name: &str) -> u64 {
@@ -108,7 +164,12 @@ async fn scenario(transport: &str) {
     ballast.wait_ready().await.unwrap();
 
     // Cold start.
-    let envoy = Envoy::start_bootstrap(&bootstrap(xds, transport))
+    let envoy = Envoy::start_bootstrap(&bootstrap(xds, transport, &format!("envoy-{transport}")))
+        .await
+        .unwrap();
+    // A second Envoy of the same gateway and transport (its listener shares
+    // the port through SO_REUSEPORT).
+    let twin = Envoy::start_bootstrap(&bootstrap(xds, transport, &format!("twin-{transport}")))
         .await
         .unwrap();
     let gw = loopback(port);
@@ -125,6 +186,7 @@ async fn scenario(transport: &str) {
         });
     }
     check_transport(transport, &ballast, &envoy).await;
+    same_versions(transport, &envoy, &twin).await;
     let removed_before = stat(&envoy, "cluster_manager.cluster_removed").await;
     let traffic = Traffic::start(TrafficConfig::with_requests(
         gw,
@@ -141,6 +203,7 @@ async fn scenario(transport: &str) {
     })
     .await
     .unwrap_or_else(|e| panic!("{transport}: route edit never arrived: {e}"));
+    same_versions(transport, &envoy, &twin).await;
 
     // Endpoint move: `ba` from u0 to u2.
     write(&file, "a.example.com, c.example.com", &[u2.addr()], true);
@@ -149,6 +212,7 @@ async fn scenario(transport: &str) {
     })
     .await
     .unwrap_or_else(|e| panic!("{transport}: endpoint move never arrived: {e}"));
+    same_versions(transport, &envoy, &twin).await;
 
     // Cluster removal: route `d` and its backend go.
     write(&file, "a.example.com, c.example.com", &[u2.addr()], false);
@@ -163,6 +227,7 @@ async fn scenario(transport: &str) {
     .await
     .unwrap();
 
+    same_versions(transport, &envoy, &twin).await;
     let report = traffic.stop().await;
     report.assert_all_ok();
     assert!(report.ok_2xx > 0, "{transport}: {report:?}");

@@ -61,6 +61,46 @@ impl GroupError {
     }
 }
 
+/// The transport a request arrived over. Resources that reference others
+/// (a cluster its endpoints, a listener its routes and certificates) must name
+/// a config source the Envoy can subscribe to, and that depends on how the
+/// Envoy talks to the server; a [`TransportGrouper`] can give each transport
+/// its own group (snapshot).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// An ADS stream, State of the World.
+    Ads,
+    /// An ADS stream, Delta.
+    DeltaAds,
+    /// A per-type SotW stream (`StreamClusters`, ...).
+    Grpc,
+    /// A per-type Delta stream (`DeltaClusters`, ...).
+    DeltaGrpc,
+    /// A unary gRPC `Fetch*` call.
+    Fetch,
+    /// A REST-JSON poll.
+    Rest,
+}
+
+impl Transport {
+    /// The transport of a gRPC stream of `kind` (REST kinds are [`Transport::Rest`]).
+    pub fn of_stream(kind: crate::events::StreamKind) -> Self {
+        use crate::events::StreamKind;
+        match kind {
+            StreamKind::Sotw(None) => Transport::Ads,
+            StreamKind::Delta(None) => Transport::DeltaAds,
+            StreamKind::Sotw(Some(_)) => Transport::Grpc,
+            StreamKind::Delta(Some(_)) => Transport::DeltaGrpc,
+            StreamKind::Rest(_) => Transport::Rest,
+        }
+    }
+}
+
+/// Maps a node and the transport its request came over to a group; see
+/// [`XdsServerBuilder::transport_grouper`].
+pub type TransportGrouper =
+    Arc<dyn Fn(&Node, Transport) -> Result<String, GroupError> + Send + Sync>;
+
 /// Groups nodes by their id (the library default).
 pub fn group_by_node_id() -> NodeGrouper {
     Arc::new(|node: &Node| {
@@ -104,7 +144,7 @@ pub(crate) fn shutting_down() -> tonic::Status {
 pub(crate) struct Shared {
     pub cache: Arc<dyn XdsCache>,
     pub registry: NodeRegistry,
-    pub grouper: NodeGrouper,
+    pub grouper: TransportGrouper,
     pub limits: Limits,
     pub observer: Arc<dyn XdsObserver>,
     pub stream_counts: Arc<limits::StreamCounts>,
@@ -177,7 +217,7 @@ pub struct XdsServer {
 /// Configures an [`XdsServer`]; start with [`XdsServer::builder`].
 pub struct XdsServerBuilder {
     cache: Arc<dyn XdsCache>,
-    grouper: NodeGrouper,
+    grouper: TransportGrouper,
     observer: Arc<dyn XdsObserver>,
     grace: Duration,
     limits: Limits,
@@ -233,8 +273,17 @@ impl XdsServerBuilder {
         self.resume_guard = cfg;
         self
     }
-    /// How nodes map to groups (default: [`group_by_node_id`]).
+    /// How nodes map to groups (default: [`group_by_node_id`]), the same whatever
+    /// transport they use.
     pub fn grouper(mut self, grouper: NodeGrouper) -> Self {
+        self.grouper = Arc::new(move |node: &Node, _| grouper(node));
+        self
+    }
+    /// Groups nodes by node and transport: the group a stream, fetch or poll
+    /// is served from is `grouper(node, transport)`, so an application can
+    /// publish per-transport snapshots (e.g. `ads: {}` config sources for ADS
+    /// Envoys, `api_config_source` for the others).
+    pub fn transport_grouper(mut self, grouper: TransportGrouper) -> Self {
         self.grouper = grouper;
         self
     }
@@ -286,7 +335,10 @@ impl XdsServer {
     pub fn builder(cache: impl XdsCache) -> XdsServerBuilder {
         XdsServerBuilder {
             cache: Arc::new(cache),
-            grouper: group_by_node_id(),
+            grouper: {
+                let by_id = group_by_node_id();
+                Arc::new(move |node: &Node, _| by_id(node))
+            },
             observer: Arc::new(NoopObserver),
             grace: DEFAULT_GRACE,
             limits: Limits::default(),

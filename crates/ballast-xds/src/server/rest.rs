@@ -113,28 +113,9 @@ async fn handle(
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    // Once ready, every known gateway has a snapshot: a poll for one that
-    // has none is answered now (a poller would otherwise wait until its own
-    // request timeout and learn nothing). Before ready, fetch_as holds it.
-    let shared = &server.shared;
-    if let Some(node) = req.node.as_ref()
-        && shared.cache.is_ready()
-        && let Ok(group) = (shared.grouper)(node)
-        && shared.cache.snapshot(&group).is_none()
+    // An unknown gateway (once ready) is NOT_FOUND → 404 from fetch_over.
+    match super::fetch::fetch_over(&server, ty, &req, peer.as_deref(), super::Transport::Rest).await
     {
-        // Admission first: a refused client learns nothing about gateways.
-        if let Err(status) = shared.admit(peer.as_deref(), node, &group) {
-            return error(http_status(status.code()), status.message().to_string());
-        }
-        return error(
-            StatusCode::NOT_FOUND,
-            format!(
-                "no gateway {group:?} in the config (node {:?}, from node.cluster or metadata ballast.gateway); polls are answered once it appears",
-                node.id
-            ),
-        );
-    }
-    match super::fetch::fetch_as(&server, ty, &req, peer.as_deref()).await {
         Ok(None) => StatusCode::NOT_MODIFIED.into_response(),
         Ok(Some(resp)) => match response_json(&resp) {
             Ok(text) => (
@@ -220,5 +201,51 @@ mod tests {
         let whole = json::bytes_to_json(&DiscoveryResponse::full_name(), &buf).unwrap();
         let ours: serde_json::Value = serde_json::from_str(&first).unwrap();
         assert_eq!(ours, whole);
+    }
+
+    /// A poller that is current gets 304 with an empty body and nothing is
+    /// encoded for it (Envoy's RestApiFetcher keeps its config on 304 and
+    /// polls again after its refresh delay).
+    #[tokio::test]
+    async fn current_poller_gets_304_without_any_encoding() {
+        let mut b = crate::Snapshot::builder();
+        for name in ["a", "b"] {
+            b.message(&crate::simple::eds_cluster(
+                name,
+                std::time::Duration::from_secs(1),
+            ))
+            .unwrap();
+        }
+        let snap = std::sync::Arc::new(b.build_unchecked().unwrap());
+        let cache = crate::SnapshotCache::new();
+        cache.set_snapshot("g", snap.clone());
+        cache.set_ready(true);
+        let server = XdsServer::builder(cache)
+            .grouper(std::sync::Arc::new(|_: &_| Ok("g".to_string())))
+            .build();
+        let poll = |version: &str| {
+            let body = format!(r#"{{"node":{{"id":"n"}},"versionInfo":"{version}"}}"#);
+            handle(
+                State((server.clone(), ResourceType::Cluster)),
+                axum::http::HeaderMap::new(),
+                axum::http::Extensions::new(),
+                Ok(Bytes::from(body)),
+            )
+        };
+        let first = poll("").await;
+        assert_eq!(first.status(), StatusCode::OK);
+        let encodings = || {
+            snap.resources(ResourceType::Cluster)
+                .values()
+                .map(|r| r.json_encodings.load(Ordering::Relaxed))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(encodings(), [1, 1]);
+        let current = snap.version(ResourceType::Cluster).to_string();
+        let again = poll(&current).await;
+        assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
+        let body = axum::body::to_bytes(again.into_body(), 1024).await.unwrap();
+        assert!(body.is_empty(), "{body:?}");
+        assert_eq!(encodings(), [1, 1], "a 304 encodes nothing");
     }
 }

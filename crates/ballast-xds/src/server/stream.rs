@@ -196,7 +196,8 @@ async fn run<M: Machine>(
         .stream_counts
         .identify(&mut permit, &shared.limits, &*shared.observer, &id)?;
     requests.set_node(id);
-    let group = (shared.grouper)(&node).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let group = (shared.grouper)(&node, super::Transport::of_stream(kind))
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
     shared.admit(peer.as_deref(), &node, &group)?;
     tracing::Span::current().record("node", node.id.as_str());
     let handle = shared.registry.open(node, group.as_str().into(), kind);

@@ -118,6 +118,7 @@ async fn proxies(State(s): State<AdminState>) -> Response {
         .iter()
         .map(|n| {
             let snapshot = cache.snapshot(&n.group);
+            let gateway = crate::grouping::gateway_part(&n.group);
             let types: Vec<Value> = n
                 .types
                 .iter()
@@ -138,11 +139,12 @@ async fn proxies(State(s): State<AdminState>) -> Response {
                 .collect();
             json!({
                 "node": &*n.id,
-                "gateway": &*n.group,
+                "gateway": gateway,
+                "group": &*n.group,
                 "gateway_known": snapshot.is_some(),
-                "waiting": match (&snapshot, gateway_holds.get(&*n.group), holds.get(&*n.id)) {
-                    (None, Some(reason), _) => Some(format!("gateway {} is held by the blast-radius guard: {reason}", n.group)),
-                    (None, None, _) => Some(format!("no gateway {} in the config", n.group)),
+                "waiting": match (&snapshot, gateway_holds.get(gateway), holds.get(&*n.id)) {
+                    (None, Some(reason), _) => Some(format!("gateway {gateway} is held by the blast-radius guard: {reason}")),
+                    (None, None, _) => Some(format!("no gateway {gateway} in the config")),
                     (Some(_), _, Some(h)) => Some(format!("first push held by the blast-radius guard (the proxy's own report): {}", h.reason)),
                     _ => None,
                 },

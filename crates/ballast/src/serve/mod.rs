@@ -227,8 +227,19 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         max_removal: opts.guard.max_removal,
         settle: opts.guard.settle,
     });
+    // Transports (other than ADS) Envoys have asked over: the pipeline
+    // translates a gateway once per transport in use (crate::grouping).
+    let (demand_tx, demand) = tokio::sync::watch::channel(std::collections::BTreeSet::new());
+    let grouper: ballast_xds::TransportGrouper = Arc::new(move |node, transport| {
+        let gateway = crate::grouping::gateway_of(node)?;
+        let t = crate::grouping::config_transport(transport);
+        if t != ballast_translate::XdsTransport::Ads {
+            demand_tx.send_if_modified(|d| d.insert(t));
+        }
+        Ok(crate::grouping::group_name(&gateway, t))
+    });
     let mut builder = XdsServer::builder(cache.clone())
-        .grouper(Arc::new(crate::grouping::gateway_of))
+        .transport_grouper(grouper)
         .observer(observer)
         .grace(opts.grace)
         .limits(opts.limits)
@@ -291,6 +302,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         status: status_tx,
         baseline: baseline_of(loaded),
         state: Some(state_tx),
+        demand,
     };
     let mut pipeline_task = tokio::spawn({
         let (source_rx, stop) = (source_rx.clone(), stop.clone());

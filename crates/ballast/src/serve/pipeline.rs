@@ -1,15 +1,21 @@
 //! The pipeline: source state → incremental translation → blast-radius guard →
 //! snapshot cache. One task, so publishes for a gateway are strictly ordered;
 //! everything it knows is published through `watch` for the admin API.
+//!
+//! Envoys on per-type gRPC or REST need other EDS/RDS/SDS references than
+//! ADS Envoys (crate::grouping): once an Envoy asks over such a transport,
+//! the pipeline keeps one more translator for it, in lockstep with the ADS
+//! one, and publishes each gateway's snapshot for that transport next to the
+//! ADS one. The guard judges the ADS snapshot; the others follow its verdict.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use ballast_model::ObjectKey;
 use ballast_sources::SourceState;
-use ballast_translate::{Options, Translator};
+use ballast_translate::{Options, Translator, XdsTransport};
 use ballast_xds::ResourceType;
 use ballast_xds::Snapshot;
 use ballast_xds::SnapshotCache;
@@ -77,9 +83,13 @@ pub struct HeldStatus {
     pub settle_ms: u128,
 }
 
+/// A gateway's snapshots for the non-ADS transports in use.
+type Variants = BTreeMap<XdsTransport, Arc<Snapshot>>;
+
 struct Held {
     /// `None`: the gateway itself was removed.
     snapshot: Option<Arc<Snapshot>>,
+    variants: Variants,
     inventory: Inventory,
     deadline: tokio::time::Instant,
     status: HeldStatus,
@@ -95,6 +105,8 @@ pub struct Pipeline {
     pub baseline: BTreeMap<ObjectKey, Inventory>,
     /// Receives every gateway's last published inventory for the state file.
     pub state: Option<watch::Sender<Arc<Inventories>>>,
+    /// Non-ADS transports Envoys have asked over (set by the grouper).
+    pub demand: watch::Receiver<BTreeSet<XdsTransport>>,
 }
 
 /// Published snapshots and their inventories, by gateway.
@@ -107,6 +119,8 @@ fn group_of(key: &ObjectKey) -> String {
 impl Pipeline {
     pub async fn run(mut self, mut source: watch::Receiver<SourceState>) {
         let mut translator = Translator::new(self.options.clone());
+        let mut variants: BTreeMap<XdsTransport, Translator> = BTreeMap::new();
+        let mut demand = self.demand.clone();
         let mut baseline = std::mem::take(&mut self.baseline);
         if !self.guard.enabled {
             baseline.clear();
@@ -126,6 +140,10 @@ impl Pipeline {
                     last_generation = Some(state.generation);
                     let started = Instant::now();
                     let out = translator.update(config);
+                    let mut variant_outs: BTreeMap<XdsTransport, _> = variants
+                        .iter_mut()
+                        .map(|(t, tr)| (*t, tr.update(config)))
+                        .collect();
                     let took = started.elapsed();
                     self.metrics.translate_seconds.observe(took.as_secs_f64());
                     self.status.send_modify(|s| {
@@ -141,10 +159,26 @@ impl Pipeline {
                     );
                     for (key, resources) in &out.changed {
                         let prev = published.get(key).map(|p| p.0.clone());
+                        let mut vs = Variants::new();
+                        for (t, o) in &mut variant_outs {
+                            let Some(r) = o.changed.remove(key) else {
+                                continue;
+                            };
+                            let prev = self.variant_prev(*t, key);
+                            match r.snapshot_unchecked(prev) {
+                                Ok(snap) => {
+                                    vs.insert(*t, Arc::new(snap));
+                                }
+                                Err(e) => {
+                                    error!(gateway = %key, transport = t.as_str(), error = %e, "inconsistent snapshot for a transport")
+                                }
+                            }
+                        }
                         match resources.snapshot(prev) {
                             Ok(snap) => self.offer(
                                 key,
                                 Some(Arc::new(snap)),
+                                vs,
                                 &mut published,
                                 &mut held,
                                 &mut baseline,
@@ -159,7 +193,14 @@ impl Pipeline {
                         }
                     }
                     for key in &out.removed {
-                        self.offer(key, None, &mut published, &mut held, &mut baseline);
+                        self.offer(
+                            key,
+                            None,
+                            Variants::new(),
+                            &mut published,
+                            &mut held,
+                            &mut baseline,
+                        );
                     }
                 }
             }
@@ -172,7 +213,14 @@ impl Pipeline {
                     .cloned()
                     .collect();
                 for key in gone {
-                    self.offer(&key, None, &mut published, &mut held, &mut baseline);
+                    self.offer(
+                        &key,
+                        None,
+                        Variants::new(),
+                        &mut published,
+                        &mut held,
+                        &mut baseline,
+                    );
                 }
                 // Every gateway of the initial config is published (above, synchronously).
                 self.cache.set_ready(true);
@@ -186,13 +234,41 @@ impl Pipeline {
             let next_deadline = held.values().map(|h| h.deadline).min();
             tokio::select! {
                 r = source.changed() => if r.is_err() { return; },
+                Ok(()) = demand.changed() => {
+                    let wanted = demand.borrow_and_update().clone();
+                    for t in wanted {
+                        if variants.contains_key(&t) {
+                            continue;
+                        }
+                        let mut options = self.options.clone();
+                        options.config_sources.transport = t;
+                        let mut tr = Translator::new(options);
+                        if let Some(config) = state.config.as_ref() {
+                            let out = tr.update(config);
+                            info!(transport = t.as_str(), gateways = out.changed.len(), "first Envoy on this transport: translating for it");
+                            for (key, resources) in &out.changed {
+                                let snap = match resources.snapshot_unchecked(None) {
+                                    Ok(s) => Arc::new(s),
+                                    Err(e) => { error!(gateway = %key, transport = t.as_str(), error = %e, "inconsistent snapshot for a transport"); continue; }
+                                };
+                                // A held gateway's proxies get it when the hold ends.
+                                if let Some(h) = held.get_mut(key) {
+                                    h.variants.insert(t, snap);
+                                } else if published.contains_key(key) {
+                                    self.cache.set_snapshot(&crate::grouping::group_name(&group_of(key), t), snap);
+                                }
+                            }
+                        }
+                        variants.insert(t, tr);
+                    }
+                }
                 _ = sleep_until(next_deadline) => {
                     let now = tokio::time::Instant::now();
                     let due: Vec<ObjectKey> = held.iter().filter(|(_, h)| h.deadline <= now).map(|(k, _)| k.clone()).collect();
                     for key in due {
                         let h = held.remove(&key).expect("due");
                         warn!(gateway = %key, reason = %h.status.reason, "guard: settle period over and the source still says so; applying");
-                        self.publish(&key, h.snapshot, Arc::new(h.inventory), &mut published, &mut baseline);
+                        self.publish(&key, h.snapshot, h.variants, Arc::new(h.inventory), &mut published, &mut baseline);
                     }
                 }
             }
@@ -204,6 +280,7 @@ impl Pipeline {
         &self,
         key: &ObjectKey,
         snapshot: Option<Arc<Snapshot>>,
+        variants: Variants,
         published: &mut Published,
         held: &mut BTreeMap<ObjectKey, Held>,
         baseline: &mut BTreeMap<ObjectKey, Inventory>,
@@ -218,7 +295,14 @@ impl Pipeline {
                 if held.remove(key).is_some() {
                     info!(gateway = %key, "guard: the source changed its mind; hold released");
                 }
-                self.publish(key, snapshot, Arc::new(inventory), published, baseline);
+                self.publish(
+                    key,
+                    snapshot,
+                    variants,
+                    Arc::new(inventory),
+                    published,
+                    baseline,
+                );
             }
             Some(reason) => {
                 let reason = match origin {
@@ -234,6 +318,7 @@ impl Pipeline {
                     Some(h) => {
                         // Still a mass removal: keep the original deadline, hold the latest.
                         h.snapshot = snapshot;
+                        h.variants.extend(variants);
                         h.inventory = inventory;
                         h.status.reason = reason;
                     }
@@ -247,6 +332,7 @@ impl Pipeline {
                             key.clone(),
                             Held {
                                 snapshot,
+                                variants,
                                 inventory,
                                 deadline: tokio::time::Instant::now() + self.guard.settle,
                                 status: HeldStatus {
@@ -271,6 +357,7 @@ impl Pipeline {
         &self,
         key: &ObjectKey,
         snapshot: Option<Arc<Snapshot>>,
+        variants: Variants,
         inventory: Arc<Inventory>,
         published: &mut Published,
         baseline: &mut BTreeMap<ObjectKey, Inventory>,
@@ -283,6 +370,20 @@ impl Pipeline {
             .clone()
             .unwrap_or_else(|| Arc::new(Snapshot::default()));
         self.cache.set_snapshot(&group, snap.clone());
+        if snapshot.is_some() {
+            for (t, v) in variants {
+                self.cache
+                    .set_snapshot(&crate::grouping::group_name(&group, t), v);
+            }
+        } else {
+            // Every transport's proxies of a removed gateway get an empty snapshot.
+            for t in self.demand.borrow().iter() {
+                let g = crate::grouping::group_name(&group, *t);
+                if self.cache.snapshot(&g).is_some() {
+                    self.cache.set_snapshot(&g, Arc::new(Snapshot::default()));
+                }
+            }
+        }
         self.metrics.published(&group);
         let label = GatewayLabel {
             gateway: group.clone(),
@@ -342,6 +443,13 @@ impl Pipeline {
                 .collect();
             state.send_replace(Arc::new(all));
         }
+    }
+
+    /// The snapshot last published for `key` on transport `t` (to share
+    /// unchanged resources with).
+    fn variant_prev(&self, t: XdsTransport, key: &ObjectKey) -> Option<Arc<Snapshot>> {
+        self.cache
+            .snapshot(&crate::grouping::group_name(&group_of(key), t))
     }
 
     fn source_metrics(&self, state: &SourceState, last_error_seen: &mut Option<usize>) {
@@ -446,6 +554,7 @@ spec:
             status: status_tx,
             baseline,
             state: Some(state_tx),
+            demand: watch::channel(BTreeSet::new()).1,
         };
         let task = tokio::spawn(pipeline.run(source.start()));
         Run {
