@@ -25,8 +25,11 @@
 //! different sources (e.g. files plus, later, etcd) into one set.
 #![forbid(unsafe_code)]
 
+pub mod etcd_keys;
 pub mod file;
 mod state;
 
-pub use file::{FileSource, FileSourceOptions, Loaded, load_paths, load_paths_report};
+pub use file::{
+    FileSource, FileSourceOptions, Loaded, load_paths, load_paths_report, read_config_files,
+};
 pub use state::{Source, SourceState, StaticSource, merge_states};

@@ -6,6 +6,7 @@ mod admin;
 mod authz;
 mod bootstrap;
 mod certs;
+mod etcdctl;
 mod grouping;
 mod guard;
 mod metrics;

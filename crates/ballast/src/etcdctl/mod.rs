@@ -1,0 +1,2 @@
+//! `ballast apply`, `get`, `delete` and `diff` against etcd.
+pub mod plan;
