@@ -19,4 +19,26 @@ ballast_install_tools() {
   fi
   export BALLAST_ENVOY
   export BALLAST_PYTHON="$ballast_venv/bin/python"
+  ballast_install_etcd
+}
+
+# etcd for the etcd source's tests: Debian's etcd-server (3.4). A missing etcd is
+# an install step here and a failure in the tests, never a skip.
+ballast_install_etcd() {
+  if [ -z "${BALLAST_ETCD:-}" ] || [ ! -x "$BALLAST_ETCD" ]; then
+    BALLAST_ETCD="$(command -v etcd || true)"
+  fi
+  if [ -z "$BALLAST_ETCD" ]; then
+    echo "== installing etcd-server (apt-get)"
+    local sudo=""
+    if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq etcd-server >/dev/null
+    BALLAST_ETCD="$(command -v etcd || true)"
+  fi
+  if [ -z "$BALLAST_ETCD" ] || [ ! -x "$BALLAST_ETCD" ]; then
+    echo "etcd not found after installing etcd-server" >&2
+    return 1
+  fi
+  export BALLAST_ETCD
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::rt::TokioIo;
 
 /// How long one admin request may take, connect to last body byte.
@@ -37,4 +37,28 @@ async fn get_inner(addr: SocketAddr, path_and_query: &str) -> Result<(u16, Strin
     let body = resp.into_body().collect().await?.to_bytes();
     conn_task.abort();
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// `POST http://{addr}{path}` with a JSON body on a fresh connection (e.g. etcd's `/v3/...` JSON
+/// gateway); returns the status code and body as text.
+pub async fn http_post_json(addr: SocketAddr, path: &str, body: &str) -> Result<(u16, String)> {
+    let inner = async {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        let conn_task = tokio::spawn(conn);
+        let req = hyper::Request::post(path)
+            .header(hyper::header::HOST, addr.to_string())
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body.to_owned())))?;
+        let resp = sender.send_request(req).await?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await?.to_bytes();
+        conn_task.abort();
+        anyhow::Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    };
+    tokio::time::timeout(ADMIN_TIMEOUT, inner)
+        .await
+        .with_context(|| format!("POST http://{addr}{path} timed out after {ADMIN_TIMEOUT:?}"))?
+        .with_context(|| format!("POST http://{addr}{path}"))
 }

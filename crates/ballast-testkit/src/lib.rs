@@ -11,6 +11,7 @@
 //! * [`Traffic`] — concurrent keep-alive client loops counting every status, body and connection error.
 //! * [`TcpProxy`] — a round-robin TCP relay whose connections can be cut at will, to break Envoy's xDS
 //!   stream or fail it over between control-plane replicas.
+//! * [`EtcdCluster`] — real etcd (one member or a cluster) to kill, restart and compact.
 //! * [`wait_for`] / [`wait_until`] — bounded polling, because tests must never hang.
 //!
 //! Nothing here asserts wall-clock time (docs/architecture.md §7); timeouts only bound how long a
@@ -47,6 +48,7 @@
 
 mod config_dump;
 mod envoy;
+mod etcd;
 mod http;
 mod tcp_proxy;
 mod traffic;
@@ -58,7 +60,8 @@ pub use envoy::{
     AdsMode, Envoy, EnvoyConfig, EnvoyOptions, envoy_binary, pid_alive, static_http_bootstrap,
     try_envoy_binary, workspace_root,
 };
-pub use http::http_get;
+pub use etcd::{EtcdCluster, try_etcd_binary};
+pub use http::{http_get, http_post_json};
 pub use tcp_proxy::TcpProxy;
 pub use traffic::{Traffic, TrafficConfig, TrafficReport};
 pub use upstream::Upstream;

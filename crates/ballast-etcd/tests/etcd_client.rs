@@ -1,0 +1,231 @@
+//! The client against a real etcd (Debian etcd-server 3.4 via `ballast_testkit::EtcdCluster`).
+
+use std::time::Duration;
+
+use ballast_etcd::{
+    Client, ClientOptions, Compare, CompareOp, Error, EventKind, KeyRange, Op, Txn, WatchOptions,
+};
+use ballast_testkit::{EtcdCluster, free_port};
+use futures::StreamExt;
+
+const T: Duration = Duration::from_secs(20);
+
+fn client(urls: &[String]) -> Client {
+    Client::new(urls, ClientOptions::default()).unwrap()
+}
+
+#[tokio::test]
+async fn kv_txn_and_paged_consistent_list() {
+    let etcd = EtcdCluster::start_single().await.unwrap();
+    let c = client(&etcd.client_urls());
+    for i in 0..5 {
+        c.put(format!("/p/k{i}"), format!("v{i}")).await.unwrap();
+    }
+    c.put("/q", "outside").await.unwrap();
+    let kv = c.get("/p/k3").await.unwrap().unwrap();
+    assert_eq!(kv.value, b"v3");
+    assert!(c.get("/p/none").await.unwrap().is_none());
+
+    // Paged listing (2 per page) gives all five, pinned to the first page's revision.
+    let listing = c.list(&KeyRange::prefix("/p/"), 0, 2).await.unwrap();
+    let keys: Vec<_> = listing
+        .kvs
+        .iter()
+        .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+        .collect();
+    assert_eq!(keys, ["/p/k0", "/p/k1", "/p/k2", "/p/k3", "/p/k4"]);
+    let at = listing.revision;
+    c.put("/p/k5", "later").await.unwrap();
+    c.delete(KeyRange::key("/p/k0")).await.unwrap();
+    let old = c.list(&KeyRange::prefix("/p/"), at, 2).await.unwrap();
+    assert_eq!(old, listing, "listing at a fixed revision is repeatable");
+
+    // Create-if-absent: the second attempt fails the compare and runs the failure branch.
+    let create = || {
+        Txn::new()
+            .when([Compare::create_revision("/lock", CompareOp::Equal, 0)])
+            .and_then([Op::put("/lock", "a")])
+            .or_else([Op::get(KeyRange::key("/lock"))])
+    };
+    let first = c.txn(create()).await.unwrap();
+    assert!(first.succeeded);
+    let second = c.txn(create()).await.unwrap();
+    assert!(!second.succeeded);
+    assert_eq!(second.responses.len(), 1);
+    // Optimistic concurrency on mod_revision and version.
+    let lock = c.get("/lock").await.unwrap().unwrap();
+    let cas = |rev| {
+        Txn::new()
+            .when([
+                Compare::mod_revision("/lock", CompareOp::Equal, rev),
+                Compare::version("/lock", CompareOp::Equal, 1),
+            ])
+            .and_then([Op::put("/lock", "b")])
+    };
+    assert!(!c.txn(cas(lock.mod_revision - 1)).await.unwrap().succeeded);
+    assert!(c.txn(cas(lock.mod_revision)).await.unwrap().succeeded);
+    assert_eq!(c.get("/lock").await.unwrap().unwrap().value, b"b");
+
+    let (_, deleted) = c.delete(KeyRange::prefix("/p/")).await.unwrap();
+    assert_eq!(deleted, 5);
+    assert_eq!(c.get("/q").await.unwrap().unwrap().value, b"outside");
+
+    let st = c.status().await.unwrap();
+    assert_ne!(st.leader, 0);
+    assert_eq!(st.leader, st.member_id, "single member leads itself");
+}
+
+#[tokio::test]
+async fn watch_from_listing_sees_every_change_and_reports_compaction() {
+    let etcd = EtcdCluster::start_single().await.unwrap();
+    let c = client(&etcd.client_urls());
+    c.put("/w/a", "1").await.unwrap();
+    let listing = c.list(&KeyRange::prefix("/w/"), 0, 0).await.unwrap();
+    // Written after the listing but before the watch exists: must still be seen.
+    c.put("/w/b", "2").await.unwrap();
+    let mut w = c
+        .watch(
+            KeyRange::prefix("/w/"),
+            WatchOptions {
+                start_revision: listing.revision + 1,
+                prev_kv: true,
+                progress_notify: false,
+            },
+        )
+        .await
+        .unwrap();
+    c.delete(KeyRange::key("/w/a")).await.unwrap();
+    c.put("/other", "x").await.unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let batch = tokio::time::timeout(T, w.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        for e in batch.events {
+            seen.push((
+                e.kind,
+                String::from_utf8_lossy(&e.kv.key).into_owned(),
+                e.prev_kv.map(|p| p.value),
+            ));
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            (EventKind::Put, "/w/b".to_string(), None),
+            (EventKind::Delete, "/w/a".to_string(), Some(b"1".to_vec())),
+        ]
+    );
+
+    // Compact past the listing: a watch from there, and a list at it, say Compacted.
+    let now = c.put("/w/c", "3").await.unwrap();
+    c.compact(now, true).await.unwrap();
+    let err = match c
+        .watch(
+            KeyRange::prefix("/w/"),
+            WatchOptions {
+                start_revision: listing.revision + 1,
+                ..Default::default()
+            },
+        )
+        .await
+    {
+        Err(e) => e,
+        Ok(mut w) => tokio::time::timeout(T, w.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap_err(),
+    };
+    assert!(
+        matches!(err, Error::Compacted { compact_revision } if compact_revision == now),
+        "{err}"
+    );
+    let err = c
+        .list(&KeyRange::prefix("/w/"), listing.revision, 0)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Compacted { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn lease_keep_alive_and_revoke() {
+    let etcd = EtcdCluster::start_single().await.unwrap();
+    let c = client(&etcd.client_urls());
+    let lease = c.lease_grant(30).await.unwrap();
+    assert_eq!(lease.ttl, 30);
+    c.put_with_lease("/reg/x", "addr", lease.id).await.unwrap();
+    let mut ka = c.lease_keep_alive(lease.id).await.unwrap();
+    assert_eq!(ka.keep_alive().await.unwrap(), 30);
+    assert_eq!(c.get("/reg/x").await.unwrap().unwrap().lease, lease.id);
+    c.lease_revoke(lease.id).await.unwrap();
+    assert!(
+        c.get("/reg/x").await.unwrap().is_none(),
+        "revoking deletes the lease's keys"
+    );
+    let err = ka.keep_alive().await.unwrap_err();
+    assert!(matches!(err, Error::LeaseNotFound { .. }), "{err}");
+    let err = c.lease_keep_alive(lease.id).await.unwrap_err();
+    assert!(matches!(err, Error::LeaseNotFound { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn fails_over_from_a_dead_endpoint_and_a_killed_member() {
+    let mut etcd = EtcdCluster::start(3).await.unwrap();
+    // First endpoint refuses connections: calls move on to the live ones.
+    let mut urls = vec![format!("http://127.0.0.1:{}", free_port())];
+    urls.extend(etcd.client_urls());
+    let c = client(&urls);
+    c.put("/f/1", "a").await.unwrap();
+    assert_eq!(c.get("/f/1").await.unwrap().unwrap().value, b"a");
+
+    // Kill the member the client now talks to (and the watch is on): the watch ends with a
+    // retryable error, and the next calls go to a surviving member.
+    let st = c.status().await.unwrap();
+    let on = etcd
+        .client_urls()
+        .iter()
+        .position(|u| *u == st.endpoint)
+        .unwrap();
+    let mut w = c
+        .watch(KeyRange::prefix("/f/"), WatchOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(w.endpoint(), st.endpoint);
+    etcd.kill(on);
+    let err = tokio::time::timeout(T, w.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
+    // Reads retry across members; a write may see "leader changed" while the cluster elects,
+    // which callers retry.
+    let mut wrote = false;
+    for _ in 0..100 {
+        match c.put("/f/2", "b").await {
+            Ok(_) => {
+                wrote = true;
+                break;
+            }
+            Err(e) if e.is_unavailable() => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(wrote);
+    assert_eq!(c.get("/f/2").await.unwrap().unwrap().value, b"b");
+    let mut w = c
+        .watch(KeyRange::prefix("/f/"), WatchOptions::default())
+        .await
+        .unwrap();
+    assert_ne!(w.endpoint(), st.endpoint);
+    c.put("/f/3", "c").await.unwrap();
+    let batch = tokio::time::timeout(T, w.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(batch.events[0].kv.key, b"/f/3");
+}
