@@ -174,6 +174,46 @@ enum Command {
     /// Development certificates for mTLS on the xDS port.
     #[command(subcommand)]
     Certs(CertsCommand),
+    /// Validate objects from files and write them to etcd in one transaction.
+    Apply {
+        /// A YAML file or directory (recursively). Repeatable.
+        #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
+        paths: Vec<PathBuf>,
+        #[command(flatten)]
+        edit: etcdctl::EditArgs,
+        #[command(flatten)]
+        etcd: etcdctl::EtcdArgs,
+    },
+    /// Print the Envoy resources an apply would add, modify or remove, per gateway.
+    Diff {
+        #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
+        paths: Vec<PathBuf>,
+        #[command(flatten)]
+        etcd: etcdctl::EtcdArgs,
+    },
+    /// List or show objects in etcd.
+    Get {
+        /// gateway, httproute (route), backend or secret (plural accepted).
+        #[arg(value_parser = etcdctl::parse_kind)]
+        kind: ballast_model::Kind,
+        /// `namespace/name` or `name` (namespace `default`).
+        name: Option<String>,
+        #[arg(short = 'o', long, value_enum, default_value = "table")]
+        output: etcdctl::Output,
+        #[command(flatten)]
+        etcd: etcdctl::EtcdArgs,
+    },
+    /// Delete one object from etcd (checked like apply).
+    Delete {
+        #[arg(value_parser = etcdctl::parse_kind)]
+        kind: ballast_model::Kind,
+        /// `namespace/name` or `name` (namespace `default`).
+        name: String,
+        #[command(flatten)]
+        edit: etcdctl::EditArgs,
+        #[command(flatten)]
+        etcd: etcdctl::EtcdArgs,
+    },
     /// Connected proxies and their per-type sync state.
     Status {
         /// The admin address of `ballast serve`.
@@ -435,6 +475,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Apply { paths, edit, etcd } => etcdctl::apply(etcd, edit, paths),
+        Command::Diff { paths, etcd } => etcdctl::diff(etcd, paths),
+        Command::Get {
+            kind,
+            name,
+            output,
+            etcd,
+        } => etcdctl::get(etcd, kind, name.as_deref().map(etcdctl::parse_name), output),
+        Command::Delete {
+            kind,
+            name,
+            edit,
+            etcd,
+        } => etcdctl::delete(etcd, edit, kind, etcdctl::parse_name(&name)),
         Command::Status {
             admin_addr,
             json,
