@@ -25,6 +25,7 @@
 //! different sources (e.g. files plus, later, etcd) into one set.
 #![forbid(unsafe_code)]
 
+pub mod catalog;
 pub mod etcd_keys;
 pub mod file;
 mod state;

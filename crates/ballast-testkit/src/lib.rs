@@ -61,7 +61,7 @@ pub use envoy::{
     try_envoy_binary, workspace_root,
 };
 pub use etcd::{EtcdCluster, try_etcd_binary};
-pub use http::{http_get, http_post_json};
+pub use http::{http_get, http_json, http_post_json};
 pub use tcp_proxy::TcpProxy;
 pub use traffic::{Traffic, TrafficConfig, TrafficReport};
 pub use upstream::Upstream;

@@ -5,6 +5,7 @@
 mod admin;
 mod authz;
 mod bootstrap;
+mod catalog;
 mod certs;
 mod etcdctl;
 mod grouping;
@@ -131,6 +132,13 @@ enum Command {
         shutdown_grace: Duration,
         #[command(flatten)]
         security: Box<serve::security::SecurityFlags>,
+        /// etcd endpoint (repeatable): live catalog registrations (and the admin
+        /// /catalog/v1 API) come from there.
+        #[arg(long = "etcd", value_name = "URL")]
+        etcd: Vec<String>,
+        /// Key prefix of Ballast's keys in etcd.
+        #[arg(long, default_value = ballast_sources::etcd_keys::DEFAULT_PREFIX)]
+        etcd_prefix: String,
     },
     /// Check config: exit 0, or print every error with file:line:col and exit 1.
     Validate {
@@ -211,6 +219,14 @@ enum Command {
         name: String,
         #[command(flatten)]
         edit: etcdctl::EditArgs,
+        #[command(flatten)]
+        etcd: etcdctl::EtcdArgs,
+    },
+    /// Register endpoints of a Backend in the live catalog; heartbeats while running,
+    /// deregisters on SIGTERM/SIGINT (killed: expires after the TTL).
+    Register {
+        #[command(flatten)]
+        args: catalog::RegisterArgs,
         #[command(flatten)]
         etcd: etcdctl::EtcdArgs,
     },
@@ -304,6 +320,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             limits,
             shutdown_grace,
             security,
+            etcd,
+            etcd_prefix,
         } => {
             let rt = tokio::runtime::Runtime::new()?;
             let served = rt.block_on(serve::serve(serve::ServeOptions {
@@ -323,6 +341,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 limits: limits.limits(),
                 shutdown_grace,
                 security: *security,
+                etcd,
+                etcd_prefix,
                 state_dir: state_dir.unwrap_or_else(state::default_dir),
             }));
             // The grace already bounded the stop: do not wait for blocking
@@ -475,6 +495,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Register { args, etcd } => catalog::register_cmd(etcd, args),
         Command::Apply { paths, edit, etcd } => etcdctl::apply(etcd, edit, paths),
         Command::Diff { paths, etcd } => etcdctl::diff(etcd, paths),
         Command::Get {

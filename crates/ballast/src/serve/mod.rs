@@ -66,6 +66,9 @@ pub struct ServeOptions {
     pub security: security::SecurityFlags,
     /// Where the guard keeps the last published inventories (issue 16).
     pub state_dir: PathBuf,
+    /// etcd endpoints (none: no catalog) and the key prefix.
+    pub etcd: Vec<String>,
+    pub etcd_prefix: String,
 }
 
 /// `ballast serve` flags for the xDS server's limits (docs/operations.md, "Limits").
@@ -214,6 +217,24 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     println!("admin listening on {}", admin_listener.local_addr()?);
 
     let source_rx = source.start();
+    // The live catalog: registered endpoints merged into their Backends.
+    let catalog = if opts.etcd.is_empty() {
+        None
+    } else {
+        let client = ballast_etcd::Client::new(&opts.etcd, Default::default())?;
+        Some(crate::catalog::Catalog::new(
+            client,
+            opts.etcd_prefix.clone(),
+        ))
+    };
+    let source_rx = match &catalog {
+        None => source_rx,
+        Some(c) => ballast_sources::catalog::overlay(
+            source_rx,
+            ballast_sources::catalog::CatalogSource::new(c.client().clone(), &opts.etcd_prefix)
+                .start(),
+        ),
+    };
     let loaded = if opts.guard.enabled {
         crate::state::load_or_warn(&opts.state_dir)
     } else {
@@ -271,6 +292,9 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         stopping: stop.clone(),
         client_holds,
     });
+    if let Some(c) = catalog {
+        admin = admin.merge(crate::catalog::router(c));
+    }
     if let Some(token) = sec.admin_token {
         admin = crate::admin::auth::require_token(admin, token);
     }
