@@ -11,7 +11,7 @@
 use ballast_model::{Kind, ObjectKey};
 
 /// The default `--etcd-prefix`.
-pub const DEFAULT_PREFIX: &str = "/ballast/";
+pub use crate::etcd::DEFAULT_PREFIX;
 
 /// The key segment of a kind.
 pub fn kind_segment(kind: Kind) -> &'static str {

@@ -1,4 +1,4 @@
-//! `ballast-sources`: where config comes from (file directories today; etcd, Kubernetes later).
+//! `ballast-sources`: where config comes from (file directories and etcd; Kubernetes later).
 //!
 //! A [`Source`] runs on the tokio runtime and publishes a [`SourceState`] through a
 //! `tokio::sync::watch` channel: the last known good [`ConfigSet`](ballast_model::ConfigSet),
@@ -21,16 +21,20 @@
 //!
 //! Several `--config` paths are best given to *one* [`FileSource`]: it loads them as a single
 //! consistent set (one atomic reload across all paths, a file named twice is read once, and a
-//! duplicate object is an ordinary config error). [`merge_states`] exists for combining
-//! different sources (e.g. files plus, later, etcd) into one set.
+//! duplicate object is an ordinary config error). [`MergedSource`] (built on [`merge_states`])
+//! combines different sources (files plus etcd) into one.
 #![forbid(unsafe_code)]
 
 pub mod catalog;
+pub mod etcd;
 pub mod etcd_keys;
 pub mod file;
+mod merge;
 mod state;
 
+pub use etcd::{EtcdSource, EtcdSourceOptions};
 pub use file::{
     FileSource, FileSourceOptions, Loaded, load_paths, load_paths_report, read_config_files,
 };
+pub use merge::MergedSource;
 pub use state::{Source, SourceState, StaticSource, merge_states};

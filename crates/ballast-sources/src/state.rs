@@ -31,8 +31,17 @@ pub struct SourceState {
     pub report: Arc<LoadReport>,
     pub last_attempt: Option<SystemTime>,
     pub last_success: Option<SystemTime>,
-    /// Files in the last good config.
+    /// Files (or etcd keys) in the last good config.
     pub files: usize,
+    /// For a store-backed source (etcd): the store revision the config reflects.
+    pub revision: Option<i64>,
+    /// For a store-backed source: since when the store has been unreachable (`None` while
+    /// connected). The last good config is still served meanwhile, and a synced source stays
+    /// synced (ready).
+    pub stale_since: Option<SystemTime>,
+    /// Why the store is unreachable (the latest connection error), while stale or before the
+    /// first sync.
+    pub store_error: Option<String>,
 }
 
 impl SourceState {
@@ -48,6 +57,9 @@ impl SourceState {
             last_attempt: None,
             last_success: None,
             files: 0,
+            revision: None,
+            stale_since: None,
+            store_error: None,
         }
     }
 

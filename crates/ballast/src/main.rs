@@ -80,7 +80,7 @@ fn share(s: &str) -> Result<f64, String> {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve xDS. With no --config, serves the built-in quickstart config.
+    /// Serve xDS. With no --config or --etcd, serves the built-in quickstart config.
     Serve {
         /// A YAML file or directory (recursively, *.yaml/*.yml). Repeatable.
         #[arg(long = "config", value_name = "PATH")]
@@ -132,13 +132,8 @@ enum Command {
         shutdown_grace: Duration,
         #[command(flatten)]
         security: Box<serve::security::SecurityFlags>,
-        /// etcd endpoint (repeatable): live catalog registrations (and the admin
-        /// /catalog/v1 API) come from there.
-        #[arg(long = "etcd", value_name = "URL")]
-        etcd: Vec<String>,
-        /// Key prefix of Ballast's keys in etcd.
-        #[arg(long, default_value = ballast_sources::etcd_keys::DEFAULT_PREFIX)]
-        etcd_prefix: String,
+        #[command(flatten)]
+        etcd: Box<serve::etcd::EtcdArgs>,
     },
     /// Check config: exit 0, or print every error with file:line:col and exit 1.
     Validate {
@@ -321,7 +316,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             shutdown_grace,
             security,
             etcd,
-            etcd_prefix,
         } => {
             let rt = tokio::runtime::Runtime::new()?;
             let served = rt.block_on(serve::serve(serve::ServeOptions {
@@ -341,9 +335,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 limits: limits.limits(),
                 shutdown_grace,
                 security: *security,
-                etcd,
-                etcd_prefix,
                 state_dir: state_dir.unwrap_or_else(state::default_dir),
+                etcd: *etcd,
             }));
             // The grace already bounded the stop: do not wait for blocking
             // tasks (file reads, watchers) on the way out.

@@ -76,6 +76,10 @@ pub struct Metrics {
     pub source_synced: Family<SourceLabel, Gauge>,
     pub source_errors: Family<SourceLabel, Counter>,
     pub source_generation: Family<SourceLabel, Gauge>,
+    /// 1 while a store-backed source (etcd) cannot reach its store (last good config served).
+    pub source_stale: Family<SourceLabel, Gauge>,
+    /// The store revision a store-backed source's config reflects.
+    pub source_revision: Family<SourceLabel, Gauge>,
     /// Objects of kinds Ballast does not implement in a source's latest load.
     pub source_skipped: Family<SourceKindLabel, Gauge>,
     /// Every (source, kind) ever set above, so a kind no longer skipped reads 0.
@@ -112,6 +116,8 @@ impl Metrics {
             source_synced: Family::default(),
             source_errors: Family::default(),
             source_generation: Family::default(),
+            source_stale: Family::default(),
+            source_revision: Family::default(),
             source_skipped: Family::default(),
             skipped_seen: Mutex::default(),
             ready: Gauge::default(),
@@ -215,6 +221,16 @@ impl Metrics {
             "source_generation",
             "Generation of a source's last good config",
             m.source_generation.clone(),
+        );
+        registry.register(
+            "source_stale",
+            "1 while a store-backed source (etcd) cannot reach its store; the last good config is still served",
+            m.source_stale.clone(),
+        );
+        registry.register(
+            "source_revision",
+            "Store revision (etcd) of a source's current config",
+            m.source_revision.clone(),
         );
         registry.register(
             "source_skipped_objects",

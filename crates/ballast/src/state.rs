@@ -85,13 +85,19 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, StateError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(StateError::Read { path, source }),
     };
+    decode(&text, &path).map(Some)
+}
+
+/// Parses a state document read from `path` (a file, or `etcd:<key>`).
+pub fn decode(text: &[u8], path: &Path) -> Result<Loaded, StateError> {
+    let path = path.to_path_buf();
     let corrupt = |message: String| StateError::Corrupt {
         path: path.clone(),
         message,
     };
     // The version first: a newer format may have any shape.
     let value: serde_json::Value =
-        serde_json::from_slice(&text).map_err(|e| corrupt(e.to_string()))?;
+        serde_json::from_slice(text).map_err(|e| corrupt(e.to_string()))?;
     match value.get("format") {
         Some(v) if v.as_u64() == Some(FORMAT) => {}
         Some(v) => {
@@ -120,11 +126,11 @@ pub fn load(dir: &Path) -> Result<Option<Loaded>, StateError> {
             },
         );
     }
-    Ok(Some(Loaded {
+    Ok(Loaded {
         gateways,
         written_at: (file.written_at.is_finite() && file.written_at >= 0.0)
             .then(|| SystemTime::UNIX_EPOCH + Duration::from_secs_f64(file.written_at)),
-    }))
+    })
 }
 
 /// Loads the baseline for the guard: problems are warnings, never fatal.
@@ -145,13 +151,8 @@ pub fn load_or_warn(dir: &Path) -> Loaded {
     }
 }
 
-/// Writes `gateways` to the state file in `dir`, atomically.
-pub fn write(dir: &Path, gateways: &Inventories) -> Result<(), StateError> {
-    let path = path_in(dir);
-    let err = |source| StateError::Write {
-        path: path.clone(),
-        source,
-    };
+/// The state document for `gateways` (JSON, `format` first).
+pub fn encode(gateways: &Inventories) -> Vec<u8> {
     let file = FileV1 {
         format: FORMAT,
         written_at: SystemTime::now()
@@ -176,7 +177,17 @@ pub fn write(dir: &Path, gateways: &Inventories) -> Result<(), StateError> {
             })
             .collect(),
     };
-    let bytes = serde_json::to_vec(&file).expect("serializable");
+    serde_json::to_vec(&file).expect("serializable")
+}
+
+/// Writes `gateways` to the state file in `dir`, atomically.
+pub fn write(dir: &Path, gateways: &Inventories) -> Result<(), StateError> {
+    let path = path_in(dir);
+    let err = |source| StateError::Write {
+        path: path.clone(),
+        source,
+    };
+    let bytes = encode(gateways);
     std::fs::create_dir_all(dir).map_err(err)?;
     let tmp = dir.join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
     let result = (|| {
@@ -214,6 +225,97 @@ pub async fn writer(dir: PathBuf, mut rx: watch::Receiver<Arc<Inventories>>) {
                 failing = true;
             }
             Err(e) => warn!(error = %e, "guard: state writer task failed"),
+        }
+        tokio::time::sleep(MIN_WRITE_INTERVAL).await;
+    }
+}
+
+/// `etcd:<key>`, the name of the state in etcd for messages and status.
+pub fn etcd_path(key: &str) -> PathBuf {
+    PathBuf::from(format!("etcd:{key}"))
+}
+
+/// Loads the baseline from etcd (`--etcd`): like [`load_or_warn`], but the store may be down
+/// at start, so it retries until etcd answers (nothing is served before the etcd source has
+/// synced anyway, which needs the same store) or `stop` is cancelled.
+pub async fn load_etcd(
+    client: &ballast_etcd::Client,
+    key: &str,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Loaded {
+    let path = etcd_path(key);
+    let mut delay = Duration::from_millis(100);
+    let mut warned = false;
+    loop {
+        match client.get(key).await {
+            Ok(None) => {
+                info!(path = %path.display(), "guard: no state in etcd; starting without a restart baseline");
+                return Loaded::default();
+            }
+            Ok(Some(kv)) => {
+                return match decode(&kv.value, &path) {
+                    Ok(l) => {
+                        info!(path = %path.display(), gateways = l.gateways.len(), "guard: loaded the last published inventories from etcd; first snapshots are judged against them");
+                        l
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "guard: ignoring the state in etcd; starting without a restart baseline");
+                        Loaded::default()
+                    }
+                };
+            }
+            Err(e) => {
+                if !warned {
+                    warn!(error = %e, path = %path.display(), "guard: cannot read the state from etcd yet; retrying");
+                    warned = true;
+                }
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return Loaded::default(),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Writes the latest inventories to etcd whenever they change, at most once per
+/// [`MIN_WRITE_INTERVAL`]; a failed write is retried until it succeeds or newer inventories
+/// replace it. Replicas sharing the store write the same inventories (same config, same
+/// translation), so the one key holds the fleet's baseline.
+pub async fn writer_etcd(
+    client: ballast_etcd::Client,
+    key: String,
+    mut rx: watch::Receiver<Arc<Inventories>>,
+) {
+    let path = etcd_path(&key);
+    let mut failing = false;
+    // The initial value is a placeholder, not a publish: never overwrite the stored baseline
+    // with it.
+    let mut written: Option<Arc<Inventories>> = Some(rx.borrow_and_update().clone());
+    loop {
+        let pending = written.as_ref() != Some(&*rx.borrow());
+        if !pending && rx.changed().await.is_err() {
+            return;
+        }
+        let latest = rx.borrow_and_update().clone();
+        if written.as_ref() == Some(&latest) {
+            continue;
+        }
+        match client.put(key.as_str(), encode(&latest)).await {
+            Ok(_) => {
+                if failing {
+                    info!(path = %path.display(), "guard: state written to etcd again");
+                }
+                failing = false;
+                written = Some(latest);
+            }
+            Err(e) => {
+                if !failing {
+                    warn!(error = %e, path = %path.display(), "guard: cannot write the state to etcd; retrying");
+                }
+                failing = true;
+            }
         }
         tokio::time::sleep(MIN_WRITE_INTERVAL).await;
     }

@@ -333,7 +333,7 @@ fn publish(
 
 /// Logs a load's errors and skipped objects when they differ from the last load's (a reload
 /// of unrelated files must not repeat every warning).
-fn log_report(name: &str, report: &ballast_model::LoadReport, current: &SourceState) {
+pub(crate) fn log_report(name: &str, report: &ballast_model::LoadReport, current: &SourceState) {
     if report.errors != current.report.errors && !report.errors.is_empty() {
         let text = report
             .errors

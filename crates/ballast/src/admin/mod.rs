@@ -79,7 +79,10 @@ async fn readyz(State(s): State<AdminState>) -> Response {
                     e.len(),
                     e.first().map(|e| e.to_string()).unwrap_or_default()
                 ),
-                None => format!("source {} has not finished its initial sync\n", src.name),
+                None => match &src.store_error {
+                    Some(e) => format!("source {} has not synced: {e}\n", src.name),
+                    None => format!("source {} has not finished its initial sync\n", src.name),
+                },
             }
         } else {
             "translating the initial config\n".to_string()
@@ -246,6 +249,10 @@ async fn sources(State(s): State<AdminState>) -> Response {
                 "synced": src.synced,
                 "generation": src.generation,
                 "files": src.files,
+                "revision": src.revision,
+                "stale": src.stale_since.is_some(),
+                "stale_since": time(src.stale_since),
+                "store_error": src.store_error,
                 "last_attempt": time(src.last_attempt),
                 "last_success": time(src.last_success),
                 "errors": errors,

@@ -353,7 +353,8 @@ pub fn get(
                 for e in wanted {
                     let (_, key) = etcd_keys::parse_object_key(&etcd.etcd_prefix, &e.key)
                         .expect("filtered above");
-                    let error = errors.iter().find(|x| *x.file == *e.key);
+                    let name = plan::source_name(&e.key);
+                    let error = errors.iter().find(|x| *x.file == *name);
                     rows.push([
                         key.namespace,
                         key.name,

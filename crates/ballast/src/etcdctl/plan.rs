@@ -22,16 +22,20 @@ pub struct StoreEntry {
 }
 
 /// The store's config as the etcd source builds it on a cold start: every valid object; the
-/// errors of invalid ones (named by key, line:col inside the value).
+/// errors of invalid ones (named `etcd:<key>`, line:col inside the value, as the source does).
 pub fn store_config(entries: &[StoreEntry]) -> (ConfigSet, Vec<ConfigError>) {
     let parses = entries.iter().map(|e| {
-        (
-            Arc::<str>::from(e.key.as_str()),
-            ballast_model::parse_file_report(&e.key, &e.value),
-        )
+        let name = source_name(&e.key);
+        let parse = ballast_model::parse_file_report(&name, &e.value);
+        (Arc::<str>::from(name), parse)
     });
     let (set, report) = ConfigSet::assemble(None, parses);
     (set, report.errors)
+}
+
+/// How the etcd source names a key in messages.
+pub fn source_name(key: &str) -> String {
+    format!("etcd:{key}")
 }
 
 /// One object of the files being applied: its identity and the text of its YAML document

@@ -1,6 +1,7 @@
 //! `ballast serve`: wires source → pipeline (translate, guard) → cache → xDS
 //! server, plus the admin server.
 
+pub mod etcd;
 pub mod pipeline;
 pub mod security;
 
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ballast_sources::{FileSource, FileSourceOptions, Source, StaticSource};
+use ballast_sources::{FileSource, FileSourceOptions, MergedSource, Source, StaticSource};
 use ballast_xds::{SnapshotCache, XdsServer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -66,9 +67,8 @@ pub struct ServeOptions {
     pub security: security::SecurityFlags,
     /// Where the guard keeps the last published inventories (issue 16).
     pub state_dir: PathBuf,
-    /// etcd endpoints (none: no catalog) and the key prefix.
-    pub etcd: Vec<String>,
-    pub etcd_prefix: String,
+    /// The etcd source; with it, the guard's state lives in etcd, not `state_dir`.
+    pub etcd: etcd::EtcdArgs,
 }
 
 /// `ballast serve` flags for the xDS server's limits (docs/operations.md, "Limits").
@@ -156,32 +156,63 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let admin_listener = TcpListener::bind(opts.admin_addr)
         .await
         .with_context(|| format!("binding admin address {}", opts.admin_addr))?;
-    let source: Box<dyn Source> = if opts.configs.is_empty() {
-        let text = quickstart(admin_listener.local_addr()?, opts.quickstart_port);
-        let source = StaticSource::from_files(
-            "builtin:quickstart",
-            [("builtin:quickstart.yaml", text.as_str())],
-        )
-        .map_err(|errs| {
-            anyhow::anyhow!(
-                "built-in quickstart config is invalid: {}",
-                errs.iter()
-                    .map(|e| e.to_string())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            )
-        })?;
-        info!("no --config given: serving the built-in quickstart config");
-        Box::new(source)
-    } else {
-        Box::new(FileSource::new(
+    if opts.etcd.enabled()
+        && !opts.xds_addr.ip().is_loopback()
+        && opts.security.xds_client_ca.is_none()
+        && !opts.security.insecure_plaintext_xds
+    {
+        anyhow::bail!(
+            "refusing to serve xDS on {} without mTLS with --etcd: objects in etcd may hold TLS secrets at any time, \
+             and any client that reaches this address could ask for their private keys over SDS. \
+             Pass --xds-tls-cert/--xds-tls-key/--xds-client-ca, bind --xds-addr to loopback, or accept the risk \
+             with --insecure-plaintext-xds",
+            opts.xds_addr
+        );
+    }
+    let etcd_source = opts
+        .etcd
+        .enabled()
+        .then(|| opts.etcd.source())
+        .transpose()?;
+    let etcd_state = etcd_source.as_ref().map(|s| etcd::EtcdState {
+        client: s.client().clone(),
+        key: opts.etcd.guard_state_key(),
+    });
+    let file_source = (!opts.configs.is_empty()).then(|| {
+        FileSource::new(
             opts.configs.clone(),
             FileSourceOptions {
                 quiet: opts.debounce_quiet,
                 max_delay: opts.debounce_max,
                 initial_delay: opts.initial_sync_delay,
             },
-        ))
+        )
+    });
+    let source: Box<dyn Source> = match (file_source, etcd_source) {
+        (Some(f), None) => Box::new(f),
+        (None, Some(e)) => Box::new(e),
+        (Some(f), Some(e)) => Box::new(MergedSource::new(vec![
+            (f.name().to_string(), Box::new(f)),
+            (e.name().to_string(), Box::new(e)),
+        ])),
+        (None, None) => {
+            let text = quickstart(admin_listener.local_addr()?, opts.quickstart_port);
+            let source = StaticSource::from_files(
+                "builtin:quickstart",
+                [("builtin:quickstart.yaml", text.as_str())],
+            )
+            .map_err(|errs| {
+                anyhow::anyhow!(
+                    "built-in quickstart config is invalid: {}",
+                    errs.iter()
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )
+            })?;
+            info!("no --config or --etcd given: serving the built-in quickstart config");
+            Box::new(source)
+        }
     };
 
     let metrics = Metrics::new();
@@ -217,60 +248,78 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     println!("admin listening on {}", admin_listener.local_addr()?);
 
     let source_rx = source.start();
-    // The live catalog: registered endpoints merged into their Backends.
-    let catalog = if opts.etcd.is_empty() {
-        None
-    } else {
-        let client = ballast_etcd::Client::new(&opts.etcd, Default::default())?;
-        Some(crate::catalog::Catalog::new(
-            client,
-            opts.etcd_prefix.clone(),
-        ))
-    };
+    // The live catalog (with --etcd): registered endpoints merged into their Backends.
+    let catalog = etcd_state
+        .as_ref()
+        .map(|e| crate::catalog::Catalog::new(e.client.clone(), opts.etcd.etcd_prefix.clone()));
     let source_rx = match &catalog {
         None => source_rx,
         Some(c) => ballast_sources::catalog::overlay(
             source_rx,
-            ballast_sources::catalog::CatalogSource::new(c.client().clone(), &opts.etcd_prefix)
-                .start(),
+            ballast_sources::catalog::CatalogSource::new(
+                c.client().clone(),
+                &opts.etcd.etcd_prefix,
+            )
+            .start(),
         ),
     };
-    let loaded = if opts.guard.enabled {
-        crate::state::load_or_warn(&opts.state_dir)
-    } else {
+    // One drain signal for the whole process: SIGTERM/SIGINT cancel it;
+    // /readyz and the xDS server (every stream) watch it.
+    let stop = CancellationToken::new();
+    let loaded = if !opts.guard.enabled || etcd_state.is_some() {
+        // From etcd: loaded in the pipeline task (the store may not answer yet).
         crate::state::Loaded::default()
+    } else {
+        crate::state::load_or_warn(&opts.state_dir)
     };
     let (state_tx, state_rx) = watch::channel(Arc::new(crate::state::Inventories::new()));
-    let mut state_task = tokio::spawn(crate::state::writer(opts.state_dir.clone(), state_rx));
+    let mut state_task = match &etcd_state {
+        Some(e) => tokio::spawn(crate::state::writer_etcd(
+            e.client.clone(),
+            e.key.clone(),
+            state_rx,
+        )),
+        None => tokio::spawn(crate::state::writer(opts.state_dir.clone(), state_rx)),
+    };
     let (status_tx, status_rx) = watch::channel(PipelineStatus {
         guard: GuardInfo {
             enabled: opts.guard.enabled,
             max_removal: opts.guard.max_removal,
             settle_ms: opts.guard.settle.as_millis(),
-            state_file: Some(crate::state::path_in(&opts.state_dir)),
+            state_file: Some(match &etcd_state {
+                Some(e) => crate::state::etcd_path(&e.key),
+                None => crate::state::path_in(&opts.state_dir),
+            }),
             restart_baseline: Vec::new(),
             state_written_at: loaded.written_at,
         },
         ..PipelineStatus::default()
     });
-    let pipeline = Pipeline {
+    let guard_from_etcd = etcd_state.filter(|_| opts.guard.enabled);
+    let mut pipeline = Pipeline {
         cache: cache.clone(),
         metrics: metrics.clone(),
         guard: opts.guard,
         options: ballast_translate::Options::default(),
         status: status_tx,
-        baseline: loaded
-            .gateways
-            .into_iter()
-            .map(|(k, inv)| (crate::gateway_key(&k), inv))
-            .collect(),
+        baseline: baseline_of(loaded),
         state: Some(state_tx),
     };
-    let mut pipeline_task = tokio::spawn(pipeline.run(source_rx.clone()));
+    let mut pipeline_task = tokio::spawn({
+        let (source_rx, stop) = (source_rx.clone(), stop.clone());
+        async move {
+            if let Some(e) = guard_from_etcd {
+                let loaded = crate::state::load_etcd(&e.client, &e.key, &stop).await;
+                let written_at = loaded.written_at;
+                pipeline.baseline = baseline_of(loaded);
+                pipeline
+                    .status
+                    .send_modify(|s| s.guard.state_written_at = written_at);
+            }
+            pipeline.run(source_rx).await
+        }
+    });
 
-    // One drain signal for the whole process: SIGTERM/SIGINT cancel it;
-    // /readyz and the xDS server (every stream) watch it.
-    let stop = CancellationToken::new();
     // A second signal cuts the drain short.
     let stop_now = CancellationToken::new();
     tokio::spawn({
@@ -339,6 +388,17 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let _ = tokio::time::timeout_at(deadline, &mut admin_task).await;
     info!("stopped");
     Ok(())
+}
+
+/// The guard's restart baseline, keyed by gateway.
+fn baseline_of(
+    loaded: crate::state::Loaded,
+) -> std::collections::BTreeMap<ballast_model::ObjectKey, crate::guard::Inventory> {
+    loaded
+        .gateways
+        .into_iter()
+        .map(|(k, inv)| (crate::gateway_key(&k), inv))
+        .collect()
 }
 
 /// SIGTERM (orchestrators) and SIGINT (Ctrl-C).

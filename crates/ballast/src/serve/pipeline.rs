@@ -358,6 +358,13 @@ impl Pipeline {
             .set(state.generation as i64);
         self.metrics.source_errors.get_or_create(&label).inc_by(0);
         self.metrics
+            .source_stale
+            .get_or_create(&label)
+            .set(state.stale_since.is_some() as i64);
+        if let Some(rev) = state.revision {
+            self.metrics.source_revision.get_or_create(&label).set(rev);
+        }
+        self.metrics
             .set_source_skipped(&state.name, &state.report.skipped);
         if let Some(errors) = &state.last_error {
             let id = Arc::as_ptr(errors) as *const () as usize;
