@@ -130,6 +130,10 @@ enum Command {
         /// exits 0 within this, even if clients misbehave.
         #[arg(long, default_value = "5s", value_parser = duration)]
         shutdown_grace: Duration,
+        /// Close each xDS connection after this age (±10% jitter), so Envoys spread
+        /// over replicas added later. Off by default.
+        #[arg(long, value_parser = duration, value_name = "DURATION")]
+        max_connection_age: Option<Duration>,
         #[command(flatten)]
         security: Box<serve::security::SecurityFlags>,
         #[command(flatten)]
@@ -314,6 +318,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             quickstart_port,
             limits,
             shutdown_grace,
+            max_connection_age,
             security,
             etcd,
         } => {
@@ -334,6 +339,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 quickstart_port,
                 limits: limits.limits(),
                 shutdown_grace,
+                max_connection_age,
                 security: *security,
                 state_dir: state_dir.unwrap_or_else(state::default_dir),
                 etcd: *etcd,

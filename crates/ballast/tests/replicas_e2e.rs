@@ -218,3 +218,81 @@ async fn three_replicas_fail_over_with_zero_errors_and_equal_versions() {
     }
     assert!(proxy.connections_accepted() >= 6, "the Envoys reconnected");
 }
+
+/// Whether `node` has a live stream on replica `b`.
+async fn connected_here(b: &Ballast, node: &str) -> bool {
+    let Ok((_, body)) = b.get("/debug/proxies").await else {
+        return false;
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&body) else {
+        return false;
+    };
+    v["proxies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|p| p["node"].as_str() == Some(node) && p["connected"].as_bool() == Some(true))
+}
+
+/// `--max-connection-age`: after a scale-out (the load balancer now also sends to new replicas),
+/// an Envoy connected to the old replica moves on its own, without a single failed request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_connection_age_rebalances_after_a_scale_out() {
+    let etcd = EtcdCluster::start_single().await.unwrap();
+    let a = Upstream::start("a").await.unwrap();
+    let p1 = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("base.yaml"),
+        edge("edge", p1)
+            + &route_on("edge", "web", "web.example.com", "web")
+            + &backend("web", &[a.addr()]),
+    )
+    .unwrap();
+    apply(&etcd, dir.path());
+    let url = etcd.client_url(0);
+    let args = ["--etcd", url.as_str(), "--max-connection-age", "2s"];
+    let replicas: Vec<Ballast> = (0..3)
+        .map(|_| Ballast::start(free_addr(), free_addr(), &args).unwrap())
+        .collect();
+    for r in &replicas {
+        r.wait_ready().await.unwrap();
+    }
+    // Only replica 0 behind the balancer at first.
+    let proxy = TcpProxy::start(vec![replicas[0].xds]).await.unwrap();
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        proxy.addr(),
+        "envoy-age",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(p1);
+    wait_until(T, POLL, || async {
+        matches!(host_get(gw, "web.example.com").await, Ok((200, _)))
+    })
+    .await
+    .unwrap();
+    let traffic = Traffic::start(TrafficConfig::new(gw, "web.example.com", "/").concurrency(2));
+    assert!(connected_here(&replicas[0], "envoy-age").await);
+
+    // Scale-out: the new replicas join the balancer; the Envoy's connection ages out and its
+    // reconnect lands on one of them (round-robin).
+    proxy.set_backends(replicas.iter().map(|r| r.xds).collect());
+    wait_until(T, POLL, || async {
+        connected_here(&replicas[1], "envoy-age").await
+            || connected_here(&replicas[2], "envoy-age").await
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let report = traffic.stop().await;
+    report.assert_all_ok();
+    for stat in [
+        "listener_manager.listener_removed",
+        "cluster_manager.cluster_removed",
+    ] {
+        assert_eq!(envoy.stat(stat).await.unwrap(), Some(0), "{stat}");
+    }
+}

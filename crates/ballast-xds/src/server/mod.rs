@@ -4,6 +4,7 @@
 //! Where a `DiscoveryRequest` is handled: `stream.rs` (gRPC streams),
 //! `fetch.rs` (unary Fetch and REST-JSON), `csds.rs` (client status).
 
+pub mod age;
 mod body;
 pub mod codec;
 pub mod csds;
@@ -72,6 +73,7 @@ pub(crate) struct Shared {
     pub admission: Option<Admission>,
     pub rejections: RejectionLog,
     pub resume_guard: Option<resume_guard::ResumeGuardConfig>,
+    pub max_connection_age: Option<Duration>,
 }
 
 impl Shared {
@@ -134,9 +136,16 @@ pub struct XdsServerBuilder {
     tls: Option<Arc<TlsReloader>>,
     admission: Option<Admission>,
     resume_guard: Option<resume_guard::ResumeGuardConfig>,
+    max_connection_age: Option<Duration>,
 }
 
 impl XdsServerBuilder {
+    /// Close each connection after this age (±10% jitter, see [`age`]) so clients rebalance
+    /// over replicas added later; off by default.
+    pub fn max_connection_age(mut self, age: Option<Duration>) -> Self {
+        self.max_connection_age = age;
+        self
+    }
     /// Limits on request sizes, names per request, streams and node sizes.
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
@@ -201,6 +210,7 @@ impl XdsServerBuilder {
                 admission: self.admission,
                 rejections: RejectionLog::default(),
                 resume_guard: self.resume_guard,
+                max_connection_age: self.max_connection_age,
             }),
         }
     }
@@ -218,6 +228,7 @@ impl XdsServer {
             tls: None,
             admission: None,
             resume_guard: None,
+            max_connection_age: None,
         }
     }
 
@@ -282,7 +293,11 @@ impl XdsServer {
     ) -> Result<(), tonic::transport::Error> {
         let drain = self.shared.drain.clone();
         let grace = self.shared.shutdown_grace;
-        let incoming = crate::security::tls::incoming(listener, self.shared.tls.clone());
+        let max_age = self.shared.max_connection_age;
+        let incoming = tokio_stream::StreamExt::map(
+            crate::security::tls::incoming(listener, self.shared.tls.clone()),
+            move |c| c.map(|c| age::Aged::new(c, max_age)),
+        );
         // tonic stops accepting and closes idle connections on the same
         // signal the streams watch.
         let serve = tonic::transport::Server::builder()

@@ -64,6 +64,8 @@ pub struct ServeOptions {
     /// Bound on a graceful stop: streams end at once, the process exits
     /// within this even if clients misbehave.
     pub shutdown_grace: Duration,
+    /// Close xDS connections after this age (jittered), for rebalancing.
+    pub max_connection_age: Option<Duration>,
     pub security: security::SecurityFlags,
     /// Where the guard keeps the last published inventories (issue 16).
     pub state_dir: PathBuf,
@@ -231,6 +233,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         .grace(opts.grace)
         .limits(opts.limits)
         .shutdown_grace(opts.shutdown_grace)
+        .max_connection_age(opts.max_connection_age)
         .resume_guard(resume_guard);
     if let Some(tls) = sec.tls {
         builder = builder.tls(tls);
