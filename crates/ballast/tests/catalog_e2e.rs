@@ -277,3 +277,72 @@ async fn http_registration_heartbeat_health_and_deregistration() {
         .unwrap();
     assert_eq!(endpoint_count(&envoy).await, 1);
 }
+
+/// etcd down for longer than the TTL: registered endpoints stay in EDS (never empty by
+/// accident); etcd back: the registrar's heartbeats resume and the registrations stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_survive_an_etcd_outage() {
+    let mut etcd = EtcdCluster::start_single().await.unwrap();
+    let up = Upstream::start("static").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gw_port = ballast_testkit::free_port();
+    std::fs::write(
+        dir.path().join("c.yaml"),
+        gateway(gw_port) + &route("api", "api.example.com", "api") + &backend("api", &[up.addr()]),
+    )
+    .unwrap();
+    let ballast = serve_with_catalog(&etcd, dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-catalog-outage",
+        "default/edge",
+        AdsMode::DeltaGrpc,
+    ))
+    .await
+    .unwrap();
+    let args = [
+        "--backend",
+        "api",
+        "--address",
+        "127.0.0.4",
+        "--port",
+        "30000-30009",
+        "--ttl",
+        "5s",
+    ];
+    let mut reg = registrar(&etcd, &args);
+    envoy
+        .wait_until_config(T, true, |s| {
+            s.endpoints.get(API).is_some_and(|e| e.len() == 11)
+        })
+        .await
+        .unwrap();
+
+    // etcd stops for longer than the TTL: nothing changes in Envoy meanwhile.
+    etcd.stop(0);
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(endpoint_count(&envoy).await, 11, "kept while etcd is down");
+    }
+    etcd.restart(0).await.unwrap();
+    // Back: the registrar keeps (or re-creates) its registrations; they are still there two
+    // TTLs later.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        endpoint_count(&envoy).await,
+        11,
+        "registrations alive after etcd is back"
+    );
+    assert!(
+        reg.try_wait().unwrap().is_none(),
+        "the registrar kept running"
+    );
+    reg.kill().unwrap();
+    reg.wait().unwrap();
+    envoy
+        .wait_until_config(T, true, |s| {
+            s.endpoints.get(API).is_some_and(|e| e.len() == 1)
+        })
+        .await
+        .unwrap();
+}
