@@ -109,7 +109,7 @@ pub async fn run(out: &Path, args: &EtcdLaneArgs) -> Result<Report> {
             &format!("default=http://127.0.0.1:{pport}"),
         ]);
     let etcd = Proc::spawn("etcd", cmd, &dir.join("etcd.log")).context("starting etcd")?;
-    let client = Client::new(&[url.clone()], ClientOptions::default())?;
+    let client = Client::new(std::slice::from_ref(&url), ClientOptions::default())?;
     let t0 = Instant::now();
     while client.status().await.is_err() {
         if t0.elapsed() > timeout {
