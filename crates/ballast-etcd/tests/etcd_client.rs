@@ -229,3 +229,69 @@ async fn fails_over_from_a_dead_endpoint_and_a_killed_member() {
         .unwrap();
     assert_eq!(batch.events[0].kv.key, b"/f/3");
 }
+
+/// `https://` with a CA and a client certificate (etcd `--client-cert-auth`): the client
+/// connects with rustls; without the client certificate etcd refuses it.
+#[tokio::test]
+async fn tls_with_client_certificate() {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::default();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let ca_pem = ca_cert.pem();
+    let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key).unwrap();
+    let leaf = |sans: Vec<SanType>| {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::default();
+        params.subject_alt_names = sans;
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = leaf(vec![SanType::IpAddress([127, 0, 0, 1].into())]);
+    let (client_cert, client_key) = leaf(vec![SanType::DnsName("ballast".try_into().unwrap())]);
+    for (n, text) in [
+        ("ca.pem", &ca_pem),
+        ("server.pem", &server_cert),
+        ("server.key", &server_key),
+        ("client.pem", &client_cert),
+        ("client.key", &client_key),
+    ] {
+        std::fs::write(p(n), text).unwrap();
+    }
+    let etcd = EtcdCluster::start_tls(ballast_testkit::EtcdTls {
+        cert: p("server.pem"),
+        key: p("server.key"),
+        ca: p("ca.pem"),
+        client_cert_auth: true,
+    })
+    .await
+    .unwrap();
+    let urls = etcd.client_urls();
+    assert!(urls[0].starts_with("https://"));
+
+    let tls = ballast_etcd::TlsOptions::from_files(
+        &p("ca.pem"),
+        Some(&p("client.pem")),
+        Some(&p("client.key")),
+    )
+    .unwrap();
+    let opts = ClientOptions {
+        tls: Some(tls),
+        ..ClientOptions::default()
+    };
+    let c = Client::new(&urls, opts.clone()).unwrap();
+    c.put("/tls", "ok").await.unwrap();
+    assert_eq!(c.get("/tls").await.unwrap().unwrap().value, b"ok");
+
+    // Same CA, no client certificate: refused.
+    let anon = ClientOptions {
+        tls: Some(ballast_etcd::TlsOptions::from_files(&p("ca.pem"), None, None).unwrap()),
+        request_timeout: Duration::from_secs(3),
+        ..ClientOptions::default()
+    };
+    let c = Client::new(&urls, anon).unwrap();
+    assert!(c.get("/tls").await.is_err());
+}

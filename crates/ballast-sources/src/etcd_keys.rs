@@ -2,7 +2,8 @@
 //!
 //! Under a prefix (default `/ballast/`):
 //! - `<prefix><kind>/<namespace>/<name>`: one config object (YAML or JSON of that one object),
-//!   `<kind>` the lowercase kind (`gateway`, `httproute`, `backend`, `secret`);
+//!   `<kind>` the lowercase plural kind (`gateways`, `httproutes`, `backends`, `secrets`), the
+//!   convention of the etcd source's docs;
 //! - `<prefix>_catalog/<namespace>/<backend>/<id>`: a live endpoint registration, bound to a lease;
 //! - anything else whose first segment starts with `_` is Ballast's own bookkeeping, never config.
 //!
@@ -16,10 +17,10 @@ pub use crate::etcd::DEFAULT_PREFIX;
 /// The key segment of a kind.
 pub fn kind_segment(kind: Kind) -> &'static str {
     match kind {
-        Kind::Gateway => "gateway",
-        Kind::HttpRoute => "httproute",
-        Kind::Backend => "backend",
-        Kind::Secret => "secret",
+        Kind::Gateway => "gateways",
+        Kind::HttpRoute => "httproutes",
+        Kind::Backend => "backends",
+        Kind::Secret => "secrets",
     }
 }
 
@@ -102,7 +103,7 @@ mod tests {
         }
         assert_eq!(
             object_key("/p/", Kind::HttpRoute, &ObjectKey::new("default", "r")),
-            "/p/httproute/default/r"
+            "/p/httproutes/default/r"
         );
         let b = ObjectKey::new("default", "api");
         let r = registration_key(DEFAULT_PREFIX, &b, "i-1");
@@ -117,6 +118,9 @@ mod tests {
             Some((b, "i-1".into()))
         );
         assert_eq!(parse_object_key(DEFAULT_PREFIX, "/ballast/pod/a/b"), None);
-        assert_eq!(parse_object_key(DEFAULT_PREFIX, "/ballast/gateway/a"), None);
+        assert_eq!(
+            parse_object_key(DEFAULT_PREFIX, "/ballast/gateways/a"),
+            None
+        );
     }
 }

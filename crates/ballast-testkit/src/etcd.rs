@@ -48,10 +48,22 @@ pub fn try_etcd_binary() -> Result<PathBuf> {
         })
 }
 
+/// Server TLS for the client port (PEM files): `https://` client URLs, and with
+/// `client_cert_auth` etcd's `--client-cert-auth` (clients need a certificate signed by `ca`).
+#[derive(Clone, Debug)]
+pub struct EtcdTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+    pub client_cert_auth: bool,
+}
+
 struct Member {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// Plain-HTTP `/health` (and `/metrics`), so health checks need no TLS client.
+    metrics_port: u16,
     data_dir: PathBuf,
     log_path: PathBuf,
     child: Option<Child>,
@@ -63,6 +75,7 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     initial_cluster: String,
     token: String,
+    tls: Option<EtcdTls>,
     dir: tempfile::TempDir,
 }
 
@@ -75,6 +88,16 @@ impl EtcdCluster {
     /// Starts `n` members on loopback and waits until every one is healthy (the cluster has a
     /// leader). Short heartbeat/election timeouts make leader changes in tests quick.
     pub async fn start(n: usize) -> Result<EtcdCluster> {
+        Self::start_with(n, None).await
+    }
+
+    /// Starts one member serving clients over TLS (see [`EtcdTls`]); the JSON-gateway helpers
+    /// ([`Self::status`], [`Self::leader`], [`Self::compact`]) need plain HTTP and fail here.
+    pub async fn start_tls(tls: EtcdTls) -> Result<EtcdCluster> {
+        Self::start_with(1, Some(tls)).await
+    }
+
+    async fn start_with(n: usize, tls: Option<EtcdTls>) -> Result<EtcdCluster> {
         let binary = try_etcd_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("ballast-etcd-")
@@ -85,6 +108,7 @@ impl EtcdCluster {
                 name: format!("m{i}"),
                 client_port: free_port(),
                 peer_port: free_port(),
+                metrics_port: free_port(),
                 data_dir: dir.path().join(format!("m{i}.etcd")),
                 log_path: dir.path().join(format!("m{i}.log")),
                 child: None,
@@ -105,6 +129,7 @@ impl EtcdCluster {
             members,
             initial_cluster,
             token,
+            tls,
             dir,
         };
         for i in 0..n {
@@ -118,7 +143,8 @@ impl EtcdCluster {
 
     fn spawn(&mut self, i: usize) -> Result<()> {
         let m = &self.members[i];
-        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let client = self.client_url(i);
+        let metrics = format!("http://127.0.0.1:{}", m.metrics_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
         let setpriv = Path::new("/usr/bin/setpriv");
         let mut cmd = if setpriv.is_file() {
@@ -154,7 +180,19 @@ impl EtcdCluster {
             .args(["--initial-cluster-state", "new"])
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--logger", "zap", "--log-level", "warn"])
-            .stdin(Stdio::null())
+            .args(["--listen-metrics-urls", &metrics]);
+        if let Some(tls) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&tls.cert)
+                .arg("--key-file")
+                .arg(&tls.key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca);
+            if tls.client_cert_auth {
+                cmd.arg("--client-cert-auth");
+            }
+        }
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log));
         let child = cmd
@@ -174,9 +212,10 @@ impl EtcdCluster {
         self.members.is_empty()
     }
 
-    /// `http://127.0.0.1:<port>` of member `i`.
+    /// `http://127.0.0.1:<port>` of member `i` (`https://` with TLS).
     pub fn client_url(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.members[i].client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.members[i].client_port)
     }
 
     /// Every member's client URL, in index order.
@@ -237,7 +276,7 @@ impl EtcdCluster {
 
     /// Waits until member `i` answers `/health` with `"health":"true"` (it has a leader).
     pub async fn wait_healthy(&self, i: usize, timeout: Duration) -> Result<()> {
-        let addr = self.client_addr(i);
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.members[i].metrics_port));
         let r = wait_for(timeout, Duration::from_millis(50), || async move {
             let (status, body) = http_get(addr, "/health").await?;
             anyhow::ensure!(

@@ -60,7 +60,7 @@ pub use envoy::{
     AdsMode, Envoy, EnvoyConfig, EnvoyOptions, envoy_binary, pid_alive, static_http_bootstrap,
     try_envoy_binary, workspace_root,
 };
-pub use etcd::{EtcdCluster, try_etcd_binary};
+pub use etcd::{EtcdCluster, EtcdTls, try_etcd_binary};
 pub use http::{http_get, http_json, http_post_json};
 pub use tcp_proxy::TcpProxy;
 pub use traffic::{Traffic, TrafficConfig, TrafficReport};

@@ -47,7 +47,7 @@ fn backend(i: usize, timeout_ms: u64) -> String {
 
 async fn put_backend(c: &Client, i: usize, timeout_ms: u64) -> Result<()> {
     c.put(
-        format!("{PREFIX}backend/default/b{i}"),
+        format!("{PREFIX}backends/default/b{i}"),
         backend(i, timeout_ms),
     )
     .await?;
@@ -119,14 +119,14 @@ pub async fn run(out: &Path, args: &EtcdLaneArgs) -> Result<Report> {
     }
     client
         .put(
-            format!("{PREFIX}gateway/default/edge"),
+            format!("{PREFIX}gateways/default/edge"),
             "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: edge }\nspec:\n  gatewayClassName: ballast\n  addresses: [{ type: IPAddress, value: 127.0.0.1 }]\n  listeners: [{ name: http, port: 1, protocol: HTTP }]\n",
         )
         .await?;
     for i in 0..args.backends {
         client
             .put(
-                format!("{PREFIX}httproute/default/r{i}"),
+                format!("{PREFIX}httproutes/default/r{i}"),
                 format!("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{ name: r{i} }}\nspec:\n  parentRefs: [{{ name: edge }}]\n  hostnames: [h{i}.example.com]\n  rules: [{{ backendRefs: [{{ group: ballast.dev, kind: Backend, name: b{i} }}] }}]\n"),
             )
             .await?;

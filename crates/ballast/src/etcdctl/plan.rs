@@ -411,7 +411,7 @@ mod tests {
         let docs = docs_of([("f.yaml", backend("b", 2).as_str())]).unwrap();
         let plan = plan_apply(P, &s, &docs);
         assert_eq!(plan.puts.len(), 1);
-        assert_eq!(plan.puts[0].0, "/ballast/backend/default/b");
+        assert_eq!(plan.puts[0].0, "/ballast/backends/default/b");
     }
 
     #[test]
