@@ -27,9 +27,9 @@ use ballast_bench::report::Report;
 use ballast_bench::scenarios::{
     self, burst::BurstArgs, churn::ChurnArgs, cold_start::ColdStartArgs,
     compare_sovereign::CompareSovereignArgs, delta_vs_sotw::DeltaVsSotwArgs,
-    envoy_lane::EnvoyLaneArgs, global_push::GlobalPushArgs, idle_memory::IdleMemoryArgs,
-    large_cold::LargeColdArgs, reconnect::ReconnectArgs, route_edit::RouteEditArgs,
-    scaling::ScalingArgs,
+    envoy_lane::EnvoyLaneArgs, etcd_lane::EtcdLaneArgs, global_push::GlobalPushArgs,
+    idle_memory::IdleMemoryArgs, large_cold::LargeColdArgs, reconnect::ReconnectArgs,
+    route_edit::RouteEditArgs, scaling::ScalingArgs,
 };
 use ballast_bench::server::{ServerMode, ServerOptions, serve_snapshot};
 use ballast_bench::workload::WorkloadSpec;
@@ -85,6 +85,8 @@ enum Command {
     CompareSovereign(CompareSovereignArgs),
     /// Real Envoys: config change → every Envoy reports the new CDS version.
     EnvoyLane(EnvoyLaneArgs),
+    /// etcd write → every real Envoy has the new CDS version; churn through etcd.
+    EtcdLane(EtcdLaneArgs),
     /// Memory per proxy and convergence vs fleet size, with SVG plots.
     Scaling(ScalingArgs),
     /// Internal: the server alone, driven over stdin (used by `--server child`).
@@ -164,6 +166,7 @@ fn main() -> Result<()> {
                 scenarios::compare_sovereign::run(&cli.out, a).await?
             }
             Some(Command::EnvoyLane(a)) => scenarios::envoy_lane::run(&cli.out, a).await?,
+            Some(Command::EtcdLane(a)) => scenarios::etcd_lane::run(&cli.out, a).await?,
             Some(Command::Scaling(a)) => scenarios::scaling::run(&server, a).await?,
             Some(Command::ServeSnapshot { .. }) => unreachable!("handled above"),
             None => {

@@ -60,6 +60,16 @@ pub fn parse_file_report(path: &str, text: &str) -> FileParse {
     out
 }
 
+/// The documents of a multi-document YAML text as (lines before it, its text), split exactly as
+/// the parser splits them. For tools that store one object per document (`ballast apply` writes
+/// each document as one etcd value, comments included).
+pub fn split_yaml_documents(text: &str) -> Vec<(u32, &str)> {
+    split_documents(text)
+        .into_iter()
+        .map(|d| (d.line_offset, d.text))
+        .collect()
+}
+
 /// The object every error of one document names, if they all name the same one.
 fn blamed_object(errors: &[ConfigError]) -> Option<ObjectId> {
     let first = errors.first()?.object.as_ref()?;

@@ -25,12 +25,16 @@
 //! combines different sources (files plus etcd) into one.
 #![forbid(unsafe_code)]
 
+pub mod catalog;
 pub mod etcd;
+pub mod etcd_keys;
 pub mod file;
 mod merge;
 mod state;
 
 pub use etcd::{EtcdSource, EtcdSourceOptions};
-pub use file::{FileSource, FileSourceOptions, Loaded, load_paths, load_paths_report};
+pub use file::{
+    FileSource, FileSourceOptions, Loaded, load_paths, load_paths_report, read_config_files,
+};
 pub use merge::MergedSource;
 pub use state::{Source, SourceState, StaticSource, merge_states};

@@ -62,3 +62,34 @@ pub async fn http_post_json(addr: SocketAddr, path: &str, body: &str) -> Result<
         .with_context(|| format!("POST http://{addr}{path} timed out after {ADMIN_TIMEOUT:?}"))?
         .with_context(|| format!("POST http://{addr}{path}"))
 }
+
+/// `METHOD http://{addr}{path}` with an optional JSON body on a fresh connection (e.g. Ballast's
+/// `PUT /catalog/v1/...`); returns the status code and body as text.
+pub async fn http_json(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<(u16, String)> {
+    let inner = async {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        let conn_task = tokio::spawn(conn);
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, addr.to_string())
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body.unwrap_or_default().to_owned())))?;
+        let resp = sender.send_request(req).await?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await?.to_bytes();
+        conn_task.abort();
+        anyhow::Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    };
+    tokio::time::timeout(ADMIN_TIMEOUT, inner)
+        .await
+        .with_context(|| format!("{method} http://{addr}{path} timed out after {ADMIN_TIMEOUT:?}"))?
+        .with_context(|| format!("{method} http://{addr}{path}"))
+}

@@ -124,6 +124,7 @@ fn health(h: HealthStatus) -> EnvoyHealthStatus {
         HealthStatus::Healthy => EnvoyHealthStatus::Healthy,
         HealthStatus::Unhealthy => EnvoyHealthStatus::Unhealthy,
         HealthStatus::Draining => EnvoyHealthStatus::Draining,
+        HealthStatus::Degraded => EnvoyHealthStatus::Degraded,
     }
 }
 

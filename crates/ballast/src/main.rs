@@ -5,7 +5,9 @@
 mod admin;
 mod authz;
 mod bootstrap;
+mod catalog;
 mod certs;
+mod etcdctl;
 mod get_cmd;
 mod grouping;
 mod guard;
@@ -129,6 +131,10 @@ enum Command {
         /// exits 0 within this, even if clients misbehave.
         #[arg(long, default_value = "5s", value_parser = duration)]
         shutdown_grace: Duration,
+        /// Close each xDS connection after this age (±10% jitter), so Envoys spread
+        /// over replicas added later. Off by default.
+        #[arg(long, value_parser = duration, value_name = "DURATION")]
+        max_connection_age: Option<Duration>,
         #[command(flatten)]
         security: Box<serve::security::SecurityFlags>,
         #[command(flatten)]
@@ -176,24 +182,75 @@ enum Command {
     /// Development certificates for mTLS on the xDS port.
     #[command(subcommand)]
     Certs(CertsCommand),
-    /// Gateway API status (Accepted/ResolvedRefs/Programmed with reasons) of
-    /// gateways, routes or backends: from a running server's admin API, or from
-    /// config PATHS when given.
+    /// Show objects. Without `--etcd`: Gateway API status (Accepted/ResolvedRefs/Programmed
+    /// with reasons) of gateways, routes or backends, from a running server's admin API or
+    /// from config PATHS. With `--etcd`: the objects of any kind stored in etcd.
     Get {
-        #[arg(value_enum)]
-        resource: get_cmd::Resource,
-        /// Config files or directories to compute status from, instead of asking
-        /// a running server.
-        paths: Vec<PathBuf>,
-        /// Output format.
-        #[arg(short = 'o', long, value_enum, default_value = "table")]
-        output: get_cmd::Output,
-        /// The admin address of `ballast serve` (when no PATHS are given).
+        /// gateways, routes or backends (status); with --etcd any kind (gateway, httproute,
+        /// backend, secret, ...; plural accepted).
+        what: String,
+        /// Without --etcd: config files or directories to compute status from, instead of
+        /// asking a running server. With --etcd: one `namespace/name` or `name`.
+        args: Vec<String>,
+        /// Output format: table, yaml (json without --etcd).
+        #[arg(short = 'o', long, default_value = "table")]
+        output: String,
+        /// The admin address of `ballast serve` (status without PATHS).
         #[arg(long, default_value = "127.0.0.1:18001")]
         admin_addr: SocketAddr,
         /// Bearer token for an admin API bound off loopback.
         #[arg(long, value_name = "FILE")]
         admin_token_file: Option<PathBuf>,
+        /// etcd endpoint to read objects from (repeatable); see `ballast apply`.
+        #[arg(long = "etcd", value_name = "URL")]
+        etcd: Vec<String>,
+        /// Key prefix of Ballast's objects in etcd.
+        #[arg(long, default_value = ballast_sources::etcd_keys::DEFAULT_PREFIX)]
+        etcd_prefix: String,
+        /// CA bundle for https:// etcd endpoints.
+        #[arg(long, value_name = "FILE")]
+        etcd_ca: Option<PathBuf>,
+        /// Client certificate for etcd (with --etcd-key).
+        #[arg(long, value_name = "FILE")]
+        etcd_cert: Option<PathBuf>,
+        #[arg(long, value_name = "FILE")]
+        etcd_key: Option<PathBuf>,
+    },
+    /// Validate objects from files and write them to etcd in one transaction.
+    Apply {
+        /// A YAML file or directory (recursively). Repeatable.
+        #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
+        paths: Vec<PathBuf>,
+        #[command(flatten)]
+        edit: etcdctl::EditArgs,
+        #[command(flatten)]
+        etcd: etcdctl::EtcdArgs,
+    },
+    /// Print the Envoy resources an apply would add, modify or remove, per gateway.
+    Diff {
+        #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
+        paths: Vec<PathBuf>,
+        #[command(flatten)]
+        etcd: etcdctl::EtcdArgs,
+    },
+    /// Delete one object from etcd (checked like apply).
+    Delete {
+        #[arg(value_parser = etcdctl::parse_kind)]
+        kind: ballast_model::Kind,
+        /// `namespace/name` or `name` (namespace `default`).
+        name: String,
+        #[command(flatten)]
+        edit: etcdctl::EditArgs,
+        #[command(flatten)]
+        etcd: etcdctl::EtcdArgs,
+    },
+    /// Register endpoints of a Backend in the live catalog; heartbeats while running,
+    /// deregisters on SIGTERM/SIGINT (killed: expires after the TTL).
+    Register {
+        #[command(flatten)]
+        args: catalog::RegisterArgs,
+        #[command(flatten)]
+        etcd: etcdctl::EtcdArgs,
     },
     /// Connected proxies and their per-type sync state.
     Status {
@@ -284,6 +341,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             quickstart_port,
             limits,
             shutdown_grace,
+            max_connection_age,
             security,
             etcd,
         } => {
@@ -304,6 +362,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 quickstart_port,
                 limits: limits.limits(),
                 shutdown_grace,
+                max_connection_age,
                 security: *security,
                 state_dir: state_dir.unwrap_or_else(state::default_dir),
                 etcd: *etcd,
@@ -459,12 +518,49 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Get {
-            resource,
-            paths,
+            what,
+            args,
             output,
             admin_addr,
             admin_token_file,
+            etcd,
+            etcd_prefix,
+            etcd_ca,
+            etcd_cert,
+            etcd_key,
+        } if !etcd.is_empty() => {
+            let kind = etcdctl::parse_kind(&what).map_err(anyhow::Error::msg)?;
+            let output = <etcdctl::Output as clap::ValueEnum>::from_str(&output, true)
+                .map_err(|e| anyhow::anyhow!("-o {output}: {e}"))?;
+            anyhow::ensure!(args.len() <= 1, "with --etcd, give at most one NAME");
+            let _ = (admin_addr, admin_token_file);
+            let etcd = etcdctl::EtcdArgs {
+                endpoints: etcd,
+                etcd_prefix,
+                etcd_ca,
+                etcd_cert,
+                etcd_key,
+            };
+            etcdctl::get(
+                etcd,
+                kind,
+                args.first().map(|n| etcdctl::parse_name(n)),
+                output,
+            )
+        }
+        Command::Get {
+            what,
+            args,
+            output,
+            admin_addr,
+            admin_token_file,
+            ..
         } => {
+            let resource = <get_cmd::Resource as clap::ValueEnum>::from_str(&what, true)
+                .map_err(|e| anyhow::anyhow!("{what}: {e} (gateways, routes or backends)"))?;
+            let output = <get_cmd::Output as clap::ValueEnum>::from_str(&output, true)
+                .map_err(|e| anyhow::anyhow!("-o {output}: {e}"))?;
+            let paths: Vec<PathBuf> = args.into_iter().map(PathBuf::from).collect();
             let status: serde_json::Value = if paths.is_empty() {
                 let token = admin_token_file
                     .map(|f| admin::auth::read_token(&f))
@@ -493,6 +589,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{}", get_cmd::render(&status, resource, output)?);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Register { args, etcd } => catalog::register_cmd(etcd, args),
+        Command::Apply { paths, edit, etcd } => etcdctl::apply(etcd, edit, paths),
+        Command::Diff { paths, etcd } => etcdctl::diff(etcd, paths),
+        Command::Delete {
+            kind,
+            name,
+            edit,
+            etcd,
+        } => etcdctl::delete(etcd, edit, kind, etcdctl::parse_name(&name)),
         Command::Status {
             admin_addr,
             json,

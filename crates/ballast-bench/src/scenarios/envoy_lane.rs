@@ -58,7 +58,13 @@ pub fn envoy_exe() -> Result<PathBuf> {
     )
 }
 
-fn bootstrap(i: usize, admin: u16, xds: std::net::SocketAddr, rest: bool, poll_ms: u64) -> String {
+pub(crate) fn bootstrap(
+    i: usize,
+    admin: u16,
+    xds: std::net::SocketAddr,
+    rest: bool,
+    poll_ms: u64,
+) -> String {
     let dynamic = if rest {
         format!(
             "  cds_config: {{ resource_api_version: V3, api_config_source: {{ api_type: REST, transport_api_version: V3, cluster_names: [xds], refresh_delay: {d}s }} }}\n  lds_config: {{ resource_api_version: V3, api_config_source: {{ api_type: REST, transport_api_version: V3, cluster_names: [xds], refresh_delay: {d}s }} }}\n",
@@ -79,7 +85,7 @@ fn bootstrap(i: usize, admin: u16, xds: std::net::SocketAddr, rest: bool, poll_m
     )
 }
 
-async fn cds_version(admin: std::net::SocketAddr) -> Option<String> {
+pub(crate) async fn cds_version(admin: std::net::SocketAddr) -> Option<String> {
     let (st, body) = proc::http_get(admin, "/stats?filter=cluster_manager.cds.version_text")
         .await
         .ok()?;
@@ -92,7 +98,7 @@ async fn cds_version(admin: std::net::SocketAddr) -> Option<String> {
         .flatten()
 }
 
-async fn cds_count(admin: std::net::SocketAddr) -> usize {
+pub(crate) async fn cds_count(admin: std::net::SocketAddr) -> usize {
     match proc::http_get(admin, "/stats?filter=cluster_manager.active_clusters").await {
         Ok((200, body)) => body
             .lines()

@@ -99,6 +99,8 @@ pub enum HealthStatus {
     Unhealthy,
     /// Finishes existing requests, gets no new ones.
     Draining,
+    /// Used only when no healthy endpoint is left (Envoy's DEGRADED; the catalog's `warning`).
+    Degraded,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]

@@ -115,6 +115,26 @@ pub fn load_paths_report(paths: &[PathBuf]) -> Result<Loaded, ConfigErrors> {
     Ok(walk::load(paths)?)
 }
 
+/// Reads the config files the paths name now (same discovery as [`FileSource`]), as (path for
+/// messages, text), for tools that need the text itself (`ballast apply` stores each document).
+/// `Err` with every error if a path cannot be walked or a file cannot be read.
+pub fn read_config_files(paths: &[PathBuf]) -> Result<Vec<(String, String)>, Vec<ConfigError>> {
+    let walk::Discovered { files, mut errors } = walk::discover(paths);
+    let mut out = Vec::with_capacity(files.len());
+    for f in &files {
+        match walk::read_one(f) {
+            Ok(text) => out.push((f.display().to_string(), text)),
+            Err(e) => errors.push(e.at(f)),
+        }
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        errors.sort();
+        Err(errors)
+    }
+}
+
 /// The blocking half of the source: the watches and the parse cache, moved to a blocking
 /// thread for each load and back.
 struct Worker {

@@ -40,7 +40,7 @@ pub enum FileError {
 }
 
 impl FileError {
-    fn at(self, path: &Path) -> ConfigError {
+    pub(crate) fn at(self, path: &Path) -> ConfigError {
         ConfigError {
             file: path.display().to_string().into(),
             // No line/column for a whole-file problem; the model's convention for "unknown".
@@ -191,7 +191,7 @@ fn stamp(p: &Path) -> io::Result<(u64, Option<SystemTime>)> {
     Ok((m.len(), m.modified().ok()))
 }
 
-fn read_one(p: &Path) -> Result<String, FileError> {
+pub(crate) fn read_one(p: &Path) -> Result<String, FileError> {
     let not_found = |e: io::Error| {
         if e.kind() == io::ErrorKind::NotFound {
             FileError::Vanished

@@ -4,6 +4,7 @@
 //! Where a `DiscoveryRequest` is handled: `stream.rs` (gRPC streams),
 //! `fetch.rs` (unary Fetch and REST-JSON), `csds.rs` (client status).
 
+pub(crate) mod age;
 mod body;
 pub(crate) mod codec;
 #[cfg(feature = "csds")]
@@ -160,6 +161,7 @@ pub(crate) struct Shared {
     pub sotw: bool,
     /// Whether Delta streams are served.
     pub delta: bool,
+    pub max_connection_age: Option<Duration>,
 }
 
 impl Shared {
@@ -227,6 +229,7 @@ pub struct XdsServerBuilder {
     resume_guard: Option<resume_guard::ResumeGuardConfig>,
     sotw: bool,
     delta: bool,
+    max_connection_age: Option<Duration>,
 }
 
 impl XdsServerBuilder {
@@ -242,6 +245,12 @@ impl XdsServerBuilder {
     /// answered `UNIMPLEMENTED`.
     pub fn delta(mut self, enabled: bool) -> Self {
         self.delta = enabled;
+        self
+    }
+    /// Close each connection after this age (±10% jitter, see [`age`]) so clients rebalance
+    /// over replicas added later; off by default.
+    pub fn max_connection_age(mut self, age: Option<Duration>) -> Self {
+        self.max_connection_age = age;
         self
     }
     /// Limits on request sizes, names per request, streams and node sizes.
@@ -324,6 +333,7 @@ impl XdsServerBuilder {
                 resume_guard: self.resume_guard,
                 sotw: self.sotw,
                 delta: self.delta,
+                max_connection_age: self.max_connection_age,
             }),
         }
     }
@@ -348,6 +358,7 @@ impl XdsServer {
             resume_guard: None,
             sotw: true,
             delta: true,
+            max_connection_age: None,
         }
     }
 
@@ -419,7 +430,11 @@ impl XdsServer {
     ) -> Result<(), tonic::transport::Error> {
         let drain = self.shared.drain.clone();
         let grace = self.shared.shutdown_grace;
-        let incoming = crate::security::listen::incoming(listener, self.shared.tls.as_ref());
+        let max_age = self.shared.max_connection_age;
+        let incoming = tokio_stream::StreamExt::map(
+            crate::security::listen::incoming(listener, self.shared.tls.as_ref()),
+            move |c| c.map(|c| age::Aged::new(c, max_age)),
+        );
         // tonic stops accepting and closes idle connections on the same
         // signal the streams watch.
         let serve = tonic::transport::Server::builder()

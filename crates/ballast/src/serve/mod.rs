@@ -64,6 +64,8 @@ pub struct ServeOptions {
     /// Bound on a graceful stop: streams end at once, the process exits
     /// within this even if clients misbehave.
     pub shutdown_grace: Duration,
+    /// Close xDS connections after this age (jittered), for rebalancing.
+    pub max_connection_age: Option<Duration>,
     pub security: security::SecurityFlags,
     /// Where the guard keeps the last published inventories (issue 16).
     pub state_dir: PathBuf,
@@ -244,6 +246,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         .grace(opts.grace)
         .limits(opts.limits)
         .shutdown_grace(opts.shutdown_grace)
+        .max_connection_age(opts.max_connection_age)
         .resume_guard(resume_guard);
     if let Some(tls) = sec.tls {
         builder = builder.tls(tls);
@@ -261,6 +264,21 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     println!("admin listening on {}", admin_listener.local_addr()?);
 
     let source_rx = source.start();
+    // The live catalog (with --etcd): registered endpoints merged into their Backends.
+    let catalog = etcd_state
+        .as_ref()
+        .map(|e| crate::catalog::Catalog::new(e.client.clone(), opts.etcd.etcd_prefix.clone()));
+    let source_rx = match &catalog {
+        None => source_rx,
+        Some(c) => ballast_sources::catalog::overlay(
+            source_rx,
+            ballast_sources::catalog::CatalogSource::new(
+                c.client().clone(),
+                &opts.etcd.etcd_prefix,
+            )
+            .start(),
+        ),
+    };
     // One drain signal for the whole process: SIGTERM/SIGINT cancel it;
     // /readyz and the xDS server (every stream) watch it.
     let stop = CancellationToken::new();
@@ -340,6 +358,9 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         stopping: stop.clone(),
         client_holds,
     });
+    if let Some(c) = catalog {
+        admin = admin.merge(crate::catalog::router(c));
+    }
     if let Some(token) = sec.admin_token {
         admin = crate::admin::auth::require_token(admin, token);
     }
