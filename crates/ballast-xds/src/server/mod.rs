@@ -247,7 +247,7 @@ impl XdsServerBuilder {
         self.delta = enabled;
         self
     }
-    /// Close each connection after this age (±10% jitter, see [`age`]) so clients rebalance
+    /// Close each connection after this age (±10% jitter) so clients rebalance
     /// over replicas added later; off by default.
     pub fn max_connection_age(mut self, age: Option<Duration>) -> Self {
         self.max_connection_age = age;
