@@ -607,8 +607,9 @@ async fn files_plus_etcd_serve_the_union_and_duplicates_are_errors() {
         panic!("{e}: {}", sources(&b).await);
     }
     let s = sources(&b).await;
-    // The last good union stays served (still ready, no new config); the generation may
-    // move with the catalog source's own publications, so it is not compared here.
+    // The last good union stays served (still ready, nothing rejected wholesale); the
+    // generation may move with the catalog source's own publications, so it is not compared.
     let _ = generation;
+    assert_eq!(s["synced"], true, "{s}");
     assert_eq!(b.get("/readyz").await.unwrap().0, 200);
 }
