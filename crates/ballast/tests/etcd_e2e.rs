@@ -230,8 +230,9 @@ async fn etcd_down_for_30s_under_traffic_changes_nothing() {
     .await
     .unwrap();
     wait_eds(&envoy, &addrs(&eps[..1]), "the initial endpoints").await;
-    let before = envoy.config_summary(true).await.unwrap();
+    // The baseline once Envoy serves (CDS/EDS arrive before LDS/RDS: make before break).
     wait_serving(port).await;
+    let before = envoy.config_summary(true).await.unwrap();
     let traffic = Traffic::start(TrafficConfig::new(loopback(port), "web.example.com", "/"));
 
     etcd.stop(0);
