@@ -804,32 +804,10 @@ impl ConfigSet {
     /// concatenated; `Err` names the first that does not resolve (then no CA is trusted:
     /// connections fail closed, as Gateway API requires).
     pub fn backend_tls_ca(&self, p: &BackendTlsPolicy) -> Result<String, String> {
-        let ns = p.metadata.namespace.as_str();
-        let mut pem = String::new();
-        for r in &p.spec.validation.ca_certificate_refs {
-            let key = ObjectKey::new(ns, r.name.as_str());
-            let ca = match r.kind.as_str() {
-                "ConfigMap" => self
-                    .config_maps
-                    .get(&key)
-                    .ok_or_else(|| format!("ConfigMap {key} not found"))?
-                    .data
-                    .get("ca.crt")
-                    .cloned()
-                    .ok_or_else(|| format!("ConfigMap {key} has no ca.crt"))?,
-                _ => self
-                    .secrets
-                    .get(&key)
-                    .ok_or_else(|| format!("Secret {key} not found"))?
-                    .tls
-                    .ca_certificate
-                    .clone()
-                    .ok_or_else(|| format!("Secret {key} has no ca.crt"))?,
-            };
-            pem.push_str(ca.trim_end());
-            pem.push('\n');
-        }
-        Ok(pem)
+        self.ca_bundle(
+            &p.metadata.namespace,
+            &p.spec.validation.ca_certificate_refs,
+        )
     }
 
     /// The client certificate a BackendPolicy names, if any: `Some(Err)` when it does not
