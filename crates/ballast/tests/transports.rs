@@ -16,20 +16,23 @@ use std::process::Command;
 use ballast_testkit::{Envoy, Traffic, TrafficConfig, Upstream, wait_until};
 use common::*;
 
-/// The bootstrap the CLI prints for `transport` (Envoy admin on any free port).
-fn bootstrap(xds: std::net::SocketAddr, transport: &str, node: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_ballast"))
-        .args([
-            "bootstrap",
-            "--gateway",
-            "default/edge",
-            "--transport",
-            transport,
-        ])
-        .args(["--xds-addr", &xds.to_string(), "--envoy-admin-port", "0"])
-        .args(["--node-id", node])
-        .output()
-        .unwrap();
+/// The bootstrap the CLI prints for `transport` (Envoy admin on any free
+/// port), with mTLS to the xDS port when `tls` names a `ballast certs` dir.
+fn bootstrap(xds: std::net::SocketAddr, transport: &str, node: &str, tls: Option<&Path>) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ballast"));
+    cmd.args([
+        "bootstrap",
+        "--gateway",
+        "default/edge",
+        "--transport",
+        transport,
+    ])
+    .args(["--xds-addr", &xds.to_string(), "--envoy-admin-port", "0"])
+    .args(["--node-id", node]);
+    if let Some(dir) = tls {
+        cmd.arg("--tls-dir").arg(dir);
+    }
+    let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -38,7 +41,34 @@ fn bootstrap(xds: std::net::SocketAddr, transport: &str, node: &str) -> String {
     let y = String::from_utf8(out.stdout).unwrap();
     let ads = transport.contains("ads");
     assert_eq!(y.contains("ads_config"), ads, "{transport}: {y}");
+    assert_eq!(
+        y.contains("UpstreamTlsContext"),
+        tls.is_some(),
+        "{transport}: {y}"
+    );
     y
+}
+
+/// `ballast certs` files for gateway default/edge: the CA, the server's
+/// certificate and the gateway's client certificate.
+fn certs() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        vec!["certs", "init"],
+        vec!["certs", "issue", "--gateway", "default/edge"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ballast"))
+            .args(args)
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    dir
 }
 
 /// Every dynamic cluster's, listener's and route configuration's version as
@@ -148,7 +178,10 @@ async fn stat(envoy: &Envoy, name: &str) -> u64 {
     envoy.stat(name).await.unwrap().unwrap_or(0)
 }
 
-async fn scenario(transport: &str) {
+/// The whole scenario for `transport`; with `tls`, `ballast serve` requires
+/// client certificates on the xDS port and the Envoys connect over mTLS
+/// (`bootstrap --tls-dir`).
+async fn scenario(transport: &str, tls: bool) {
     let u0 = Upstream::start("u0").await.unwrap();
     let u1 = Upstream::start("u1").await.unwrap();
     let u2 = Upstream::start("u2").await.unwrap();
@@ -160,18 +193,42 @@ async fn scenario(transport: &str) {
     };
     write(&file, "a.example.com", &[u0.addr()], true);
     let (xds, admin) = (free_addr(), free_addr());
-    let ballast = Ballast::start(xds, admin, &["--config", dir.path().to_str().unwrap()]).unwrap();
+    let certs = tls.then(certs);
+    let certs = certs.as_ref().map(|c| c.path());
+    let mut args = vec!["--config".to_string(), dir.path().display().to_string()];
+    if let Some(c) = certs {
+        for (flag, file) in [
+            ("--xds-tls-cert", "server.pem"),
+            ("--xds-tls-key", "server-key.pem"),
+            ("--xds-client-ca", "ca.pem"),
+        ] {
+            args.push(flag.into());
+            args.push(c.join(file).display().to_string());
+        }
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ballast = Ballast::start(xds, admin, &args).unwrap();
     ballast.wait_ready().await.unwrap();
 
     // Cold start.
-    let envoy = Envoy::start_bootstrap(&bootstrap(xds, transport, &format!("envoy-{transport}")))
-        .await
-        .unwrap();
+    let envoy = Envoy::start_bootstrap(&bootstrap(
+        xds,
+        transport,
+        &format!("envoy-{transport}"),
+        certs,
+    ))
+    .await
+    .unwrap();
     // A second Envoy of the same gateway and transport (its listener shares
     // the port through SO_REUSEPORT).
-    let twin = Envoy::start_bootstrap(&bootstrap(xds, transport, &format!("twin-{transport}")))
-        .await
-        .unwrap();
+    let twin = Envoy::start_bootstrap(&bootstrap(
+        xds,
+        transport,
+        &format!("twin-{transport}"),
+        certs,
+    ))
+    .await
+    .unwrap();
     let gw = loopback(port);
     for host in ["a.example.com", "b.example.com", "d.example.com"] {
         wait_until(T, POLL, || async {
@@ -186,6 +243,16 @@ async fn scenario(transport: &str) {
         });
     }
     check_transport(transport, &ballast, &envoy).await;
+    if tls {
+        // The xDS connection really is TLS (a plaintext one would not have
+        // been accepted by the server either).
+        for e in [&envoy, &twin] {
+            assert!(
+                stat(e, "cluster.ballast_xds.ssl.handshake").await > 0,
+                "{transport}: no TLS handshake to ballast_xds"
+            );
+        }
+    }
     same_versions(transport, &envoy, &twin).await;
     let removed_before = stat(&envoy, "cluster_manager.cluster_removed").await;
     let traffic = Traffic::start(TrafficConfig::with_requests(
@@ -263,25 +330,40 @@ async fn scenario(transport: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ads_sotw() {
-    scenario("ads").await;
+    scenario("ads", false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ads_delta() {
-    scenario("delta-ads").await;
+    scenario("delta-ads", false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_type_grpc_sotw() {
-    scenario("grpc").await;
+    scenario("grpc", false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_type_grpc_delta() {
-    scenario("delta-grpc").await;
+    scenario("delta-grpc", false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_polling() {
-    scenario("rest").await;
+    scenario("rest", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_type_grpc_sotw_mtls() {
+    scenario("grpc", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_type_grpc_delta_mtls() {
+    scenario("delta-grpc", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_polling_mtls() {
+    scenario("rest", true).await;
 }
