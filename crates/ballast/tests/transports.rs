@@ -49,13 +49,14 @@ fn bootstrap(xds: std::net::SocketAddr, transport: &str, node: &str, tls: Option
     y
 }
 
-/// `ballast certs` files for gateway default/edge: the CA, the server's
-/// certificate and the gateway's client certificate.
+/// `ballast certs` files: the CA, the server's certificate and client
+/// certificates for gateways default/edge and default/edge2.
 fn certs() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for args in [
         vec!["certs", "init"],
         vec!["certs", "issue", "--gateway", "default/edge"],
+        vec!["certs", "issue", "--gateway", "default/edge2"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ballast"))
             .args(args)
@@ -366,4 +367,94 @@ async fn per_type_grpc_delta_mtls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_polling_mtls() {
     scenario("rest", true).await;
+}
+
+/// Identity is enforced whatever the transport: over per-type gRPC and REST
+/// an Envoy presenting edge2's certificate while claiming gateway `edge` is
+/// refused (listed in /debug/proxies, counted; REST polls get 403) and never
+/// configured, while an Envoy with edge's own certificate on the same server
+/// is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_wrong_gateway_refused_over_grpc_and_rest() {
+    let u0 = Upstream::start("u0").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    write_atomic(
+        &dir.path().join("config.yaml"),
+        &config(port, "a.example.com", &[u0.addr()], &[u0.addr()], false),
+    );
+    let certs = certs();
+    let c = certs.path();
+    let (xds, admin) = (free_addr(), free_addr());
+    let file = |f: &str| c.join(f).display().to_string();
+    let ballast = Ballast::start(
+        xds,
+        admin,
+        &[
+            "--config",
+            dir.path().to_str().unwrap(),
+            "--xds-tls-cert",
+            &file("server.pem"),
+            "--xds-tls-key",
+            &file("server-key.pem"),
+            "--xds-client-ca",
+            &file("ca.pem"),
+        ],
+    )
+    .unwrap();
+    ballast.wait_ready().await.unwrap();
+    let good = Envoy::start_bootstrap(&bootstrap(xds, "rest", "good", Some(c)))
+        .await
+        .unwrap();
+    let mut impostors = Vec::new();
+    for t in ["grpc", "rest"] {
+        // edge2's certificate and key, gateway and node still claiming edge.
+        let y = bootstrap(xds, t, &format!("impostor-{t}"), Some(c))
+            .replace("gateway-default-edge", "gateway-default-edge2");
+        assert!(y.contains("gateway-default-edge2-key.pem"), "{y}");
+        impostors.push((t, Envoy::start_bootstrap(&y).await.unwrap()));
+    }
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_status(gw, "a.example.com").await, Ok(200))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("good Envoy never served: {e}\n{}", good.log_tail(30)));
+    wait_until(T, POLL, || async {
+        let Ok((_, body)) = ballast.get("/debug/proxies").await else {
+            return false;
+        };
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let rejected = v["rejected"].as_array().cloned().unwrap_or_default();
+        ["impostor-grpc", "impostor-rest"].iter().all(|n| {
+            rejected.iter().any(|r| {
+                r["node"] == *n
+                    && r["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("spiffe://ballast.local/ns/default/gw/edge2"))
+            })
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("impostors not refused: {e}"));
+    assert!(ballast.metric("ballast_xds_denied_total").await.unwrap() >= 2.0);
+    let (rest_imp, grpc_imp) = (&impostors[1].1, &impostors[0].1);
+    wait_until(T, POLL, || async {
+        stat(rest_imp, "cluster.ballast_xds.upstream_rq_403").await > 0
+    })
+    .await
+    .expect("REST impostor's polls answered 403");
+    for (t, e) in [("grpc", grpc_imp), ("rest", rest_imp)] {
+        assert!(
+            stat(e, "cluster.ballast_xds.ssl.handshake").await > 0,
+            "{t}: no TLS handshake"
+        );
+        let dump = e.config_dump(false).await.unwrap().to_string();
+        assert!(
+            !dump.contains("a.example.com") && !dump.contains(&port.to_string()),
+            "{t} impostor configured: {dump}"
+        );
+    }
+    // The refused Envoys never disturbed the good one.
+    assert_eq!(host_status(gw, "a.example.com").await.unwrap(), 200);
 }
