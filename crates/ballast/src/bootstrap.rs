@@ -175,6 +175,32 @@ mod tests {
         assert!(yaml.contains("UpstreamTlsContext"), "{yaml}");
     }
 
+    /// `--tls-dir` puts the one `UpstreamTlsContext` on `ballast_xds`
+    /// whatever the transport: per-type gRPC and REST reach it too.
+    #[test]
+    fn tls_dir_secures_every_transport() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::certs::init(dir.path(), &[], 1).unwrap();
+        crate::certs::issue(dir.path(), "default", "edge", "ballast.local", None, 1).unwrap();
+        for t in [
+            Transport::Ads,
+            Transport::DeltaAds,
+            Transport::Grpc,
+            Transport::DeltaGrpc,
+            Transport::Rest,
+        ] {
+            let y = render(&BootstrapOptions {
+                tls_dir: Some(dir.path().to_path_buf()),
+                ..opts(t)
+            })
+            .unwrap();
+            assert_eq!(y.matches("UpstreamTlsContext").count(), 1, "{t:?}: {y}");
+            let cluster = y.split("- name: ballast_xds").nth(1).unwrap();
+            assert!(cluster.contains("transport_socket:"), "{t:?}: {y}");
+            assert!(cluster.contains("alpn_protocols: [h2]"), "{t:?}: {y}");
+        }
+    }
+
     fn opts(transport: Transport) -> BootstrapOptions {
         BootstrapOptions {
             gateway: "default/edge".into(),
