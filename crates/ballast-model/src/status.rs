@@ -647,6 +647,24 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
             }
         }
     }
+    // Filters on a backendRef that Ballast does not apply: ignored (the route is otherwise
+    // served), so the status must say so, naming each field.
+    let unsupported: Vec<String> = r
+        .spec
+        .rules
+        .iter()
+        .enumerate()
+        .flat_map(|(i, rule)| {
+            rule.backend_refs.iter().enumerate().flat_map(move |(j, b)| {
+                b.unsupported_filters().map(move |(k, t)| {
+                    format!(
+                        "rules[{i}].backendRefs[{j}].filters[{k}].type: filter {} is not supported on a backendRef (ignored; only RequestHeaderModifier and ResponseHeaderModifier are)",
+                        t.as_str()
+                    )
+                })
+            })
+        })
+        .collect();
     let resolved_refs = match reason {
         None => Condition::new(
             "ResolvedRefs",
@@ -670,6 +688,12 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
         .map(|p| {
             let pr = &r.spec.parent_refs[p.index];
             let accepted = match &p.result {
+                Ok(_) if !unsupported.is_empty() => Condition::new(
+                    "Accepted",
+                    false,
+                    "UnsupportedValue",
+                    format!("{} (the route is otherwise served)", unsupported.join("; ")),
+                ),
                 Ok(listeners) => Condition::new(
                     "Accepted",
                     true,
