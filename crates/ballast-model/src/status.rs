@@ -991,6 +991,48 @@ spec: { endpoints: [{ address: 127.0.0.1, port: 8080 }] }
     }
 
     #[test]
+    fn unsupported_backend_ref_filters_are_unsupported_value() {
+        let (_, s) = status_of(
+            &[route(
+                "r",
+                "default",
+                "{ name: edge }",
+                "web.example.com",
+                "{ group: ballast.dev, kind: Backend, name: web, filters: [{ type: RequestHeaderModifier, requestHeaderModifier: { set: [{ name: x, value: y }] } }, { type: URLRewrite, urlRewrite: { hostname: a.example } }] }",
+            ), route(
+                "ok",
+                "default",
+                "{ name: edge }",
+                "web.example.com",
+                "{ group: ballast.dev, kind: Backend, name: web, filters: [{ type: RequestHeaderModifier, requestHeaderModifier: { set: [{ name: x, value: y }] } }] }",
+            )],
+            true,
+        );
+        let r = route_status(&s, "r");
+        assert_eq!(
+            conds(r)[0],
+            vec![
+                c("Accepted", false, "UnsupportedValue"),
+                c("ResolvedRefs", true, "ResolvedRefs")
+            ]
+        );
+        assert_eq!(
+            r.parents[0].conditions[0].message,
+            "rules[0].backendRefs[0].filters[1].type: filter URLRewrite is not supported on a backendRef \
+             (ignored; only RequestHeaderModifier and ResponseHeaderModifier are) (the route is otherwise served)"
+        );
+        assert_eq!(
+            conds(route_status(&s, "ok"))[0],
+            vec![
+                c("Accepted", true, "Accepted"),
+                c("ResolvedRefs", true, "ResolvedRefs")
+            ]
+        );
+        // Still attached: the listener counts it.
+        assert_eq!(s.gateways[0].listeners.iter().map(|l| l.attached_routes).sum::<u32>(), 4);
+    }
+
+    #[test]
     fn unresolved_backends_are_status_not_errors() {
         let (set, s) = status_of(
             &[route(
