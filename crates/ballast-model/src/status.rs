@@ -993,19 +993,22 @@ spec: { endpoints: [{ address: 127.0.0.1, port: 8080 }] }
     #[test]
     fn unsupported_backend_ref_filters_are_unsupported_value() {
         let (_, s) = status_of(
-            &[route(
-                "r",
-                "default",
-                "{ name: edge }",
-                "web.example.com",
-                "{ group: ballast.dev, kind: Backend, name: web, filters: [{ type: RequestHeaderModifier, requestHeaderModifier: { set: [{ name: x, value: y }] } }, { type: URLRewrite, urlRewrite: { hostname: a.example } }] }",
-            ), route(
-                "ok",
-                "default",
-                "{ name: edge }",
-                "web.example.com",
-                "{ group: ballast.dev, kind: Backend, name: web, filters: [{ type: RequestHeaderModifier, requestHeaderModifier: { set: [{ name: x, value: y }] } }] }",
-            )],
+            &[
+                route(
+                    "r",
+                    "default",
+                    "{ name: edge }",
+                    "web.example.com",
+                    "{ group: ballast.dev, kind: Backend, name: web, filters: [{ type: RequestHeaderModifier, requestHeaderModifier: { set: [{ name: x, value: y }] } }, { type: URLRewrite, urlRewrite: { hostname: a.example } }] }",
+                ),
+                route(
+                    "ok",
+                    "default",
+                    "{ name: edge }",
+                    "web.example.com",
+                    "{ group: ballast.dev, kind: Backend, name: web, filters: [{ type: RequestHeaderModifier, requestHeaderModifier: { set: [{ name: x, value: y }] } }] }",
+                ),
+            ],
             true,
         );
         let r = route_status(&s, "r");
@@ -1029,7 +1032,14 @@ spec: { endpoints: [{ address: 127.0.0.1, port: 8080 }] }
             ]
         );
         // Still attached: the listener counts it.
-        assert_eq!(s.gateways[0].listeners.iter().map(|l| l.attached_routes).sum::<u32>(), 4);
+        assert_eq!(
+            s.gateways[0]
+                .listeners
+                .iter()
+                .map(|l| l.attached_routes)
+                .sum::<u32>(),
+            4
+        );
     }
 
     #[test]

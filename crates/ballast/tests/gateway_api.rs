@@ -355,8 +355,7 @@ spec:
       kind: Backend
       name: b
       filters: [{ type: URLRewrite, urlRewrite: { hostname: rewritten.example } }]
-"
-            + &backend("a", &[a.addr()])
+" + &backend("a", &[a.addr()])
             + &backend("b", &[b.addr()]),
     )
     .unwrap();
@@ -406,8 +405,14 @@ spec:
         }
     }
     assert_eq!(non_2xx, 0, "every request answered 2xx");
-    assert_eq!((a.hits() - a0, b.hits() - b0), (u64::from(to_a), u64::from(to_b)));
-    assert!(to_a > 0 && to_b > 0, "both backends served: a={to_a} b={to_b}");
+    assert_eq!(
+        (a.hits() - a0, b.hits() - b0),
+        (u64::from(to_a), u64::from(to_b))
+    );
+    assert!(
+        to_a > 0 && to_b > 0,
+        "both backends served: a={to_a} b={to_b}"
+    );
     let status = ballast_get(&["routes", "-o", "yaml", dir.path().to_str().unwrap()]);
     assert!(
         status.contains("UnsupportedValue")
