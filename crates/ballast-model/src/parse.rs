@@ -1430,6 +1430,49 @@ spec:
     }
 
     #[test]
+    fn backend_ref_filters_parse_and_validate() {
+        let head = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  - backendRefs:\n";
+        let objs = objects(&format!(
+            "{head}    - name: a\n      filters:\n      - {{type: RequestHeaderModifier, requestHeaderModifier: {{set: [{{name: x-a, value: \"1\"}}]}}}}\n      \
+             - {{type: ResponseHeaderModifier, responseHeaderModifier: {{remove: [server]}}}}\n      \
+             - {{type: RequestRedirect, requestRedirect: {{statusCode: 999}}}}\n    - name: b\n"
+        ));
+        let Object::HttpRoute(r) = &objs[0] else {
+            panic!()
+        };
+        let refs = &r.spec.rules[0].backend_refs;
+        let (req, resp) = refs[0].header_modifiers();
+        assert_eq!(req.unwrap().set[0].name.as_str(), "x-a");
+        assert_eq!(resp.unwrap().remove[0].as_str(), "server");
+        // Unsupported types load (reported in status, not refused) and are not validated.
+        assert_eq!(
+            refs[0].unsupported_filters().collect::<Vec<_>>(),
+            [(2, FilterType::RequestRedirect)]
+        );
+        assert_eq!(refs[1].header_modifiers(), (None, None));
+        // Supported ones are validated like a rule's, at the backendRef's path.
+        assert_eq!(
+            errors(&format!(
+                "{head}    - name: a\n      filters:\n      - {{type: RequestHeaderModifier, requestHeaderModifier: {{remove: [\"a b\"]}}}}\n      \
+                 - {{type: RequestHeaderModifier, requestHeaderModifier: {{remove: [x]}}}}\n"
+            )),
+            vec![
+                "f.yaml:9:72: HTTPRoute default/r: spec.rules[0].backendRefs[0].filters[0].requestHeaderModifier.remove[0]: invalid header name \"a b\"",
+                "f.yaml:10:16: HTTPRoute default/r: spec.rules[0].backendRefs[0].filters[1].type: filter RequestHeaderModifier appears twice in one rule (also spec.rules[0].backendRefs[0].filters[0])",
+            ]
+        );
+        // A mirror target is a plain object reference: no filters.
+        let e = one_error(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  \
+             - filters:\n    - type: RequestMirror\n      requestMirror:\n        backendRef: {name: m, filters: [{type: RequestHeaderModifier, requestHeaderModifier: {}}]}\n",
+        );
+        assert!(
+            e.contains("spec.rules[0].filters[0].requestMirror.backendRef.filters: a requestMirror backendRef cannot have filters"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn backend_semantic_errors() {
         let text = "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: B}\nspec:\n  endpoints:\n  \
             - {address: 10.0.0.1, port: 80, weight: 0}\n  - {address: 10.0.0.1, port: 80, zone: \"\"}\n  \

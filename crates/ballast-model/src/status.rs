@@ -647,6 +647,24 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
             }
         }
     }
+    // Filters on a backendRef that Ballast does not apply: ignored (the route is otherwise
+    // served), so the status must say so, naming each field.
+    let unsupported: Vec<String> = r
+        .spec
+        .rules
+        .iter()
+        .enumerate()
+        .flat_map(|(i, rule)| {
+            rule.backend_refs.iter().enumerate().flat_map(move |(j, b)| {
+                b.unsupported_filters().map(move |(k, t)| {
+                    format!(
+                        "rules[{i}].backendRefs[{j}].filters[{k}].type: filter {} is not supported on a backendRef (ignored; only RequestHeaderModifier and ResponseHeaderModifier are)",
+                        t.as_str()
+                    )
+                })
+            })
+        })
+        .collect();
     let resolved_refs = match reason {
         None => Condition::new(
             "ResolvedRefs",
@@ -670,6 +688,12 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
         .map(|p| {
             let pr = &r.spec.parent_refs[p.index];
             let accepted = match &p.result {
+                Ok(_) if !unsupported.is_empty() => Condition::new(
+                    "Accepted",
+                    false,
+                    "UnsupportedValue",
+                    format!("{} (the route is otherwise served)", unsupported.join("; ")),
+                ),
                 Ok(listeners) => Condition::new(
                     "Accepted",
                     true,
@@ -963,6 +987,58 @@ spec: { endpoints: [{ address: 127.0.0.1, port: 8080 }] }
         assert_eq!(
             got,
             vec![("o", "open", vec!["open.example.com".to_owned()])]
+        );
+    }
+
+    #[test]
+    fn unsupported_backend_ref_filters_are_unsupported_value() {
+        let (_, s) = status_of(
+            &[
+                route(
+                    "r",
+                    "default",
+                    "{ name: edge }",
+                    "web.example.com",
+                    "{ group: ballast.dev, kind: Backend, name: web, filters: [{ type: RequestHeaderModifier, requestHeaderModifier: { set: [{ name: x, value: y }] } }, { type: URLRewrite, urlRewrite: { hostname: a.example } }] }",
+                ),
+                route(
+                    "ok",
+                    "default",
+                    "{ name: edge }",
+                    "web.example.com",
+                    "{ group: ballast.dev, kind: Backend, name: web, filters: [{ type: RequestHeaderModifier, requestHeaderModifier: { set: [{ name: x, value: y }] } }] }",
+                ),
+            ],
+            true,
+        );
+        let r = route_status(&s, "r");
+        assert_eq!(
+            conds(r)[0],
+            vec![
+                c("Accepted", false, "UnsupportedValue"),
+                c("ResolvedRefs", true, "ResolvedRefs")
+            ]
+        );
+        assert_eq!(
+            r.parents[0].conditions[0].message,
+            "rules[0].backendRefs[0].filters[1].type: filter URLRewrite is not supported on a backendRef \
+             (ignored; only RequestHeaderModifier and ResponseHeaderModifier are) (the route is otherwise served)"
+        );
+        assert_eq!(
+            conds(route_status(&s, "ok"))[0],
+            vec![
+                c("Accepted", true, "Accepted"),
+                c("ResolvedRefs", true, "ResolvedRefs")
+            ]
+        );
+        // Still attached: the listener counts it.
+        assert_eq!(
+            s.gateways[0]
+                .listeners
+                .iter()
+                .map(|l| l.attached_routes)
+                .sum::<u32>(),
+            4
         );
     }
 

@@ -369,10 +369,121 @@ fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
     for (j, m) in rule.matches.iter().enumerate() {
         route_match(ctx, m, &format!("{f}.matches[{j}]"));
     }
+    let seen = filter_list(ctx, &rule.filters, rule, f, false);
+    if let (Some(redirect), Some(_)) = (
+        seen.get(&FilterType::RequestRedirect),
+        seen.get(&FilterType::UrlRewrite),
+    ) {
+        ctx.err(
+            rule.filters[*redirect].type_.pos,
+            format!("{f}.filters"),
+            "RequestRedirect and URLRewrite cannot be used in the same rule",
+        );
+    }
+    for (j, b) in rule.backend_refs.iter().enumerate() {
+        let bf = format!("{f}.backendRefs[{j}]");
+        if b.name.is_empty() {
+            ctx.err(b.name.pos, format!("{bf}.name"), "name must not be empty");
+        }
+        if let Some(p) = &b.port {
+            port(ctx, p, format!("{bf}.port"));
+        }
+        if b.weight.value > MAX_WEIGHT {
+            ctx.err(
+                b.weight.pos,
+                format!("{bf}.weight"),
+                format!("weight {} is out of range 0..={MAX_WEIGHT}", b.weight.value),
+            );
+        }
+        filter_list(ctx, &b.filters, rule, &bf, true);
+    }
+    if let Some(t) = &rule.timeouts
+        && let (Some(req), Some(backend)) = (&t.request, &t.backend_request)
+        && !req.is_zero()
+        && (backend.is_zero() || backend.value > req.value)
+    {
+        ctx.err(
+            backend.pos,
+            format!("{f}.timeouts.backendRequest"),
+            format!(
+                "backendRequest ({}) must not be longer than request ({})",
+                crate::duration::format_duration(backend.value),
+                crate::duration::format_duration(req.value)
+            ),
+        );
+    }
+    for (k, c) in rule
+        .retry
+        .iter()
+        .flat_map(|r| r.codes.iter().flatten())
+        .enumerate()
+    {
+        if !(400..=599).contains(&c.value) {
+            ctx.err(
+                c.pos,
+                format!("{f}.retry.codes[{k}]"),
+                format!("status code {} is out of range 400..=599", c.value),
+            );
+        }
+    }
+    if let Some(b) = rule.retry.as_ref().and_then(|r| r.backoff.as_ref())
+        && b.is_zero()
+    {
+        ctx.err(
+            b.pos,
+            format!("{f}.retry.backoff"),
+            "backoff must be greater than 0",
+        );
+    }
+    if let Some(retry) = &rule.retry
+        && let Some(list) = &retry.retry_on
+    {
+        if list.is_empty() {
+            ctx.err(
+                Pos::UNKNOWN,
+                format!("{f}.retry.retryOn"),
+                "retryOn must not be empty (omit it for the default)",
+            );
+        }
+        for (k, c) in list.iter().enumerate() {
+            if !RETRY_ON_CONDITIONS.contains(&c.as_str()) {
+                ctx.err(
+                    c.pos,
+                    format!("{f}.retry.retryOn[{k}]"),
+                    format!(
+                        "unknown retry condition {:?}; expected one of {}",
+                        c.value,
+                        RETRY_ON_CONDITIONS.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// Checks a list of filters (a rule's, or a backendRef's when `on_backend`); returns where each
+/// type first appears.
+fn filter_list(
+    ctx: &mut Ctx,
+    list: &[HttpRouteFilter],
+    rule: &HttpRouteRule,
+    f: &str,
+    on_backend: bool,
+) -> HashMap<FilterType, usize> {
     let mut seen: HashMap<FilterType, usize> = HashMap::new();
-    for (j, filter) in rule.filters.iter().enumerate() {
+    for (j, filter) in list.iter().enumerate() {
         let ff = format!("{f}.filters[{j}]");
         let t = *filter.type_;
+        // On a backendRef only the header modifiers are served; the others are reported in
+        // the route's status (UnsupportedValue) rather than refusing the whole config.
+        if on_backend
+            && !matches!(
+                t,
+                FilterType::RequestHeaderModifier | FilterType::ResponseHeaderModifier
+            )
+        {
+            continue;
+        }
         // RequestMirror is the one filter Gateway API allows several of in a rule.
         if let Some(first) = seen.insert(t, j).filter(|_| t != FilterType::RequestMirror) {
             ctx.err(
@@ -473,97 +584,17 @@ fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
             None => {}
         }
     }
-    if let (Some(redirect), Some(_)) = (
-        seen.get(&FilterType::RequestRedirect),
-        seen.get(&FilterType::UrlRewrite),
-    ) {
-        ctx.err(
-            rule.filters[*redirect].type_.pos,
-            format!("{f}.filters"),
-            "RequestRedirect and URLRewrite cannot be used in the same rule",
-        );
-    }
-    for (j, b) in rule.backend_refs.iter().enumerate() {
-        let bf = format!("{f}.backendRefs[{j}]");
-        if b.name.is_empty() {
-            ctx.err(b.name.pos, format!("{bf}.name"), "name must not be empty");
-        }
-        if let Some(p) = &b.port {
-            port(ctx, p, format!("{bf}.port"));
-        }
-        if b.weight.value > MAX_WEIGHT {
-            ctx.err(
-                b.weight.pos,
-                format!("{bf}.weight"),
-                format!("weight {} is out of range 0..={MAX_WEIGHT}", b.weight.value),
-            );
-        }
-    }
-    if let Some(t) = &rule.timeouts
-        && let (Some(req), Some(backend)) = (&t.request, &t.backend_request)
-        && !req.is_zero()
-        && (backend.is_zero() || backend.value > req.value)
-    {
-        ctx.err(
-            backend.pos,
-            format!("{f}.timeouts.backendRequest"),
-            format!(
-                "backendRequest ({}) must not be longer than request ({})",
-                crate::duration::format_duration(backend.value),
-                crate::duration::format_duration(req.value)
-            ),
-        );
-    }
-    for (k, c) in rule
-        .retry
-        .iter()
-        .flat_map(|r| r.codes.iter().flatten())
-        .enumerate()
-    {
-        if !(400..=599).contains(&c.value) {
-            ctx.err(
-                c.pos,
-                format!("{f}.retry.codes[{k}]"),
-                format!("status code {} is out of range 400..=599", c.value),
-            );
-        }
-    }
-    if let Some(b) = rule.retry.as_ref().and_then(|r| r.backoff.as_ref())
-        && b.is_zero()
-    {
-        ctx.err(
-            b.pos,
-            format!("{f}.retry.backoff"),
-            "backoff must be greater than 0",
-        );
-    }
-    if let Some(retry) = &rule.retry
-        && let Some(list) = &retry.retry_on
-    {
-        if list.is_empty() {
-            ctx.err(
-                Pos::UNKNOWN,
-                format!("{f}.retry.retryOn"),
-                "retryOn must not be empty (omit it for the default)",
-            );
-        }
-        for (k, c) in list.iter().enumerate() {
-            if !RETRY_ON_CONDITIONS.contains(&c.as_str()) {
-                ctx.err(
-                    c.pos,
-                    format!("{f}.retry.retryOn[{k}]"),
-                    format!(
-                        "unknown retry condition {:?}; expected one of {}",
-                        c.value,
-                        RETRY_ON_CONDITIONS.join(", ")
-                    ),
-                );
-            }
-        }
-    }
+    seen
 }
 
 fn request_mirror(ctx: &mut Ctx, m: &RequestMirror, f: &str) {
+    if let Some(first) = m.backend_ref.filters.first() {
+        ctx.err(
+            first.type_.pos,
+            format!("{f}.backendRef.filters"),
+            "a requestMirror backendRef cannot have filters",
+        );
+    }
     if m.backend_ref.name.is_empty() {
         ctx.err(
             m.backend_ref.name.pos,

@@ -175,7 +175,7 @@ pub(crate) fn translate_route(config: &ConfigSet, route: &Arc<HttpRoute>) -> Tra
         let parts = RuleParts::new(config, route, rule);
         if parts.redirect.is_none() {
             out.clusters
-                .extend(parts.clusters.iter().map(|(k, _)| k.clone()));
+                .extend(parts.clusters.iter().map(|c| c.key.clone()));
             if parts.resolved_weight > 0 {
                 out.clusters
                     .extend(parts.mirrors.iter().map(|(k, _)| k.clone()));
@@ -215,6 +215,21 @@ fn trim_prefix(value: &str) -> &str {
     value.trim_end_matches('/')
 }
 
+/// One weighted cluster of a rule, with the header modifiers of the backendRef(s) it came from
+/// (Gateway API `backendRefs[].filters`), which Envoy applies only to requests sent to it.
+struct ClusterShare<'a> {
+    key: ObjectKey,
+    weight: u32,
+    request_headers: Option<&'a HeaderModifier>,
+    response_headers: Option<&'a HeaderModifier>,
+}
+
+impl ClusterShare<'_> {
+    fn has_headers(&self) -> bool {
+        self.request_headers.is_some() || self.response_headers.is_some()
+    }
+}
+
 /// What a rule does, computed once for all its matches.
 struct RuleParts<'a> {
     rule: &'a HttpRouteRule,
@@ -222,8 +237,9 @@ struct RuleParts<'a> {
     rewrite: Option<&'a UrlRewrite>,
     request_headers: Option<&'a HeaderModifier>,
     response_headers: Option<&'a HeaderModifier>,
-    /// Resolvable backends with weight > 0, merged per Backend, in first-reference order.
-    clusters: Vec<(ObjectKey, u32)>,
+    /// Resolvable backends with weight > 0, merged per Backend (and backendRef filters), in
+    /// first-reference order.
+    clusters: Vec<ClusterShare<'a>>,
     resolved_weight: u64,
     unresolved_weight: u64,
     /// The keys the rule's backends hash on (usually none or one), in first-reference order.
@@ -278,9 +294,21 @@ impl<'a> RuleParts<'a> {
                         parts.hash.push(k);
                     }
                     let key = b.key();
-                    match parts.clusters.iter_mut().find(|(k, _)| *k == key) {
-                        Some((_, w)) => *w = w.saturating_add(weight),
-                        None => parts.clusters.push((key, weight)),
+                    let (request_headers, response_headers) = r.header_modifiers();
+                    // Refs to one Backend merge only when their filters agree: otherwise each
+                    // keeps its own share and header mutations.
+                    match parts.clusters.iter_mut().find(|c| {
+                        c.key == key
+                            && c.request_headers == request_headers
+                            && c.response_headers == response_headers
+                    }) {
+                        Some(c) => c.weight = c.weight.saturating_add(weight),
+                        None => parts.clusters.push(ClusterShare {
+                            key,
+                            weight,
+                            request_headers,
+                            response_headers,
+                        }),
                     }
                 }
                 _ => parts.unresolved_weight += u64::from(weight),
@@ -355,15 +383,30 @@ impl<'a> RuleParts<'a> {
     }
 
     fn route_action(&self, m: &HttpRouteMatch) -> RouteAction {
+        // A single cluster with backendRef filters still uses `weighted_clusters`, the place
+        // for per-backend header mutations (the route's own fields hold the rule's filters).
         let cluster_specifier = match self.clusters.as_slice() {
-            [(one, _)] => ClusterSpecifier::Cluster(names::cluster(one)),
+            [one] if !one.has_headers() => ClusterSpecifier::Cluster(names::cluster(&one.key)),
             many => ClusterSpecifier::WeightedClusters(WeightedCluster {
                 clusters: many
                     .iter()
-                    .map(|(k, w)| ClusterWeight {
-                        name: names::cluster(k),
-                        weight: Some(UInt32Value { value: *w }),
-                        ..Default::default()
+                    .map(|c| {
+                        let mut cw = ClusterWeight {
+                            name: names::cluster(&c.key),
+                            weight: Some(UInt32Value { value: c.weight }),
+                            ..Default::default()
+                        };
+                        if let Some(h) = c.request_headers {
+                            cw.request_headers_to_add = headers_to_add(h);
+                            cw.request_headers_to_remove =
+                                h.remove.iter().map(|s| s.value.clone()).collect();
+                        }
+                        if let Some(h) = c.response_headers {
+                            cw.response_headers_to_add = headers_to_add(h);
+                            cw.response_headers_to_remove =
+                                h.remove.iter().map(|s| s.value.clone()).collect();
+                        }
+                        cw
                     })
                     .collect(),
                 ..Default::default()

@@ -466,6 +466,115 @@ fn header_modifiers() {
     assert_eq!(r.response_headers_to_remove, ["server"]);
 }
 
+/// Gateway API `backendRefs[].filters`: header mutations on the one weighted cluster they belong
+/// to, not on the route; a lone ref with filters still uses `weighted_clusters`; two refs to
+/// one Backend with different filters stay separate.
+#[test]
+fn backend_ref_header_filters() {
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - matches: [{ path: { value: /split } }]
+    filters:
+    - { type: RequestHeaderModifier, requestHeaderModifier: { set: [{ name: x-rule, value: r }] } }
+    backendRefs:
+    - name: web
+      filters:
+      - type: RequestHeaderModifier
+        requestHeaderModifier:
+          set: [{ name: x-backend, value: a }]
+          add: [{ name: x-via, value: ballast }]
+          remove: [x-internal]
+      - type: ResponseHeaderModifier
+        responseHeaderModifier: { add: [{ name: x-served-by, value: a }], remove: [server] }
+    - { name: canary }
+  - matches: [{ path: { value: /one } }]
+    backendRefs:
+    - { name: web, filters: [{ type: RequestHeaderModifier, requestHeaderModifier: { set: [{ name: x-one, value: "1" }] } }] }
+  - matches: [{ path: { value: /same } }]
+    backendRefs:
+    - { name: web, weight: 2 }
+    - { name: web, weight: 3, filters: [{ type: RequestHeaderModifier, requestHeaderModifier: { set: [{ name: x-b, value: b }] } }] }
+  - matches: [{ path: { value: /plain } }]
+    backendRefs: [{ name: web }]
+"#,
+    );
+    let canary = backend_yaml("canary", WEB);
+    let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &canary, &route]), "edge");
+    let vh = only_vhost(&res);
+    let by_name = |n: &str| vh.routes.iter().find(|r| r.name == n).unwrap().clone();
+    let weighted = |n: &str| match route_action(&by_name(n)).cluster_specifier.clone() {
+        Some(ClusterSpecifier::WeightedClusters(w)) => w.clusters,
+        other => panic!("{n}: not weighted: {other:?}"),
+    };
+    let h = |opts: &[envoy_types::pb::envoy::config::core::v3::HeaderValueOption]| {
+        opts.iter()
+            .map(|o| {
+                let hv = o.header.as_ref().unwrap();
+                (hv.key.clone(), hv.value.clone(), o.append_action)
+            })
+            .collect::<Vec<_>>()
+    };
+    let set = HeaderAppendAction::OverwriteIfExistsOrAdd as i32;
+    let add = HeaderAppendAction::AppendIfExistsOrAdd as i32;
+
+    let split = weighted("default/web/0/0");
+    assert_eq!(split.len(), 2);
+    assert_eq!(split[0].name, "default/web");
+    assert_eq!(
+        h(&split[0].request_headers_to_add),
+        [
+            ("x-backend".into(), "a".into(), set),
+            ("x-via".into(), "ballast".into(), add)
+        ]
+    );
+    assert_eq!(split[0].request_headers_to_remove, ["x-internal"]);
+    assert_eq!(
+        h(&split[0].response_headers_to_add),
+        [("x-served-by".into(), "a".into(), add)]
+    );
+    assert_eq!(split[0].response_headers_to_remove, ["server"]);
+    // The other backend gets nothing; the rule's own filter stays on the route.
+    assert_eq!(split[1].name, "default/canary");
+    assert!(split[1].request_headers_to_add.is_empty());
+    assert!(split[1].response_headers_to_add.is_empty());
+    assert!(split[1].request_headers_to_remove.is_empty());
+    assert_eq!(
+        h(&by_name("default/web/0/0").request_headers_to_add),
+        [("x-rule".into(), "r".into(), set)]
+    );
+
+    let one = weighted("default/web/1/0");
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0].weight.unwrap().value, 1);
+    assert_eq!(
+        h(&one[0].request_headers_to_add),
+        [("x-one".into(), "1".into(), set)]
+    );
+
+    let same = weighted("default/web/2/0");
+    let got: Vec<(String, u32, usize)> = same
+        .iter()
+        .map(|c| {
+            (
+                c.name.clone(),
+                c.weight.unwrap().value,
+                c.request_headers_to_add.len(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [("default/web".into(), 2, 0), ("default/web".into(), 3, 1)]
+    );
+
+    // Without backendRef filters a lone backend stays a plain cluster.
+    assert_eq!(
+        route_action(&by_name("default/web/3/0")).cluster_specifier,
+        Some(ClusterSpecifier::Cluster("default/web".into()))
+    );
+}
+
 #[test]
 fn redirects() {
     let route = route_yaml(

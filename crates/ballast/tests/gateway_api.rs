@@ -317,3 +317,106 @@ spec:
         .unwrap();
     assert_eq!(shadow.hits() - s0, 10);
 }
+
+/// Gateway API `backendRefs[].filters` (conformance `HTTPRouteBackendRequestHeaderModifier`
+/// shape): two backends split 1:1, only backend A's ref has header modifiers, so only requests
+/// to A carry (and lack) the headers and only A's responses get the response header. Backend B's
+/// ref has an unsupported URLRewrite: ignored (B still served, Host unchanged) and reported as
+/// `Accepted=False UnsupportedValue`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_ref_filters_apply_only_to_their_backend() {
+    let a = Upstream::start("a").await.unwrap();
+    let b = Upstream::start("b").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("all.yaml"),
+        gateway(port)
+            + "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: { name: split }
+spec:
+  parentRefs: [{ name: edge }]
+  hostnames: [split.example.com]
+  rules:
+  - backendRefs:
+    - group: ballast.dev
+      kind: Backend
+      name: a
+      filters:
+      - type: RequestHeaderModifier
+        requestHeaderModifier:
+          set: [{ name: x-backend, value: a }]
+          remove: [x-internal]
+      - type: ResponseHeaderModifier
+        responseHeaderModifier: { add: [{ name: x-via-a, value: yes }] }
+    - group: ballast.dev
+      kind: Backend
+      name: b
+      filters: [{ type: URLRewrite, urlRewrite: { hostname: rewritten.example } }]
+" + &backend("a", &[a.addr()])
+            + &backend("b", &[b.addr()]),
+    )
+    .unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-backend-filters",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_status(gw, "split.example.com").await, Ok(200))
+    })
+    .await
+    .unwrap();
+    let (a0, b0) = (a.hits(), b.hits());
+    let (mut to_a, mut to_b, mut non_2xx) = (0u32, 0u32, 0u32);
+    let sent = [("x-internal", "1"), ("x-backend", "client")];
+    for _ in 0..40 {
+        let (code, headers, body) = host_get_with_headers(gw, "split.example.com", &sent)
+            .await
+            .unwrap();
+        if !(200..300).contains(&code) {
+            non_2xx += 1;
+            continue;
+        }
+        let via_a = headers.iter().any(|(k, v)| k == "x-via-a" && v == "yes");
+        // Requests are sequential: the answering upstream's last request is this one.
+        match body.as_str() {
+            "a" => {
+                to_a += 1;
+                assert_eq!(a.last_header("x-backend").as_deref(), Some("a"));
+                assert_eq!(a.last_header("x-internal"), None);
+                assert!(via_a, "A's response lacks x-via-a: {headers:?}");
+            }
+            "b" => {
+                to_b += 1;
+                assert_eq!(b.last_header("x-backend").as_deref(), Some("client"));
+                assert_eq!(b.last_header("x-internal").as_deref(), Some("1"));
+                assert_eq!(b.last_host().as_deref(), Some("split.example.com"));
+                assert!(!via_a, "B's response has x-via-a: {headers:?}");
+            }
+            other => panic!("unexpected body {other:?}"),
+        }
+    }
+    assert_eq!(non_2xx, 0, "every request answered 2xx");
+    assert_eq!(
+        (a.hits() - a0, b.hits() - b0),
+        (u64::from(to_a), u64::from(to_b))
+    );
+    assert!(
+        to_a > 0 && to_b > 0,
+        "both backends served: a={to_a} b={to_b}"
+    );
+    let status = ballast_get(&["routes", "-o", "yaml", dir.path().to_str().unwrap()]);
+    assert!(
+        status.contains("UnsupportedValue")
+            && status.contains("rules[0].backendRefs[1].filters[0].type: filter URLRewrite"),
+        "{status}"
+    );
+}

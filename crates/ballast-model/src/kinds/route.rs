@@ -423,6 +423,12 @@ pub struct HttpBackendRef {
     /// Share of the rule's traffic, relative to its other backendRefs (0 = none).
     #[serde(default = "one")]
     pub weight: Spanned<u32>,
+    /// Gateway API `HTTPBackendRef.filters`: applied only to requests sent to this backend (so
+    /// one backend of a split can get a header the others do not). Ballast serves the header
+    /// modifiers; other types are ignored and reported (`Accepted=False UnsupportedValue`),
+    /// so the route keeps serving.
+    #[serde(default)]
+    pub filters: Vec<HttpRouteFilter>,
 }
 
 fn one() -> Spanned<u32> {
@@ -493,6 +499,32 @@ impl HttpBackendRef {
 
     pub fn namespace_or<'a>(&'a self, route_namespace: &'a str) -> &'a str {
         self.namespace.as_deref().unwrap_or(route_namespace)
+    }
+
+    /// The header modifiers among this ref's own filters (the last of each type wins;
+    /// validation refuses duplicates), as (request, response).
+    pub fn header_modifiers(&self) -> (Option<&HeaderModifier>, Option<&HeaderModifier>) {
+        let (mut req, mut resp) = (None, None);
+        for f in &self.filters {
+            match f.action() {
+                Some(FilterAction::RequestHeaderModifier(m)) => req = Some(m),
+                Some(FilterAction::ResponseHeaderModifier(m)) => resp = Some(m),
+                _ => {}
+            }
+        }
+        (req, resp)
+    }
+
+    /// `(index, type)` of each of this ref's filters Ballast does not apply on a backendRef.
+    pub fn unsupported_filters(&self) -> impl Iterator<Item = (usize, FilterType)> + '_ {
+        self.filters.iter().enumerate().filter_map(|(k, f)| {
+            let t = *f.type_;
+            (!matches!(
+                t,
+                FilterType::RequestHeaderModifier | FilterType::ResponseHeaderModifier
+            ))
+            .then_some((k, t))
+        })
     }
 }
 
