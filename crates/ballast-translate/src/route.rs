@@ -695,6 +695,35 @@ pub(crate) fn fixed_hosts<'a>(listeners: &[&'a Listener]) -> impl Iterator<Item 
         .filter_map(|l| l.hostname())
 }
 
+/// Name of the catch-all virtual host of an HTTPS filter chain whose listener has a hostname.
+pub(crate) const MISDIRECTED_VHOST: &str = "misdirected";
+
+/// The catch-all (`*`) virtual host of an HTTPS filter chain selected by a listener hostname: a
+/// request whose `:authority` is not this listener's (HTTP/2 connection coalescing, or a client
+/// sending SNI `a` and `Host: b`) must not be served by this chain's routes, and Gateway API
+/// (GEP-3567) wants `421 Misdirected Request` so the client retries on a new connection.
+/// Encoded as a `RouteConfiguration.virtual_hosts` entry, like [`encode_virtual_host`].
+pub(crate) fn encode_misdirected_host(out: &mut Vec<u8>) {
+    let vhost = VirtualHost {
+        name: MISDIRECTED_VHOST.into(),
+        domains: vec![ballast_model::hostname::ANY_HOST.into()],
+        routes: vec![Route {
+            name: MISDIRECTED_VHOST.into(),
+            r#match: Some(RouteMatch {
+                path_specifier: Some(PathSpecifier::Prefix("/".into())),
+                ..Default::default()
+            }),
+            action: Some(Action::DirectResponse(DirectResponseAction {
+                status: 421,
+                ..Default::default()
+            })),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    prost::encoding::message::encode(2, &vhost, out);
+}
+
 /// The virtual host of `host` with the Envoy routes of `routes`, in match precedence order
 /// (a total order: it ends with the route key, rule and match indices).
 /// Encodes the `RouteConfiguration.virtual_hosts` field for `host` into `out` — name, domain,
