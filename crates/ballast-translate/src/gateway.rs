@@ -190,7 +190,7 @@ impl HostState {
         self.encoded.clear();
         if self.misdirected {
             self.clusters = Vec::new();
-            encode_misdirected_host(&mut self.encoded);
+            encode_misdirected_host(host, &mut self.encoded);
             return;
         }
         self.clusters = encode_virtual_host(host, self.routes.values(), &mut self.encoded);
@@ -377,7 +377,8 @@ pub(crate) fn build_gateway(
         for chain in &port.chains {
             let mut hosts: BTreeMap<String, HostState> = BTreeMap::new();
             for (rk, slot) in &routes {
-                let contributed = contributions(&chain.listeners, &slot.attachments);
+                let contributed =
+                    contributions(&chain.listeners, &chain.siblings, &slot.attachments);
                 if contributed.is_empty() {
                     continue;
                 }
@@ -397,9 +398,12 @@ pub(crate) fn build_gateway(
                 // The chain's own hostname answers 404 when no route matches; any other host
                 // reached this chain through another listener's SNI and gets 421.
                 hosts.entry(sni.clone()).or_default().fixed = true;
-                let any = hosts.entry(ANY_HOST.to_owned()).or_default();
-                any.fixed = true;
-                any.misdirected = true;
+                let siblings = chain.siblings.iter().filter_map(|l| l.hostname());
+                for h in std::iter::once(ANY_HOST).chain(siblings) {
+                    let m = hosts.entry(h.to_owned()).or_default();
+                    m.fixed = true;
+                    m.misdirected = true;
+                }
             }
             let mut old = prev_chains.remove(&chain.route_config);
             let mut reused_all = old.as_ref().is_some_and(|o| o.hosts.len() == hosts.len());
@@ -537,11 +541,11 @@ pub(crate) fn patch_routes(
             let cs = &mut state.chains[i];
             let before = old
                 .as_ref()
-                .map(|o| contributions(&chain.listeners, &o.attachments))
+                .map(|o| contributions(&chain.listeners, &chain.siblings, &o.attachments))
                 .unwrap_or_default();
             let after = new
                 .as_ref()
-                .map(|n| contributions(&chain.listeners, &n.attachments))
+                .map(|n| contributions(&chain.listeners, &chain.siblings, &n.attachments))
                 .unwrap_or_default();
             if let Some(n) = new.as_ref().filter(|_| !after.is_empty()) {
                 count_up(&mut state.used, &n.translated.clusters);

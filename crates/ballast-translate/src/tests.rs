@@ -994,15 +994,26 @@ fn https_sni_filter_chains_with_sds_certificates() {
         domains("default/edge/443/a.example.com"),
         ["misdirected", "a.example.com"]
     );
+    // `a.example.com` has its own listener (and chain): on the wildcard's chain it is
+    // misdirected too, even though `web` (attached to both) names it.
     assert_eq!(
         domains("default/edge/443/*.example.com"),
         [
             "misdirected",
             "*.example.com",
-            "a.example.com",
+            "misdirected/a.example.com",
             "b.example.com"
         ]
     );
+    let wild: RouteConfiguration =
+        decode(find(&res.route_configs, "default/edge/443/*.example.com"));
+    let sibling = &wild.virtual_hosts[2];
+    assert_eq!(sibling.domains, ["a.example.com"]);
+    assert!(matches!(
+        &sibling.routes[0].action,
+        Some(envoy_types::pb::envoy::config::route::v3::route::Action::DirectResponse(d))
+            if d.status == 421
+    ));
     let rc: RouteConfiguration = decode(find(&res.route_configs, "default/edge/443/a.example.com"));
     let catch_all = &rc.virtual_hosts[0];
     assert_eq!(catch_all.domains, ["*"]);
