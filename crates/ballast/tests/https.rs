@@ -248,18 +248,28 @@ async fn status_with_host(sni: &str, host: &str, port: u16, cacert: &Path, h2: b
 async fn sni_of_one_listener_with_host_of_another_gets_421() {
     let alpha = Upstream::start("alpha").await.unwrap();
     let beta = Upstream::start("beta").await.unwrap();
+    let wild = Upstream::start("wild").await.unwrap();
     let certs = tempfile::tempdir().unwrap();
     let (alpha_crt, alpha_key) = rcgen_self_signed(certs.path(), "alpha.example.com");
     let (beta_crt, beta_key) = rcgen_self_signed(certs.path(), "beta.example.com");
+    let (wild_crt, wild_key) = rcgen_self_signed(certs.path(), "*.example.com");
     let port = ballast_testkit::free_port();
     let dir = tempfile::tempdir().unwrap();
+    // A third listener, `*.example.com`, less specific than alpha and beta on the same port.
     let config = https_gateway(port)
+        + &format!(
+            "  - name: wild\n    port: {port}\n    protocol: HTTPS\n    hostname: \"*.example.com\"\n    \
+             tls: {{ certificateRefs: [{{ kind: Secret, name: wild-tls }}] }}\n"
+        )
         + &route("alpha", "alpha.example.com", "alpha")
         + &route("beta", "beta.example.com", "beta")
+        + &route("wild", "y.example.com", "wild")
         + &backend("alpha", &[alpha.addr()])
         + &backend("beta", &[beta.addr()])
+        + &backend("wild", &[wild.addr()])
         + &secret("alpha-tls", &alpha_crt, &alpha_key)
-        + &secret("beta-tls", &beta_crt, &beta_key);
+        + &secret("beta-tls", &beta_crt, &beta_key)
+        + &secret("wild-tls", &wild_crt, &wild_key);
     std::fs::write(dir.path().join("config.yaml"), config).unwrap();
     let ballast = Ballast::serve_ready(dir.path()).await;
     let envoy = Envoy::start(&EnvoyConfig::new(
@@ -272,11 +282,13 @@ async fn sni_of_one_listener_with_host_of_another_gets_421() {
     .unwrap();
     let alpha_ca = certs.path().join("alpha.example.com.crt");
     let beta_ca = certs.path().join("beta.example.com.crt");
-    // Bounded wait until both filter chains serve their own host.
+    let wild_ca = certs.path().join("*.example.com.crt");
+    // Bounded wait until the three filter chains serve their own host.
     wait_for(T, POLL, || async {
         for (sni, ca) in [
             ("alpha.example.com", &alpha_ca),
             ("beta.example.com", &beta_ca),
+            ("y.example.com", &wild_ca),
         ] {
             let code = status_with_host(sni, sni, port, ca, true).await;
             if code != 200 {
@@ -312,9 +324,30 @@ async fn sni_of_one_listener_with_host_of_another_gets_421() {
             }
         }
     }
+    // The wildcard chain: its own hosts are served (or 404 without a route), a host with a
+    // more specific listener of its own (alpha) is misdirected.
+    for h2 in [true, false] {
+        for _ in 0..5 {
+            let sni = "y.example.com";
+            if !(200..300).contains(&status_with_host(sni, sni, port, &wild_ca, h2).await) {
+                non_2xx += 1;
+            }
+            let code = status_with_host(sni, "z.example.com", port, &wild_ca, h2).await;
+            assert_eq!(
+                code, 404,
+                "SNI {sni}, Host z.example.com (no route), h2={h2}"
+            );
+            let code = status_with_host(sni, "alpha.example.com", port, &wild_ca, h2).await;
+            assert_eq!(code, 421, "SNI {sni}, Host alpha.example.com, h2={h2}");
+            misdirected += 1;
+            let code = status_with_host("alpha.example.com", sni, port, &alpha_ca, h2).await;
+            assert_eq!(code, 421, "SNI alpha.example.com, Host {sni}, h2={h2}");
+            misdirected += 1;
+        }
+    }
     assert_eq!(
         non_2xx, 0,
         "requests for the SNI's own host must all succeed"
     );
-    assert_eq!(misdirected, 40);
+    assert_eq!(misdirected, 60);
 }
