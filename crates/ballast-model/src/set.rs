@@ -1286,6 +1286,57 @@ mod tests {
     }
 
     #[test]
+    fn route_attaches_only_to_listeners_whose_hostname_intersects() {
+        let gw = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: { name: edge }
+spec:
+  gatewayClassName: ballast
+  listeners:
+  - { name: alpha, port: 443, protocol: HTTPS, hostname: alpha.example.com, tls: { certificateRefs: [{ name: c }] } }
+  - { name: beta, port: 443, protocol: HTTPS, hostname: beta.example.com, tls: { certificateRefs: [{ name: c }] } }
+  - { name: wild, port: 443, protocol: HTTPS, hostname: "*.example.com", tls: { certificateRefs: [{ name: c }] } }
+"#;
+        let route = |name: &str, hosts: &str| {
+            format!(
+                "---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{ name: {name} }}\nspec:\n  parentRefs: [{{ name: edge }}]\n  hostnames: {hosts}\n  rules:\n  - backendRefs: [{{ name: web }}]\n"
+            )
+        };
+        let yaml = format!(
+            "{gw}{}{}---\n{}",
+            route("r", "[alpha.example.com, x.example.com, other.org]"),
+            route("none", "[other.org, example.com]"),
+            backend("web", 80)
+        );
+        let set = ConfigSet::build([("a.yaml", yaml)]).unwrap();
+        let edge = ObjectKey::new("default", "edge");
+        let r = &set.http_routes[&ObjectKey::new("default", "r")];
+        let got: Vec<(String, Vec<String>)> = set
+            .route_attachments(&edge, r)
+            .into_iter()
+            .map(|a| (a.listener, a.hostnames))
+            .collect();
+        // Not `beta`; each listener gets only the intersection, never `other.org`.
+        assert_eq!(
+            got,
+            vec![
+                ("alpha".to_owned(), vec!["alpha.example.com".to_owned()]),
+                (
+                    "wild".to_owned(),
+                    vec!["alpha.example.com".to_owned(), "x.example.com".to_owned()]
+                ),
+            ]
+        );
+        let none = &set.http_routes[&ObjectKey::new("default", "none")];
+        assert!(set.route_attachments(&edge, none).is_empty());
+        let res = set.resolve_parents(none);
+        assert!(matches!(
+            &res[0].result,
+            Err((NotAcceptedReason::NoMatchingListenerHostname, _))
+        ));
+    }
+
+    #[test]
     fn builds_from_many_files() {
         let canonical = include_str!("../testdata/canonical.yaml");
         let set = ConfigSet::build([

@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use ballast_model::hostname::ANY_HOST;
 use ballast_model::set::ListenerAttachment;
 use ballast_model::{Backend, ConfigSet, Gateway, HttpRoute, ObjectKey, Secret};
 use ballast_xds::{Ref, Resource, ResourceType, XdsResource};
@@ -24,8 +25,8 @@ use crate::index::{DependencyIndex, Deps, Orphans, names_gateway};
 use crate::listener::{ChainPlan, certificate_refs, envoy_listener, plan};
 use crate::policy::ClusterInputs;
 use crate::route::{
-    TranslatedRoute, backend_signature, contributions, encode_virtual_host, fixed_hosts,
-    translate_route,
+    TranslatedRoute, backend_signature, contributions, encode_misdirected_host,
+    encode_virtual_host, fixed_hosts, translate_route,
 };
 use crate::{
     ConfigSources, GatewayResources, Options, TranslateStats, cluster, encode, names, secret,
@@ -172,8 +173,11 @@ struct RouteSlot {
 struct HostState {
     /// The translated routes contributing to it, by route key.
     routes: BTreeMap<ObjectKey, Arc<TranslatedRoute>>,
-    /// A hostname of a listener sharing the route configuration: kept even without routes.
+    /// A hostname of a listener sharing the route configuration, or of an HTTPS chain's own
+    /// listener: kept even without routes.
     fixed: bool,
+    /// The `*` catch-all of an HTTPS chain with a hostname, answering 421 (never has routes).
+    misdirected: bool,
     /// The virtual host as an entry of `RouteConfiguration.virtual_hosts` (field key, length,
     /// message).
     encoded: Vec<u8>,
@@ -184,6 +188,11 @@ struct HostState {
 impl HostState {
     fn encode(&mut self, host: &str) {
         self.encoded.clear();
+        if self.misdirected {
+            self.clusters = Vec::new();
+            encode_misdirected_host(host, &mut self.encoded);
+            return;
+        }
         self.clusters = encode_virtual_host(host, self.routes.values(), &mut self.encoded);
     }
 }
@@ -368,7 +377,8 @@ pub(crate) fn build_gateway(
         for chain in &port.chains {
             let mut hosts: BTreeMap<String, HostState> = BTreeMap::new();
             for (rk, slot) in &routes {
-                let contributed = contributions(&chain.listeners, &slot.attachments);
+                let contributed =
+                    contributions(&chain.listeners, &chain.siblings, &slot.attachments);
                 if contributed.is_empty() {
                     continue;
                 }
@@ -384,11 +394,23 @@ pub(crate) fn build_gateway(
             for h in fixed_hosts(&chain.listeners) {
                 hosts.entry(h.to_owned()).or_default().fixed = true;
             }
+            if let Some(sni) = &chain.server_name {
+                // The chain's own hostname answers 404 when no route matches; any other host
+                // reached this chain through another listener's SNI and gets 421.
+                hosts.entry(sni.clone()).or_default().fixed = true;
+                let siblings = chain.siblings.iter().filter_map(|l| l.hostname());
+                for h in std::iter::once(ANY_HOST).chain(siblings) {
+                    let m = hosts.entry(h.to_owned()).or_default();
+                    m.fixed = true;
+                    m.misdirected = true;
+                }
+            }
             let mut old = prev_chains.remove(&chain.route_config);
             let mut reused_all = old.as_ref().is_some_and(|o| o.hosts.len() == hosts.len());
             for (h, state) in hosts.iter_mut() {
                 let same = old.as_mut().and_then(|o| o.hosts.get_mut(h)).filter(|o| {
-                    o.routes.len() == state.routes.len()
+                    o.misdirected == state.misdirected
+                        && o.routes.len() == state.routes.len()
                         && o.routes
                             .iter()
                             .zip(&state.routes)
@@ -519,11 +541,11 @@ pub(crate) fn patch_routes(
             let cs = &mut state.chains[i];
             let before = old
                 .as_ref()
-                .map(|o| contributions(&chain.listeners, &o.attachments))
+                .map(|o| contributions(&chain.listeners, &chain.siblings, &o.attachments))
                 .unwrap_or_default();
             let after = new
                 .as_ref()
-                .map(|n| contributions(&chain.listeners, &n.attachments))
+                .map(|n| contributions(&chain.listeners, &chain.siblings, &n.attachments))
                 .unwrap_or_default();
             if let Some(n) = new.as_ref().filter(|_| !after.is_empty()) {
                 count_up(&mut state.used, &n.translated.clusters);

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 
 use ballast_model::set::CertificateRefResolution;
 use ballast_model::{
-    ConfigSet, Gateway, Listener, ListenerProtocol, ObjectKey,
+    ConfigSet, Gateway, Listener, ListenerProtocol, ObjectKey, hostname_matches,
 };
 use ballast_xds::simple::{rds_http_connection_manager, socket_address};
 use envoy_types::pb::envoy::config::core::v3::TransportSocket;
@@ -45,6 +45,10 @@ pub(crate) struct ChainPlan<'a> {
     pub server_name: Option<String>,
     /// HTTPS only: the resolved certificate Secrets.
     pub certificates: Vec<ObjectKey>,
+    /// HTTPS only: listeners of other chains of the port whose hostname is more specific than
+    /// this chain's wildcard (`a.example.com` under `*.example.com`); their hosts are
+    /// misdirected here (421), since a request for them belongs to their own listener.
+    pub siblings: Vec<&'a Listener>,
 }
 
 pub(crate) struct PortPlan<'a> {
@@ -70,6 +74,7 @@ pub(crate) fn plan<'a>(config: &ConfigSet, gw: &'a Gateway) -> Vec<PortPlan<'a>>
                 route_config: names::listener(&key, port),
                 server_name: None,
                 certificates: Vec::new(),
+                siblings: Vec::new(),
             }],
             ListenerProtocol::Https => {
                 let mut chains: Vec<ChainPlan> = listeners
@@ -89,10 +94,24 @@ pub(crate) fn plan<'a>(config: &ConfigSet, gw: &'a Gateway) -> Vec<PortPlan<'a>>
                             route_config: names::https_route_config(&key, port, l.hostname()),
                             server_name: l.hostname().map(str::to_owned),
                             certificates,
+                            siblings: Vec::new(),
                         })
                     })
                     .collect();
                 chains.sort_by(|a, b| a.route_config.cmp(&b.route_config));
+                let served: Vec<&Listener> = chains.iter().map(|c| c.listeners[0]).collect();
+                for c in &mut chains {
+                    if let Some(h) = c.server_name.as_deref() {
+                        c.siblings = served
+                            .iter()
+                            .copied()
+                            .filter(|l| {
+                                l.hostname()
+                                    .is_some_and(|lh| lh != h && hostname_matches(h, lh))
+                            })
+                            .collect();
+                    }
+                }
                 chains
             }
         };

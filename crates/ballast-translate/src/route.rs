@@ -700,12 +700,14 @@ fn listener_matches(l: &Listener, host: &str) -> bool {
 /// The hosts of one route configuration (filter chain) serving the Gateway `listeners` that a
 /// route attached as `attachments` contributes to: every hostname it serves on one of these
 /// listeners, except (when several listeners share the configuration) hostnames whose requests
-/// belong to a more specific listener, as Gateway API specifies.
+/// belong to a more specific listener, as Gateway API specifies. `siblings` (HTTPS: more
+/// specific listeners with chains of their own) only take hostnames away from this chain.
 pub(crate) fn contributions<'a>(
     listeners: &[&Listener],
+    siblings: &[&Listener],
     attachments: &'a [ListenerAttachment],
 ) -> Vec<&'a str> {
-    let shared = listeners.len() > 1;
+    let shared = listeners.len() > 1 || !siblings.is_empty();
     let mut out = Vec::new();
     for a in attachments {
         if !listeners.iter().any(|l| *l.name == a.listener) {
@@ -716,6 +718,7 @@ pub(crate) fn contributions<'a>(
                 // Gateway API: a request belongs to the most specific listener matching its host.
                 let best = listeners
                     .iter()
+                    .chain(siblings)
                     .filter(|l| listener_matches(l, h))
                     .max_by_key(|l| specificity(l));
                 if best.is_none_or(|l| *l.name != a.listener) {
@@ -736,6 +739,42 @@ pub(crate) fn fixed_hosts<'a>(listeners: &[&'a Listener]) -> impl Iterator<Item 
         .iter()
         .filter(move |_| shared)
         .filter_map(|l| l.hostname())
+}
+
+/// Name of the catch-all virtual host of an HTTPS filter chain whose listener has a hostname.
+pub(crate) const MISDIRECTED_VHOST: &str = "misdirected";
+
+/// The catch-all (`*`) virtual host of an HTTPS filter chain selected by a listener hostname: a
+/// request whose `:authority` is not this listener's (HTTP/2 connection coalescing, or a client
+/// sending SNI `a` and `Host: b`) must not be served by this chain's routes, and Gateway API
+/// (GEP-3567) wants `421 Misdirected Request` so the client retries on a new connection.
+/// Encoded as a `RouteConfiguration.virtual_hosts` entry, like [`encode_virtual_host`].
+/// `host` is `*` (named `misdirected`) or a more specific sibling listener's hostname (named
+/// `misdirected/{host}`).
+pub(crate) fn encode_misdirected_host(host: &str, out: &mut Vec<u8>) {
+    let name = if host == ballast_model::hostname::ANY_HOST {
+        MISDIRECTED_VHOST.to_owned()
+    } else {
+        format!("{MISDIRECTED_VHOST}/{host}")
+    };
+    let vhost = VirtualHost {
+        name,
+        domains: vec![host.into()],
+        routes: vec![Route {
+            name: MISDIRECTED_VHOST.into(),
+            r#match: Some(RouteMatch {
+                path_specifier: Some(PathSpecifier::Prefix("/".into())),
+                ..Default::default()
+            }),
+            action: Some(Action::DirectResponse(DirectResponseAction {
+                status: 421,
+                ..Default::default()
+            })),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    prost::encoding::message::encode(2, &vhost, out);
 }
 
 /// The virtual host of `host` with the Envoy routes of `routes`, in match precedence order

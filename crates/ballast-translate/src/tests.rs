@@ -1097,11 +1097,42 @@ fn https_sni_filter_chains_with_sds_certificates() {
             .map(|v| v.name.clone())
             .collect::<Vec<_>>()
     };
-    assert_eq!(domains("default/edge/443/a.example.com"), ["a.example.com"]);
+    // A chain selected by a listener hostname also answers 421 for any other host (SNI a,
+    // Host b: misdirected), and keeps its own hostname (404 when no route matches).
+    assert_eq!(
+        domains("default/edge/443/a.example.com"),
+        ["misdirected", "a.example.com"]
+    );
+    // `a.example.com` has its own listener (and chain): on the wildcard's chain it is
+    // misdirected too, even though `web` (attached to both) names it.
     assert_eq!(
         domains("default/edge/443/*.example.com"),
-        ["*.example.com", "a.example.com", "b.example.com"]
+        [
+            "misdirected",
+            "*.example.com",
+            "misdirected/a.example.com",
+            "b.example.com"
+        ]
     );
+    let wild: RouteConfiguration =
+        decode(find(&res.route_configs, "default/edge/443/*.example.com"));
+    let sibling = &wild.virtual_hosts[2];
+    assert_eq!(sibling.domains, ["a.example.com"]);
+    assert!(matches!(
+        &sibling.routes[0].action,
+        Some(envoy_types::pb::envoy::config::route::v3::route::Action::DirectResponse(d))
+            if d.status == 421
+    ));
+    let rc: RouteConfiguration = decode(find(&res.route_configs, "default/edge/443/a.example.com"));
+    let catch_all = &rc.virtual_hosts[0];
+    assert_eq!(catch_all.domains, ["*"]);
+    assert_eq!(catch_all.routes.len(), 1);
+    match &catch_all.routes[0].action {
+        Some(envoy_types::pb::envoy::config::route::v3::route::Action::DirectResponse(d)) => {
+            assert_eq!(d.status, 421)
+        }
+        other => panic!("{other:?}"),
+    }
     assert_eq!(
         domains("default/edge/443/*"),
         ["*", "a.example.com", "b.example.com"]
