@@ -1443,7 +1443,13 @@ spec:
             panic!("{:?}", r.spec.rules[0].filters[0])
         };
         assert_eq!(c.allow_origins[1].as_str(), "https://*.example.com:8443");
-        assert_eq!(c.allow_methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(), ["GET", "PUT"]);
+        assert_eq!(
+            c.allow_methods
+                .iter()
+                .map(|m| m.as_str())
+                .collect::<Vec<_>>(),
+            ["GET", "PUT"]
+        );
         assert_eq!(c.allow_headers[0].as_str(), "x-client");
         assert_eq!(c.expose_headers[0].as_str(), "x-trace");
         assert_eq!(c.allow_credentials, Some(true));

@@ -724,7 +724,10 @@ fn cors(ctx: &mut Ctx, c: &Cors, f: &str) {
             ctx.err(
                 list[max].pos,
                 format!("{f}.{name}"),
-                format!("{name} has {} entries; at most {max} are allowed", list.len()),
+                format!(
+                    "{name} has {} entries; at most {max} are allowed",
+                    list.len()
+                ),
             );
         }
         let mut seen = HashSet::new();
@@ -790,7 +793,11 @@ fn cors(ctx: &mut Ctx, c: &Cors, f: &str) {
         ctx.err(
             m.pos,
             format!("{f}.maxAge"),
-            format!("maxAge must be between 1 and {} seconds, not {}", i32::MAX, m.value),
+            format!(
+                "maxAge must be between 1 and {} seconds, not {}",
+                i32::MAX,
+                m.value
+            ),
         );
     }
 }

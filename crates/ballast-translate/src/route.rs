@@ -321,8 +321,10 @@ impl<'a> RuleParts<'a> {
             base.response_headers_to_remove = h.remove.iter().map(|s| s.value.clone()).collect();
         }
         if let Some(c) = self.cors {
-            base.typed_per_filter_config
-                .insert(crate::cors::FILTER_NAME.into(), crate::cors::route_policy(c));
+            base.typed_per_filter_config.insert(
+                crate::cors::FILTER_NAME.into(),
+                crate::cors::route_policy(c),
+            );
         }
         if let Some(r) = self.redirect {
             base.action = Some(Action::Redirect(redirect_action(r, m)));
