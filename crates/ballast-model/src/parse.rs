@@ -1473,6 +1473,76 @@ spec:
     }
 
     #[test]
+    fn cors_filter_parses_with_defaults() {
+        let text = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  \
+            - filters:\n    - type: CORS\n      cors:\n        allowOrigins: [\"https://app.example\", \"https://*.example.com:8443\"]\n        \
+            allowMethods: [GET, PUT]\n        allowHeaders: [x-client]\n        exposeHeaders: [x-trace]\n        \
+            allowCredentials: true\n";
+        let objs = objects(text);
+        let Object::HttpRoute(r) = &objs[0] else {
+            panic!("{objs:?}")
+        };
+        let Some(FilterAction::Cors(c)) = r.spec.rules[0].filters[0].action() else {
+            panic!("{:?}", r.spec.rules[0].filters[0])
+        };
+        assert_eq!(c.allow_origins[1].as_str(), "https://*.example.com:8443");
+        assert_eq!(
+            c.allow_methods
+                .iter()
+                .map(|m| m.as_str())
+                .collect::<Vec<_>>(),
+            ["GET", "PUT"]
+        );
+        assert_eq!(c.allow_headers[0].as_str(), "x-client");
+        assert_eq!(c.expose_headers[0].as_str(), "x-trace");
+        assert_eq!(c.allow_credentials, Some(true));
+        assert_eq!(c.max_age_seconds(), 5, "Gateway API default");
+        // Only allowOrigins: everything else is optional.
+        let objs = objects(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  \
+             rules: [{filters: [{type: CORS, cors: {allowOrigins: [\"*\"], maxAge: 600}}]}]\n",
+        );
+        let Object::HttpRoute(r) = &objs[0] else {
+            panic!("{objs:?}")
+        };
+        let Some(FilterAction::Cors(c)) = r.spec.rules[0].filters[0].action() else {
+            panic!()
+        };
+        assert_eq!(c.max_age_seconds(), 600);
+    }
+
+    #[test]
+    fn cors_filter_errors_name_the_field() {
+        let text = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  \
+            - filters:\n    - type: CORS\n      cors:\n        allowOrigins: [\"*\", \"ftp://a.example\", \"https://a.example/x\", \"http://b:0\"]\n        \
+            allowMethods: [get, GET, GET]\n        allowHeaders: [\"a b\", X, x]\n        maxAge: 0\n    \
+            - type: CORS\n";
+        assert_eq!(
+            errors(text),
+            vec![
+                "f.yaml:9:24: HTTPRoute default/r: spec.rules[0].filters[0].cors.allowOrigins: allowOrigins cannot contain '*' alongside other entries",
+                "f.yaml:9:29: HTTPRoute default/r: spec.rules[0].filters[0].cors.allowOrigins[1]: invalid origin \"ftp://a.example\": scheme must be http or https",
+                "f.yaml:9:48: HTTPRoute default/r: spec.rules[0].filters[0].cors.allowOrigins[2]: invalid origin \"https://a.example/x\": host must be letters, digits, '-', '.' and '*' wildcards (no path)",
+                "f.yaml:9:71: HTTPRoute default/r: spec.rules[0].filters[0].cors.allowOrigins[3]: invalid origin \"http://b:0\": port must be 1..=65535",
+                "f.yaml:10:24: HTTPRoute default/r: spec.rules[0].filters[0].cors.allowMethods[0]: invalid method \"get\": expected one of GET, HEAD, POST, PUT, DELETE, CONNECT, OPTIONS, TRACE, PATCH, * (case-sensitive)",
+                "f.yaml:10:34: HTTPRoute default/r: spec.rules[0].filters[0].cors.allowMethods[2]: \"GET\" appears twice in allowMethods",
+                "f.yaml:11:24: HTTPRoute default/r: spec.rules[0].filters[0].cors.allowHeaders[0]: invalid header name \"a b\"",
+                "f.yaml:11:34: HTTPRoute default/r: spec.rules[0].filters[0].cors.allowHeaders[2]: \"x\" appears twice in allowHeaders",
+                "f.yaml:12:17: HTTPRoute default/r: spec.rules[0].filters[0].cors.maxAge: maxAge must be between 1 and 2147483647 seconds, not 0",
+                "f.yaml:13:13: HTTPRoute default/r: spec.rules[0].filters[1].cors: filter type CORS needs field cors",
+                "f.yaml:13:13: HTTPRoute default/r: spec.rules[0].filters[1].type: filter CORS appears twice in one rule (also spec.rules[0].filters[0])",
+            ]
+        );
+        // Unknown fields are still errors with file:line:col.
+        let e = one_error(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  \
+             rules: [{filters: [{type: CORS, cors: {allowOrigin: [\"*\"]}}]}]\n",
+        );
+        assert!(e.starts_with("f.yaml:5:"), "{e}");
+        assert!(e.contains("allowOrigin"), "{e}");
+    }
+
+    #[test]
     fn backend_semantic_errors() {
         let text = "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: B}\nspec:\n  endpoints:\n  \
             - {address: 10.0.0.1, port: 80, weight: 0}\n  - {address: 10.0.0.1, port: 80, zone: \"\"}\n  \

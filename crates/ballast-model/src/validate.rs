@@ -495,8 +495,9 @@ fn filter_list(
                 ),
             );
         }
-        let set: [(FilterType, bool); 5] = [
+        let set: [(FilterType, bool); 6] = [
             (FilterType::RequestMirror, filter.request_mirror.is_some()),
+            (FilterType::Cors, filter.cors.is_some()),
             (
                 FilterType::RequestHeaderModifier,
                 filter.request_header_modifier.is_some(),
@@ -534,6 +535,7 @@ fn filter_list(
             Some(FilterAction::RequestMirror(m)) => {
                 request_mirror(ctx, m, &format!("{ff}.requestMirror"))
             }
+            Some(FilterAction::Cors(c)) => cors(ctx, c, &format!("{ff}.cors")),
             Some(FilterAction::RequestHeaderModifier(m)) => {
                 header_modifier(ctx, m, &format!("{ff}.requestHeaderModifier"))
             }
@@ -732,6 +734,133 @@ fn header_name(ctx: &mut Ctx, n: &Spanned<String>, field: String) {
     if !ok {
         ctx.err(n.pos, field, format!("invalid header name {:?}", n.value));
     }
+}
+
+/// The methods Gateway API's `HTTPMethodWithWildcard` admits.
+const CORS_METHODS: [&str; 10] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "*",
+];
+
+/// Gateway API `HTTPCORSFilter` rules: well-formed origins and methods, `*` only alone, no
+/// repeats (the lists are sets), the CRD's item limits, `maxAge >= 1`.
+fn cors(ctx: &mut Ctx, c: &Cors, f: &str) {
+    let lists: [(&str, &Vec<Spanned<String>>, usize, bool); 4] = [
+        ("allowOrigins", &c.allow_origins, 64, false),
+        ("allowMethods", &c.allow_methods, 9, false),
+        ("allowHeaders", &c.allow_headers, 64, true),
+        ("exposeHeaders", &c.expose_headers, 64, true),
+    ];
+    for (name, list, max, case_insensitive) in lists {
+        if list.len() > max {
+            ctx.err(
+                list[max].pos,
+                format!("{f}.{name}"),
+                format!(
+                    "{name} has {} entries; at most {max} are allowed",
+                    list.len()
+                ),
+            );
+        }
+        let mut seen = HashSet::new();
+        for (k, v) in list.iter().enumerate() {
+            let key = if case_insensitive {
+                v.to_ascii_lowercase()
+            } else {
+                v.value.clone()
+            };
+            if !seen.insert(key) {
+                ctx.err(
+                    v.pos,
+                    format!("{f}.{name}[{k}]"),
+                    format!("{:?} appears twice in {name}", v.value),
+                );
+            }
+        }
+        // allowOrigins and allowMethods: the wildcard means "all", so it must stand alone.
+        if !case_insensitive
+            && list.len() > 1
+            && let Some(star) = list.iter().find(|v| v.as_str() == "*")
+        {
+            ctx.err(
+                star.pos,
+                format!("{f}.{name}"),
+                format!("{name} cannot contain '*' alongside other entries"),
+            );
+        }
+    }
+    for (k, o) in c.allow_origins.iter().enumerate() {
+        if let Err(why) = cors_origin(o) {
+            ctx.err(
+                o.pos,
+                format!("{f}.allowOrigins[{k}]"),
+                format!("invalid origin {:?}: {why}", o.value),
+            );
+        }
+    }
+    for (k, m) in c.allow_methods.iter().enumerate() {
+        if !CORS_METHODS.contains(&m.as_str()) {
+            ctx.err(
+                m.pos,
+                format!("{f}.allowMethods[{k}]"),
+                format!(
+                    "invalid method {:?}: expected one of {} (case-sensitive)",
+                    m.value,
+                    CORS_METHODS.join(", ")
+                ),
+            );
+        }
+    }
+    for (name, list) in [
+        ("allowHeaders", &c.allow_headers),
+        ("exposeHeaders", &c.expose_headers),
+    ] {
+        for (k, h) in list.iter().enumerate() {
+            header_name(ctx, h, format!("{f}.{name}[{k}]"));
+        }
+    }
+    if let Some(m) = &c.max_age
+        && !(1..=i64::from(i32::MAX)).contains(&m.value)
+    {
+        ctx.err(
+            m.pos,
+            format!("{f}.maxAge"),
+            format!(
+                "maxAge must be between 1 and {} seconds, not {}",
+                i32::MAX,
+                m.value
+            ),
+        );
+    }
+}
+
+/// `*`, or `http(s)://host[:port]` whose host is DNS-ish characters and `*` wildcards.
+fn cors_origin(o: &str) -> Result<(), &'static str> {
+    if o == "*" {
+        return Ok(());
+    }
+    let Some((scheme, rest)) = o.split_once("://") else {
+        return Err("expected \"*\" or <scheme>://<host>[:<port>]");
+    };
+    if scheme != "http" && scheme != "https" {
+        return Err("scheme must be http or https");
+    }
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (rest, None),
+    };
+    if host.is_empty()
+        || !host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.*".contains(&b))
+    {
+        return Err("host must be letters, digits, '-', '.' and '*' wildcards (no path)");
+    }
+    if let Some(p) = port
+        && !p.parse::<u16>().is_ok_and(|p| p > 0)
+    {
+        return Err("port must be 1..=65535");
+    }
+    Ok(())
 }
 
 fn header_modifier(ctx: &mut Ctx, m: &HeaderModifier, f: &str) {

@@ -42,6 +42,7 @@
 
 mod access_log;
 mod cluster;
+mod cors;
 mod gateway;
 pub mod grpc;
 pub mod index;

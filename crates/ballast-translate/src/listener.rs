@@ -159,6 +159,8 @@ fn hcm_filter(
     sources: &ConfigSources,
 ) -> Filter {
     let mut hcm = rds_http_connection_manager(stat_prefix, route_config);
+    // CORS runs before the router; it acts only on routes with a CORS policy.
+    hcm.http_filters.insert(0, crate::cors::http_filter());
     if let Some(RouteSpecifier::Rds(rds)) = &mut hcm.route_specifier {
         rds.config_source = Some(config_source(sources));
     }

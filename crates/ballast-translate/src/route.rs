@@ -237,6 +237,7 @@ struct RuleParts<'a> {
     rewrite: Option<&'a UrlRewrite>,
     request_headers: Option<&'a HeaderModifier>,
     response_headers: Option<&'a HeaderModifier>,
+    cors: Option<&'a ballast_model::Cors>,
     /// Resolvable backends with weight > 0, merged per Backend (and backendRef filters), in
     /// first-reference order.
     clusters: Vec<ClusterShare<'a>>,
@@ -257,6 +258,7 @@ impl<'a> RuleParts<'a> {
             rewrite: None,
             request_headers: None,
             response_headers: None,
+            cors: None,
             clusters: Vec::new(),
             resolved_weight: 0,
             unresolved_weight: 0,
@@ -269,6 +271,7 @@ impl<'a> RuleParts<'a> {
                 Some(F::ResponseHeaderModifier(m)) => parts.response_headers = Some(m),
                 Some(F::RequestRedirect(r)) => parts.redirect = Some(r),
                 Some(F::UrlRewrite(r)) => parts.rewrite = Some(r),
+                Some(F::Cors(c)) => parts.cors = Some(c),
                 // An unresolvable mirror target mirrors nothing (status reports it).
                 Some(F::RequestMirror(m)) => {
                     if let BackendRefResolution::Resolved(b) =
@@ -344,6 +347,12 @@ impl<'a> RuleParts<'a> {
         if let Some(h) = self.response_headers {
             base.response_headers_to_add = headers_to_add(h);
             base.response_headers_to_remove = h.remove.iter().map(|s| s.value.clone()).collect();
+        }
+        if let Some(c) = self.cors {
+            base.typed_per_filter_config.insert(
+                crate::cors::FILTER_NAME.into(),
+                crate::cors::route_policy(c),
+            );
         }
         if let Some(r) = self.redirect {
             base.action = Some(Action::Redirect(redirect_action(r, m)));

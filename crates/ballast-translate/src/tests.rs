@@ -218,6 +218,8 @@ fn http_connection_manager_settings() {
     assert_eq!(got.upgrade_configs.len(), 1);
     assert_eq!(got.upgrade_configs[0].upgrade_type, "websocket");
     want.upgrade_configs = got.upgrade_configs.clone();
+    // CORS before the router (a no-op for routes without a CORS policy).
+    want.http_filters.insert(0, crate::cors::http_filter());
     assert_eq!(got, want);
     // No routes: an empty route configuration, still referenced by the listener.
     let rc: RouteConfiguration = decode(&res.route_configs[0]);
@@ -1730,4 +1732,71 @@ fn namespace_labels_gate_selector_listeners_incrementally() {
     );
     let out = t.update(&without);
     assert!(out.changed[&gw("edge")].clusters.is_empty());
+}
+
+/// CORS: the HCM runs `envoy.filters.http.cors` just before the router; a rule with a CORS
+/// filter gets a per-route CorsPolicy, a rule without one gets none.
+#[test]
+fn cors_filter_becomes_a_per_route_policy() {
+    use envoy_types::pb::envoy::extensions::filters::http::cors::v3::CorsPolicy;
+    use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - matches: [{ path: { type: PathPrefix, value: /api } }]
+    filters:
+    - type: CORS
+      cors:
+        allowOrigins: ["https://app.example", "https://*.example.com"]
+        allowMethods: [GET, PUT]
+        allowHeaders: [x-client]
+        exposeHeaders: [x-trace]
+        allowCredentials: true
+    backendRefs: [{ name: web }]
+  - backendRefs: [{ name: web }]
+"#,
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &route]), "edge");
+    let filters: Vec<String> = hcm(&decode(&res.listeners[0]), 0)
+        .http_filters
+        .iter()
+        .map(|f| f.name.clone())
+        .collect();
+    assert_eq!(
+        filters,
+        ["envoy.filters.http.cors", "envoy.filters.http.router"]
+    );
+    let vh = only_vhost(&res);
+    assert_eq!(vh.routes.len(), 2);
+    let any = &vh.routes[0].typed_per_filter_config["envoy.filters.http.cors"];
+    assert_eq!(
+        any.type_url,
+        "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy"
+    );
+    let p = CorsPolicy::decode(any.value.as_slice()).unwrap();
+    let origins: Vec<_> = p
+        .allow_origin_string_match
+        .iter()
+        .map(|m| m.match_pattern.clone().unwrap())
+        .collect();
+    assert_eq!(
+        origins[0],
+        MatchPattern::Exact("https://app.example".into())
+    );
+    assert!(
+        matches!(&origins[1], MatchPattern::SafeRegex(r) if r.regex == "https://.*\\.example\\.com")
+    );
+    assert_eq!(p.allow_methods, "GET,PUT");
+    assert_eq!(p.allow_headers, "x-client");
+    assert_eq!(p.expose_headers, "x-trace");
+    assert_eq!(p.max_age, "5");
+    assert_eq!(p.allow_credentials, Some(BoolValue { value: true }));
+    assert_eq!(
+        p.forward_not_matching_preflights,
+        Some(BoolValue { value: false })
+    );
+    assert!(
+        vh.routes[1].typed_per_filter_config.is_empty(),
+        "a rule without CORS is unchanged"
+    );
 }

@@ -420,3 +420,164 @@ spec:
         "{status}"
     );
 }
+
+/// The value of response header `name` (lower-case), if present.
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Conformance `HTTPRouteCORS`: Envoy answers a preflight from an allowed origin (exact or
+/// `*` wildcard) itself with 200 and the configured `Access-Control-*` headers; a disallowed
+/// origin gets no `Access-Control-Allow-Origin` and never reaches the backend; a normal GET
+/// with an allowed Origin gets ACAO and the expose list; a route without the filter is
+/// unchanged (its OPTIONS reach the backend, no CORS headers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_filter_answers_preflights_for_allowed_origins() {
+    let up = Upstream::start("web").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let cors_route = "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: { name: cors }
+spec:
+  parentRefs: [{ name: edge }]
+  hostnames: [cors.example.com]
+  rules:
+  - backendRefs: [{ group: ballast.dev, kind: Backend, name: web }]
+    filters:
+    - type: CORS
+      cors:
+        allowOrigins: [\"https://app.example\", \"https://*.wild.example\"]
+        allowMethods: [GET, PUT]
+        allowHeaders: [x-client]
+        exposeHeaders: [x-trace]
+        maxAge: 600
+        allowCredentials: true
+";
+    std::fs::write(
+        dir.path().join("all.yaml"),
+        gateway(port)
+            + cors_route
+            + &route("plain", "plain.example.com", "web")
+            + &backend("web", &[up.addr()]),
+    )
+    .unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-cors",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_get(gw, "cors.example.com").await, Ok((200, _)))
+            && matches!(host_get(gw, "plain.example.com").await, Ok((200, _)))
+    })
+    .await
+    .unwrap();
+    let preflight = |host: &'static str, origin: &'static str| async move {
+        host_request(
+            gw,
+            "OPTIONS",
+            host,
+            &[
+                &format!("Origin: {origin}"),
+                "Access-Control-Request-Method: PUT",
+                "Access-Control-Request-Headers: x-client",
+            ],
+        )
+        .await
+        .unwrap()
+    };
+
+    let hits = up.hits();
+    for origin in ["https://app.example", "https://a.b.wild.example"] {
+        let (status, h, _) = preflight("cors.example.com", origin).await;
+        assert_eq!(status, 200, "{origin}: {h:?}");
+        assert_eq!(
+            header(&h, "access-control-allow-origin"),
+            Some(origin),
+            "{h:?}"
+        );
+        assert_eq!(header(&h, "access-control-allow-methods"), Some("GET,PUT"));
+        assert_eq!(header(&h, "access-control-allow-headers"), Some("x-client"));
+        assert_eq!(header(&h, "access-control-max-age"), Some("600"));
+        assert_eq!(header(&h, "access-control-allow-credentials"), Some("true"));
+    }
+    // Not allowed: Envoy answers 200 without CORS headers (Gateway API allows 200/204/403).
+    for origin in [
+        "https://evil.example",
+        "http://app.example",
+        "https://wild.example",
+    ] {
+        let (status, h, _) = preflight("cors.example.com", origin).await;
+        assert_eq!(status, 200, "{origin}: {h:?}");
+        assert_eq!(
+            header(&h, "access-control-allow-origin"),
+            None,
+            "{origin}: {h:?}"
+        );
+    }
+    assert_eq!(
+        up.hits(),
+        hits,
+        "preflights are answered by Envoy, not the backend"
+    );
+
+    // Actual requests: the allowed Origin is echoed with the expose list; others get nothing.
+    let (status, h, body) = host_request(
+        gw,
+        "GET",
+        "cors.example.com",
+        &["Origin: https://app.example"],
+    )
+    .await
+    .unwrap();
+    assert_eq!((status, body.as_str()), (200, "web"), "{h:?}");
+    assert_eq!(
+        header(&h, "access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    assert_eq!(header(&h, "access-control-expose-headers"), Some("x-trace"));
+    assert_eq!(header(&h, "access-control-allow-credentials"), Some("true"));
+    let (status, h, _) = host_request(
+        gw,
+        "GET",
+        "cors.example.com",
+        &["Origin: https://evil.example"],
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(header(&h, "access-control-allow-origin"), None, "{h:?}");
+
+    // Without the filter nothing changes: the preflight is an ordinary request to the backend.
+    let hits = up.hits();
+    let (status, h, body) = preflight("plain.example.com", "https://app.example").await;
+    assert_eq!((status, body.as_str()), (200, "web"), "{h:?}");
+    assert_eq!(up.hits(), hits + 1);
+    assert!(
+        h.iter().all(|(k, _)| !k.starts_with("access-control-")),
+        "{h:?}"
+    );
+    let (status, h, _) = host_request(
+        gw,
+        "GET",
+        "plain.example.com",
+        &["Origin: https://app.example"],
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        h.iter().all(|(k, _)| !k.starts_with("access-control-")),
+        "{h:?}"
+    );
+}

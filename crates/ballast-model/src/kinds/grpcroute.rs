@@ -209,6 +209,7 @@ impl GrpcRouteFilter {
             request_redirect: None,
             url_rewrite: None,
             request_mirror: None,
+            cors: None,
         }
     }
 }

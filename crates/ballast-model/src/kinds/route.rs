@@ -196,6 +196,39 @@ pub struct HttpRouteFilter {
     pub url_rewrite: Option<UrlRewrite>,
     #[serde(default)]
     pub request_mirror: Option<RequestMirror>,
+    #[serde(default)]
+    pub cors: Option<Cors>,
+}
+
+/// Gateway API `CORS` (HTTPCORSFilter, v1.2+): Envoy's CORS filter answers preflights and adds
+/// the `Access-Control-*` headers for the rule's routes. Lists keep their YAML positions so
+/// validation can point at the bad entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Cors {
+    /// `*`, or `scheme://host[:port]` where the host may contain `*` (any labels to its left).
+    #[serde(default)]
+    pub allow_origins: Vec<Spanned<String>>,
+    /// Sends `Access-Control-Allow-Credentials: true` when set.
+    #[serde(default)]
+    pub allow_credentials: Option<bool>,
+    /// Method names (case-sensitive) or `*` alone.
+    #[serde(default)]
+    pub allow_methods: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub allow_headers: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub expose_headers: Vec<Spanned<String>>,
+    /// Seconds a preflight answer may be cached; Gateway API's default is 5.
+    #[serde(default)]
+    pub max_age: Option<Spanned<i64>>,
+}
+
+impl Cors {
+    /// `Access-Control-Max-Age` in seconds (the Gateway API default when unset).
+    pub fn max_age_seconds(&self) -> i64 {
+        self.max_age.as_ref().map_or(5, |m| m.value)
+    }
 }
 
 /// Gateway API `RequestMirror`: a copy of each request (or of `percent` / `fraction` of them) is
@@ -247,6 +280,8 @@ pub enum FilterType {
     #[serde(rename = "URLRewrite")]
     UrlRewrite,
     RequestMirror,
+    #[serde(rename = "CORS")]
+    Cors,
 }
 
 impl FilterType {
@@ -257,6 +292,7 @@ impl FilterType {
             FilterType::RequestRedirect => "RequestRedirect",
             FilterType::UrlRewrite => "URLRewrite",
             FilterType::RequestMirror => "RequestMirror",
+            FilterType::Cors => "CORS",
         }
     }
 
@@ -268,6 +304,7 @@ impl FilterType {
             FilterType::RequestRedirect => "requestRedirect",
             FilterType::UrlRewrite => "urlRewrite",
             FilterType::RequestMirror => "requestMirror",
+            FilterType::Cors => "cors",
         }
     }
 }
@@ -280,6 +317,7 @@ pub enum FilterAction<'a> {
     RequestRedirect(&'a RequestRedirect),
     UrlRewrite(&'a UrlRewrite),
     RequestMirror(&'a RequestMirror),
+    Cors(&'a Cors),
 }
 
 impl HttpRouteFilter {
@@ -303,6 +341,7 @@ impl HttpRouteFilter {
                 .request_mirror
                 .as_ref()
                 .map(FilterAction::RequestMirror),
+            FilterType::Cors => self.cors.as_ref().map(FilterAction::Cors),
         }
     }
 }

@@ -304,3 +304,33 @@ pub async fn host_get_with_headers(
 pub async fn host_status(addr: SocketAddr, host: &str) -> Result<u16> {
     Ok(host_get(addr, host).await?.0)
 }
+
+/// Sends `method /` with a Host and extra header lines (each `Name: value`) on a fresh
+/// connection: (status, lower-cased response headers, body).
+pub async fn host_request(
+    addr: SocketAddr,
+    method: &str,
+    host: &str,
+    headers: &[&str],
+) -> Result<(u16, Vec<(String, String)>, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
+    s.write_all(
+        format!("{method} / HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await?;
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await??;
+    let text = String::from_utf8_lossy(&out).to_string();
+    let code = text.get(9..12).unwrap_or("0").parse()?;
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let headers = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Ok((code, headers, body.to_owned()))
+}
