@@ -181,7 +181,7 @@ async fn rest_post_gets_the_resources() {
         "{body}"
     );
     assert!(body.contains("\"name\":\"web\""), "{body}");
-    assert!(body.contains("\"version_info\""), "{body}");
+    assert!(body.contains("\"versionInfo\""), "{body}");
 }
 
 mod csds_client {
@@ -249,7 +249,10 @@ async fn csds_client_sees_the_node() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     ads.abort();
-    assert!(seen.is_some(), "CSDS never reported csds-node with cluster web");
+    assert!(
+        seen.is_some(),
+        "CSDS never reported csds-node with cluster web"
+    );
 }
 
 #[cfg(feature = "tls")]
