@@ -42,6 +42,56 @@ pub struct ClientPolicySpec {
     pub max_request_headers_kb: Option<Spanned<u32>>,
     #[serde(default)]
     pub tls: Option<ClientTls>,
+    /// URL path handling (merging `//`, escaped slashes); absent: Envoy's defaults plus the
+    /// `normalize_path` Ballast always sets.
+    #[serde(default)]
+    pub path: Option<PathSettings>,
+    #[serde(default)]
+    pub connection: Option<ClientConnection>,
+}
+
+/// Envoy Gateway's `ClientTrafficPolicy.path`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PathSettings {
+    /// What to do with `%2F`, `%2f`, `%5C`, `%5c` in the path (Envoy default: KeepUnchanged).
+    #[serde(default)]
+    pub escaped_slashes_action: Option<Spanned<EscapedSlashesAction>>,
+    /// Keep `//` in paths; by default (with `path` set) repeated slashes are merged so that
+    /// `/a//b` matches rules for `/a/b`.
+    #[serde(default)]
+    pub disable_merge_slashes: bool,
+}
+
+/// HCM `path_with_escaped_slashes_action`, with Envoy Gateway's names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum EscapedSlashesAction {
+    KeepUnchanged,
+    /// 400 Bad Request.
+    RejectRequest,
+    /// Unescape and answer with a redirect to the unescaped path.
+    UnescapeAndRedirect,
+    /// Unescape and forward (routing and the backend see `/`).
+    UnescapeAndForward,
+}
+
+/// Envoy Gateway's `ClientTrafficPolicy.connection`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientConnection {
+    #[serde(default)]
+    pub connection_limit: Option<ConnectionLimit>,
+}
+
+/// At most `value` concurrent downstream connections per filter chain (the listener, or the
+/// HTTPS hostname); Envoy closes further ones (`envoy.filters.network.connection_limit`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConnectionLimit {
+    pub value: Spanned<u64>,
+    /// Wait this long before closing a rejected connection (slows down reconnect loops).
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub close_delay: Option<Spanned<Duration>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -143,6 +193,18 @@ pub(crate) fn validate_client_policy(ctx: &mut Ctx, p: &ClientPolicy) {
             format!("{} is out of range 1..=8192", kb.value),
         );
     }
+    if let Some(l) = s
+        .connection
+        .as_ref()
+        .and_then(|c| c.connection_limit.as_ref())
+        && l.value.value == 0
+    {
+        ctx.err(
+            l.value.pos,
+            "spec.connection.connectionLimit.value",
+            "must be at least 1",
+        );
+    }
     if let Some(tls) = &s.tls {
         if let (Some(min), Some(max)) = (&tls.min_version, &tls.max_version)
             && min.value == TlsVersion::V1_3
@@ -207,6 +269,52 @@ mod tests {
         format!(
             "---\napiVersion: ballast.dev/v1alpha1\nkind: ClientPolicy\nmetadata: {{ name: {name} }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge{s} }}]\n"
         )
+    }
+
+    #[test]
+    fn path_and_connection_limit_parse_with_envoy_gateway_names() {
+        let text = GW.to_owned()
+            + &policy("p", None)
+            + "  path: { escapedSlashesAction: RejectRequest, disableMergeSlashes: true }\n  connection:\n    connectionLimit: { value: 2, closeDelay: 1s }\n";
+        let set = ConfigSet::build([("c.yaml", text)]).unwrap();
+        let p = set
+            .client_policy_for(&ObjectKey::new("default", "edge"), "a")
+            .unwrap();
+        let path = p.spec.path.as_ref().unwrap();
+        assert_eq!(
+            path.escaped_slashes_action.as_ref().map(|a| a.value),
+            Some(EscapedSlashesAction::RejectRequest)
+        );
+        assert!(path.disable_merge_slashes);
+        let l = p
+            .spec
+            .connection
+            .as_ref()
+            .unwrap()
+            .connection_limit
+            .as_ref()
+            .unwrap();
+        assert_eq!(l.value.value, 2);
+        assert_eq!(
+            l.close_delay.as_ref().map(|d| d.value),
+            Some(std::time::Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn zero_connection_limit_and_unknown_action_are_errors_with_positions() {
+        let zero = GW.to_owned()
+            + &policy("p", None)
+            + "  connection:\n    connectionLimit: { value: 0 }\n";
+        let errs = ConfigSet::build([("c.yaml", zero)]).unwrap_err();
+        let e = errs[0].to_string();
+        assert!(
+            e.contains("c.yaml:") && e.contains("connectionLimit.value"),
+            "{e}"
+        );
+        let bad = GW.to_owned() + &policy("p", None) + "  path: { escapedSlashesAction: Drop }\n";
+        let errs = ConfigSet::build([("c.yaml", bad)]).unwrap_err();
+        assert!(errs[0].to_string().contains("Drop"), "{errs:?}");
     }
 
     proptest! {
