@@ -5,10 +5,14 @@
 
 use std::sync::Arc;
 
-use ballast_model::{ClientPolicy, TlsVersion};
+use ballast_model::{ClientPolicy, EscapedSlashesAction, TlsVersion};
+use envoy_types::pb::envoy::config::listener::v3::Filter;
+use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType as FilterConfig;
+use envoy_types::pb::envoy::extensions::filters::network::connection_limit::v3::ConnectionLimit;
+use envoy_types::pb::google::protobuf::UInt64Value;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::{
-    ForwardClientCertDetails, SetCurrentClientCertDetails,
+    ForwardClientCertDetails, PathWithEscapedSlashesAction, SetCurrentClientCertDetails,
 };
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::tls_parameters::TlsProtocol;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{DownstreamTlsContext, TlsParameters};
@@ -476,6 +480,21 @@ pub(crate) fn apply_client_hcm(hcm: &mut HttpConnectionManager, s: &ClientSettin
         }
     }
     hcm.max_request_headers_kb = u32v(&spec.max_request_headers_kb);
+    if let Some(p) = &spec.path {
+        hcm.merge_slashes = !p.disable_merge_slashes;
+        if let Some(a) = &p.escaped_slashes_action {
+            hcm.path_with_escaped_slashes_action = match a.value {
+                EscapedSlashesAction::KeepUnchanged => PathWithEscapedSlashesAction::KeepUnchanged,
+                EscapedSlashesAction::RejectRequest => PathWithEscapedSlashesAction::RejectRequest,
+                EscapedSlashesAction::UnescapeAndRedirect => {
+                    PathWithEscapedSlashesAction::UnescapeAndRedirect
+                }
+                EscapedSlashesAction::UnescapeAndForward => {
+                    PathWithEscapedSlashesAction::UnescapeAndForward
+                }
+            } as i32;
+        }
+    }
     let forward = spec
         .tls
         .as_ref()
@@ -491,6 +510,30 @@ pub(crate) fn apply_client_hcm(hcm: &mut HttpConnectionManager, s: &ClientSettin
             ..Default::default()
         });
     }
+}
+
+/// The `connection_limit` network filter of a chain, when the policy sets one. It must come
+/// before the connection manager so over-limit connections are closed before any HTTP work.
+pub(crate) fn connection_limit_filter(s: &ClientSettings<'_>, stat_prefix: &str) -> Option<Filter> {
+    let l = s
+        .policy
+        .spec
+        .connection
+        .as_ref()?
+        .connection_limit
+        .as_ref()?;
+    let cfg = ConnectionLimit {
+        stat_prefix: stat_prefix.to_owned(),
+        max_connections: Some(UInt64Value {
+            value: l.value.value,
+        }),
+        delay: l.close_delay.as_ref().map(|d| pb_duration(d.value)),
+        ..Default::default()
+    };
+    Some(Filter {
+        name: "envoy.filters.network.connection_limit".into(),
+        config_type: Some(FilterConfig::TypedConfig(pack_any(cfg))),
+    })
 }
 
 /// Applies TLS versions, ciphers and client validation to a downstream TLS context.
