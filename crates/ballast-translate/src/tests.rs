@@ -278,6 +278,23 @@ fn client_policy_path_options_and_connection_limit() {
 }
 
 #[test]
+fn client_policy_http2_options() {
+    let yaml = format!(
+        "{GATEWAY_HTTP}---\napiVersion: ballast.dev/v1alpha1\nkind: ClientPolicy\nmetadata: {{ name: p }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }}]\n  http2: {{ maxConcurrentStreams: 7, initialStreamWindowSize: 64Ki, initialConnectionWindowSize: 1Mi }}\n"
+    );
+    let l: Listener = decode(&translate(&yaml, "edge").listeners[0]);
+    let h2 = hcm(&l, 0).http2_protocol_options.unwrap();
+    assert_eq!(h2.max_concurrent_streams.map(|v| v.value), Some(7));
+    assert_eq!(h2.initial_stream_window_size.map(|v| v.value), Some(65536));
+    assert_eq!(
+        h2.initial_connection_window_size.map(|v| v.value),
+        Some(1 << 20)
+    );
+    let l: Listener = decode(&translate(GATEWAY_HTTP, "edge").listeners[0]);
+    assert_eq!(hcm(&l, 0).http2_protocol_options, None);
+}
+
+#[test]
 fn gateway_addresses_bind_one_listener_per_port() {
     let yaml = r#"
 apiVersion: gateway.networking.k8s.io/v1
