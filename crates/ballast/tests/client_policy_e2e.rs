@@ -487,3 +487,104 @@ spec:
     .await
     .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
 }
+
+/// curl `--http2` over TLS to `secure.example.com`: (status, negotiated HTTP version).
+async fn curl_version(port: u16, dir: &Path) -> (u16, String) {
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "--http2", "-o", "/dev/null", "--max-time", "10"])
+        .args(["-w", "%{http_code} %{http_version}"])
+        .args(["--resolve", &format!("secure.example.com:{port}:127.0.0.1")])
+        .arg("--cacert")
+        .arg(dir.join("server-ca.pem"))
+        .arg(format!("https://secure.example.com:{port}/"))
+        .output()
+        .await
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut parts = text.split_whitespace();
+    let code = parts.next().and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, parts.next().unwrap_or_default().to_owned())
+}
+
+/// `tls.alpnProtocols: [http/1.1]` turns HTTP/2 off on one HTTPS listener (curl `--http2`
+/// gets HTTP/1.1) while a listener with `http2` settings negotiates h2, and its
+/// `maxConcurrentStreams` and window sizes reach Envoy's connection manager.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alpn_turns_http2_off_and_http2_settings_reach_envoy() {
+    let server_ca = ca("server CA");
+    let (srv_crt, srv_key) = leaf(&server_ca, "secure.example.com");
+    let certs = tempfile::tempdir().unwrap();
+    std::fs::write(certs.path().join("server-ca.pem"), &server_ca.pem).unwrap();
+    let up = Upstream::start("app").await.unwrap();
+    let (h2_port, h1_port) = (ballast_testkit::free_port(), ballast_testkit::free_port());
+    let config = format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: edge }}
+spec:
+  gatewayClassName: ballast
+  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
+  listeners:
+  - {{ name: h2, port: {h2_port}, protocol: HTTPS, hostname: secure.example.com, tls: {{ certificateRefs: [{{ name: secure-tls }}] }} }}
+  - {{ name: h1, port: {h1_port}, protocol: HTTPS, hostname: secure.example.com, tls: {{ certificateRefs: [{{ name: secure-tls }}] }} }}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{ name: secure-tls }}
+type: kubernetes.io/tls
+stringData:
+  tls.crt: |
+{}  tls.key: |
+{}---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: {{ name: h2-tuned }}
+spec:
+  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: h2 }}]
+  http2: {{ maxConcurrentStreams: 5, initialStreamWindowSize: 128Ki, initialConnectionWindowSize: 1Mi }}
+---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: {{ name: h1-only }}
+spec:
+  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: h1 }}]
+  tls: {{ alpnProtocols: [http/1.1] }}
+",
+        indent(&srv_crt),
+        indent(&srv_key),
+    ) + &route("app", "secure.example.com", "app")
+        + &backend("app", &[up.addr()]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-alpn",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let p = certs.path();
+    wait_for(T, POLL, || async {
+        for port in [h2_port, h1_port] {
+            match curl_version(port, p).await {
+                (200, _) => {}
+                (c, _) => anyhow::bail!("port {port}: {c}"),
+            }
+        }
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    assert_eq!(curl_version(h2_port, p).await, (200, "2".to_owned()));
+    assert_eq!(curl_version(h1_port, p).await, (200, "1.1".to_owned()));
+    let dump = envoy.config_dump(false).await.unwrap().to_string();
+    for needle in [
+        "\"max_concurrent_streams\":5",
+        "\"initial_stream_window_size\":131072",
+        "\"initial_connection_window_size\":1048576",
+    ] {
+        assert!(dump.contains(needle), "{needle} in Envoy's config");
+    }
+}
