@@ -1,7 +1,8 @@
 //! `ballast.dev/v1alpha1` `ClientPolicy`: how Envoy treats downstream clients on the Gateways
 //! (or single listeners, via `sectionName`) it targets: client IP detection, PROXY protocol,
-//! timeouts, header size limits, TLS versions and ciphers, and client certificate validation
-//! (frontend mTLS) with certificate details forwarded to backends. Named after Envoy Gateway's
+//! timeouts, header size limits, TLS versions, ciphers and ALPN, client certificate validation
+//! (frontend mTLS) with certificate details forwarded to backends, path normalisation,
+//! connection limits and HTTP/2 settings. Named after Envoy Gateway's
 //! `ClientTrafficPolicy`, whose field names it follows where features match.
 
 use std::time::Duration;
