@@ -273,13 +273,18 @@ pub(crate) fn envoy_listener(
                     server_names: vec![s.clone()],
                     ..Default::default()
                 }),
-                filters: vec![hcm_filter(
-                    gw,
-                    &stat_prefix,
-                    &c.route_config,
-                    client.as_ref(),
-                    &options.config_sources,
-                )],
+                filters: client
+                    .as_ref()
+                    .and_then(|c| crate::policy::connection_limit_filter(c, &stat_prefix))
+                    .into_iter()
+                    .chain([hcm_filter(
+                        gw,
+                        &stat_prefix,
+                        &c.route_config,
+                        client.as_ref(),
+                        &options.config_sources,
+                    )])
+                    .collect(),
                 transport_socket: https.then(|| {
                     tls_transport_socket(&c.certificates, client.as_ref(), &options.config_sources)
                 }),

@@ -5,10 +5,15 @@
 
 use std::sync::Arc;
 
-use ballast_model::{ClientPolicy, TlsVersion};
+use ballast_model::{ClientPolicy, EscapedSlashesAction, TlsVersion};
+use envoy_types::pb::envoy::config::listener::v3::Filter;
+use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType as FilterConfig;
+use envoy_types::pb::envoy::extensions::filters::network::connection_limit::v3::ConnectionLimit;
+use envoy_types::pb::envoy::config::core::v3::Http2ProtocolOptions;
+use envoy_types::pb::google::protobuf::UInt64Value;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::{
-    ForwardClientCertDetails, SetCurrentClientCertDetails,
+    ForwardClientCertDetails, PathWithEscapedSlashesAction, SetCurrentClientCertDetails,
 };
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::tls_parameters::TlsProtocol;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{DownstreamTlsContext, TlsParameters};
@@ -476,6 +481,39 @@ pub(crate) fn apply_client_hcm(hcm: &mut HttpConnectionManager, s: &ClientSettin
         }
     }
     hcm.max_request_headers_kb = u32v(&spec.max_request_headers_kb);
+    if let Some(h) = &spec.http2 {
+        // Validation bounds the values to Envoy's ranges (below u32::MAX).
+        let u32_of = |v: u64| UInt32Value {
+            value: u32::try_from(v).unwrap_or(u32::MAX),
+        };
+        hcm.http2_protocol_options = Some(Http2ProtocolOptions {
+            max_concurrent_streams: u32v(&h.max_concurrent_streams),
+            initial_stream_window_size: h
+                .initial_stream_window_size
+                .as_ref()
+                .map(|w| u32_of(w.value.0)),
+            initial_connection_window_size: h
+                .initial_connection_window_size
+                .as_ref()
+                .map(|w| u32_of(w.value.0)),
+            ..Default::default()
+        });
+    }
+    if let Some(p) = &spec.path {
+        hcm.merge_slashes = !p.disable_merge_slashes;
+        if let Some(a) = &p.escaped_slashes_action {
+            hcm.path_with_escaped_slashes_action = match a.value {
+                EscapedSlashesAction::KeepUnchanged => PathWithEscapedSlashesAction::KeepUnchanged,
+                EscapedSlashesAction::RejectRequest => PathWithEscapedSlashesAction::RejectRequest,
+                EscapedSlashesAction::UnescapeAndRedirect => {
+                    PathWithEscapedSlashesAction::UnescapeAndRedirect
+                }
+                EscapedSlashesAction::UnescapeAndForward => {
+                    PathWithEscapedSlashesAction::UnescapeAndForward
+                }
+            } as i32;
+        }
+    }
     let forward = spec
         .tls
         .as_ref()
@@ -493,6 +531,30 @@ pub(crate) fn apply_client_hcm(hcm: &mut HttpConnectionManager, s: &ClientSettin
     }
 }
 
+/// The `connection_limit` network filter of a chain, when the policy sets one. It must come
+/// before the connection manager so over-limit connections are closed before any HTTP work.
+pub(crate) fn connection_limit_filter(s: &ClientSettings<'_>, stat_prefix: &str) -> Option<Filter> {
+    let l = s
+        .policy
+        .spec
+        .connection
+        .as_ref()?
+        .connection_limit
+        .as_ref()?;
+    let cfg = ConnectionLimit {
+        stat_prefix: stat_prefix.to_owned(),
+        max_connections: Some(UInt64Value {
+            value: l.value.value,
+        }),
+        delay: l.close_delay.as_ref().map(|d| pb_duration(d.value)),
+        ..Default::default()
+    };
+    Some(Filter {
+        name: "envoy.filters.network.connection_limit".into(),
+        config_type: Some(FilterConfig::TypedConfig(pack_any(cfg))),
+    })
+}
+
 /// Applies TLS versions, ciphers and client validation to a downstream TLS context.
 pub(crate) fn apply_client_tls(ctx: &mut DownstreamTlsContext, s: &ClientSettings<'_>) {
     let Some(tls) = &s.policy.spec.tls else {
@@ -505,6 +567,9 @@ pub(crate) fn apply_client_tls(ctx: &mut DownstreamTlsContext, s: &ClientSetting
         Some(TlsVersion::V1_3) => TlsProtocol::TlSv13,
     } as i32;
     let common = ctx.common_tls_context.get_or_insert_with(Default::default);
+    if !tls.alpn_protocols.is_empty() {
+        common.alpn_protocols = tls.alpn_protocols.iter().map(|a| a.value.clone()).collect();
+    }
     if tls.min_version.is_some() || tls.max_version.is_some() || !tls.ciphers.is_empty() {
         common.tls_params = Some(TlsParameters {
             tls_minimum_protocol_version: version(&tls.min_version),

@@ -150,7 +150,9 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTl
 use envoy_types::pb::google::protobuf::{BoolValue, Duration as PbDuration, UInt32Value};
 
 fn hcm(l: &Listener, chain: usize) -> HttpConnectionManager {
-    let Some(FilterConfig::TypedConfig(any)) = &l.filter_chains[chain].filters[0].config_type
+    // The connection manager is the chain's last (terminal) filter.
+    let Some(FilterConfig::TypedConfig(any)) =
+        &l.filter_chains[chain].filters.last().unwrap().config_type
     else {
         panic!("no typed config")
     };
@@ -234,6 +236,64 @@ fn http_connection_manager_settings() {
         hcm(&decode(&res.listeners[0]), 0).stat_prefix,
         "edge_default_edge_10000"
     );
+}
+
+#[test]
+fn client_policy_path_options_and_connection_limit() {
+    use envoy_types::pb::envoy::extensions::filters::network::connection_limit::v3::ConnectionLimit;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::PathWithEscapedSlashesAction;
+    let policy = |body: &str| {
+        format!(
+            "{GATEWAY_HTTP}---\napiVersion: ballast.dev/v1alpha1\nkind: ClientPolicy\nmetadata: {{ name: p }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }}]\n{body}"
+        )
+    };
+    // No `path`: Envoy's defaults (no merging, escaped slashes kept).
+    let l: Listener = decode(&translate(GATEWAY_HTTP, "edge").listeners[0]);
+    assert_eq!(l.filter_chains[0].filters.len(), 1);
+    assert!(!hcm(&l, 0).merge_slashes);
+    // `path: {}` merges; disableMergeSlashes keeps `//`; the action maps one to one.
+    let l: Listener = decode(&translate(&policy("  path: {}\n"), "edge").listeners[0]);
+    assert!(hcm(&l, 0).merge_slashes);
+    let l: Listener = decode(
+        &translate(
+            &policy("  path: { disableMergeSlashes: true, escapedSlashesAction: RejectRequest }\n  connection: { connectionLimit: { value: 3, closeDelay: 2s } }\n"),
+            "edge",
+        )
+        .listeners[0],
+    );
+    let got = hcm(&l, 0);
+    assert!(!got.merge_slashes);
+    assert_eq!(
+        got.path_with_escaped_slashes_action,
+        PathWithEscapedSlashesAction::RejectRequest as i32
+    );
+    let filters = &l.filter_chains[0].filters;
+    assert_eq!(filters.len(), 2);
+    assert_eq!(filters[0].name, "envoy.filters.network.connection_limit");
+    let Some(FilterConfig::TypedConfig(any)) = &filters[0].config_type else {
+        panic!("no typed config")
+    };
+    let cl = ConnectionLimit::decode(any.value.as_slice()).unwrap();
+    assert_eq!(cl.max_connections.map(|v| v.value), Some(3));
+    assert_eq!(cl.delay.map(|d| d.seconds), Some(2));
+    assert_eq!(cl.stat_prefix, "default_edge_10000");
+}
+
+#[test]
+fn client_policy_http2_options() {
+    let yaml = format!(
+        "{GATEWAY_HTTP}---\napiVersion: ballast.dev/v1alpha1\nkind: ClientPolicy\nmetadata: {{ name: p }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }}]\n  http2: {{ maxConcurrentStreams: 7, initialStreamWindowSize: 64Ki, initialConnectionWindowSize: 1Mi }}\n"
+    );
+    let l: Listener = decode(&translate(&yaml, "edge").listeners[0]);
+    let h2 = hcm(&l, 0).http2_protocol_options.unwrap();
+    assert_eq!(h2.max_concurrent_streams.map(|v| v.value), Some(7));
+    assert_eq!(h2.initial_stream_window_size.map(|v| v.value), Some(65536));
+    assert_eq!(
+        h2.initial_connection_window_size.map(|v| v.value),
+        Some(1 << 20)
+    );
+    let l: Listener = decode(&translate(GATEWAY_HTTP, "edge").listeners[0]);
+    assert_eq!(hcm(&l, 0).http2_protocol_options, None);
 }
 
 #[test]

@@ -297,3 +297,294 @@ spec:
     let xff = up.last_header("x-forwarded-for").unwrap_or_default();
     assert!(xff.starts_with("198.51.100.9, 203.0.113.5,"), "{xff}");
 }
+
+/// A Gateway with three HTTP listeners (`merge`, `keep`, `plain`) and one route for prefix
+/// `/a/b` to `backend` on all of them.
+fn three_listeners(ports: [u16; 3], backend_name: &str) -> String {
+    let [m, k, p] = ports;
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: edge }}
+spec:
+  gatewayClassName: ballast
+  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
+  listeners:
+  - {{ name: merge, port: {m}, protocol: HTTP }}
+  - {{ name: keep, port: {k}, protocol: HTTP }}
+  - {{ name: plain, port: {p}, protocol: HTTP }}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: ab }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [app.example.com]
+  rules:
+  - matches: [{{ path: {{ type: PathPrefix, value: /a/b }} }}]
+    backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend_name} }}]
+"
+    )
+}
+
+fn get(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: app.example.com\r\nConnection: close\r\n\r\n")
+}
+
+/// `path`: with merging on (`path: {}` defaults), `/a//b` reaches the `/a/b` rule and `%2F`
+/// gets 400 under `RejectRequest` without reaching the backend; with `disableMergeSlashes`
+/// `/a//b` matches nothing (404) and `UnescapeAndForward` routes `/a%2Fb` as `/a/b`; a
+/// listener without the policy keeps Envoy's defaults (404 for both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_options_merge_slashes_and_handle_escaped_slashes() {
+    let up = Upstream::start("app").await.unwrap();
+    let ports = [
+        ballast_testkit::free_port(),
+        ballast_testkit::free_port(),
+        ballast_testkit::free_port(),
+    ];
+    let config = three_listeners(ports, "app")
+        + &backend("app", &[up.addr()])
+        + "---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: { name: merge }
+spec:
+  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: merge }]
+  path: { escapedSlashesAction: RejectRequest }
+---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: { name: keep }
+spec:
+  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: keep }]
+  path: { disableMergeSlashes: true, escapedSlashesAction: UnescapeAndForward }
+";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-path",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let [merge, keep, plain] = ports.map(loopback);
+    wait_for(T, POLL, || async {
+        for a in [merge, keep, plain] {
+            match raw_status(a, get("/a/b").as_bytes()).await {
+                200 => {}
+                c => anyhow::bail!("{a}: /a/b gave {c}"),
+            }
+        }
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    let hits = up.hits();
+    assert_eq!(raw_status(merge, get("/a//b").as_bytes()).await, 200);
+    assert_eq!(raw_status(merge, get("/a%2Fb").as_bytes()).await, 400);
+    assert_eq!(raw_status(merge, get("/a%2fb").as_bytes()).await, 400);
+    assert_eq!(
+        up.hits(),
+        hits + 1,
+        "rejected requests never reach the backend"
+    );
+    assert_eq!(raw_status(keep, get("/a//b").as_bytes()).await, 404);
+    assert_eq!(raw_status(keep, get("/a%2Fb").as_bytes()).await, 200);
+    assert_eq!(raw_status(plain, get("/a//b").as_bytes()).await, 404);
+    assert_eq!(raw_status(plain, get("/a%2Fb").as_bytes()).await, 404);
+    assert_eq!(up.hits(), hits + 2);
+}
+
+/// Sends one keep-alive request on a fresh connection and returns the connection with the
+/// response's status (0: closed without an HTTP response).
+async fn held(addr: std::net::SocketAddr) -> (Option<tokio::net::TcpStream>, u16) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return (None, 0);
+    };
+    let req = "GET / HTTP/1.1\r\nHost: app.example.com\r\n\r\n";
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return (None, 0);
+    }
+    let mut buf = vec![0u8; 4096];
+    let n = match tokio::time::timeout(std::time::Duration::from_secs(10), s.read(&mut buf)).await {
+        Ok(Ok(n)) => n,
+        _ => 0,
+    };
+    let status = String::from_utf8_lossy(&buf[..n])
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (Some(s), status)
+}
+
+/// `connection.connectionLimit.value: 2`: while two client connections are open a third is
+/// closed without a response (and counted in `limited_connections`); once one of the two
+/// closes, a new connection is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_limit_closes_connections_over_the_limit() {
+    let up = Upstream::start("app").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let config = gateway(port)
+        + &route("app", "app.example.com", "app")
+        + &backend("app", &[up.addr()])
+        + "---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: { name: limited }
+spec:
+  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]
+  connection: { connectionLimit: { value: 2 } }
+";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-connection-limit",
+        "default/edge",
+        AdsMode::DeltaGrpc,
+    ))
+    .await
+    .unwrap();
+    let addr = loopback(port);
+    // Hold two connections, each proven open by a 200 on it (retried while config arrives
+    // and while earlier probe connections are still being counted down).
+    let stat = format!("connection_limit.default_edge_{port}.limited_connections");
+    let mut open = Vec::new();
+    while open.len() < 2 {
+        let n = open.len();
+        let s = wait_for(T, POLL, || async {
+            match held(addr).await {
+                (Some(s), 200) => Ok(s),
+                (_, c) => anyhow::bail!("held connection {n}: {c}"),
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+        open.push(s);
+    }
+    let limited_before = envoy.stat(&stat).await.unwrap().unwrap_or(0);
+    // The third concurrent connection is closed without an answer, every time.
+    for _ in 0..3 {
+        let (_, status) = held(addr).await;
+        assert_eq!(status, 0, "connection over the limit is served");
+    }
+    let limited = envoy.stat(&stat).await.unwrap().unwrap_or(0);
+    assert_eq!(limited, limited_before + 3, "three connections limited");
+    // Closing one frees a slot.
+    drop(open.pop());
+    wait_for(T, POLL, || async {
+        match held(addr).await {
+            (Some(_), 200) => Ok(()),
+            (_, c) => anyhow::bail!("after closing one: {c}"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+}
+
+/// curl `--http2` over TLS to `secure.example.com`: (status, negotiated HTTP version).
+async fn curl_version(port: u16, dir: &Path) -> (u16, String) {
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "--http2", "-o", "/dev/null", "--max-time", "10"])
+        .args(["-w", "%{http_code} %{http_version}"])
+        .args(["--resolve", &format!("secure.example.com:{port}:127.0.0.1")])
+        .arg("--cacert")
+        .arg(dir.join("server-ca.pem"))
+        .arg(format!("https://secure.example.com:{port}/"))
+        .output()
+        .await
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut parts = text.split_whitespace();
+    let code = parts.next().and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, parts.next().unwrap_or_default().to_owned())
+}
+
+/// `tls.alpnProtocols: [http/1.1]` turns HTTP/2 off on one HTTPS listener (curl `--http2`
+/// gets HTTP/1.1) while a listener with `http2` settings negotiates h2, and its
+/// `maxConcurrentStreams` and window sizes reach Envoy's connection manager.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alpn_turns_http2_off_and_http2_settings_reach_envoy() {
+    let server_ca = ca("server CA");
+    let (srv_crt, srv_key) = leaf(&server_ca, "secure.example.com");
+    let certs = tempfile::tempdir().unwrap();
+    std::fs::write(certs.path().join("server-ca.pem"), &server_ca.pem).unwrap();
+    let up = Upstream::start("app").await.unwrap();
+    let (h2_port, h1_port) = (ballast_testkit::free_port(), ballast_testkit::free_port());
+    let config = format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: edge }}
+spec:
+  gatewayClassName: ballast
+  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
+  listeners:
+  - {{ name: h2, port: {h2_port}, protocol: HTTPS, hostname: secure.example.com, tls: {{ certificateRefs: [{{ name: secure-tls }}] }} }}
+  - {{ name: h1, port: {h1_port}, protocol: HTTPS, hostname: secure.example.com, tls: {{ certificateRefs: [{{ name: secure-tls }}] }} }}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{ name: secure-tls }}
+type: kubernetes.io/tls
+stringData:
+  tls.crt: |
+{}  tls.key: |
+{}---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: {{ name: h2-tuned }}
+spec:
+  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: h2 }}]
+  http2: {{ maxConcurrentStreams: 5, initialStreamWindowSize: 128Ki, initialConnectionWindowSize: 1Mi }}
+---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: {{ name: h1-only }}
+spec:
+  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: h1 }}]
+  tls: {{ alpnProtocols: [http/1.1] }}
+",
+        indent(&srv_crt),
+        indent(&srv_key),
+    ) + &route("app", "secure.example.com", "app")
+        + &backend("app", &[up.addr()]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-alpn",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let p = certs.path();
+    wait_for(T, POLL, || async {
+        for port in [h2_port, h1_port] {
+            match curl_version(port, p).await {
+                (200, _) => {}
+                (c, _) => anyhow::bail!("port {port}: {c}"),
+            }
+        }
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    assert_eq!(curl_version(h2_port, p).await, (200, "2".to_owned()));
+    assert_eq!(curl_version(h1_port, p).await, (200, "1.1".to_owned()));
+    let dump = envoy.config_dump(false).await.unwrap().to_string();
+    for needle in [
+        "\"max_concurrent_streams\":5",
+        "\"initial_stream_window_size\":131072",
+        "\"initial_connection_window_size\":1048576",
+    ] {
+        assert!(dump.contains(needle), "{needle} in Envoy's config");
+    }
+}

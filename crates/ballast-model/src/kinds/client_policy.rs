@@ -1,7 +1,8 @@
 //! `ballast.dev/v1alpha1` `ClientPolicy`: how Envoy treats downstream clients on the Gateways
 //! (or single listeners, via `sectionName`) it targets: client IP detection, PROXY protocol,
-//! timeouts, header size limits, TLS versions and ciphers, and client certificate validation
-//! (frontend mTLS) with certificate details forwarded to backends. Named after Envoy Gateway's
+//! timeouts, header size limits, TLS versions, ciphers and ALPN, client certificate validation
+//! (frontend mTLS) with certificate details forwarded to backends, path normalisation,
+//! connection limits and HTTP/2 settings. Named after Envoy Gateway's
 //! `ClientTrafficPolicy`, whose field names it follows where features match.
 
 use std::time::Duration;
@@ -42,6 +43,106 @@ pub struct ClientPolicySpec {
     pub max_request_headers_kb: Option<Spanned<u32>>,
     #[serde(default)]
     pub tls: Option<ClientTls>,
+    /// URL path handling (merging `//`, escaped slashes); absent: Envoy's defaults plus the
+    /// `normalize_path` Ballast always sets.
+    #[serde(default)]
+    pub path: Option<PathSettings>,
+    #[serde(default)]
+    pub connection: Option<ClientConnection>,
+    /// HTTP/2 settings for downstream connections (HTTPS with ALPN `h2`, or h2c).
+    #[serde(default)]
+    pub http2: Option<ClientHttp2>,
+}
+
+/// Envoy Gateway's `ClientTrafficPolicy.http2` (window sizes in bytes, or `64Ki`/`1Mi`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientHttp2 {
+    #[serde(default)]
+    pub max_concurrent_streams: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub initial_stream_window_size: Option<Spanned<ByteSize>>,
+    #[serde(default)]
+    pub initial_connection_window_size: Option<Spanned<ByteSize>>,
+}
+
+/// A size in bytes written as a number or a Kubernetes quantity with a binary suffix
+/// (`Ki`, `Mi`, `Gi`), as Envoy Gateway writes HTTP/2 window sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(ByteSize(n)),
+            Raw::S(s) => {
+                let (num, mul) = [("Ki", 1u64 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30)]
+                    .iter()
+                    .find_map(|(suf, m)| s.strip_suffix(suf).map(|n| (n, *m)))
+                    .unwrap_or((s.as_str(), 1));
+                num.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .and_then(|n| n.checked_mul(mul))
+                    .map(ByteSize)
+                    .ok_or_else(|| {
+                        serde::de::Error::custom(format!(
+                            "invalid size {s:?}; expected bytes or a number with Ki, Mi or Gi"
+                        ))
+                    })
+            }
+        }
+    }
+}
+
+/// Envoy Gateway's `ClientTrafficPolicy.path`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PathSettings {
+    /// What to do with `%2F`, `%2f`, `%5C`, `%5c` in the path (Envoy default: KeepUnchanged).
+    #[serde(default)]
+    pub escaped_slashes_action: Option<Spanned<EscapedSlashesAction>>,
+    /// Keep `//` in paths; by default (with `path` set) repeated slashes are merged so that
+    /// `/a//b` matches rules for `/a/b`.
+    #[serde(default)]
+    pub disable_merge_slashes: bool,
+}
+
+/// HCM `path_with_escaped_slashes_action`, with Envoy Gateway's names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum EscapedSlashesAction {
+    KeepUnchanged,
+    /// 400 Bad Request.
+    RejectRequest,
+    /// Unescape and answer with a redirect to the unescaped path.
+    UnescapeAndRedirect,
+    /// Unescape and forward (routing and the backend see `/`).
+    UnescapeAndForward,
+}
+
+/// Envoy Gateway's `ClientTrafficPolicy.connection`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientConnection {
+    #[serde(default)]
+    pub connection_limit: Option<ConnectionLimit>,
+}
+
+/// At most `value` concurrent downstream connections per filter chain (the listener, or the
+/// HTTPS hostname); Envoy closes further ones (`envoy.filters.network.connection_limit`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConnectionLimit {
+    pub value: Spanned<u64>,
+    /// Wait this long before closing a rejected connection (slows down reconnect loops).
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub close_delay: Option<Spanned<Duration>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -80,6 +181,10 @@ pub struct ClientTls {
     pub min_version: Option<Spanned<TlsVersion>>,
     #[serde(default)]
     pub max_version: Option<Spanned<TlsVersion>>,
+    /// ALPN protocols offered to clients (`h2`, `http/1.1`), in preference order; default
+    /// both. `[http/1.1]` turns HTTP/2 off for the listener's HTTPS clients.
+    #[serde(default)]
+    pub alpn_protocols: Vec<Spanned<String>>,
     /// BoringSSL cipher suite names (TLS 1.2 and below; 1.3 suites are not configurable).
     #[serde(default)]
     pub ciphers: Vec<Spanned<String>>,
@@ -143,7 +248,59 @@ pub(crate) fn validate_client_policy(ctx: &mut Ctx, p: &ClientPolicy) {
             format!("{} is out of range 1..=8192", kb.value),
         );
     }
+    if let Some(l) = s
+        .connection
+        .as_ref()
+        .and_then(|c| c.connection_limit.as_ref())
+        && l.value.value == 0
+    {
+        ctx.err(
+            l.value.pos,
+            "spec.connection.connectionLimit.value",
+            "must be at least 1",
+        );
+    }
+    if let Some(h) = &s.http2 {
+        if let Some(m) = &h.max_concurrent_streams
+            && !(1..=2_147_483_647).contains(&m.value)
+        {
+            ctx.err(
+                m.pos,
+                "spec.http2.maxConcurrentStreams",
+                format!("{} is out of range 1..=2147483647", m.value),
+            );
+        }
+        for (name, w) in [
+            ("initialStreamWindowSize", &h.initial_stream_window_size),
+            (
+                "initialConnectionWindowSize",
+                &h.initial_connection_window_size,
+            ),
+        ] {
+            if let Some(w) = w
+                && !(65_535..=2_147_483_647).contains(&w.value.0)
+            {
+                ctx.err(
+                    w.pos,
+                    format!("spec.http2.{name}"),
+                    format!("{} bytes is out of range 65535..=2147483647", w.value.0),
+                );
+            }
+        }
+    }
     if let Some(tls) = &s.tls {
+        for (i, a) in tls.alpn_protocols.iter().enumerate() {
+            if !matches!(a.as_str(), "h2" | "http/1.1") {
+                ctx.err(
+                    a.pos,
+                    format!("spec.tls.alpnProtocols[{i}]"),
+                    format!(
+                        "unsupported protocol {:?}; expected h2 or http/1.1",
+                        a.value
+                    ),
+                );
+            }
+        }
         if let (Some(min), Some(max)) = (&tls.min_version, &tls.max_version)
             && min.value == TlsVersion::V1_3
             && max.value == TlsVersion::V1_2
@@ -207,6 +364,93 @@ mod tests {
         format!(
             "---\napiVersion: ballast.dev/v1alpha1\nkind: ClientPolicy\nmetadata: {{ name: {name} }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge{s} }}]\n"
         )
+    }
+
+    #[test]
+    fn path_and_connection_limit_parse_with_envoy_gateway_names() {
+        let text = GW.to_owned()
+            + &policy("p", None)
+            + "  path: { escapedSlashesAction: RejectRequest, disableMergeSlashes: true }\n  connection:\n    connectionLimit: { value: 2, closeDelay: 1s }\n";
+        let set = ConfigSet::build([("c.yaml", text)]).unwrap();
+        let p = set
+            .client_policy_for(&ObjectKey::new("default", "edge"), "a")
+            .unwrap();
+        let path = p.spec.path.as_ref().unwrap();
+        assert_eq!(
+            path.escaped_slashes_action.as_ref().map(|a| a.value),
+            Some(EscapedSlashesAction::RejectRequest)
+        );
+        assert!(path.disable_merge_slashes);
+        let l = p
+            .spec
+            .connection
+            .as_ref()
+            .unwrap()
+            .connection_limit
+            .as_ref()
+            .unwrap();
+        assert_eq!(l.value.value, 2);
+        assert_eq!(
+            l.close_delay.as_ref().map(|d| d.value),
+            Some(std::time::Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn zero_connection_limit_and_unknown_action_are_errors_with_positions() {
+        let zero = GW.to_owned()
+            + &policy("p", None)
+            + "  connection:\n    connectionLimit: { value: 0 }\n";
+        let errs = ConfigSet::build([("c.yaml", zero)]).unwrap_err();
+        let e = errs[0].to_string();
+        assert!(
+            e.contains("c.yaml:") && e.contains("connectionLimit.value"),
+            "{e}"
+        );
+        let bad = GW.to_owned() + &policy("p", None) + "  path: { escapedSlashesAction: Drop }\n";
+        let errs = ConfigSet::build([("c.yaml", bad)]).unwrap_err();
+        assert!(errs[0].to_string().contains("Drop"), "{errs:?}");
+    }
+
+    #[test]
+    fn http2_settings_and_alpn_parse_and_validate() {
+        let ok = GW.to_owned()
+            + &policy("p", None)
+            + "  http2: { maxConcurrentStreams: 10, initialStreamWindowSize: 64Ki, initialConnectionWindowSize: 1048576 }\n  tls: { alpnProtocols: [http/1.1] }\n";
+        let set = ConfigSet::build([("c.yaml", ok)]).unwrap();
+        let p = set
+            .client_policy_for(&ObjectKey::new("default", "edge"), "a")
+            .unwrap();
+        let h = p.spec.http2.as_ref().unwrap();
+        assert_eq!(h.max_concurrent_streams.as_ref().map(|m| m.value), Some(10));
+        assert_eq!(
+            h.initial_stream_window_size.as_ref().map(|w| w.value),
+            Some(ByteSize(65536))
+        );
+        assert_eq!(
+            h.initial_connection_window_size.as_ref().map(|w| w.value),
+            Some(ByteSize(1 << 20))
+        );
+        assert_eq!(
+            p.spec.tls.as_ref().unwrap().alpn_protocols[0].as_str(),
+            "http/1.1"
+        );
+        let bad = GW.to_owned()
+            + &policy("p", None)
+            + "  http2: { initialStreamWindowSize: 1Ki }\n  tls: { alpnProtocols: [h3] }\n";
+        let errs = ConfigSet::build([("c.yaml", bad)]).unwrap_err();
+        let all = errs
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            all.contains("initialStreamWindowSize") && all.contains("alpnProtocols[0]"),
+            "{all}"
+        );
+        let bad =
+            GW.to_owned() + &policy("p", None) + "  http2: { initialStreamWindowSize: 1Ti }\n";
+        assert!(ConfigSet::build([("c.yaml", bad)]).is_err());
     }
 
     proptest! {
