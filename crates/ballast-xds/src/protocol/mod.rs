@@ -22,6 +22,7 @@
 pub(crate) mod delta;
 mod sorted;
 pub(crate) mod sotw;
+pub(crate) mod sotw_request;
 pub(crate) mod subscription;
 
 pub(crate) use sorted::Seeker;

@@ -251,6 +251,15 @@ fn any_rejected(c: &Client) -> bool {
     !c.rejected.is_empty() || c.nacked_after_reconnect
 }
 
+/// Hands `req` to the machine as the gRPC stream does: names undecoded, so
+/// the SotW models also check that skipping an unchanged list (issue #13)
+/// never changes what is answered.
+fn wire(m: &mut SotwMachine, req: &DiscoveryRequest, history: &[Arc<Snapshot>]) {
+    let hasher = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default();
+    let req = crate::protocol::sotw_request::SotwRequest::from_request(req.clone(), &hasher);
+    m.handle_wire_request(&req, history);
+}
+
 fn run_sotw(ops: &[Op]) -> Result<(), String> {
     let mut m = SotwMachine::new(None);
     let mut c = Client::default();
@@ -283,8 +292,16 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
             ..Default::default()
         }
     };
-    m.handle_request(&req(ResourceType::Cluster, vec![], &None, false));
-    m.handle_request(&req(ResourceType::Listener, vec![], &None, false));
+    wire(
+        &mut m,
+        &req(ResourceType::Cluster, vec![], &None, false),
+        &[],
+    );
+    wire(
+        &mut m,
+        &req(ResourceType::Listener, vec![], &None, false),
+        &[],
+    );
     let step = |m: &mut SotwMachine,
                 c: &mut Client,
                 last: &mut [Option<(String, String)>; 5]|
@@ -303,7 +320,11 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
                     // Like Envoy, drop what nothing uses any more.
                     c.views[ty.index()].retain(|n, _| w.contains(n));
                     c.subs[ty.index()] = w.clone();
-                    m.handle_request(&req(ty, w.into_iter().collect(), &last[ty.index()], false));
+                    wire(
+                        m,
+                        &req(ty, w.into_iter().collect(), &last[ty.index()], false),
+                        &[],
+                    );
                     return Ok(true);
                 }
             }
@@ -329,7 +350,7 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
             }
             let prev = last[i].clone().map(|l| l.0).unwrap_or_default();
             last[i] = Some((prev, resp.nonce.to_string()));
-            m.handle_request(&req(ty, names, &last[i], true));
+            wire(m, &req(ty, names, &last[i], true), &[]);
             return Ok(true);
         }
         if ty.is_full_state_in_sotw() {
@@ -345,7 +366,7 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
         }
         c.check_make_before_break()?;
         last[i] = Some((resp.version.to_string(), resp.nonce.to_string()));
-        m.handle_request(&req(ty, names, &last[i], false));
+        wire(m, &req(ty, names, &last[i], false), &[]);
         Ok(true)
     };
     for op in ops {
@@ -383,7 +404,7 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
                     if !ty.is_full_state_in_sotw() && names.is_empty() {
                         continue;
                     }
-                    m.handle_request_with_history(&req(ty, names, &last[i], false), &history);
+                    wire(&mut m, &req(ty, names, &last[i], false), &history);
                     for _ in 0..n {
                         if !step(&mut m, &mut c, &mut last)? {
                             break;
@@ -1081,7 +1102,7 @@ impl SotwWorld {
                 req.error_detail.is_some()
             );
         }
-        self.m.handle_request_with_history(&req, &self.history);
+        wire(&mut self.m, &req, &self.history);
         while let Some(r) = self.m.next_response() {
             self.inbox.push_back(r);
         }

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 
+use super::sotw_request::{NamesKey, SotwRequest};
 use super::subscription::{Subscription, empty_first_request_is_wildcard};
 use super::{
     ClientViews, Nonces, RequestOutcome, Seeker, SotwResponse, TypeView, hard_refs_ready,
@@ -53,6 +54,15 @@ struct SotwType {
     /// an unresolved full-state type holds some of these. Only the removal
     /// gate looks at them (never the gate for additions).
     maybe: Option<Arc<[Arc<Resource>]>>,
+    /// Identifies the last `resource_names` list applied from the wire.
+    names_key: Option<NamesKey>,
+}
+
+/// Where a request's `resource_names` come from.
+enum Names<'a> {
+    List(&'a [String]),
+    /// Undecoded: compared by [`NamesKey`] first.
+    Wire(&'a SotwRequest),
 }
 
 impl SotwType {
@@ -138,6 +148,9 @@ pub struct SotwMachine {
     /// Plans made from the change set (tests check the fast path is taken).
     #[cfg(test)]
     pub(crate) fast_plans: usize,
+    /// Requests whose names were not decoded (tests check ACKs take it).
+    #[cfg(test)]
+    pub(crate) names_skipped: usize,
 }
 
 impl SotwMachine {
@@ -153,6 +166,8 @@ impl SotwMachine {
             answered: false,
             #[cfg(test)]
             fast_plans: 0,
+            #[cfg(test)]
+            names_skipped: 0,
         }
     }
 
@@ -186,6 +201,26 @@ impl SotwMachine {
     pub fn handle_request_with_history(
         &mut self,
         req: &DiscoveryRequest,
+        history: &[Arc<Snapshot>],
+    ) -> RequestOutcome {
+        self.handle(req, Names::List(&req.resource_names), history)
+    }
+
+    /// [`SotwMachine::handle_request_with_history`] for a request decoded
+    /// from the wire: its names are decoded only when they differ from the
+    /// list applied last for the type (an ACK repeats them; issue #13).
+    pub(crate) fn handle_wire_request(
+        &mut self,
+        req: &SotwRequest,
+        history: &[Arc<Snapshot>],
+    ) -> RequestOutcome {
+        self.handle(&req.req, Names::Wire(req), history)
+    }
+
+    fn handle(
+        &mut self,
+        req: &DiscoveryRequest,
+        names: Names<'_>,
         history: &[Arc<Snapshot>],
     ) -> RequestOutcome {
         let ty = match super::request_type(&req.type_url, self.only) {
@@ -255,11 +290,33 @@ impl SotwMachine {
                 }
             }
         }
-        let (added, changed) = st.sub.apply_sotw_with(
-            &req.resource_names,
-            first && empty_first_request_is_wildcard(ty),
-            known.as_ref(),
-        );
+        let (added, changed) = match names {
+            // The list the subscription holds already: applying it again
+            // would change nothing.
+            Names::Wire(w) if st.names_key == Some(w.names_key()) => {
+                #[cfg(test)]
+                {
+                    self.names_skipped += 1;
+                }
+                (vec![], false)
+            }
+            Names::Wire(w) => {
+                st.names_key = Some(w.names_key());
+                st.sub.apply_sotw_with(
+                    &w.names(),
+                    first && empty_first_request_is_wildcard(ty),
+                    known.as_ref(),
+                )
+            }
+            Names::List(list) => {
+                st.names_key = None;
+                st.sub.apply_sotw_with(
+                    list,
+                    first && empty_first_request_is_wildcard(ty),
+                    known.as_ref(),
+                )
+            }
+        };
         if first {
             // Every first request is answered, even one that subscribes to
             // nothing (an empty EDS/RDS/SDS list: "not interested").
@@ -1043,5 +1100,48 @@ mod tests {
             r2.resources.keys().map(|k| &**k).collect::<Vec<_>>(),
             ["c0001"]
         );
+    }
+
+    /// Issue #13: an ACK that repeats the names list is applied without
+    /// decoding it; a stale request with other names is not applied, so the
+    /// next request with those names is decoded and changes the subscription.
+    #[test]
+    fn an_ack_repeating_the_names_is_not_decoded() {
+        use crate::protocol::sotw_request::SotwRequest;
+        let hasher = std::hash::RandomState::new();
+        let s1 = snapshot(3, 1, None);
+        let eds = ResourceType::ClusterLoadAssignment;
+        let mut m = SotwMachine::new(Some(eds));
+        m.set_snapshot(Some(s1.clone()));
+        let send = |m: &mut SotwMachine, names: &[&str], nonce: &str| {
+            let req = DiscoveryRequest {
+                type_url: eds.type_url().into(),
+                resource_names: names.iter().map(|n| n.to_string()).collect(),
+                response_nonce: nonce.into(),
+                ..Default::default()
+            };
+            m.handle_wire_request(&SotwRequest::from_request(req, &hasher), &[])
+        };
+        send(&mut m, &["c0000", "c0001"], "");
+        let r = m.next_response().expect("first answer");
+        assert_eq!(r.resources.len(), 2);
+        assert_eq!(m.names_skipped, 0);
+        let outcome = send(&mut m, &["c0000", "c0001"], &r.nonce);
+        assert!(matches!(outcome, RequestOutcome::Ack { .. }), "{outcome:?}");
+        assert_eq!(m.names_skipped, 1, "the ACK's names were not decoded");
+        assert!(m.next_response().is_none());
+        // A stale nonce with a new name is ignored ...
+        let stale = send(&mut m, &["c0000", "c0001", "c0002"], "stale");
+        assert!(matches!(stale, RequestOutcome::StaleNonce { .. }));
+        // ... so the same list on a current nonce is decoded and subscribes.
+        send(&mut m, &["c0000", "c0001", "c0002"], &r.nonce);
+        assert_eq!(m.names_skipped, 1);
+        let r2 = m.next_response().expect("the new name");
+        assert!(r2.resources.contains_key("c0002"));
+        // Dropping a name is decoded too: the next ACK has two names.
+        send(&mut m, &["c0000"], &r2.nonce);
+        assert_eq!(m.names_skipped, 1);
+        let st = m.types[eds.index()].as_ref().unwrap();
+        assert_eq!(st.sub.len(), 1);
     }
 }

@@ -9,12 +9,14 @@
 //! [`RequestStream`] decodes requests and frees its buffer whenever it is
 //! empty, so an idle stream holds no buffer at all.
 
+use std::hash::RandomState;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use http::HeaderMap;
 use http_body::{Body, Frame};
 use tokio::sync::mpsc;
@@ -23,6 +25,7 @@ use tonic::Status;
 use super::codec::{ChunkedMessage, Chunks, WritePos};
 use super::limits::{self, Limits, NameCount};
 use crate::events::XdsObserver;
+use crate::protocol::sotw_request::SotwRequest;
 
 /// The response body of one streaming call: messages from `rx`, then trailers
 /// (`grpc-status: 0` when the channel closes, or the error sent on it).
@@ -111,8 +114,34 @@ impl<R: ChunkedMessage + Unpin> Body for ResponseBody<R> {
 
 type BoxBody = Pin<Box<dyn Body<Data = Bytes, Error = Status> + Send>>;
 
-/// Length-prefixed gRPC messages decoded from a request body with prost,
-/// within the server's limits on size and names per request.
+/// A request message as decoded from the wire.
+pub(crate) trait WireRequest: Sized + NameCount {
+    /// Decodes one message; `hasher` is the stream's own (see
+    /// [`SotwRequest`]).
+    fn decode_wire(raw: Bytes, hasher: &RandomState) -> Result<Self, prost::DecodeError>;
+}
+
+impl WireRequest for DiscoveryRequest {
+    fn decode_wire(raw: Bytes, _: &RandomState) -> Result<Self, prost::DecodeError> {
+        prost::Message::decode(raw)
+    }
+}
+
+impl WireRequest for DeltaDiscoveryRequest {
+    fn decode_wire(raw: Bytes, _: &RandomState) -> Result<Self, prost::DecodeError> {
+        prost::Message::decode(raw)
+    }
+}
+
+impl WireRequest for SotwRequest {
+    fn decode_wire(raw: Bytes, hasher: &RandomState) -> Result<Self, prost::DecodeError> {
+        SotwRequest::decode(raw, hasher)
+    }
+}
+
+/// Length-prefixed gRPC messages decoded from a request body (prost, or
+/// [`SotwRequest`] for SotW streams), within the server's limits on size and
+/// names per request.
 pub(crate) struct RequestStream<T> {
     body: BoxBody,
     buf: BytesMut,
@@ -122,10 +151,12 @@ pub(crate) struct RequestStream<T> {
     /// The stream's node once known, for reports.
     node: Option<Arc<str>>,
     ended: bool,
+    /// Keys the hash of SotW names lists (random per stream).
+    hasher: RandomState,
     _t: PhantomData<fn() -> T>,
 }
 
-impl<T: prost::Message + Default + NameCount> RequestStream<T> {
+impl<T: WireRequest> RequestStream<T> {
     pub(crate) fn new<B>(body: B, limits: &Limits, observer: Arc<dyn XdsObserver>) -> Self
     where
         B: Body + Send + 'static,
@@ -140,6 +171,7 @@ impl<T: prost::Message + Default + NameCount> RequestStream<T> {
             observer,
             node: None,
             ended: false,
+            hasher: RandomState::new(),
             _t: PhantomData,
         }
     }
@@ -203,9 +235,9 @@ impl<T: prost::Message + Default + NameCount> RequestStream<T> {
             return Ok(None);
         }
         self.buf.advance(5);
-        let msg = T::decode(&self.buf[..len])
+        let raw = self.buf.split_to(len).freeze();
+        let msg = T::decode_wire(raw, &self.hasher)
             .map_err(|e| Status::internal(format!("cannot decode request: {e}")))?;
-        self.buf.advance(len);
         if self.buf.is_empty() {
             // Idle streams hold no buffer.
             self.buf = BytesMut::new();
@@ -255,7 +287,6 @@ where
 mod tests {
     use super::*;
     use crate::events::XdsEvent;
-    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
     use parking_lot::Mutex;
 
     struct Empty;

@@ -168,7 +168,6 @@ fn streaming<M, B>(
 ) -> http::Response<Body>
 where
     M: Machine,
-    M::Req: prost::Message + Default,
     M::Resp: ChunkedMessage + Unpin,
     B: http_body::Body + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,

@@ -157,6 +157,12 @@ impl NameCount for DiscoveryRequest {
     }
 }
 
+impl NameCount for crate::protocol::sotw_request::SotwRequest {
+    fn name_count(&self) -> usize {
+        crate::protocol::sotw_request::SotwRequest::name_count(self)
+    }
+}
+
 impl NameCount for DeltaDiscoveryRequest {
     fn name_count(&self) -> usize {
         self.resource_names_subscribe.len()

@@ -106,6 +106,20 @@ impl ReportsHoldings for DiscoveryRequest {
     }
 }
 
+impl ReportsHoldings for crate::protocol::sotw_request::SotwRequest {
+    fn reported(&self) -> Option<(ResourceType, Reported)> {
+        // Only a first request that resumes reports holdings: names are
+        // decoded then, never for an ACK.
+        if self.req.version_info.is_empty() || !self.req.response_nonce.is_empty() {
+            return None;
+        }
+        self.to_request().reported()
+    }
+    fn resource_type(&self) -> Option<ResourceType> {
+        self.req.resource_type()
+    }
+}
+
 impl ReportsHoldings for DeltaDiscoveryRequest {
     fn reported(&self) -> Option<(ResourceType, Reported)> {
         let ty = self.resource_type()?;

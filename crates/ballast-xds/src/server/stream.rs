@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use tokio::sync::mpsc;
 use tonic::Status;
 use tracing::{Instrument, debug, info_span, warn};
@@ -20,6 +20,7 @@ use super::{Shared, XdsServer};
 use crate::events::{StreamKind, XdsEvent};
 use crate::protocol::delta::DeltaMachine;
 use crate::protocol::sotw::SotwMachine;
+use crate::protocol::sotw_request::SotwRequest;
 use crate::protocol::{DeltaResponse, RequestOutcome, SotwResponse};
 use crate::resource::ResourceType;
 use crate::snapshot::Snapshot;
@@ -35,7 +36,7 @@ pub(crate) const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
 /// What the driver needs from a protocol machine.
 pub(crate) trait Machine: Send + 'static {
-    type Req: prost::Message + Default + super::limits::NameCount + ReportsHoldings + Send + 'static;
+    type Req: super::body::WireRequest + ReportsHoldings + Send + 'static;
     type Resp: WireMessage + Send + 'static;
     fn handle(&mut self, req: &Self::Req, history: &[Arc<Snapshot>]) -> RequestOutcome;
     /// The request reports what the client holds from an earlier stream:
@@ -61,13 +62,13 @@ pub(crate) struct Sent {
 }
 
 impl Machine for SotwMachine {
-    type Req = DiscoveryRequest;
+    type Req = SotwRequest;
     type Resp = SotwResponse;
-    fn handle(&mut self, req: &DiscoveryRequest, history: &[Arc<Snapshot>]) -> RequestOutcome {
-        self.handle_request_with_history(req, history)
+    fn handle(&mut self, req: &SotwRequest, history: &[Arc<Snapshot>]) -> RequestOutcome {
+        self.handle_wire_request(req, history)
     }
-    fn resumes(req: &DiscoveryRequest) -> bool {
-        SotwMachine::resumes(req)
+    fn resumes(req: &SotwRequest) -> bool {
+        SotwMachine::resumes(&req.req)
     }
     fn release_resume_hold(&mut self) {
         SotwMachine::release_resume_hold(self)
@@ -81,8 +82,8 @@ impl Machine for SotwMachine {
     fn status(&self) -> Vec<TypeStatus> {
         SotwMachine::status(self)
     }
-    fn node(req: &DiscoveryRequest) -> Option<&Node> {
-        req.node.as_ref()
+    fn node(req: &SotwRequest) -> Option<&Node> {
+        req.req.node.as_ref()
     }
     fn describe(r: &SotwResponse) -> Sent {
         Sent {
