@@ -227,22 +227,29 @@ impl CatalogSource {
     }
 }
 
+/// Publishes the registrations, waking receivers only if something changed: a relist (after a
+/// lost connection or compaction) that finds what was already published is no news (#12). The
+/// registrations keep their `Arc` while equal, so [`overlay`] can tell a change by identity.
 fn publish(
     tx: &watch::Sender<CatalogState>,
     regs: &Registrations,
     invalid: &BTreeMap<String, String>,
     revision: i64,
 ) {
-    tx.send_modify(|s| {
+    tx.send_if_modified(|s| {
+        let mut changed = !s.synced || s.stale || s.revision != revision;
         s.synced = true;
         s.stale = false;
         s.revision = revision;
         if *s.registrations != *regs {
             s.registrations = Arc::new(regs.clone());
+            changed = true;
         }
         if *s.invalid != *invalid {
             s.invalid = Arc::new(invalid.clone());
+            changed = true;
         }
+        changed
     });
 }
 
@@ -269,44 +276,92 @@ pub fn merge_registrations(config: &ConfigSet, regs: &Registrations) -> ConfigSe
     out
 }
 
-/// The config source's state with the catalog merged in: synced once both are, a new
-/// generation whenever either changes. Runs until every receiver is gone.
+/// The config source's state with the catalog merged in: synced once both are.
+///
+/// A new generation only when the merged config can differ: the config source published a new
+/// generation, or the catalog's registrations changed (a new `Arc`; [`CatalogSource`] keeps the
+/// old one while the content is equal). Anything else either side publishes (stale, revision,
+/// errors, a relist that found nothing new) is passed on under the same generation, so a resync
+/// never makes the pipeline re-translate and push (#12). The check is O(1) per wake-up.
+/// Runs until every receiver is gone.
 pub fn overlay(
     mut config: watch::Receiver<SourceState>,
     mut catalog: watch::Receiver<CatalogState>,
 ) -> watch::Receiver<SourceState> {
-    let combine = |s: &SourceState, c: &CatalogState, generation: u64| {
-        let mut out = s.clone();
-        out.synced = s.synced && c.synced;
-        out.generation = generation;
-        out.name = format!("{}+catalog", s.name);
-        if let Some(set) = &s.config
-            && !c.registrations.is_empty()
-        {
-            out.config = Some(Arc::new(merge_registrations(set, &c.registrations)));
-        }
-        out
-    };
-    let first = combine(&config.borrow_and_update(), &catalog.borrow_and_update(), 1);
-    let (tx, rx) = watch::channel(first);
+    let (tx, rx) = watch::channel(SourceState::new(String::new()));
+    let mut merger = Overlay::new();
+    merger.next(&config.borrow_and_update(), &catalog.borrow_and_update());
+    tx.send_replace(merger.out.clone());
     tokio::spawn(async move {
-        let mut generation = 1;
         loop {
             tokio::select! {
                 _ = tx.closed() => return,
                 r = config.changed() => if r.is_err() { return },
                 r = catalog.changed() => if r.is_err() { return },
             }
-            generation += 1;
-            let next = combine(
-                &config.borrow_and_update(),
-                &catalog.borrow_and_update(),
-                generation,
-            );
-            tx.send_replace(next);
+            let changed = merger.next(&config.borrow_and_update(), &catalog.borrow_and_update());
+            if changed {
+                tx.send_replace(merger.out.clone());
+            }
         }
     });
     rx
+}
+
+/// [`overlay`]'s state: what the last merged config was built from.
+struct Overlay {
+    /// The config source's generation and the registrations the merged config was built from
+    /// (`None` before the first build). Holding the `Arc` keeps its address from being reused.
+    built_from: Option<(u64, Arc<Registrations>)>,
+    out: SourceState,
+}
+
+impl Overlay {
+    fn new() -> Self {
+        Overlay {
+            built_from: None,
+            out: SourceState::new(String::new()),
+        }
+    }
+
+    /// Folds the inputs into `out`; returns whether anything visible changed.
+    fn next(&mut self, s: &SourceState, c: &CatalogState) -> bool {
+        let mut out = s.clone();
+        out.synced = s.synced && c.synced;
+        out.name = format!("{}+catalog", s.name);
+        let same = self.built_from.as_ref().is_some_and(|(generation, regs)| {
+            *generation == s.generation && Arc::ptr_eq(regs, &c.registrations)
+        });
+        if same {
+            out.generation = self.out.generation;
+            out.config = self.out.config.clone();
+        } else {
+            out.generation = self.out.generation + 1;
+            if let Some(set) = &s.config
+                && !c.registrations.is_empty()
+            {
+                out.config = Some(Arc::new(merge_registrations(set, &c.registrations)));
+            }
+            self.built_from = Some((s.generation, c.registrations.clone()));
+        }
+        let changed = !same || !same_visible(&self.out, &out);
+        self.out = out;
+        changed
+    }
+}
+
+/// Everything but the config (compared by generation) and the timestamps of attempts (which
+/// ride along with the next real change).
+fn same_visible(a: &SourceState, b: &SourceState) -> bool {
+    a.generation == b.generation
+        && a.synced == b.synced
+        && a.name == b.name
+        && a.files == b.files
+        && a.revision == b.revision
+        && a.stale_since == b.stale_since
+        && a.store_error == b.store_error
+        && a.last_error == b.last_error
+        && a.report == b.report
 }
 
 #[cfg(test)]
@@ -359,6 +414,106 @@ mod tests {
             ]
         );
         assert_eq!(set.backends.len(), 1, "no Backend is made up");
+    }
+
+    fn regs(addrs: &[&str]) -> Registrations {
+        let mut regs = Registrations::new();
+        for a in addrs {
+            regs.entry(ObjectKey::new("default", "api"))
+                .or_default()
+                .insert((*a).into(), reg(a, CatalogHealth::Passing));
+        }
+        regs
+    }
+
+    /// #12: a relist that finds what was published wakes no one; a real change does.
+    #[test]
+    fn unchanged_relist_publishes_nothing() {
+        let (tx, mut rx) = watch::channel(CatalogState::default());
+        let none = BTreeMap::new();
+        publish(&tx, &regs(&["10.0.0.2"]), &none, 5);
+        assert!(rx.has_changed().unwrap());
+        let first = rx.borrow_and_update().registrations.clone();
+        publish(&tx, &regs(&["10.0.0.2"]), &none, 5);
+        assert!(
+            !rx.has_changed().unwrap(),
+            "same registrations, same revision"
+        );
+        // Reconnected after a loss: not stale any more is news, but the registrations keep
+        // their identity.
+        tx.send_modify(|s| s.stale = true);
+        rx.borrow_and_update();
+        publish(&tx, &regs(&["10.0.0.2"]), &none, 5);
+        assert!(rx.has_changed().unwrap());
+        assert!(Arc::ptr_eq(&first, &rx.borrow_and_update().registrations));
+        publish(&tx, &regs(&["10.0.0.2", "10.0.0.3"]), &none, 6);
+        assert!(!Arc::ptr_eq(&first, &rx.borrow_and_update().registrations));
+    }
+
+    /// #12: the merged generation moves once per new config or new registrations, never for a
+    /// resync, a stale flip or a revision that brought nothing (what etcd_e2e counts exactly).
+    #[tokio::test]
+    async fn overlay_generation_moves_only_with_content() {
+        let now = std::time::SystemTime::now();
+        let mut s = SourceState::new("etcd");
+        s.apply_success(config(), 1, now);
+        s.revision = Some(1);
+        let (config_tx, config_rx) = watch::channel(s);
+        let (cat_tx, cat_rx) = watch::channel(CatalogState::default());
+        publish(&cat_tx, &regs(&["10.0.0.2"]), &BTreeMap::new(), 1);
+        let mut out = overlay(config_rx, cat_rx);
+        let gen0 = out.borrow_and_update().generation;
+        let eps = |s: &SourceState| {
+            s.config.as_ref().unwrap().backends[&ObjectKey::new("default", "api")]
+                .spec
+                .endpoints
+                .len()
+        };
+        assert_eq!(eps(&out.borrow()), 2);
+
+        // Noise from both sides: the catalog loses etcd and relists the same registrations;
+        // the config source goes stale, comes back, and applies revisions without changes.
+        cat_tx.send_modify(|c| c.stale = true);
+        publish(&cat_tx, &regs(&["10.0.0.2"]), &BTreeMap::new(), 7);
+        for rev in 2..5 {
+            config_tx.send_modify(|s| {
+                s.stale_since = Some(now);
+                s.store_error = Some("down".into());
+            });
+            config_tx.send_modify(|s| {
+                s.stale_since = None;
+                s.store_error = None;
+                s.revision = Some(rev);
+                assert!(!s.apply_success(config(), 1, now), "same config");
+            });
+            tokio::task::yield_now().await;
+        }
+        // Then one real change on each side.
+        publish(
+            &cat_tx,
+            &regs(&["10.0.0.2", "10.0.0.3"]),
+            &BTreeMap::new(),
+            8,
+        );
+        let s = out
+            .wait_for(|s| s.config.as_ref().is_some_and(|_| eps(s) == 3))
+            .await
+            .unwrap()
+            .clone();
+        assert_eq!(s.generation, gen0 + 1, "one new generation for one change");
+        assert_eq!(s.revision, Some(4), "revisions still pass through");
+        config_tx.send_modify(|s| {
+            let mut set = config();
+            set.backends.clear();
+            assert!(s.apply_success(set, 1, now));
+        });
+        let s = out
+            .wait_for(|s| s.config.as_ref().is_some_and(|c| c.backends.is_empty()))
+            .await
+            .unwrap()
+            .clone();
+        assert_eq!(s.generation, gen0 + 2);
+        assert!(s.synced);
     }
 
     #[test]

@@ -591,6 +591,16 @@ impl SotwMachine {
                 if let Some(kept) = without_names(&eds.acked, &refetch_eds) {
                     eds.acked = Arc::new(kept);
                 }
+                // An EDS response still in flight went out before this one:
+                // the client applies it to the old cluster, so its ACK must
+                // not count the rebuilt clusters' endpoints as held (else
+                // they are never re-sent and Envoy waits its 15 s initial
+                // fetch timeout, holding every later CDS update meanwhile).
+                if let Some(f) = eds.in_flight.as_mut()
+                    && let Some(kept) = without_names(&f.resources, &refetch_eds)
+                {
+                    f.resources = Arc::new(kept);
+                }
             }
             return Some(SotwResponse {
                 ty,
@@ -1143,5 +1153,79 @@ mod tests {
         assert_eq!(m.names_skipped, 1);
         let st = m.types[eds.index()].as_ref().unwrap();
         assert_eq!(st.sub.len(), 1);
+    }
+
+    /// Two clusters; `timeout_s` is c0001's connect timeout (a CDS change), `port` its endpoint.
+    fn cluster_snapshot(timeout_s: u64, port: u16, prev: Option<&Arc<Snapshot>>) -> Arc<Snapshot> {
+        let mut b = Snapshot::builder();
+        if let Some(p) = prev {
+            b = b.reuse_from(p.clone());
+        }
+        for (name, t, port) in [("c0000", 1, 80), ("c0001", timeout_s, port)] {
+            b.message(&crate::simple::eds_cluster(
+                name,
+                std::time::Duration::from_secs(t),
+            ))
+            .unwrap();
+            b.message(&crate::simple::load_assignment(
+                name,
+                &[("127.0.0.1", port)],
+            ))
+            .unwrap();
+        }
+        let s = Arc::new(b.build().unwrap());
+        if let Some(p) = prev {
+            s.record_changes_from(p);
+        }
+        s
+    }
+
+    /// etcd-lane churn (6–7 s stalls, Envoy: "initial fetch timed out for
+    /// ClusterLoadAssignment"): an EDS response is in flight when a CDS
+    /// response modifies one of its clusters. Envoy applies the EDS response to
+    /// the old cluster, then rebuilds the cluster and waits for its endpoints
+    /// again; the late ACK of the earlier EDS response must not count as the
+    /// client holding them, or they are never re-sent and the warming cluster
+    /// (and with it every later CDS update) waits for Envoy's 15 s timeout.
+    #[test]
+    fn an_eds_ack_older_than_a_cluster_change_does_not_cover_the_refetch() {
+        let (cds, eds) = (ResourceType::Cluster, ResourceType::ClusterLoadAssignment);
+        let names: Vec<String> = vec!["c0000".into(), "c0001".into()];
+        let s1 = cluster_snapshot(1, 80, None);
+        let mut m = SotwMachine::new(None);
+        m.set_snapshot(Some(s1.clone()));
+        for (ty, subscribe) in [(cds, vec![]), (eds, names.clone())] {
+            m.handle_request(&DiscoveryRequest {
+                type_url: ty.type_url().into(),
+                resource_names: subscribe,
+                ..Default::default()
+            });
+        }
+        while let Some(r) = m.next_response() {
+            let n = if r.ty == eds { names.clone() } else { vec![] };
+            ack(&mut m, &r, &n);
+        }
+        // An endpoint change: EDS response in flight, not yet ACKed.
+        let s2 = cluster_snapshot(1, 81, Some(&s1));
+        m.set_snapshot(Some(s2.clone()));
+        let r_eds = m.next_response().expect("the endpoint change");
+        assert_eq!(r_eds.ty, eds);
+        assert!(m.next_response().is_none());
+        // Then the cluster itself changes: CDS goes out while that EDS is in flight.
+        let s3 = cluster_snapshot(2, 81, Some(&s2));
+        m.set_snapshot(Some(s3.clone()));
+        let r_cds = m.next_response().expect("the cluster change");
+        assert_eq!(r_cds.ty, cds);
+        // The ACKs arrive: first the EDS response's (sent before the CDS), then the CDS's.
+        ack(&mut m, &r_eds, &names);
+        ack(&mut m, &r_cds, &[]);
+        let r = m
+            .next_response()
+            .expect("the rebuilt cluster's endpoints follow the CDS response");
+        assert_eq!(r.ty, eds);
+        assert_eq!(
+            r.resources.keys().map(|k| &**k).collect::<Vec<_>>(),
+            ["c0001"]
+        );
     }
 }
