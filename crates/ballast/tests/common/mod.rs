@@ -278,26 +278,9 @@ pub async fn host_get_with_headers(
     host: &str,
     extra: &[(&str, &str)],
 ) -> Result<(u16, Vec<(String, String)>, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    let mut req = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
-    for (k, v) in extra {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).await?;
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await??;
-    let text = String::from_utf8_lossy(&out).to_string();
-    let code = text.get(9..12).unwrap_or("0").parse()?;
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let headers = head
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    Ok((code, headers, body.to_owned()))
+    let lines: Vec<String> = extra.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    host_request(addr, "GET", host, &lines).await
 }
 
 /// The status of [`host_get`].
