@@ -686,6 +686,7 @@ fn apply_route_defaults(spec: &mut HttpRouteSpec) {
             backend_refs: Vec::new(),
             timeouts: None,
             retry: None,
+            session_persistence: None,
         });
     }
     for rule in &mut spec.rules {
@@ -1509,6 +1510,60 @@ spec:
             panic!()
         };
         assert_eq!(c.max_age_seconds(), 600);
+    }
+
+    /// Gateway API's CEL rules for sessionPersistence and the names Envoy needs are errors at
+    /// the field's position.
+    #[test]
+    fn session_persistence_errors_name_the_field() {
+        let rule = |sp: &str| {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r}}\nspec:\n  rules:\n  - sessionPersistence: {sp}\n"
+            )
+        };
+        let cases = [
+            (
+                "{ cookieConfig: { lifetimeType: Permanent } }",
+                "f.yaml:6:57: HTTPRoute default/r: spec.rules[0].sessionPersistence.absoluteTimeout: absoluteTimeout is required when cookie lifetimeType is Permanent",
+            ),
+            (
+                "{ type: Header, cookie: { name: a } }",
+                "f.yaml:6:33: HTTPRoute default/r: spec.rules[0].sessionPersistence.cookie: cookie is only allowed with type: Cookie",
+            ),
+            (
+                "{ header: { name: x } }",
+                "f.yaml:6:43: HTTPRoute default/r: spec.rules[0].sessionPersistence.header: header is only allowed with type: Header (the default type is Cookie)",
+            ),
+            (
+                "{ sessionName: \"a b\" }",
+                "f.yaml:6:40: HTTPRoute default/r: spec.rules[0].sessionPersistence.sessionName: invalid cookie name \"a b\": 1 to 128 token characters (letters, digits, !#$%&'*+-.^_`|~)",
+            ),
+            (
+                "{ sessionName: a, cookie: { name: b } }",
+                "f.yaml:6:59: HTTPRoute default/r: spec.rules[0].sessionPersistence.sessionName: sessionName \"a\" and the cookie name \"b\" disagree; give one",
+            ),
+            (
+                "{ cookie: { path: x } }",
+                "f.yaml:6:43: HTTPRoute default/r: spec.rules[0].sessionPersistence.cookie.path: invalid cookie path \"x\": must start with / (at most 1024 characters, no ;)",
+            ),
+            (
+                "{ absoluteTimeout: 0s }",
+                "f.yaml:6:44: HTTPRoute default/r: spec.rules[0].sessionPersistence.absoluteTimeout: absoluteTimeout must be greater than 0",
+            ),
+        ];
+        for (sp, want) in cases {
+            assert_eq!(one_error(&rule(sp)), want, "{sp}");
+        }
+        // Both shapes load.
+        for ok in [
+            "{ sessionName: s, absoluteTimeout: 1h, idleTimeout: 5m, type: Cookie, cookieConfig: { lifetimeType: Permanent } }",
+            "{ type: Cookie, cookie: { name: s, path: /app, lifetimeType: Session } }",
+            "{ type: Header, header: { name: x-session } }",
+            "{ type: Header, sessionName: x-session }",
+            "{}",
+        ] {
+            parse_file("f.yaml", &rule(ok)).unwrap_or_else(|e| panic!("{ok}: {e:?}"));
+        }
     }
 
     #[test]

@@ -568,6 +568,24 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
     }
 }
 
+/// The distinct backends a rule sends traffic to (weight above zero): Envoy's stateful session
+/// only picks the remembered endpoint within the backend (cluster) the route chose.
+fn session_backends(rule: &HttpRouteRule) -> usize {
+    let mut seen = Vec::new();
+    for b in rule.backend_refs.iter().filter(|b| b.weight.value > 0) {
+        let k = (
+            b.group.as_ref().map(|g| g.as_str()),
+            b.kind.as_ref().map(|k| k.as_str()),
+            b.name.as_str(),
+            b.namespace.as_deref(),
+        );
+        if !seen.contains(&k) {
+            seen.push(k);
+        }
+    }
+    seen.len()
+}
+
 fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
     let mut unresolved = Vec::new();
     let mut warnings = Vec::new();
@@ -649,7 +667,7 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
     }
     // Filters on a backendRef that Ballast does not apply: ignored (the route is otherwise
     // served), so the status must say so, naming each field.
-    let unsupported: Vec<String> = r
+    let mut unsupported: Vec<String> = r
         .spec
         .rules
         .iter()
@@ -665,6 +683,21 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
             })
         })
         .collect();
+    // Session persistence settings Envoy cannot honour: the session still persists, without
+    // them.
+    for (i, rule) in r.spec.rules.iter().enumerate() {
+        let Some(sp) = &rule.session_persistence else {
+            continue;
+        };
+        for (field, why) in sp.unsupported() {
+            unsupported.push(format!("rules[{i}].sessionPersistence.{field}: {why}"));
+        }
+        if session_backends(rule) > 1 {
+            unsupported.push(format!(
+                "rules[{i}].sessionPersistence: with several backendRefs a session sticks to an endpoint only while the weighted pick lands on its backend (use one backendRef)"
+            ));
+        }
+    }
     let resolved_refs = match reason {
         None => Condition::new(
             "ResolvedRefs",
@@ -988,6 +1021,65 @@ spec: { endpoints: [{ address: 127.0.0.1, port: 8080 }] }
             got,
             vec![("o", "open", vec!["open.example.com".to_owned()])]
         );
+    }
+
+    /// Session persistence settings Envoy cannot honour (idle timeout, a Session cookie's or a
+    /// header session's absolute timeout, several backends) are `Accepted=False
+    /// UnsupportedValue` naming the field; the route stays attached and served.
+    #[test]
+    fn unsupported_session_persistence_is_unsupported_value() {
+        let web = "{ group: ballast.dev, kind: Backend, name: web }";
+        let r = |name: &str, backends: &str, sp: &str| {
+            route(
+                name,
+                "default",
+                "{ name: edge }",
+                "web.example.com",
+                backends,
+            ) + &format!("    sessionPersistence: {sp}\n")
+        };
+        let two = format!("{web}, {{ group: ballast.dev, kind: Backend, name: api }}");
+        let (_, s) = status_of(
+            &[
+                r("idle", web, "{ idleTimeout: 10m }"),
+                r("session", web, "{ absoluteTimeout: 1h }"),
+                r("header", web, "{ type: Header, absoluteTimeout: 1h }"),
+                r("split", &two, "{ sessionName: s }"),
+                r(
+                    "ok",
+                    web,
+                    "{ absoluteTimeout: 1h, cookieConfig: { lifetimeType: Permanent } }",
+                ),
+                r("header-ok", web, "{ type: Header, header: { name: x-s } }"),
+            ],
+            true,
+        );
+        let message = |name: &str| {
+            let st = route_status(&s, name);
+            assert_eq!(
+                st.parents[0].conditions[0].reason, "UnsupportedValue",
+                "{name}"
+            );
+            st.parents[0].conditions[0].message.clone()
+        };
+        assert!(
+            message("idle").starts_with("rules[0].sessionPersistence.idleTimeout: "),
+            "{}",
+            message("idle")
+        );
+        assert!(message("session").starts_with("rules[0].sessionPersistence.absoluteTimeout: "));
+        assert!(message("header").starts_with("rules[0].sessionPersistence.absoluteTimeout: "));
+        assert!(
+            message("split").starts_with("rules[0].sessionPersistence: with several backendRefs")
+        );
+        for ok in ["ok", "header-ok"] {
+            assert_eq!(
+                conds(route_status(&s, ok))[0][0],
+                c("Accepted", true, "Accepted")
+            );
+        }
+        // Still attached: the listener counts all six.
+        assert_eq!(s.gateways[0].listeners[0].attached_routes, 6);
     }
 
     #[test]

@@ -435,6 +435,9 @@ fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
             "backoff must be greater than 0",
         );
     }
+    if let Some(sp) = &rule.session_persistence {
+        session_persistence(ctx, sp, &format!("{f}.sessionPersistence"));
+    }
     if let Some(retry) = &rule.retry
         && let Some(list) = &retry.retry_on
     {
@@ -733,6 +736,130 @@ fn header_name(ctx: &mut Ctx, n: &Spanned<String>, field: String) {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
     if !ok {
         ctx.err(n.pos, field, format!("invalid header name {:?}", n.value));
+    }
+}
+
+/// Gateway API's CEL rules for `SessionPersistence` (each shape's settings only with its type,
+/// `Permanent` needs `absoluteTimeout`), plus what Envoy needs: a token as cookie or header
+/// name, a path starting with `/`, timeouts above zero.
+fn session_persistence(ctx: &mut Ctx, sp: &SessionPersistence, f: &str) {
+    let at = sp.type_.as_ref().map_or(Pos::UNKNOWN, |t| t.pos);
+    let cookie_type = sp.type_() == SessionPersistenceType::Cookie;
+    if sp.cookie.is_some() && sp.cookie_config.is_some() {
+        ctx.err(
+            at,
+            format!("{f}.cookie"),
+            "cookie and cookieConfig are two versions of one field; use one",
+        );
+    }
+    if !cookie_type {
+        for (name, set) in [
+            ("cookie", sp.cookie.is_some()),
+            ("cookieConfig", sp.cookie_config.is_some()),
+        ] {
+            if set {
+                ctx.err(
+                    at,
+                    format!("{f}.{name}"),
+                    format!("{name} is only allowed with type: Cookie"),
+                );
+            }
+        }
+    }
+    if cookie_type && let Some(h) = &sp.header {
+        ctx.err(
+            h.name.pos,
+            format!("{f}.header"),
+            "header is only allowed with type: Header (the default type is Cookie)",
+        );
+    }
+    let specific = match sp.type_() {
+        SessionPersistenceType::Cookie => sp.cookie_settings().and_then(|c| c.name.as_ref()),
+        SessionPersistenceType::Header => sp.header.as_ref().map(|h| &h.name),
+    };
+    if let (Some(a), Some(b)) = (&sp.session_name, specific)
+        && a.value != b.value
+    {
+        ctx.err(
+            b.pos,
+            format!("{f}.sessionName"),
+            format!(
+                "sessionName {:?} and the {} name {:?} disagree; give one",
+                a.value,
+                if cookie_type { "cookie" } else { "header" },
+                b.value
+            ),
+        );
+    }
+    let named = [
+        ("sessionName", sp.session_name.as_ref()),
+        (
+            "cookie.name",
+            sp.cookie.as_ref().and_then(|c| c.name.as_ref()),
+        ),
+        (
+            "cookieConfig.name",
+            sp.cookie_config.as_ref().and_then(|c| c.name.as_ref()),
+        ),
+        ("header.name", sp.header.as_ref().map(|h| &h.name)),
+    ];
+    for (field, n) in named {
+        let Some(n) = n else { continue };
+        let token = !n.is_empty()
+            && n.len() <= 128
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !token {
+            ctx.err(
+                n.pos,
+                format!("{f}.{field}"),
+                format!(
+                    "invalid {} name {:?}: 1 to 128 token characters (letters, digits, !#$%&'*+-.^_`|~)",
+                    if cookie_type { "cookie" } else { "header" },
+                    n.value
+                ),
+            );
+        }
+    }
+    if let Some(p) = sp.cookie_settings().and_then(|c| c.path.as_ref())
+        && (!p.starts_with('/') || p.len() > 1024 || p.bytes().any(|b| b == b';' || b < 0x20))
+    {
+        ctx.err(
+            p.pos,
+            format!("{f}.cookie.path"),
+            format!(
+                "invalid cookie path {:?}: must start with / (at most 1024 characters, no ;)",
+                p.value
+            ),
+        );
+    }
+    for (field, d) in [
+        ("absoluteTimeout", &sp.absolute_timeout),
+        ("idleTimeout", &sp.idle_timeout),
+    ] {
+        if let Some(d) = d
+            && d.is_zero()
+        {
+            ctx.err(
+                d.pos,
+                format!("{f}.{field}"),
+                format!("{field} must be greater than 0"),
+            );
+        }
+    }
+    if cookie_type
+        && sp.lifetime() == CookieLifetimeType::Permanent
+        && sp.absolute_timeout.is_none()
+    {
+        let pos = sp
+            .cookie_settings()
+            .and_then(|c| c.lifetime_type.as_ref())
+            .map_or(at, |l| l.pos);
+        ctx.err(
+            pos,
+            format!("{f}.absoluteTimeout"),
+            "absoluteTimeout is required when cookie lifetimeType is Permanent",
+        );
     }
 }
 

@@ -161,6 +161,11 @@ fn hcm_filter(
     let mut hcm = rds_http_connection_manager(stat_prefix, route_config);
     // CORS runs before the router; it acts only on routes with a CORS policy.
     hcm.http_filters.insert(0, crate::cors::http_filter());
+    // Stateful sessions pick the upstream host, so they sit right before the router; inactive
+    // except on routes of a rule with sessionPersistence.
+    let router = hcm.http_filters.len() - 1;
+    hcm.http_filters
+        .insert(router, crate::session::http_filter());
     if let Some(RouteSpecifier::Rds(rds)) = &mut hcm.route_specifier {
         rds.config_source = Some(config_source(sources));
     }

@@ -172,7 +172,7 @@ pub(crate) fn translate_route(config: &ConfigSet, route: &Arc<HttpRoute>) -> Tra
         backend_refs: backend_refs(route).collect(),
     };
     for (ri, rule) in route.spec.rules.iter().enumerate() {
-        let parts = RuleParts::new(config, route, rule);
+        let parts = RuleParts::new(config, route, ri, rule);
         if parts.redirect.is_none() {
             out.clusters
                 .extend(parts.clusters.iter().map(|c| c.key.clone()));
@@ -238,6 +238,8 @@ struct RuleParts<'a> {
     request_headers: Option<&'a HeaderModifier>,
     response_headers: Option<&'a HeaderModifier>,
     cors: Option<&'a ballast_model::Cors>,
+    /// `sessionPersistence`, with the generated name filled in.
+    session: Option<ballast_model::SessionMode>,
     /// Resolvable backends with weight > 0, merged per Backend (and backendRef filters), in
     /// first-reference order.
     clusters: Vec<ClusterShare<'a>>,
@@ -250,7 +252,7 @@ struct RuleParts<'a> {
 }
 
 impl<'a> RuleParts<'a> {
-    fn new(config: &ConfigSet, route: &HttpRoute, rule: &'a HttpRouteRule) -> Self {
+    fn new(config: &ConfigSet, route: &HttpRoute, ri: usize, rule: &'a HttpRouteRule) -> Self {
         use ballast_model::FilterAction as F;
         let mut parts = RuleParts {
             rule,
@@ -259,12 +261,17 @@ impl<'a> RuleParts<'a> {
             request_headers: None,
             response_headers: None,
             cors: None,
+            session: None,
             clusters: Vec::new(),
             resolved_weight: 0,
             unresolved_weight: 0,
             hash: Vec::new(),
             mirrors: Vec::new(),
         };
+        parts.session = rule
+            .session_persistence
+            .as_ref()
+            .map(|sp| sp.mode(|| crate::session::default_name(&route.key(), ri)));
         for f in &rule.filters {
             match f.action() {
                 Some(F::RequestHeaderModifier(m)) => parts.request_headers = Some(m),
@@ -352,6 +359,12 @@ impl<'a> RuleParts<'a> {
             base.typed_per_filter_config.insert(
                 crate::cors::FILTER_NAME.into(),
                 crate::cors::route_policy(c),
+            );
+        }
+        if let Some(s) = &self.session {
+            base.typed_per_filter_config.insert(
+                crate::session::FILTER_NAME.into(),
+                crate::session::route_config(s),
             );
         }
         if let Some(r) = self.redirect {

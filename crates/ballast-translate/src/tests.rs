@@ -222,6 +222,8 @@ fn http_connection_manager_settings() {
     want.upgrade_configs = got.upgrade_configs.clone();
     // CORS before the router (a no-op for routes without a CORS policy).
     want.http_filters.insert(0, crate::cors::http_filter());
+    // Stateful sessions right before the router (inactive without sessionPersistence).
+    want.http_filters.insert(1, crate::session::http_filter());
     assert_eq!(got, want);
     // No routes: an empty route configuration, still referenced by the listener.
     let rc: RouteConfiguration = decode(&res.route_configs[0]);
@@ -1824,7 +1826,11 @@ fn cors_filter_becomes_a_per_route_policy() {
         .collect();
     assert_eq!(
         filters,
-        ["envoy.filters.http.cors", "envoy.filters.http.router"]
+        [
+            "envoy.filters.http.cors",
+            "envoy.filters.http.stateful_session",
+            "envoy.filters.http.router"
+        ]
     );
     let vh = only_vhost(&res);
     assert_eq!(vh.routes.len(), 2);
@@ -1858,5 +1864,84 @@ fn cors_filter_becomes_a_per_route_policy() {
     assert!(
         vh.routes[1].typed_per_filter_config.is_empty(),
         "a rule without CORS is unchanged"
+    );
+}
+
+/// `sessionPersistence` → a per-route `StatefulSessionPerRoute` with the cookie (name, path,
+/// `Max-Age` only for `Permanent`) or header session state; rules without it get nothing (the
+/// connection manager's filter has no session state, so it is inactive there).
+#[test]
+fn session_persistence_becomes_per_route_stateful_sessions() {
+    use envoy_types::pb::envoy::extensions::filters::http::stateful_session::v3::StatefulSessionPerRoute;
+    use envoy_types::pb::envoy::extensions::filters::http::stateful_session::v3::stateful_session_per_route::Override;
+    use envoy_types::pb::envoy::extensions::http::stateful_session::cookie::v3::CookieBasedSessionState;
+    use envoy_types::pb::envoy::extensions::http::stateful_session::header::v3::HeaderBasedSessionState;
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - matches: [{ path: { type: PathPrefix, value: /session } }]
+    sessionPersistence: { sessionName: sticky }
+    backendRefs: [{ name: web }]
+  - matches: [{ path: { type: PathPrefix, value: /permanent } }]
+    sessionPersistence:
+      type: Cookie
+      absoluteTimeout: 1h
+      cookie: { name: perm, path: /permanent, lifetimeType: Permanent }
+    backendRefs: [{ name: web }]
+  - matches: [{ path: { type: PathPrefix, value: /header } }]
+    sessionPersistence: { type: Header, header: { name: x-session } }
+    backendRefs: [{ name: web }]
+  - matches: [{ path: { type: PathPrefix, value: /generated } }]
+    sessionPersistence: {}
+    backendRefs: [{ name: web }]
+  - backendRefs: [{ name: web }]
+"#,
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &route]), "edge");
+    let vh = only_vhost(&res);
+    let state = |prefix: &str| {
+        let r = vh
+            .routes
+            .iter()
+            .find(|r| r.name.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no route {prefix}"));
+        let any = r
+            .typed_per_filter_config
+            .get("envoy.filters.http.stateful_session")?;
+        let per = StatefulSessionPerRoute::decode(any.value.as_slice()).unwrap();
+        let Some(Override::StatefulSession(s)) = per.r#override else {
+            panic!("not enabled")
+        };
+        assert!(!s.strict, "a gone endpoint falls back to load balancing");
+        s.session_state
+    };
+    let cookie = |prefix: &str| {
+        let st = state(prefix).unwrap();
+        assert_eq!(st.name, "envoy.http.stateful_session.cookie");
+        CookieBasedSessionState::decode(st.typed_config.unwrap().value.as_slice())
+            .unwrap()
+            .cookie
+            .unwrap()
+    };
+    let c = cookie("default/web/0/");
+    assert_eq!(
+        (c.name.as_str(), c.path.as_str(), c.ttl),
+        ("sticky", "/", None)
+    );
+    let c = cookie("default/web/1/");
+    assert_eq!((c.name.as_str(), c.path.as_str()), ("perm", "/permanent"));
+    assert_eq!(c.ttl.unwrap().seconds, 3600);
+    let h = state("default/web/2/").unwrap();
+    assert_eq!(h.name, "envoy.http.stateful_session.header");
+    let h = HeaderBasedSessionState::decode(h.typed_config.unwrap().value.as_slice()).unwrap();
+    assert_eq!(h.name, "x-session");
+    let c = cookie("default/web/3/");
+    assert_eq!(
+        c.name,
+        crate::session::default_name(&ObjectKey::new("default", "web"), 3)
+    );
+    assert!(
+        state("default/web/4/").is_none(),
+        "a rule without it is unchanged"
     );
 }

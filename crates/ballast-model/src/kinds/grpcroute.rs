@@ -171,6 +171,7 @@ impl GrpcRouteSpec {
                 backend_refs: r.backend_refs.clone(),
                 timeouts: None,
                 retry: None,
+                session_persistence: None,
             })
             .collect();
         if rules.is_empty() {
@@ -181,6 +182,7 @@ impl GrpcRouteSpec {
                 backend_refs: Vec::new(),
                 timeouts: None,
                 retry: None,
+                session_persistence: None,
             });
         }
         for rule in &mut rules {
