@@ -464,11 +464,7 @@ fn finish(
     let mut ctx = validate::Ctx::new(file.clone(), object, doc_pos);
     let parsed = match typed {
         Typed::Spec(metadata, TypedSpec::Gateway(spec)) => {
-            let g = Gateway {
-                metadata,
-                spec,
-                source,
-            };
+            let g = Gateway::new(metadata, spec, source);
             validate::gateway(&mut ctx, &g);
             Object::Gateway(Arc::new(g))
         }
@@ -1324,9 +1320,7 @@ spec:
                 "f.yaml:8:36: Gateway default/edge: spec.listeners[1].tls: an HTTPS listener needs tls.certificateRefs",
                 "f.yaml:8:53: Gateway default/edge: spec.listeners[1].hostname: invalid hostname \"*.Ex.com\": expected lowercase DNS labels (a-z, 0-9, '-'), optionally prefixed by \"*.\"",
                 "f.yaml:9:13: Gateway default/edge: spec.listeners[2].name: listener name \"Bad_Name\" is not a valid DNS label (lowercase a-z, 0-9, '-', at most 63 characters)",
-                "f.yaml:9:29: Gateway default/edge: spec.listeners[2].port: listeners \"a\" and \"Bad_Name\" share port 80 with different protocols",
                 "f.yaml:9:43: Gateway default/edge: spec.listeners[2].tls: tls is only allowed on HTTPS listeners",
-                "f.yaml:11:22: Gateway default/edge: spec.listeners[4].port: listeners \"d\" and \"e\" both serve hostname (any) on port 81",
             ]
         );
     }

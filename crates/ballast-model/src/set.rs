@@ -1181,7 +1181,29 @@ fn attach(
             format!("Gateway {} has no {what}", g.key()),
         ));
     }
-    let by_kind: Vec<&Listener> = candidates
+    // Conflicted listeners take no routes (Gateway API: indistinct listeners are not accepted).
+    let distinct: Vec<&Listener> = candidates
+        .iter()
+        .copied()
+        .filter(|l| !g.is_conflicted(&l.name))
+        .collect();
+    if distinct.is_empty() {
+        return Err((
+            NotAcceptedReason::NoMatchingParent,
+            format!(
+                "listener{} {} of Gateway {} {} Conflicted and not served",
+                if candidates.len() == 1 { "" } else { "s" },
+                candidates
+                    .iter()
+                    .map(|l| format!("{:?}", l.name.value))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                g.key(),
+                if candidates.len() == 1 { "is" } else { "are" },
+            ),
+        ));
+    }
+    let by_kind: Vec<&Listener> = distinct
         .into_iter()
         .filter(|l| l.allows_kind(GATEWAY_GROUP, "HTTPRoute"))
         .collect();

@@ -467,7 +467,7 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
         }
     }
     let mut listeners = Vec::new();
-    for l in &g.spec.listeners {
+    for (index, l) in g.spec.listeners.iter().enumerate() {
         let mut bad = Vec::new();
         let mut bad_reason = None;
         let mut resolved = 0;
@@ -512,13 +512,20 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
             ));
         }
         let refs_ok = bad.is_empty();
-        let programmed = *l.protocol == ListenerProtocol::Http || resolved > 0;
+        let conflict = g.conflict(index);
+        let programmed =
+            conflict.is_none() && (*l.protocol == ListenerProtocol::Http || resolved > 0);
         let attached = attachments.iter().filter(|a| a.listener == *l.name).count();
         listeners.push(ListenerStatus {
             name: l.name.value.clone(),
             attached_routes: u32::try_from(attached).unwrap_or(u32::MAX),
             conditions: vec![
-                Condition::new("Accepted", true, "Accepted", "listener is valid"),
+                match conflict {
+                    None => Condition::new("Accepted", true, "Accepted", "listener is valid"),
+                    Some(c) => {
+                        Condition::new("Accepted", false, c.reason.as_str(), c.message.clone())
+                    }
+                },
                 if refs_ok {
                     Condition::new(
                         "ResolvedRefs",
@@ -534,19 +541,46 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
                         bad.join("; "),
                     )
                 },
-                if programmed {
-                    Condition::new("Programmed", true, "Programmed", "listener is served")
-                } else {
-                    Condition::new(
+                match conflict {
+                    _ if programmed => {
+                        Condition::new("Programmed", true, "Programmed", "listener is served")
+                    }
+                    Some(c) => {
+                        Condition::new("Programmed", false, c.reason.as_str(), c.message.clone())
+                    }
+                    None => Condition::new(
                         "Programmed",
                         false,
                         "Invalid",
                         "no certificateRef resolves to a Secret; the listener is not served",
-                    )
+                    ),
                 },
             ],
         });
+        // `Conflicted` is a "negative polarity" condition (True is the problem); only set
+        // when true (Gateway API: unset means no conflicts), so every other condition keeps
+        // meaning "True is good" for `problems()` and `ballast get`.
+        if let Some(c) = conflict {
+            listeners
+                .last_mut()
+                .expect("just pushed")
+                .conditions
+                .push(Condition {
+                    type_: "Conflicted".to_owned(),
+                    status: ConditionStatus::True,
+                    reason: c.reason.as_str().to_owned(),
+                    message: c.message.clone(),
+                });
+        }
     }
+    let conflicted: Vec<&str> = g
+        .spec
+        .listeners
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| g.conflict(*i).is_some())
+        .map(|(_, l)| l.name.as_str())
+        .collect();
     let any_programmed = listeners.iter().any(|l| {
         l.conditions
             .iter()
@@ -557,7 +591,31 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
         name: g.metadata.name.clone(),
         source: g.source.to_string(),
         conditions: vec![
-            Condition::new("Accepted", true, "Accepted", "Gateway is valid"),
+            if conflicted.is_empty() {
+                Condition::new("Accepted", true, "Accepted", "Gateway is valid")
+            } else {
+                let all = conflicted.len() == g.spec.listeners.len();
+                Condition::new(
+                    "Accepted",
+                    !all,
+                    "ListenersNotValid",
+                    format!(
+                        "listeners {} are Conflicted and not served{}",
+                        conflicted.join(", "),
+                        if all {
+                            "; no listener is left".to_owned()
+                        } else {
+                            format!(
+                                "; serving {}",
+                                g.distinct_listeners()
+                                    .map(|l| l.name.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            )
+                        }
+                    ),
+                )
+            },
             if any_programmed {
                 Condition::new("Programmed", true, "Programmed", "Gateway is served")
             } else {

@@ -217,39 +217,8 @@ pub(crate) fn gateway(ctx: &mut Ctx, g: &Gateway) {
             }
         }
     }
-    // Two listeners on one port must be distinguishable by Envoy: same protocol, and (for the
-    // filter chain / virtual host choice) different hostnames.
-    let listeners = &g.spec.listeners;
-    for (i, a) in listeners.iter().enumerate() {
-        for (j, b) in listeners.iter().enumerate().skip(i + 1) {
-            if a.port.value != b.port.value {
-                continue;
-            }
-            let f = format!("spec.listeners[{j}].port");
-            if *a.protocol != *b.protocol {
-                ctx.err(
-                    b.port.pos,
-                    f,
-                    format!(
-                        "listeners {:?} and {:?} share port {} with different protocols",
-                        a.name.value, b.name.value, a.port.value
-                    ),
-                );
-            } else if a.hostname() == b.hostname() {
-                ctx.err(
-                    b.port.pos,
-                    f,
-                    format!(
-                        "listeners {:?} and {:?} both serve hostname {} on port {}",
-                        a.name.value,
-                        b.name.value,
-                        a.hostname().unwrap_or("(any)"),
-                        a.port.value
-                    ),
-                );
-            }
-        }
-    }
+    // Listeners sharing a port that Envoy cannot tell apart are not an error: they are
+    // `Conflicted` in status and not served ([`crate::kinds::listener_conflicts`]).
 }
 
 pub(crate) fn http_route(ctx: &mut Ctx, r: &HttpRoute) {

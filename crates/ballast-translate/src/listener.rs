@@ -57,12 +57,14 @@ pub(crate) struct PortPlan<'a> {
     pub chains: Vec<ChainPlan<'a>>,
 }
 
-/// The ports of a Gateway and their filter chains. HTTPS listeners without any resolvable
-/// certificate are left out (status `Programmed=False`), and so is a port with no chain left.
+/// The ports of a Gateway and their filter chains. Conflicted listeners and HTTPS listeners
+/// without any resolvable certificate are left out (status `Programmed=False`), and so is a
+/// port with no chain left.
 pub(crate) fn plan<'a>(config: &ConfigSet, gw: &'a Gateway) -> Vec<PortPlan<'a>> {
     let key = gw.key();
     let mut ports: BTreeMap<u32, Vec<&Listener>> = BTreeMap::new();
-    for l in &gw.spec.listeners {
+    // Conflicted listeners are not served; the distinct ones on a port share one protocol.
+    for l in gw.distinct_listeners() {
         ports.entry(l.port.value).or_default().push(l);
     }
     let mut out = Vec::new();

@@ -1945,3 +1945,53 @@ fn session_persistence_becomes_per_route_stateful_sessions() {
         "a rule without it is unchanged"
     );
 }
+
+/// Conflicted listeners are not served: no Envoy listener for a port whose listeners all
+/// conflict (HTTP and HTTPS on 80), and a shared port (81) serves only its distinct listener's
+/// hostname; the other ports are unchanged.
+#[test]
+fn conflicted_listeners_get_no_envoy_config() {
+    let gateway = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: { name: edge }
+spec:
+  gatewayClassName: ballast
+  listeners:
+  - { name: http, port: 80, protocol: HTTP }
+  - { name: tls, port: 80, protocol: HTTPS, tls: { certificateRefs: [{ name: s }] } }
+  - { name: a, port: 81, protocol: HTTP, hostname: a.example.com }
+  - { name: a-again, port: 81, protocol: HTTP, hostname: a.example.com }
+  - { name: b, port: 81, protocol: HTTP, hostname: b.example.com }
+  - { name: other, port: 82, protocol: HTTP }
+"#;
+    let route = route_yaml(
+        "web",
+        "  hostnames: [a.example.com, b.example.com]\n  rules:\n  - backendRefs: [{ name: web }]\n",
+    );
+    let res = translate(&docs(&[gateway, BACKEND_WEB, &route]), "edge");
+    assert_eq!(
+        names(&res.listeners),
+        ["default/edge/81", "default/edge/82"],
+        "port 80 has no distinct listener"
+    );
+    let rc: RouteConfiguration = decode(find(&res.route_configs, "default/edge/81"));
+    let domains: Vec<&str> = rc
+        .virtual_hosts
+        .iter()
+        .flat_map(|v| v.domains.iter().map(String::as_str))
+        .collect();
+    assert_eq!(
+        domains,
+        ["b.example.com"],
+        "a.example.com's listeners conflict"
+    );
+    let rc: RouteConfiguration = decode(find(&res.route_configs, "default/edge/82"));
+    let mut domains: Vec<&str> = rc
+        .virtual_hosts
+        .iter()
+        .flat_map(|v| v.domains.iter().map(String::as_str))
+        .collect();
+    domains.sort();
+    assert_eq!(domains, ["a.example.com", "b.example.com"]);
+}
