@@ -215,3 +215,96 @@ async fn session_persistence_pins_requests_to_one_endpoint() {
         "without persistence requests spread: {seen:?}"
     );
 }
+
+/// A Gateway with indistinct listeners: two HTTP listeners on one port with the same hostname
+/// (`HostnameConflict`) and an HTTP and an HTTPS listener on another port
+/// (`ProtocolConflict`), next to a distinct listener. The distinct listener serves (30/30
+/// requests 200, Envoy holds exactly its one listener); the conflicted ones get no Envoy
+/// listener and report `Conflicted` in `/debug/sources`. Before, the whole Gateway was
+/// rejected and nothing was served. Renaming one hostname resolves the conflict live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicted_listeners_are_not_served_and_the_others_are() {
+    let up = Upstream::start("web").await.unwrap();
+    let (p_ok, p_dup, p_mix) = (
+        ballast_testkit::free_port(),
+        ballast_testkit::free_port(),
+        ballast_testkit::free_port(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = |second_host: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: edge }}
+spec:
+  gatewayClassName: ballast
+  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
+  listeners:
+  - {{ name: ok, port: {p_ok}, protocol: HTTP }}
+  - {{ name: dup-1, port: {p_dup}, protocol: HTTP, hostname: dup.example.com }}
+  - {{ name: dup-2, port: {p_dup}, protocol: HTTP, hostname: {second_host} }}
+  - {{ name: mix-http, port: {p_mix}, protocol: HTTP }}
+  - {{ name: mix-https, port: {p_mix}, protocol: HTTPS, tls: {{ certificateRefs: [{{ name: tls }}] }} }}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: web }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  rules:
+  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: web }}]
+"
+        ) + &backend("web", &[up.addr()])
+    };
+    let file = dir.path().join("all.yaml");
+    std::fs::write(&file, config("dup.example.com")).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-conflicts",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let ok = loopback(p_ok);
+    wait_until(T, POLL, || async {
+        matches!(host_get(ok, "any.example.com").await, Ok((200, _)))
+    })
+    .await
+    .unwrap();
+    let mut statuses = Vec::new();
+    for i in 0..30 {
+        statuses.push(host_status(ok, &format!("h{i}.example.com")).await.unwrap());
+    }
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let ports: Vec<u16> = envoy
+        .listener_addrs()
+        .await
+        .unwrap()
+        .values()
+        .map(|a| a.port())
+        .collect();
+    assert_eq!(ports, [p_ok], "conflicted listeners get no Envoy listener");
+    assert!(host_get(loopback(p_dup), "dup.example.com").await.is_err());
+    let (_, sources) = ballast.get("/debug/sources").await.unwrap();
+    for want in [
+        "HostnameConflict",
+        "ProtocolConflict",
+        "Conflicted",
+        "ListenersNotValid",
+    ] {
+        assert!(sources.contains(want), "{want}: {sources}");
+    }
+
+    // Distinct hostnames: both listeners of the port serve, and the first port still does.
+    write_atomic(&file, &config("other.example.com"));
+    let dup = loopback(p_dup);
+    wait_until(T, POLL, || async {
+        matches!(host_get(dup, "dup.example.com").await, Ok((200, _)))
+            && matches!(host_get(dup, "other.example.com").await, Ok((200, _)))
+    })
+    .await
+    .unwrap();
+    assert_eq!(host_status(ok, "any.example.com").await.unwrap(), 200);
+}
