@@ -38,6 +38,10 @@
 //!   virtual host so its requests never fall through to a less specific listener's routes.
 //! - An HTTPS Gateway listener none of whose certificateRefs resolve is not served (status
 //!   `Programmed=False`), so no filter chain is generated for it.
+//! - Conflicted Gateway listeners (HTTP and HTTPS on one port; same port, protocol and hostname)
+//!   are not served at all; the distinct listeners of the Gateway are.
+//! - `sessionPersistence` → a per-route `StatefulSessionPerRoute` (cookie or header session
+//!   state) for the stateful session filter every connection manager carries (inactive).
 #![forbid(unsafe_code)]
 
 mod access_log;
