@@ -1995,3 +1995,53 @@ spec:
     domains.sort();
     assert_eq!(domains, ["a.example.com", "b.example.com"]);
 }
+
+/// GRPCRoute rules take `sessionPersistence` like HTTPRoute rules (header sessions suit gRPC
+/// clients); the generated name differs from a same-named HTTPRoute's.
+#[test]
+fn grpc_route_session_persistence() {
+    use envoy_types::pb::envoy::extensions::filters::http::stateful_session::v3::StatefulSessionPerRoute;
+    let grpc = grpc_yaml(
+        "web",
+        "  rules:\n  - matches: [{ method: { service: pkg.Echo } }]\n    sessionPersistence: { type: Header, header: { name: x-grpc-session } }\n    backendRefs: [{ name: web }]\n  - sessionPersistence: {}\n    backendRefs: [{ name: web }]\n",
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &grpc]), "edge");
+    let vh = only_vhost(&res);
+    let per_route: Vec<(&str, StatefulSessionPerRoute)> = vh
+        .routes
+        .iter()
+        .map(|r| {
+            let any = &r.typed_per_filter_config["envoy.filters.http.stateful_session"];
+            (
+                r.name.as_str(),
+                StatefulSessionPerRoute::decode(any.value.as_slice()).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(per_route.len(), 2);
+    let dbg = format!("{per_route:?}");
+    assert!(dbg.contains("envoy.http.stateful_session.header"), "{dbg}");
+    let generated = crate::session::default_name(&ObjectKey::new("default", "grpc:web"), 1);
+    assert_ne!(
+        generated,
+        crate::session::default_name(&ObjectKey::new("default", "web"), 1)
+    );
+    let cookie = &per_route
+        .iter()
+        .find(|(n, _)| *n == "default/grpc:web/1/0")
+        .unwrap()
+        .1;
+    let Some(
+        envoy_types::pb::envoy::extensions::filters::http::stateful_session::v3::stateful_session_per_route::Override::StatefulSession(s),
+    ) = &cookie.r#override
+    else {
+        panic!()
+    };
+    let st = s.session_state.as_ref().unwrap();
+    assert_eq!(st.name, "envoy.http.stateful_session.cookie");
+    let c = envoy_types::pb::envoy::extensions::http::stateful_session::cookie::v3::CookieBasedSessionState::decode(
+        st.typed_config.as_ref().unwrap().value.as_slice(),
+    )
+    .unwrap();
+    assert_eq!(c.cookie.unwrap().name, generated);
+}
