@@ -84,15 +84,29 @@ pub struct ListenerConflict {
     pub message: String,
 }
 
+/// Whether listeners of protocol `p` can share a port, told apart by hostname (HTTP by `Host`,
+/// HTTPS by SNI). Gateway API: for TCP and UDP only the port distinguishes listeners, so such
+/// a protocol gets one listener per port.
+fn distinct_by_hostname(p: ListenerProtocol) -> bool {
+    match p {
+        ListenerProtocol::Http | ListenerProtocol::Https => true,
+    }
+}
+
+fn protocol_name(p: ListenerProtocol) -> &'static str {
+    match p {
+        ListenerProtocol::Http => "HTTP",
+        ListenerProtocol::Https => "HTTPS",
+    }
+}
+
 /// Gateway API "distinct listeners": on one port, every listener must share the protocol (an
-/// HTTP and an HTTPS listener cannot share a socket here) and, within it, have its own hostname.
+/// HTTP and an HTTPS listener cannot share a socket here) and, within it, have its own hostname
+/// (or be alone, for a protocol not [`distinct_by_hostname`]).
 /// Listeners that are not distinct are *all* Conflicted (the spec forbids picking a winner);
 /// the others are served. A protocol conflict outranks a hostname conflict.
 pub fn listener_conflicts(listeners: &[Listener]) -> Vec<Option<ListenerConflict>> {
-    let protocol = |l: &Listener| match *l.protocol {
-        ListenerProtocol::Http => "HTTP",
-        ListenerProtocol::Https => "HTTPS",
-    };
+    let protocol = |l: &Listener| protocol_name(*l.protocol);
     listeners
         .iter()
         .enumerate()
@@ -122,6 +136,20 @@ pub fn listener_conflicts(listeners: &[Listener]) -> Vec<Option<ListenerConflict
                         protocol(l)
                     ),
                 });
+            }
+            if !distinct_by_hostname(*l.protocol) {
+                let others: Vec<&Listener> = same_port().collect();
+                if !others.is_empty() {
+                    return Some(ListenerConflict {
+                        reason: ConflictReason::ProtocolConflict,
+                        message: format!(
+                            "port {} is also used by listener {}; a {} port has one listener (the listener is not served)",
+                            l.port.value,
+                            names(others),
+                            protocol(l)
+                        ),
+                    });
+                }
             }
             let same_host: Vec<&Listener> =
                 same_port().filter(|o| o.hostname() == l.hostname()).collect();
