@@ -102,7 +102,7 @@ fn protocol_name(p: ListenerProtocol) -> &'static str {
 
 /// Gateway API "distinct listeners": on one port, every listener must share the protocol (an
 /// HTTP and an HTTPS listener cannot share a socket here) and, within it, have its own hostname
-/// (or be alone, for a protocol not [`distinct_by_hostname`]).
+/// (or be alone, for a protocol not `distinct_by_hostname`).
 /// Listeners that are not distinct are *all* Conflicted (the spec forbids picking a winner);
 /// the others are served. A protocol conflict outranks a hostname conflict.
 pub fn listener_conflicts(listeners: &[Listener]) -> Vec<Option<ListenerConflict>> {
