@@ -41,10 +41,12 @@ async fn get(
 /// endpoint that served the first, for sessions pinned to different endpoints; requests
 /// without it spread. Header-based persistence the same with the `x-session` header. A rule
 /// without sessionPersistence sets nothing and spreads; an unsupported setting (idleTimeout)
-/// is reported as `UnsupportedValue` while the session still works. Every response is 200.
+/// is reported as `UnsupportedValue` while the session still works. When a pinned endpoint
+/// leaves the Backend and stops, requests with its cookie are load balanced and get a new
+/// cookie. Every response is 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_persistence_pins_requests_to_one_endpoint() {
-    let ups = [
+    let mut ups = [
         Upstream::start("a").await.unwrap(),
         Upstream::start("b").await.unwrap(),
         Upstream::start("c").await.unwrap(),
@@ -52,8 +54,7 @@ async fn session_persistence_pins_requests_to_one_endpoint() {
     let addrs: Vec<_> = ups.iter().map(|u| u.addr()).collect();
     let port = ballast_testkit::free_port();
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("all.yaml"),
+    let config = |addrs: &[std::net::SocketAddr]| {
         gateway(port)
             + &session_route("cookie", "cookie.example.com", "{ sessionName: sticky }")
             + &session_route(
@@ -66,11 +67,16 @@ async fn session_persistence_pins_requests_to_one_endpoint() {
                 "header.example.com",
                 "{ type: Header, header: { name: x-session } }",
             )
-            + &session_route("idle", "idle.example.com", "{ sessionName: idle, idleTimeout: 5m }")
+            + &session_route(
+                "idle",
+                "idle.example.com",
+                "{ sessionName: idle, idleTimeout: 5m }",
+            )
             + &session_route("plain", "plain.example.com", "")
-            + &backend("web", &addrs),
-    )
-    .unwrap();
+            + &backend("web", addrs)
+    };
+    let file = dir.path().join("all.yaml");
+    std::fs::write(&file, config(&addrs)).unwrap();
     let ballast = Ballast::serve_ready(dir.path()).await;
     let _envoy = Envoy::start(&EnvoyConfig::new(
         ballast.xds,
@@ -131,6 +137,38 @@ async fn session_persistence_pins_requests_to_one_endpoint() {
             assert_eq!(header(&h, "set-cookie"), None, "the session is kept: {h:?}");
         }
     }
+
+    // The pinned endpoint leaves the Backend (scale-down): its sessions fall back to load
+    // balancing with a new cookie, never an error (not `strict`).
+    let (gone, pair) = sessions[0].clone();
+    let gone_index = ups.iter().position(|u| u.name() == gone).unwrap();
+    let rest: Vec<_> = addrs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != gone_index)
+        .map(|(_, a)| *a)
+        .collect();
+    write_atomic(&file, &config(&rest));
+    wait_until(T, POLL, || async {
+        get(gw, "cookie.example.com", &[&format!("Cookie: {pair}")])
+            .await
+            .0
+            != gone
+    })
+    .await
+    .unwrap();
+    ups[gone_index].stop().await;
+    let mut moved = BTreeSet::new();
+    for _ in 0..30 {
+        let (got, h) = get(gw, "cookie.example.com", &[&format!("Cookie: {pair}")]).await;
+        assert_ne!(got, gone);
+        assert!(
+            header(&h, "set-cookie").is_some_and(|c| c.starts_with("sticky=")),
+            "a new session replaces the stale one: {h:?}"
+        );
+        moved.insert(got);
+    }
+    assert!(!moved.is_empty());
 
     // Permanent cookie: Max-Age from absoluteTimeout.
     let (ep, h) = get(gw, "permanent.example.com", &[]).await;
