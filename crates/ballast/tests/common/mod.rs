@@ -296,11 +296,22 @@ pub async fn host_request(
     host: &str,
     headers: &[&str],
 ) -> Result<(u16, Vec<(String, String)>, String)> {
+    host_path_request(addr, method, host, "/", headers).await
+}
+
+/// Like [`host_request`], for any request `path` (e.g. `/v2/items?x=1`).
+pub async fn host_path_request(
+    addr: SocketAddr,
+    method: &str,
+    host: &str,
+    path: &str,
+    headers: &[&str],
+) -> Result<(u16, Vec<(String, String)>, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
     s.write_all(
-        format!("{method} / HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n")
+        format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n")
             .as_bytes(),
     )
     .await?;
