@@ -9,6 +9,12 @@
 //! ClientTrafficPolicy, ServiceAccount, Deployment). Ballast must become ready, serve every
 //! supported route from the right upstream with zero non-2xx, and report each unsupported
 //! thing in `/debug/sources` and `ballast validate`.
+//!
+//! `bad_edit_to_one_of_3400_routes_changes_nothing_in_envoy`: 3,400 HTTPRoutes, one Envoy under
+//! traffic to a sample of hosts. A bad field value in one route's new version leaves Envoy's
+//! whole config dump (listeners, clusters, route configs: names, versions, update times)
+//! byte-for-byte unchanged, the route keeps serving its last good version and the error names
+//! file:line:col; the fixed version then changes that one virtual host and nothing else.
 
 mod common;
 
@@ -17,7 +23,7 @@ use std::path::Path;
 
 use ballast_testkit::{
     AdsMode, Envoy, EnvoyConfig, GrpcUpstream, Traffic, TrafficConfig, Upstream, grpc_calls,
-    wait_for,
+    wait_for, wait_until,
 };
 use common::*;
 
@@ -608,4 +614,153 @@ async fn envoy_gateway_style_directory_serves_and_reports_what_it_skips() {
             .unwrap(),
         6.0
     );
+}
+
+const ROUTES: usize = 3400;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_edit_to_one_of_3400_routes_changes_nothing_in_envoy() {
+    let ups = [
+        Upstream::start("u0").await.unwrap(),
+        Upstream::start("u1").await.unwrap(),
+    ];
+    let addrs: Vec<_> = ups.iter().map(|u| u.addr()).collect();
+    let gw_port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("routes.yaml");
+    let v1 = many_routes(gw_port, ROUTES, &addrs);
+    write_atomic(&file, &v1);
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-3400",
+        "default/edge",
+        AdsMode::DeltaGrpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(gw_port);
+    wait_until(T, POLL, || async {
+        matches!(
+            host_status(gw, &format!("h{}.example.com", ROUTES - 1)).await,
+            Ok(200)
+        )
+    })
+    .await
+    .unwrap();
+    // The edited route is part of the sampled traffic.
+    let target = 1700;
+    let host = format!("h{target}.example.com");
+    let sample: Vec<(String, String)> = (0..ROUTES)
+        .step_by(ROUTES / 50)
+        .chain([target, target + 1])
+        .map(|i| (format!("h{i}.example.com"), "/".to_string()))
+        .collect();
+    assert!(sample.iter().any(|(h, _)| *h == host));
+    let traffic = Traffic::start(TrafficConfig::with_requests(gw, sample).concurrency(2));
+    let before = envoy.config_dump(false).await.unwrap();
+    assert_eq!(dump_virtual_hosts(&before).len(), ROUTES);
+    let responses = ballast.metric("ballast_xds_responses_total").await.unwrap();
+
+    // The new version of the route adds a response header; the bad one also has an invalid
+    // timeout value.
+    let old = route(&format!("r{target}"), &host, &format!("b{target}"));
+    assert!(v1.contains(&old));
+    let good = old.clone()
+        + "    filters:\n    - type: ResponseHeaderModifier\n      \
+           responseHeaderModifier: { set: [{ name: x-route-version, value: \"2\" }] }\n";
+    let bad = good.clone() + "    timeouts: { request: 1parsec }\n";
+    let v2 = v1.replace(&old, &bad);
+    write_atomic(&file, &v2);
+    let bad_line = v2
+        .lines()
+        .position(|l| l == "    timeouts: { request: 1parsec }")
+        .unwrap()
+        + 1;
+    let errors = wait_for(T, POLL, || async {
+        let (_, body) = ballast.get("/debug/sources").await?;
+        let v: serde_json::Value = serde_json::from_str(&body)?;
+        match v["sources"][0]["errors"].as_array() {
+            Some(e) if !e.is_empty() => Ok(v["sources"][0].clone()),
+            _ => anyhow::bail!("no error yet"),
+        }
+    })
+    .await
+    .unwrap();
+    let bad_col = "    timeouts: { request: ".len() + 1;
+    let at = format!("{}:{bad_line}:{bad_col}: ", file.display());
+    let error = errors["errors"][0].as_str().unwrap();
+    assert!(
+        error.starts_with(&at) && error.contains(&format!("HTTPRoute default/r{target}")),
+        "{at} in {errors:#}"
+    );
+    assert_eq!(errors["errors"].as_array().unwrap().len(), 1, "{errors:#}");
+    assert_eq!(errors["rejected"][0]["name"], format!("r{target}"));
+    // Let any (wrong) push land before comparing: nothing was sent, nothing changed.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(
+        ballast.metric("ballast_xds_responses_total").await.unwrap(),
+        responses,
+        "a rejected edit sends Envoy nothing"
+    );
+    let during = envoy.config_dump(false).await.unwrap();
+    assert_eq!(
+        ballast_testkit::ConfigSummary::from_dump(&before),
+        ballast_testkit::ConfigSummary::from_dump(&during)
+    );
+    for section in [
+        "ListenersConfigDump",
+        "ClustersConfigDump",
+        "RoutesConfigDump",
+    ] {
+        let text = dump_section(&before, section);
+        assert!(!text.is_empty(), "{section} in the dump");
+        assert!(
+            text == dump_section(&during, section),
+            "{section} changed after a rejected edit"
+        );
+    }
+    // Still the last good version: no x-route-version.
+    let (code, headers, body) = host_get_with_headers(gw, &host, &[]).await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        !headers.iter().any(|(k, _)| k == "x-route-version"),
+        "{headers:?}"
+    );
+
+    // The fix applies; only that virtual host changed.
+    write_atomic(&file, &v1.replace(&old, &good));
+    wait_until(T, POLL, || async {
+        matches!(host_get_with_headers(gw, &host, &[]).await,
+            Ok((200, h, _)) if h.iter().any(|(k, v)| k == "x-route-version" && v == "2"))
+    })
+    .await
+    .unwrap();
+    let after = envoy.config_dump(false).await.unwrap();
+    for section in ["ListenersConfigDump", "ClustersConfigDump"] {
+        assert!(
+            dump_section(&before, section) == dump_section(&after, section),
+            "{section} changed by a one-route edit"
+        );
+    }
+    // The same comparison sees the route configuration change (new version, one host).
+    assert!(dump_section(&before, "RoutesConfigDump") != dump_section(&after, "RoutesConfigDump"));
+    assert_eq!(
+        ballast_testkit::ConfigSummary::from_dump(&before),
+        ballast_testkit::ConfigSummary::from_dump(&after)
+    );
+    let (vh_before, vh_after) = (dump_virtual_hosts(&before), dump_virtual_hosts(&after));
+    let changed: Vec<&String> = vh_before
+        .keys()
+        .chain(vh_after.keys())
+        .filter(|h| vh_before.get(*h) != vh_after.get(*h))
+        .collect();
+    assert_eq!(changed, [&host, &host]);
+    assert_eq!(vh_after.len(), ROUTES);
+    let (_, body) = ballast.get("/debug/sources").await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["sources"][0]["errors"], serde_json::json!([]));
+    let report = traffic.stop().await;
+    report.assert_all_ok();
+    assert!(report.total > 100, "{report}");
 }
