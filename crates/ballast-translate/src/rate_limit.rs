@@ -184,6 +184,7 @@ pub(crate) fn http_filters(config: &ConfigSet, gw: &Gateway) -> Vec<HttpFilter> 
             .global
             .as_ref()
             .expect("service policies have global");
+        let service = g.backend_key(&svc.metadata.namespace);
         // The Gateway's own rules apply on routes without a policy; a route policy's rules
         // come with the route.
         let rate_limits = own
@@ -205,7 +206,10 @@ pub(crate) fn http_filters(config: &ConfigSet, gw: &Gateway) -> Vec<HttpFilter> 
             rate_limit_service: Some(RateLimitServiceConfig {
                 grpc_service: Some(GrpcService {
                     target_specifier: Some(TargetSpecifier::EnvoyGrpc(EnvoyGrpc {
-                        cluster_name: names::cluster(&g.backend_key(&svc.metadata.namespace)),
+                        cluster_name: names::cluster(&service),
+                        // The default `:authority` is the cluster name, whose `/` HTTP/2
+                        // servers (hyper, Go) reject as malformed: every call would fail.
+                        authority: format!("{}.{}", service.name, service.namespace),
                         ..Default::default()
                     })),
                     ..Default::default()

@@ -1998,6 +1998,12 @@ fn rate_limit_policies_translate_incrementally() {
     };
     let g = GlobalFilter::decode(any.value.as_slice()).unwrap();
     assert_eq!(g.domain, "ballast");
+    // A valid `:authority` (the cluster name's `/` makes HTTP/2 servers reset every call).
+    let svc = g.rate_limit_service.unwrap().grpc_service.unwrap();
+    assert!(
+        format!("{svc:?}").contains("authority: \"rls.default\""),
+        "{svc:?}"
+    );
     assert!(g.failure_mode_deny);
     assert_eq!(g.rate_limits.len(), 1);
     assert_eq!(g.rate_limits[0].actions.len(), 2);

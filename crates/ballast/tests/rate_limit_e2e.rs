@@ -128,3 +128,204 @@ async fn local_limit_per_route_and_per_client_header() {
         .sum::<u64>();
     assert_eq!(limited, 5, "Envoy counted every 429");
 }
+
+fn global_policy(failure_mode_deny: bool) -> String {
+    format!(
+        "---
+apiVersion: ballast.dev/v1alpha1
+kind: RateLimitPolicy
+metadata: {{ name: api-global }}
+spec:
+  targetRefs: [{{ group: gateway.networking.k8s.io, kind: HTTPRoute, name: api }}]
+  global:
+    backendRef: {{ name: rls }}
+    failureModeDeny: {failure_mode_deny}
+    timeout: 2s
+    rules:
+    - name: per-user
+      clientSelectors: [{{ headers: [{{ name: x-user, type: Distinct }}] }}]
+"
+    )
+}
+
+fn grpc_backend(name: &str, addr: SocketAddr) -> String {
+    format!(
+        "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: {name} }}
+spec:
+  protocol: grpc
+  connectTimeout: 1s
+  endpoints: [{{ address: {}, port: {} }}]
+",
+        addr.ip(),
+        addr.port()
+    )
+}
+
+/// Sum of Envoy's counters whose names end with `suffix`.
+async fn stat_sum(envoy: &Envoy, suffix: &str) -> u64 {
+    envoy
+        .stats()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|(k, _)| k.ends_with(suffix))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// Global limits: Envoy asks the rate-limit service (the testkit's counting server, N = 5)
+/// about each request of the limited route with the rule's descriptor; the first 5 of a user
+/// get 200, then 429; another user and another route are unaffected (the other route never
+/// calls the service). With the service failing, `failureModeDeny: false` lets requests through
+/// (counted by Envoy's `failure_mode_allowed`); switched to `true` by a config edit, they get
+/// 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_limit_through_rate_limit_service() {
+    const N: usize = 5;
+    let rls = ballast_testkit::RateLimitServer::start(N as u32)
+        .await
+        .unwrap();
+    let up = Upstream::start("app").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let config = |deny: bool| {
+        gateway(port)
+            + &route("api", "api.example.com", "app")
+            + &route("other", "other.example.com", "app")
+            + &backend("app", &[up.addr()])
+            + &grpc_backend("rls", rls.addr())
+            + &global_policy(deny)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, config(false)).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-global-rate-limit",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_for(T, POLL, || async {
+        match host_status(gw, "other.example.com").await {
+            Ok(200) => Ok(()),
+            c => anyhow::bail!("other route: {c:?}"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    assert_eq!(
+        rls.calls(),
+        0,
+        "routes without a policy never ask the service"
+    );
+
+    let (codes, _) = burst(gw, "api.example.com", &["x-user: alice"], N).await;
+    assert_eq!(non_2xx(&codes), 0, "alice's first {N}: {codes:?}");
+    let (codes, h) = burst(gw, "api.example.com", &["x-user: alice"], 2).await;
+    assert_eq!(
+        codes,
+        [429, 429],
+        "alice over the limit; service calls {} counts {:?}",
+        rls.calls(),
+        rls.counts()
+    );
+    assert_eq!(header(&h, "x-envoy-ratelimited"), Some("true"), "{h:?}");
+    assert_eq!(
+        header(&h, "x-ratelimit-limit").map(|v| v.starts_with("5")),
+        Some(true),
+        "{h:?}"
+    );
+    let (codes, _) = burst(gw, "api.example.com", &["x-user: bob"], N).await;
+    assert_eq!(non_2xx(&codes), 0, "bob's first {N}: {codes:?}");
+    let (codes, _) = burst(gw, "other.example.com", &["x-user: alice"], 10).await;
+    assert_eq!(non_2xx(&codes), 0, "other route: {codes:?}");
+    let counts = rls.counts();
+    assert_eq!(
+        counts.get("ballast|generic_key=per-user,x-user=alice"),
+        Some(&(N as u64 + 2)),
+        "{counts:?}"
+    );
+    assert_eq!(
+        counts.get("ballast|generic_key=per-user,x-user=bob"),
+        Some(&(N as u64)),
+        "{counts:?}"
+    );
+    assert_eq!(
+        rls.calls(),
+        2 * N as u64 + 2,
+        "one call per limited request"
+    );
+    assert_eq!(stat_sum(&envoy, "ratelimit.over_limit").await, 2);
+
+    // The service fails: with failureModeDeny false every request passes, even alice's.
+    rls.set_failing(true);
+    let (codes, _) = burst(gw, "api.example.com", &["x-user: alice"], 4).await;
+    assert_eq!(non_2xx(&codes), 0, "service down, fail open: {codes:?}");
+    assert_eq!(stat_sum(&envoy, "ratelimit.failure_mode_allowed").await, 4);
+
+    // failureModeDeny true (a config edit): the same requests are refused.
+    write_atomic(&file, &config(true));
+    wait_for(T, POLL, || async {
+        match host_request(gw, "GET", "api.example.com", &["x-user: carol"]).await {
+            Ok((500, _, _)) => Ok(()),
+            c => anyhow::bail!("fail closed not in effect yet: {:?}", c.map(|c| c.0)),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    let (codes, _) = burst(gw, "api.example.com", &["x-user: dave"], 3).await;
+    assert_eq!(codes, [500, 500, 500]);
+    // The service recovers: counting resumes (alice is still over the limit).
+    rls.set_failing(false);
+    let (codes, _) = burst(gw, "api.example.com", &["x-user: alice"], 1).await;
+    assert_eq!(codes, [429]);
+    let (codes, _) = burst(gw, "api.example.com", &["x-user: erin"], 1).await;
+    assert_eq!(codes, [200]);
+}
+
+/// A rate-limit service nobody listens on: `failureModeDeny: false` lets every request through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_limit_with_service_down_fails_open() {
+    let up = Upstream::start("app").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dead = loopback(ballast_testkit::free_port());
+    let config = gateway(port)
+        + &route("api", "api.example.com", "app")
+        + &backend("app", &[up.addr()])
+        + &grpc_backend("rls", dead)
+        + &global_policy(false);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-rate-limit-down",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_for(T, POLL, || async {
+        match host_request(gw, "GET", "api.example.com", &["x-user: alice"]).await {
+            Ok((200, _, _)) => Ok(()),
+            c => anyhow::bail!("api route: {:?}", c.map(|c| c.0)),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    let dump = envoy.config_dump(false).await.unwrap().to_string();
+    assert!(
+        dump.contains("envoy.filters.http.ratelimit") && dump.contains("\"default/rls\""),
+        "the global filter and its service cluster are in Envoy"
+    );
+    let (codes, _) = burst(gw, "api.example.com", &["x-user: alice"], 20).await;
+    assert_eq!(non_2xx(&codes), 0, "{codes:?}");
+    assert!(stat_sum(&envoy, "ratelimit.failure_mode_allowed").await >= 20);
+}
