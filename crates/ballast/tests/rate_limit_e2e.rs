@@ -129,6 +129,72 @@ async fn local_limit_per_route_and_per_client_header() {
     assert_eq!(limited, 5, "Envoy counted every 429");
 }
 
+/// A Gateway policy is one bucket for every route of the Gateway without a policy of its own
+/// (6 requests spread over two routes exhaust it for both); a route with its own policy is
+/// limited by that policy alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_limit_per_gateway_and_route_override() {
+    let up = Upstream::start("app").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let config = gateway(port)
+        + &route("a", "a.example.com", "app")
+        + &route("b", "b.example.com", "app")
+        + &route("c", "c.example.com", "app")
+        + &backend("app", &[up.addr()])
+        + "---
+apiVersion: ballast.dev/v1alpha1
+kind: RateLimitPolicy
+metadata: { name: edge-wide }
+spec:
+  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]
+  local:
+    rules: [{ limit: { requests: 6, unit: Hour } }]
+---
+apiVersion: ballast.dev/v1alpha1
+kind: RateLimitPolicy
+metadata: { name: c-users }
+spec:
+  targetRefs: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, name: c }]
+  local:
+    rules:
+    - clientSelectors: [{ headers: [{ name: x-user, type: Distinct }] }]
+      limit: { requests: 2, unit: Hour }
+";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-rate-limit-gw",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    // Ready through route c without x-user: its own policy never counts that.
+    wait_for(T, POLL, || async {
+        match host_status(gw, "c.example.com").await {
+            Ok(200) => Ok(()),
+            c => anyhow::bail!("route c: {c:?}"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    let (a, _) = burst(gw, "a.example.com", &[], 3).await;
+    let (b, h) = burst(gw, "b.example.com", &[], 3).await;
+    assert_eq!(non_2xx(&a) + non_2xx(&b), 0, "{a:?} {b:?}");
+    assert_eq!(header(&h, "x-ratelimit-limit"), Some("6"), "{h:?}");
+    let (a, _) = burst(gw, "a.example.com", &[], 1).await;
+    let (b, _) = burst(gw, "b.example.com", &[], 1).await;
+    assert_eq!((a[0], b[0]), (429, 429), "the Gateway's bucket is shared");
+    // Route c: the Gateway's bucket (empty now) does not apply; its own does.
+    let (c, _) = burst(gw, "c.example.com", &[], 10).await;
+    assert_eq!(non_2xx(&c), 0, "{c:?}");
+    let (c, _) = burst(gw, "c.example.com", &["x-user: alice"], 3).await;
+    assert_eq!(c, [200, 200, 429]);
+}
+
 fn global_policy(failure_mode_deny: bool) -> String {
     format!(
         "---
