@@ -53,7 +53,7 @@ use crate::{names, pb_duration};
 /// Filter names, also the `typed_per_filter_config` keys.
 pub(crate) const LOCAL_FILTER: &str = "envoy.filters.http.local_ratelimit";
 pub(crate) const GLOBAL_FILTER: &str = "envoy.filters.http.ratelimit";
-/// Stat prefix of the local filter (`http_local_rate_limit.<prefix>.rate_limited`).
+/// Stat prefix of the local filter (`<prefix>.http_local_rate_limit.rate_limited`).
 const LOCAL_STAT_PREFIX: &str = "ballast_local_rate_limit";
 /// Distinct values kept per wildcard rule (Envoy's default is 20).
 const MAX_DYNAMIC_DESCRIPTORS: u32 = 10_000;
