@@ -127,6 +127,45 @@ async fn local_limit_per_route_and_per_client_header() {
         .map(|(_, v)| v)
         .sum::<u64>();
     assert_eq!(limited, 5, "Envoy counted every 429");
+
+    // Status says where the policy applies.
+    let (_, body) = ballast.get("/debug/sources").await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let p = &v["status"]["rateLimitPolicies"][0];
+    assert_eq!(p["name"], "per-user", "{v:#}");
+    assert_eq!(p["targets"][0]["kind"], "HTTPRoute", "{p:#}");
+    assert_eq!(p["targets"][0]["name"], "limited", "{p:#}");
+    assert_eq!(p["targets"][0]["conditions"][0]["status"], "True", "{p:#}");
+
+    // A broken edit (requests: 0) is reported by file:line:col and changes nothing in Envoy.
+    let file = dir.path().join("config.yaml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let broken = text.replace("requests: 10,", "requests: 0,");
+    let line = broken
+        .lines()
+        .position(|l| l.contains("requests: 0"))
+        .unwrap()
+        + 1;
+    write_atomic(&file, &broken);
+    let errors = wait_for(T, POLL, || async {
+        let (_, body) = ballast.get("/debug/sources").await?;
+        let v: serde_json::Value = serde_json::from_str(&body)?;
+        let errors = v["sources"][0]["errors"].to_string();
+        anyhow::ensure!(errors.contains("config.yaml:"), "no error yet");
+        Ok(errors)
+    })
+    .await
+    .unwrap();
+    assert!(
+        errors.contains(&format!("config.yaml:{line}:"))
+            && errors.contains("spec.local.rules[0].limit.requests: must be at least 1"),
+        "{errors}"
+    );
+    let (codes, _) = burst(gw, "limited.example.com", &["x-user: alice"], 1).await;
+    assert_eq!(codes, [429], "the last good policy still limits alice");
+    let (codes, h) = burst(gw, "limited.example.com", &["x-user: carol"], 1).await;
+    assert_eq!(codes, [200]);
+    assert_eq!(header(&h, "x-ratelimit-limit"), Some("10"), "{h:?}");
 }
 
 /// A Gateway policy is one bucket for every route of the Gateway without a policy of its own
