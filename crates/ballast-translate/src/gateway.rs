@@ -370,7 +370,7 @@ pub(crate) fn build_gateway(
         );
     }
     // The rate-limit service's cluster, used by the connection manager's global filter.
-    let rate_limit_service = crate::rate_limit::service_backends(config, gw);
+    let rate_limit_service = crate::rate_limit::service_backend(config, gw);
     if let Some(svc) = &rate_limit_service {
         count_up(&mut backend_refs, &BTreeSet::from([svc.clone()]));
     }

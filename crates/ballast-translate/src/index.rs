@@ -53,7 +53,7 @@ impl Deps {
             backends.extend(backend_refs(&a.route));
         }
         // The rate-limit service the connection manager's global filter calls.
-        backends.extend(crate::rate_limit::service_backends(config, gw));
+        backends.extend(crate::rate_limit::service_backend(config, gw));
         Some(Deps {
             routes: routes_naming(config, gateway).collect(),
             backends,

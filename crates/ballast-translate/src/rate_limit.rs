@@ -58,7 +58,7 @@ const LOCAL_STAT_PREFIX: &str = "ballast_local_rate_limit";
 /// Distinct values kept per wildcard rule (Envoy's default is 20).
 const MAX_DYNAMIC_DESCRIPTORS: u32 = 10_000;
 
-/// The policy of an HTTPRoute's own, if one applies and it has a usable part.
+/// The RateLimitPolicy naming HTTPRoute `route` that applies to it (the oldest), if any.
 pub(crate) fn route_policy(config: &ConfigSet, route: &HttpRoute) -> Option<Arc<RateLimitPolicy>> {
     config
         .rate_limit_policy_for(TargetKind::HttpRoute, &route.key())
@@ -128,10 +128,11 @@ fn policies_on(
     (own, routes)
 }
 
-/// The Backends whose clusters Gateway `gw` needs as rate-limit services (at most one: the
-/// connection manager has one global filter), resolvable or not (so the dependency index
-/// rebuilds the Gateway when one appears).
-pub(crate) fn service_backends(config: &ConfigSet, gw: &Gateway) -> Option<ObjectKey> {
+/// The Backend whose cluster Gateway `gw` needs as its rate-limit service (one: the
+/// connection manager has one global filter); only a usable one (existing, gRPC). A service
+/// Backend appearing or changing rebuilds the Gateways its policies reach (the translator's
+/// Backend rule), so it need not be in the index before.
+pub(crate) fn service_backend(config: &ConfigSet, gw: &Gateway) -> Option<ObjectKey> {
     service_policy(config, gw).map(|p| {
         p.spec
             .global
