@@ -98,34 +98,12 @@ pub(crate) fn route_filter_configs(config: &ConfigSet, p: &RateLimitPolicy) -> V
     ]
 }
 
-/// The winning policies in effect on Gateway `gw`: its own, and those of routes naming it.
+/// The policies in effect on Gateway `gw`: its own, and those of routes naming it.
 fn policies_on(
     config: &ConfigSet,
     gw: &Gateway,
 ) -> (Option<Arc<RateLimitPolicy>>, Vec<Arc<RateLimitPolicy>>) {
-    let gw_key = gw.key();
-    let own = config
-        .rate_limit_policy_for(TargetKind::Gateway, &gw_key)
-        .cloned();
-    let mut routes = Vec::new();
-    for p in config.rate_limit_policies.values() {
-        let ns = p.metadata.namespace.as_str();
-        let names_route_here = p.spec.target_refs.iter().any(|r| {
-            r.target_kind() == Some(TargetKind::HttpRoute) && {
-                let rk = ObjectKey::new(ns, r.name.as_str());
-                config.http_routes.get(&rk).is_some_and(|route| {
-                    crate::index::names_gateway(route, &gw_key)
-                        && config
-                            .rate_limit_policy_for(TargetKind::HttpRoute, &rk)
-                            .is_some_and(|w| Arc::ptr_eq(w, p))
-                })
-            }
-        });
-        if names_route_here {
-            routes.push(p.clone());
-        }
-    }
-    (own, routes)
+    config.rate_limit_policies_on(&gw.key())
 }
 
 /// The Backend whose cluster Gateway `gw` needs as its rate-limit service (one: the
@@ -142,14 +120,9 @@ pub(crate) fn service_backend(config: &ConfigSet, gw: &Gateway) -> Option<Object
     })
 }
 
-/// The policy whose `global` service settings the Gateway's global filter uses: its own
-/// policy's, else the first (by key) route policy's with a usable service.
+/// The policy whose `global` service settings the Gateway's global filter uses.
 fn service_policy(config: &ConfigSet, gw: &Gateway) -> Option<Arc<RateLimitPolicy>> {
-    let (own, routes) = policies_on(config, gw);
-    own.into_iter()
-        .chain(routes)
-        .filter(|p| p.spec.global.is_some())
-        .find(|p| config.rate_limit_service_problem(p).is_ok())
+    config.rate_limit_service_policy(&gw.key())
 }
 
 /// The rate-limit filters (before the router) of a connection manager of Gateway `gw`; none

@@ -368,6 +368,51 @@ impl ConfigSet {
             })
     }
 
+    /// The RateLimitPolicies in effect on Gateway `gw`: its own (if any), and the applying
+    /// policies of the HTTPRoutes whose parentRefs name it (by key).
+    pub fn rate_limit_policies_on(
+        &self,
+        gw: &ObjectKey,
+    ) -> (
+        Option<std::sync::Arc<RateLimitPolicy>>,
+        Vec<std::sync::Arc<RateLimitPolicy>>,
+    ) {
+        let own = self.rate_limit_policy_for(TargetKind::Gateway, gw).cloned();
+        let mut routes = Vec::new();
+        for p in self.rate_limit_policies.values() {
+            let ns = p.metadata.namespace.as_str();
+            let here = p.spec.target_refs.iter().any(|r| {
+                r.target_kind() == Some(TargetKind::HttpRoute) && {
+                    let rk = ObjectKey::new(ns, r.name.as_str());
+                    self.http_routes.get(&rk).is_some_and(|route| {
+                        route_names_gateway(route, gw)
+                            && self
+                                .rate_limit_policy_for(TargetKind::HttpRoute, &rk)
+                                .is_some_and(|w| std::sync::Arc::ptr_eq(w, p))
+                    })
+                }
+            });
+            if here {
+                routes.push(p.clone());
+            }
+        }
+        (own, routes)
+    }
+
+    /// The policy whose `global` service settings (Backend, failure mode, timeout, domain)
+    /// Gateway `gw`'s connection manager uses: its own policy's, else the first (by key)
+    /// route policy's, among those with a usable service.
+    pub fn rate_limit_service_policy(
+        &self,
+        gw: &ObjectKey,
+    ) -> Option<std::sync::Arc<RateLimitPolicy>> {
+        let (own, routes) = self.rate_limit_policies_on(gw);
+        own.into_iter()
+            .chain(routes)
+            .filter(|p| p.spec.global.is_some())
+            .find(|p| self.rate_limit_service_problem(p).is_ok())
+    }
+
     /// Why a RateLimitPolicy's service Backend cannot be used, if it cannot.
     pub fn rate_limit_service_problem(&self, p: &RateLimitPolicy) -> Result<(), String> {
         let Some(g) = &p.spec.global else {
@@ -384,8 +429,64 @@ impl ConfigSet {
     }
 }
 
+/// Whether a parentRef of `route` names Gateway `gw`.
+fn route_names_gateway(route: &super::HttpRoute, gw: &ObjectKey) -> bool {
+    let ns = route.metadata.namespace.as_str();
+    route
+        .spec
+        .parent_refs
+        .iter()
+        .any(|p| p.is_gateway() && p.namespace_or(ns) == gw.namespace && *p.name == gw.name)
+}
+
+/// Why `p` (with a usable global service) on HTTPRoute `route` cannot have its own service
+/// settings: a Gateway of the route calls another service (or with another failure mode or
+/// timeout), chosen by [`ConfigSet::rate_limit_service_policy`].
+fn service_conflict(set: &ConfigSet, p: &RateLimitPolicy, route: &ObjectKey) -> Option<String> {
+    let g = p.spec.global.as_ref()?;
+    set.rate_limit_service_problem(p).ok()?;
+    let r = set.http_routes.get(route)?;
+    let ns = r.metadata.namespace.as_str();
+    let settings = |q: &RateLimitPolicy| {
+        let g = q
+            .spec
+            .global
+            .as_ref()
+            .expect("service policies have global");
+        (
+            g.backend_key(&q.metadata.namespace),
+            g.failure_mode_deny,
+            g.timeout.as_ref().map(|t| t.value),
+        )
+    };
+    let mine = (
+        g.backend_key(&p.metadata.namespace),
+        g.failure_mode_deny,
+        g.timeout.as_ref().map(|t| t.value),
+    );
+    r.spec
+        .parent_refs
+        .iter()
+        .filter(|pr| pr.is_gateway())
+        .map(|pr| ObjectKey::new(pr.namespace_or(ns), pr.name.as_str()))
+        .filter(|gw| set.gateways.contains_key(gw))
+        .find_map(|gw| {
+            let svc = set.rate_limit_service_policy(&gw)?;
+            let theirs = settings(&svc);
+            (theirs != mine).then(|| {
+                format!(
+                    "Gateway {gw} calls rate-limit service {} (failureModeDeny {}) as policy {} says;                      one service per Gateway: this policy's global rules go there",
+                    theirs.0,
+                    theirs.1,
+                    svc.key()
+                )
+            })
+        })
+}
+
 /// Per policy and target: `Accepted` from attachment, plus `ResolvedRefs=False` when the
-/// global service Backend cannot be used.
+/// global service Backend cannot be used, and `Accepted=False ServiceConflict` on an
+/// HTTPRoute whose Gateway uses another policy's service settings.
 pub(crate) fn statuses(set: &ConfigSet) -> Vec<crate::status::PolicyStatus> {
     let mut out = crate::status::policy_statuses(
         super::Kind::RateLimitPolicy,
@@ -408,6 +509,25 @@ pub(crate) fn statuses(set: &ConfigSet) -> Vec<crate::status::PolicyStatus> {
         .filter(|c| c.type_ == "ResolvedRefs")
     {
         c.reason = "InvalidBackendRef".to_owned();
+    }
+    for ps in &mut out {
+        let Some(p) = set
+            .rate_limit_policies
+            .get(&ObjectKey::new(ps.namespace.as_str(), ps.name.as_str()))
+        else {
+            continue;
+        };
+        for t in ps.targets.iter_mut().filter(|t| t.kind == "HTTPRoute") {
+            let route = ObjectKey::new(t.namespace.as_str(), t.name.as_str());
+            if let Some(m) = service_conflict(set, p, &route) {
+                t.conditions.push(crate::status::Condition {
+                    type_: "Accepted".to_owned(),
+                    status: crate::status::ConditionStatus::False,
+                    reason: "ServiceConflict".to_owned(),
+                    message: m,
+                });
+            }
+        }
     }
     out
 }
@@ -486,6 +606,57 @@ mod tests {
                 "expected {at} ... {what} in {es:#?}"
             );
         }
+    }
+
+    /// Two route policies on one Gateway naming different services: the Gateway's filter
+    /// calls the first's, and the second reports the conflict on its route.
+    #[test]
+    fn second_service_on_a_gateway_is_reported() {
+        let route = |n: &str| {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{ name: {n} }}\nspec:\n  parentRefs: [{{ name: gw }}]\n  rules: [{{ backendRefs: [{{ group: ballast.dev, kind: Backend, name: b }}] }}]\n"
+            )
+        };
+        let svc = |n: &str| {
+            format!(
+                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {{ name: {n} }}\nspec:\n  protocol: grpc\n  endpoints: [{{ address: 127.0.0.1, port: 1 }}]\n"
+            )
+        };
+        let policy = |n: &str, r: &str, s: &str| {
+            format!(
+                "apiVersion: ballast.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {{ name: {n} }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: HTTPRoute, name: {r} }}]\n  global: {{ backendRef: {{ name: {s} }}, rules: [{{}}] }}\n"
+            )
+        };
+        let docs = [
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: gw }\nspec:\n  gatewayClassName: ballast\n  listeners: [{ name: http, port: 10000, protocol: HTTP }]\n".to_owned(),
+            route("r1"),
+            route("r2"),
+            svc("rls-a"),
+            svc("rls-b"),
+            policy("p1", "r1", "rls-a"),
+            policy("p2", "r2", "rls-b"),
+        ];
+        let set = ConfigSet::build([("a.yaml", docs.join("---\n"))]).unwrap();
+        let gw = crate::ObjectKey::new("default", "gw");
+        assert_eq!(
+            set.rate_limit_service_policy(&gw)
+                .map(|p| p.metadata.name.clone()),
+            Some("p1".to_owned())
+        );
+        let status = crate::status::compute(&set);
+        let applied: Vec<Vec<String>> = status
+            .rate_limit_policies
+            .iter()
+            .map(|p| p.applied_to())
+            .collect();
+        assert_eq!(applied, [vec!["HTTPRoute default/r1".to_owned()], vec![]]);
+        let problems = status.problems().join("\n");
+        assert!(
+            problems.contains("RateLimitPolicy default/p2")
+                && problems.contains("ServiceConflict")
+                && problems.contains("calls rate-limit service default/rls-a"),
+            "{problems}"
+        );
     }
 
     #[test]
