@@ -17,8 +17,8 @@ use crate::kinds::{
     Backend, BackendPolicy, BackendPolicySpec, BackendSpec, BackendTlsPolicy, BackendTlsPolicySpec,
     ClientPolicy, ClientPolicySpec, DEFAULT_NAMESPACE, EndpointSlice, EndpointSliceSpec, Gateway,
     GatewaySpec, GrpcRoute, GrpcRouteSpec, HttpRoute, HttpRouteSpec, Ignored, Kind, KindMatch,
-    Metadata, Namespace, NamespaceSpec, Object, ObjectKey, ReferenceGrant, ReferenceGrantSpec,
-    Service, ServiceSpec, SliceEndpoint, SlicePort, Source,
+    Metadata, Namespace, NamespaceSpec, Object, ObjectKey, RateLimitPolicy, RateLimitPolicySpec,
+    ReferenceGrant, ReferenceGrantSpec, Service, ServiceSpec, SliceEndpoint, SlicePort, Source,
 };
 use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
@@ -406,6 +406,8 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
             .map(|d| Typed::Spec(d.metadata, TypedSpec::ReferenceGrant(d.spec))),
         Kind::Namespace => deserialize::<NamespaceDoc>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::Namespace(d.spec))),
+        Kind::RateLimitPolicy => deserialize::<Doc<RateLimitPolicySpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::RateLimitPolicy(Box::new(d.spec)))),
     }
     .map_err(strict_error)?;
     finish(file, object, doc_pos, typed).map(Parsed::Object)
@@ -431,6 +433,7 @@ enum TypedSpec {
     Service(ServiceSpec),
     ReferenceGrant(ReferenceGrantSpec),
     Namespace(NamespaceSpec),
+    RateLimitPolicy(Box<RateLimitPolicySpec>),
 }
 
 /// A Namespace document: `spec` is optional (and `status` is what `kubectl get -o yaml`
@@ -504,6 +507,15 @@ fn finish(
             };
             crate::kinds::backend_tls::validate_backend_tls_policy(&mut ctx, &p);
             Object::BackendTlsPolicy(Arc::new(p))
+        }
+        Typed::Spec(metadata, TypedSpec::RateLimitPolicy(spec)) => {
+            let p = RateLimitPolicy {
+                metadata,
+                spec: *spec,
+                source,
+            };
+            crate::kinds::rate_limit::validate_rate_limit_policy(&mut ctx, &p);
+            Object::RateLimitPolicy(Arc::new(p))
         }
         Typed::Spec(metadata, TypedSpec::ClientPolicy(spec)) => {
             let p = ClientPolicy {

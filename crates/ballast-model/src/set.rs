@@ -131,6 +131,7 @@ pub struct ConfigSet {
     slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
     pub reference_grants: BTreeMap<ObjectKey, Arc<ReferenceGrant>>,
     pub namespaces: BTreeMap<ObjectKey, Arc<Namespace>>,
+    pub rate_limit_policies: BTreeMap<ObjectKey, Arc<RateLimitPolicy>>,
 }
 
 /// How one object differs between two sets.
@@ -468,6 +469,10 @@ impl ConfigSet {
                 .insert(key, g)
                 .map(Object::ReferenceGrant),
             Object::Namespace(n) => self.namespaces.insert(key, n).map(Object::Namespace),
+            Object::RateLimitPolicy(p) => self
+                .rate_limit_policies
+                .insert(key, p)
+                .map(Object::RateLimitPolicy),
         }
     }
 
@@ -554,6 +559,10 @@ impl ConfigSet {
                 .remove(key)
                 .map(Object::ReferenceGrant),
             Kind::Namespace => self.namespaces.remove(key).map(Object::Namespace),
+            Kind::RateLimitPolicy => self
+                .rate_limit_policies
+                .remove(key)
+                .map(Object::RateLimitPolicy),
         }
     }
 
@@ -592,6 +601,11 @@ impl ConfigSet {
                 .cloned()
                 .map(Object::ReferenceGrant),
             Kind::Namespace => self.namespaces.get(key).cloned().map(Object::Namespace),
+            Kind::RateLimitPolicy => self
+                .rate_limit_policies
+                .get(key)
+                .cloned()
+                .map(Object::RateLimitPolicy),
         }
     }
 
@@ -639,6 +653,12 @@ impl ConfigSet {
                     .map(Object::ReferenceGrant),
             )
             .chain(self.namespaces.values().cloned().map(Object::Namespace))
+            .chain(
+                self.rate_limit_policies
+                    .values()
+                    .cloned()
+                    .map(Object::RateLimitPolicy),
+            )
     }
 
     pub fn len(&self) -> usize {
@@ -655,6 +675,7 @@ impl ConfigSet {
             + self.endpoint_slices.len()
             + self.reference_grants.len()
             + self.namespaces.len()
+            + self.rate_limit_policies.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -718,6 +739,12 @@ impl ConfigSet {
             &mut out,
         );
         diff_map(Kind::Namespace, &self.namespaces, &new.namespaces, &mut out);
+        diff_map(
+            Kind::RateLimitPolicy,
+            &self.rate_limit_policies,
+            &new.rate_limit_policies,
+            &mut out,
+        );
         out.sort();
         out
     }

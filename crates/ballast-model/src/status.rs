@@ -135,6 +135,8 @@ pub struct ConfigStatus {
     pub backend_tls_policies: Vec<PolicyStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub client_policies: Vec<PolicyStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rate_limit_policies: Vec<PolicyStatus>,
     /// GRPCRoutes, computed through their HTTPRoute equivalents (same attachment rules).
     pub grpc_routes: Vec<RouteStatus>,
     pub backends: Vec<BackendStatus>,
@@ -184,7 +186,7 @@ impl PolicyStatus {
 }
 
 /// Status of every policy of one kind from its attachment resolution.
-fn policy_statuses(
+pub(crate) fn policy_statuses(
     kind: Kind,
     resolution: &crate::attach::Resolution,
     source: impl Fn(&ObjectKey) -> String,
@@ -281,6 +283,7 @@ impl ConfigStatus {
             .backend_policies
             .iter()
             .chain(&self.backend_tls_policies)
+            .chain(&self.rate_limit_policies)
         {
             for t in &p.targets {
                 for c in t.conditions.iter().filter(|c| !c.is_true()) {
@@ -403,6 +406,7 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
                 None => Ok(()),
             },
         ),
+        rate_limit_policies: crate::kinds::rate_limit::statuses(set),
         grpc_routes: set
             .grpc_routes
             .values()

@@ -25,8 +25,8 @@ use crate::index::{DependencyIndex, Deps, Orphans, names_gateway};
 use crate::listener::{ChainPlan, certificate_refs, envoy_listener, plan};
 use crate::policy::ClusterInputs;
 use crate::route::{
-    TranslatedRoute, backend_signature, contributions, encode_misdirected_host,
-    encode_virtual_host, fixed_hosts, translate_route,
+    RateLimitSignature, TranslatedRoute, backend_signature, contributions, encode_misdirected_host,
+    encode_virtual_host, fixed_hosts, rate_limit_signature, translate_route,
 };
 use crate::{
     ConfigSources, GatewayResources, Options, TranslateStats, cluster, encode, names, secret,
@@ -60,6 +60,14 @@ fn same<T: PartialEq>(a: &Arc<T>, b: &Arc<T>) -> bool {
     Arc::ptr_eq(a, b) || **a == **b
 }
 
+fn same_rate_limit(a: &RateLimitSignature, b: &RateLimitSignature) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some((p, u)), Some((q, v))) => u == v && same(p, q),
+        _ => false,
+    }
+}
+
 impl Caches {
     pub fn new(options: &Options) -> Self {
         Caches {
@@ -80,6 +88,7 @@ impl Caches {
         if let Some(t) = self.routes.get(&key)
             && same(&t.route, route)
             && t.signature == backend_signature(config, route)
+            && same_rate_limit(&t.rate_limit, &rate_limit_signature(config, route))
         {
             stats.routes_reused += 1;
             return t.clone();
@@ -360,6 +369,11 @@ pub(crate) fn build_gateway(
             },
         );
     }
+    // The rate-limit service's cluster, used by the connection manager's global filter.
+    let rate_limit_service = crate::rate_limit::service_backend(config, gw);
+    if let Some(svc) = &rate_limit_service {
+        count_up(&mut backend_refs, &BTreeSet::from([svc.clone()]));
+    }
     deps.backends = backend_refs.keys().cloned().collect();
 
     let mut prev_chains: BTreeMap<String, ChainState> = BTreeMap::new();
@@ -456,6 +470,9 @@ pub(crate) fn build_gateway(
         let l = envoy_listener(config, gw, &port, options);
         let r = encode_reusing(prev_listeners.as_ref(), &mut listeners, l, stats);
         resources.listeners.push(r);
+    }
+    if let Some(svc) = rate_limit_service {
+        count_up(&mut used, &BTreeSet::from([svc]));
     }
     for b in used.keys() {
         // Used backends resolved when their routes were translated against this config.

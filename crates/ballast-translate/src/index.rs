@@ -52,6 +52,8 @@ impl Deps {
         for a in config.attached_routes(gateway) {
             backends.extend(backend_refs(&a.route));
         }
+        // The rate-limit service the connection manager's global filter calls.
+        backends.extend(crate::rate_limit::service_backend(config, gw));
         Some(Deps {
             routes: routes_naming(config, gateway).collect(),
             backends,

@@ -52,6 +52,7 @@ pub mod grpc;
 pub mod index;
 mod listener;
 mod policy;
+mod rate_limit;
 mod resources;
 mod route;
 mod secret;

@@ -2045,3 +2045,155 @@ fn grpc_route_session_persistence() {
     .unwrap();
     assert_eq!(c.cookie.unwrap().name, generated);
 }
+
+/// RateLimitPolicy: a route policy becomes the route's per-filter configs (local buckets with
+/// descriptors; the other filter disabled), a Gateway policy the connection manager's filter
+/// configs with the service cluster; configs without policies keep their filters; the
+/// incremental translator agrees with from-scratch translation as policies and the service
+/// Backend come and go.
+#[test]
+fn rate_limit_policies_translate_incrementally() {
+    use envoy_types::pb::envoy::extensions::filters::http::local_ratelimit::v3::LocalRateLimit;
+    use envoy_types::pb::envoy::extensions::filters::http::ratelimit::v3::RateLimit as GlobalFilter;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_filter::ConfigType as HttpFilterConfig;
+    let limited = route_yaml(
+        "limited",
+        "  rules:\n  - matches: [{ path: { type: PathPrefix, value: /limited } }]\n    backendRefs: [{ group: ballast.dev, kind: Backend, name: web }]\n",
+    );
+    let free = route_yaml(
+        "free",
+        "  rules:\n  - matches: [{ path: { type: PathPrefix, value: /free } }]\n    backendRefs: [{ group: ballast.dev, kind: Backend, name: web }]\n",
+    );
+    let route_policy = "apiVersion: ballast.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: { name: per-user }\nspec:\n  targetRefs: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, name: limited }]\n  local:\n    rules:\n    - clientSelectors: [{ headers: [{ name: X-User, type: Distinct }] }]\n      limit: { requests: 10, unit: Hour }\n";
+    let gw_policy = "apiVersion: ballast.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: { name: edge-global }\nspec:\n  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]\n  global:\n    backendRef: { name: rls }\n    failureModeDeny: true\n    rules: [{ name: all, clientSelectors: [{ sourceCIDR: { type: Distinct } }] }]\n";
+    let rls = backend_yaml(
+        "rls",
+        "  protocol: grpc\n  endpoints: [{ address: 127.0.0.1, port: 8081 }]\n",
+    );
+    let mut t = Translator::new(Options::default());
+    let step = |t: &mut Translator, parts: &[&str]| {
+        let set = Arc::new(config(&docs(parts)));
+        t.update(&set);
+        let res = t.gateway(&gw("edge")).unwrap();
+        let scratch = translate_gateway(&set, &gw("edge"), &Options::default()).unwrap();
+        if *res != scratch {
+            let a: RouteConfiguration = decode(&res.route_configs[0]);
+            let b: RouteConfiguration = decode(&scratch.route_configs[0]);
+            panic!("incremental {a:#?}\nscratch {b:#?}");
+        }
+        res
+    };
+    let filters = |res: &GatewayResources| -> Vec<String> {
+        hcm(&decode(&res.listeners[0]), 0)
+            .http_filters
+            .iter()
+            .map(|f| f.name.clone())
+            .collect()
+    };
+    let per_filter = |res: &GatewayResources, route: &str| {
+        let rc: RouteConfiguration = decode(&res.route_configs[0]);
+        rc.virtual_hosts
+            .iter()
+            .flat_map(|v| &v.routes)
+            .find(|r| r.name.starts_with(route))
+            .unwrap()
+            .typed_per_filter_config
+            .clone()
+    };
+    let base = step(&mut t, &[GATEWAY_HTTP, BACKEND_WEB, &limited, &free]);
+    let plain = filters(&base);
+    assert!(!plain.iter().any(|f| f.contains("ratelimit")), "{plain:?}");
+
+    // Route policy: the local filter appears (inactive at this level); the limited route
+    // carries its buckets, the free route nothing.
+    let res = step(
+        &mut t,
+        &[GATEWAY_HTTP, BACKEND_WEB, &limited, &free, route_policy],
+    );
+    let f = filters(&res);
+    assert_eq!(f[f.len() - 2], "envoy.filters.http.local_ratelimit");
+    assert_eq!(f.last().unwrap(), "envoy.filters.http.router");
+    let cfg = per_filter(&res, "default/limited");
+    let local =
+        LocalRateLimit::decode(cfg["envoy.filters.http.local_ratelimit"].value.as_slice()).unwrap();
+    assert_eq!(local.descriptors.len(), 1);
+    let d = &local.descriptors[0];
+    assert_eq!(
+        d.entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+            .collect::<Vec<_>>(),
+        [("generic_key", "default/per-user/0"), ("x-user", "")]
+    );
+    assert_eq!(d.token_bucket.as_ref().unwrap().max_tokens, 10);
+    assert_eq!(
+        d.token_bucket
+            .as_ref()
+            .unwrap()
+            .fill_interval
+            .as_ref()
+            .unwrap()
+            .seconds,
+        3600
+    );
+    assert_eq!(local.enable_x_ratelimit_headers, 1);
+    assert!(
+        cfg.contains_key("envoy.filters.http.ratelimit"),
+        "disabled there"
+    );
+    assert!(per_filter(&res, "default/free").is_empty());
+
+    // Gateway policy with a global service that does not exist yet: no global filter.
+    let res = step(
+        &mut t,
+        &[
+            GATEWAY_HTTP,
+            BACKEND_WEB,
+            &limited,
+            &free,
+            route_policy,
+            gw_policy,
+        ],
+    );
+    assert!(!filters(&res).contains(&"envoy.filters.http.ratelimit".to_owned()));
+    assert_eq!(names(&res.clusters), ["default/web"]);
+    // The service appears: filter, cluster.
+    let res = step(
+        &mut t,
+        &[
+            GATEWAY_HTTP,
+            BACKEND_WEB,
+            &limited,
+            &free,
+            route_policy,
+            gw_policy,
+            &rls,
+        ],
+    );
+    assert_eq!(names(&res.clusters), ["default/rls", "default/web"]);
+    let l: Listener = decode(&res.listeners[0]);
+    let h = hcm(&l, 0);
+    let g = h
+        .http_filters
+        .iter()
+        .find(|f| f.name == "envoy.filters.http.ratelimit")
+        .expect("global filter");
+    let Some(HttpFilterConfig::TypedConfig(any)) = &g.config_type else {
+        panic!()
+    };
+    let g = GlobalFilter::decode(any.value.as_slice()).unwrap();
+    assert_eq!(g.domain, "ballast");
+    // A valid `:authority` (the cluster name's `/` makes HTTP/2 servers reset every call).
+    let svc = g.rate_limit_service.unwrap().grpc_service.unwrap();
+    assert!(
+        format!("{svc:?}").contains("authority: \"rls.default\""),
+        "{svc:?}"
+    );
+    assert!(g.failure_mode_deny);
+    assert_eq!(g.rate_limits.len(), 1);
+    assert_eq!(g.rate_limits[0].actions.len(), 2);
+    // The policies go: back to the plain translation.
+    let res = step(&mut t, &[GATEWAY_HTTP, BACKEND_WEB, &limited, &free, &rls]);
+    assert_eq!(filters(&res), plain);
+    assert_eq!(names(&res.clusters), ["default/web"]);
+}

@@ -122,8 +122,49 @@ impl Translator {
                                 .map(|p| ObjectKey::new(p.namespace_or(ns), p.name.as_str())),
                         );
                     }
+                    // A route with a RateLimitPolicy of its own decides which rate-limit
+                    // filters its Gateways' connection managers carry: rebuild them.
+                    if crate::rate_limit::targets_route(&old, &c.key)
+                        || crate::rate_limit::targets_route(config, &c.key)
+                    {
+                        rebuild.extend(affected);
+                        continue;
+                    }
                     for g in affected {
                         route_changes.entry(g).or_default().push(c.key.clone());
+                    }
+                }
+                Kind::RateLimitPolicy => {
+                    // Connection-manager filters and the targeted routes' per-filter configs:
+                    // rebuild every Gateway either version can reach.
+                    for p in [
+                        old.rate_limit_policies.get(&c.key),
+                        config.rate_limit_policies.get(&c.key),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    {
+                        rebuild.extend(crate::rate_limit::affected_gateways(&old, p));
+                        rebuild.extend(crate::rate_limit::affected_gateways(config, p));
+                    }
+                }
+                Kind::Backend
+                    if crate::rate_limit::is_service(&old, &c.key)
+                        || crate::rate_limit::is_service(config, &c.key) =>
+                {
+                    // Whether a rate-limit service is usable (exists, speaks gRPC) decides
+                    // the filters and routes of the Gateways its policies reach.
+                    rebuild.extend(self.index.gateways_of_backend(&c.key).cloned());
+                    for set in [&old, config] {
+                        for p in set.rate_limit_policies.values() {
+                            if p.spec
+                                .global
+                                .as_ref()
+                                .is_some_and(|g| g.backend_key(&p.metadata.namespace) == c.key)
+                            {
+                                rebuild.extend(crate::rate_limit::affected_gateways(set, p));
+                            }
+                        }
                     }
                 }
                 Kind::Backend => {
@@ -337,7 +378,8 @@ impl Translator {
                 | Kind::Service
                 | Kind::EndpointSlice
                 | Kind::ReferenceGrant
-                | Kind::Namespace => {}
+                | Kind::Namespace
+                | Kind::RateLimitPolicy => {}
             }
         }
         for k in orphans.routes {
@@ -444,6 +486,12 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
         &mut out,
     );
     diff_map(Kind::Namespace, &old.namespaces, &new.namespaces, &mut out);
+    diff_map(
+        Kind::RateLimitPolicy,
+        &old.rate_limit_policies,
+        &new.rate_limit_policies,
+        &mut out,
+    );
     out
 }
 

@@ -14,6 +14,7 @@ pub mod gateway;
 pub mod grpcroute;
 pub mod namespace;
 pub mod policy;
+pub mod rate_limit;
 pub mod reference_grant;
 pub mod route;
 pub mod secret;
@@ -34,6 +35,7 @@ pub use gateway::*;
 pub use grpcroute::*;
 pub use namespace::*;
 pub use policy::*;
+pub use rate_limit::*;
 pub use reference_grant::*;
 pub use route::*;
 pub use secret::*;
@@ -67,10 +69,11 @@ pub enum Kind {
     EndpointSlice,
     ReferenceGrant,
     Namespace,
+    RateLimitPolicy,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 13] = [
+    pub const ALL: [Kind; 14] = [
         Kind::Gateway,
         Kind::HttpRoute,
         Kind::Backend,
@@ -84,6 +87,7 @@ impl Kind {
         Kind::EndpointSlice,
         Kind::ReferenceGrant,
         Kind::Namespace,
+        Kind::RateLimitPolicy,
     ];
 
     /// The `kind:` string.
@@ -102,6 +106,7 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::ReferenceGrant => "ReferenceGrant",
             Kind::Namespace => "Namespace",
+            Kind::RateLimitPolicy => "RateLimitPolicy",
         }
     }
 
@@ -109,7 +114,9 @@ impl Kind {
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::Gateway | Kind::HttpRoute | Kind::GrpcRoute => "gateway.networking.k8s.io/v1",
-            Kind::Backend | Kind::BackendPolicy | Kind::ClientPolicy => "ballast.dev/v1alpha1",
+            Kind::Backend | Kind::BackendPolicy | Kind::ClientPolicy | Kind::RateLimitPolicy => {
+                "ballast.dev/v1alpha1"
+            }
             Kind::Secret | Kind::ConfigMap | Kind::Service | Kind::Namespace => "v1",
             Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1alpha3",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
@@ -283,6 +290,7 @@ pub enum Object {
     EndpointSlice(Arc<EndpointSlice>),
     ReferenceGrant(Arc<ReferenceGrant>),
     Namespace(Arc<Namespace>),
+    RateLimitPolicy(Arc<RateLimitPolicy>),
 }
 
 impl Object {
@@ -301,6 +309,7 @@ impl Object {
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::ReferenceGrant(_) => Kind::ReferenceGrant,
             Object::Namespace(_) => Kind::Namespace,
+            Object::RateLimitPolicy(_) => Kind::RateLimitPolicy,
         }
     }
 
@@ -319,6 +328,7 @@ impl Object {
             Object::EndpointSlice(o) => &o.metadata,
             Object::ReferenceGrant(o) => &o.metadata,
             Object::Namespace(o) => &o.metadata,
+            Object::RateLimitPolicy(o) => &o.metadata,
         }
     }
 
@@ -341,6 +351,7 @@ impl Object {
             Object::EndpointSlice(o) => &o.source,
             Object::ReferenceGrant(o) => &o.source,
             Object::Namespace(o) => &o.source,
+            Object::RateLimitPolicy(o) => &o.source,
         }
     }
 }
