@@ -129,7 +129,12 @@ fn answer(shared: &Shared, q: &[u8]) -> Option<Vec<u8>> {
     }
     let qtype = u16::from_be_bytes([q[end], q[end + 1]]);
     let qclass = u16::from_be_bytes([q[end + 2], q[end + 3]]);
-    *shared.by_name.lock().unwrap().entry(name.clone()).or_default() += 1;
+    *shared
+        .by_name
+        .lock()
+        .unwrap()
+        .entry(name.clone())
+        .or_default() += 1;
     let addrs = shared.records.lock().unwrap().get(&name).cloned();
     let question = &q[12..end + 4];
     let mut r = Vec::with_capacity(512);
@@ -218,7 +223,9 @@ mod tests {
 
     async fn ask(server: &DnsServer, name: &str, qtype: u16) -> (u8, Vec<IpAddr>) {
         let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        s.send_to(&query(7, name, qtype), server.addr()).await.unwrap();
+        s.send_to(&query(7, name, qtype), server.addr())
+            .await
+            .unwrap();
         let mut buf = [0u8; 1024];
         let n = tokio::time::timeout(std::time::Duration::from_secs(5), s.recv(&mut buf))
             .await
@@ -253,12 +260,18 @@ mod tests {
         assert_eq!(ask(&dns, "Api.Test", TYPE_AAAA).await, (0, vec![v6]));
         // A known name, another type: empty NOERROR; an unknown name: NXDOMAIN.
         assert_eq!(ask(&dns, "api.test", 16 /* TXT */).await, (0, vec![]));
-        assert_eq!(ask(&dns, "nope.test", TYPE_A).await, (RCODE_NXDOMAIN, vec![]));
+        assert_eq!(
+            ask(&dns, "nope.test", TYPE_A).await,
+            (RCODE_NXDOMAIN, vec![])
+        );
         let other: IpAddr = "127.0.0.3".parse().unwrap();
         dns.set("api.test", &[other]);
         assert_eq!(ask(&dns, "api.test", TYPE_A).await, (0, vec![other]));
         dns.remove("api.test");
-        assert_eq!(ask(&dns, "api.test", TYPE_A).await, (RCODE_NXDOMAIN, vec![]));
+        assert_eq!(
+            ask(&dns, "api.test", TYPE_A).await,
+            (RCODE_NXDOMAIN, vec![])
+        );
         assert_eq!(dns.queries(), 6);
         assert_eq!(dns.queries_for("api.test"), 5);
     }

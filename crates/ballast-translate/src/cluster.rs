@@ -86,7 +86,10 @@ pub(crate) fn cluster(
     c
 }
 
-fn discovery(backend: &Backend, env: &ClusterEnv<'_>) -> (ClusterDiscoveryType, Option<EdsClusterConfig>) {
+fn discovery(
+    backend: &Backend,
+    env: &ClusterEnv<'_>,
+) -> (ClusterDiscoveryType, Option<EdsClusterConfig>) {
     if !backend.spec.is_dns() {
         return (
             ClusterDiscoveryType::Type(DiscoveryType::Eds as i32),
@@ -100,13 +103,15 @@ fn discovery(backend: &Backend, env: &ClusterEnv<'_>) -> (ClusterDiscoveryType, 
     let config = DnsCluster {
         dns_refresh_rate: dns.refresh_rate.as_ref().map(|d| pb_duration(d.value)),
         respect_dns_ttl: dns.respect_ttl,
-        dns_lookup_family: dns.lookup_family.map_or(DnsLookupFamily::Unspecified, |f| match f {
-            LookupFamily::Auto => DnsLookupFamily::Auto,
-            LookupFamily::V4Only => DnsLookupFamily::V4Only,
-            LookupFamily::V6Only => DnsLookupFamily::V6Only,
-            LookupFamily::V4Preferred => DnsLookupFamily::V4Preferred,
-            LookupFamily::All => DnsLookupFamily::All,
-        }) as i32,
+        dns_lookup_family: dns
+            .lookup_family
+            .map_or(DnsLookupFamily::Unspecified, |f| match f {
+                LookupFamily::Auto => DnsLookupFamily::Auto,
+                LookupFamily::V4Only => DnsLookupFamily::V4Only,
+                LookupFamily::V6Only => DnsLookupFamily::V6Only,
+                LookupFamily::V4Preferred => DnsLookupFamily::V4Preferred,
+                LookupFamily::All => DnsLookupFamily::All,
+            }) as i32,
         all_addresses_in_single_endpoint: *dns.mode == DnsMode::Logical,
         typed_dns_resolver_config: (!env.dns_resolvers.is_empty()).then(|| TypedExtensionConfig {
             name: CARES_RESOLVER.to_owned(),

@@ -1905,13 +1905,23 @@ fn dns_backends_and_external_name_services() {
         };
         assert_eq!(t.name, "envoy.cluster.dns");
         let any = t.typed_config.as_ref().unwrap();
-        assert!(any.type_url.ends_with("envoy.extensions.clusters.dns.v3.DnsCluster"));
+        assert!(
+            any.type_url
+                .ends_with("envoy.extensions.clusters.dns.v3.DnsCluster")
+        );
         DnsCluster::decode(any.value.as_slice()).unwrap()
     };
 
     let res = step(&mut t, docs(&[GATEWAY_HTTP, &route, &dns, ext]));
-    assert_eq!(names(&res.clusters), vec!["default/api", "default/ext:8443"]);
-    assert!(res.load_assignments.is_empty(), "{:?}", names(&res.load_assignments));
+    assert_eq!(
+        names(&res.clusters),
+        vec!["default/api", "default/ext:8443"]
+    );
+    assert!(
+        res.load_assignments.is_empty(),
+        "{:?}",
+        names(&res.load_assignments)
+    );
     let c: Cluster = decode(find(&res.clusters, "default/api"));
     assert!(c.eds_cluster_config.is_none());
     let d = dns_cluster(&c);
@@ -1949,15 +1959,20 @@ fn dns_backends_and_external_name_services() {
     let d = dns_cluster(&c);
     assert!(d.respect_dns_ttl && !d.all_addresses_in_single_endpoint);
     let la = c.load_assignment.unwrap();
-    let Some(HostIdentifier::Endpoint(e)) = &la.endpoints[0].lb_endpoints[0].host_identifier
-    else {
+    let Some(HostIdentifier::Endpoint(e)) = &la.endpoints[0].lb_endpoints[0].host_identifier else {
         panic!()
     };
     assert_eq!(e.hostname, "ext.test");
-    assert!(format!("{:?}", e.address).contains("PortValue(8443)"), "{e:?}");
+    assert!(
+        format!("{:?}", e.address).contains("PortValue(8443)"),
+        "{e:?}"
+    );
 
     // An explicit health check Host wins over the endpoint names.
-    let explicit = dns.replace("{ path: /healthz }", "{ path: /healthz, host: api.example }");
+    let explicit = dns.replace(
+        "{ path: /healthz }",
+        "{ path: /healthz, host: api.example }",
+    );
     let res = step(&mut t, docs(&[GATEWAY_HTTP, &route, &explicit, ext]));
     let c: Cluster = decode(find(&res.clusters, "default/api"));
     assert!(

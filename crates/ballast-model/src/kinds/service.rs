@@ -317,7 +317,11 @@ fn external_name_backends(service: &Service) -> Vec<Backend> {
         return Vec::new(); // invalid (validation says so): nothing to serve
     };
     // Kubernetes allows a trailing dot (an absolute name); Envoy resolves it the same without.
-    let host = name.value.strip_suffix('.').unwrap_or(&name.value).to_owned();
+    let host = name
+        .value
+        .strip_suffix('.')
+        .unwrap_or(&name.value)
+        .to_owned();
     service
         .spec
         .ports
@@ -547,7 +551,10 @@ mod tests {
         );
         assert!(b.spec.dns.as_ref().unwrap().respect_ttl);
         let h2 = &set.service_backends[&ObjectKey::new("shop", "ext:8443")];
-        assert_eq!(h2.spec.upstream_protocol(), super::super::UpstreamProtocol::Http2);
+        assert_eq!(
+            h2.spec.upstream_protocol(),
+            super::super::UpstreamProtocol::Http2
+        );
         let problems = crate::status::compute(&set).problems();
         assert!(
             problems.iter().all(|p| !p.contains("backendRefs")),
