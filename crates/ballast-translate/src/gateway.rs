@@ -122,9 +122,8 @@ impl Caches {
                     stats.resources_encoded += 1;
                     encode(&cluster::cluster(backend, &inputs, &env))
                 };
-                let load_assignment = if e.backend.spec.endpoints == backend.spec.endpoints
-                    && e.load_assignment.is_some() == !backend.spec.is_dns()
-                {
+                // Same endpoints: same kind (EDS or DNS), so the same load assignment or none.
+                let load_assignment = if e.backend.spec.endpoints == backend.spec.endpoints {
                     stats.resources_reused += usize::from(e.load_assignment.is_some());
                     e.load_assignment
                 } else {
