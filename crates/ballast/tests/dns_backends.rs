@@ -300,3 +300,80 @@ spec:
     .await
     .unwrap();
 }
+
+/// Editing a Backend from an IP endpoint to a hostname and back switches its cluster between
+/// EDS and DNS (the load assignment disappears and comes back) under traffic: Envoy warms each
+/// new cluster before replacing the old one, so no request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_a_backend_between_ip_and_hostname_loses_no_request() {
+    let dns = DnsServer::start(1).await.unwrap();
+    let a = Upstream::start("a").await.unwrap();
+    let b = Upstream::start_on("b", SocketAddr::from(([127, 0, 0, 6], 0)))
+        .await
+        .unwrap();
+    dns.set("sw.test", &[ip(&b)]);
+    let gw_port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("all.yaml");
+    let by_ip =
+        gateway(gw_port) + &route("sw", "sw.example.com", "sw") + &backend("sw", &[a.addr()]);
+    let by_name = gateway(gw_port)
+        + &route("sw", "sw.example.com", "sw")
+        + &format!(
+            "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: sw }}
+spec:
+  endpoints: [{{ address: sw.test, port: {} }}]
+",
+            b.addr().port()
+        );
+    write_atomic(&file, &by_ip);
+    let resolver = dns.addr().to_string();
+    let ballast = Ballast::start(
+        free_addr(),
+        free_addr(),
+        &[
+            "--config",
+            dir.path().to_str().unwrap(),
+            "--dns-resolver",
+            &resolver,
+        ],
+    )
+    .unwrap();
+    ballast.wait_ready().await.unwrap();
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-dns-switch",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(gw_port);
+    wait_until(T, POLL, || async {
+        matches!(host_get(gw, "sw.example.com").await, Ok((200, body)) if body == "a")
+    })
+    .await
+    .unwrap();
+    let traffic = Traffic::start(
+        TrafficConfig::new(gw, "sw.example.com", "/")
+            .concurrency(2)
+            .pause(Duration::from_millis(5)),
+    );
+    for _ in 0..2 {
+        write_atomic(&file, &by_name);
+        wait_moved(&a, &b, &envoy, "IP → sw.test").await;
+        write_atomic(&file, &by_ip);
+        wait_moved(&b, &a, &envoy, "sw.test → IP").await;
+    }
+    let report = traffic.stop().await;
+    report.assert_all_ok();
+    assert!(report.total > 100, "{report:?}");
+    // Envoy holds no load assignment for the DNS cluster's name while it is one.
+    write_atomic(&file, &by_name);
+    wait_moved(&a, &b, &envoy, "IP → sw.test").await;
+    let dump = envoy.config_dump(true).await.unwrap().to_string();
+    assert!(dump.contains("envoy.cluster.dns"), "{dump}");
+}
