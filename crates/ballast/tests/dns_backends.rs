@@ -102,24 +102,46 @@ spec:
         + &backend("ip", &[ip_backend])
 }
 
-/// Waits until `moved_to` got `n` more requests and `moved_from` gets none any more.
-async fn wait_moved(moved_from: &Upstream, moved_to: &Upstream, envoy: &Envoy, what: &str) {
+/// Waits until the running `traffic` to `host` reaches `moved_to` and no longer `moved_from`;
+/// on failure says where requests went (Envoy's cluster and listener counters, a direct probe).
+async fn wait_moved(
+    moved_from: &Upstream,
+    moved_to: &Upstream,
+    envoy: &Envoy,
+    (gw, host, traffic): (SocketAddr, &str, &Traffic),
+) {
     let before = moved_to.hits();
-    wait_until(T, POLL, || async { moved_to.hits() > before + 20 })
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "{what}: traffic never reached the new address: {e}; {}",
-                envoy.log_tail(30)
-            )
-        });
+    let reached = wait_until(T, POLL, || async { moved_to.hits() > before + 20 }).await;
+    if let Err(e) = reached {
+        let stats: Vec<String> = envoy
+            .stats()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(k, v)| {
+                *v > 0
+                    && (k.starts_with("cluster.default/")
+                        || k.contains("downstream_rq")
+                        || k.starts_with("cluster_manager.cds"))
+            })
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let direct = host_get(gw, host).await;
+        panic!(
+            "{host}: traffic never reached the new address: {e}; {before} -> {} hits, old {}\n\
+             stats: {stats:#?}\ndirect: {direct:?}\n{}",
+            moved_to.hits(),
+            moved_from.hits(),
+            traffic.report(),
+        );
+    }
     wait_until(T, POLL, || async {
         let h = moved_from.hits();
         tokio::time::sleep(Duration::from_millis(300)).await;
         moved_from.hits() == h
     })
     .await
-    .unwrap_or_else(|e| panic!("{what}: the old address kept getting traffic: {e}"));
+    .unwrap_or_else(|e| panic!("{host}: the old address kept getting traffic: {e}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,9 +225,9 @@ async fn hostname_backends_and_external_names_follow_dns() {
         .collect();
     // Move api.test (refreshRate 1s) and ext.test (TTL 1s): traffic follows, nothing fails.
     dns.set("api.test", &[ip(&api_b)]);
-    wait_moved(&api_a, &api_b, &envoy, "api.test").await;
+    wait_moved(&api_a, &api_b, &envoy, (gw, "api.example.com", &traffic[0])).await;
     dns.set("ext.test", &[ip(&ext_b)]);
-    wait_moved(&ext_a, &ext_b, &envoy, "ext.test").await;
+    wait_moved(&ext_a, &ext_b, &envoy, (gw, "ext.example.com", &traffic[1])).await;
     // The unresolvable route still fails alone while the others serve.
     assert_eq!(host_status(gw, "missing.example.com").await.unwrap(), 503);
     let plain_before = plain.hits();
@@ -364,16 +386,20 @@ spec:
     );
     for _ in 0..2 {
         write_atomic(&file, &by_name);
-        wait_moved(&a, &b, &envoy, "IP → sw.test").await;
+        wait_moved(&a, &b, &envoy, (gw, "sw.example.com", &traffic)).await;
         write_atomic(&file, &by_ip);
-        wait_moved(&b, &a, &envoy, "sw.test → IP").await;
+        wait_moved(&b, &a, &envoy, (gw, "sw.example.com", &traffic)).await;
     }
     let report = traffic.stop().await;
     report.assert_all_ok();
     assert!(report.total > 100, "{report:?}");
-    // Envoy holds no load assignment for the DNS cluster's name while it is one.
+    // Envoy holds the DNS cluster again after the last switch.
     write_atomic(&file, &by_name);
-    wait_moved(&a, &b, &envoy, "IP → sw.test").await;
+    wait_until(T, POLL, || async {
+        matches!(host_get(gw, "sw.example.com").await, Ok((200, body)) if body == "b")
+    })
+    .await
+    .unwrap();
     let dump = envoy.config_dump(true).await.unwrap().to_string();
     assert!(dump.contains("envoy.cluster.dns"), "{dump}");
 }
