@@ -88,7 +88,7 @@ kind: Backend
 metadata: {{ name: missing }}
 spec:
   endpoints: [{{ address: missing.test, port: {api_port} }}]
-  dns: {{ refreshRate: 1s }}
+  dns: {{ mode: Logical, refreshRate: 1s }}
 ---
 apiVersion: v1
 kind: Service
@@ -239,7 +239,8 @@ async fn hostname_backends_and_external_names_follow_dns() {
         report.assert_all_ok();
         assert!(report.total > 50, "{report:?}");
     }
-    // And once the name resolves, that route serves too.
+    // And once the name resolves, that route serves too (a Logical DNS cluster: Envoy accepted
+    // it and connects to the first address of the answer).
     dns.set("missing.test", &[ip(&api_b)]);
     wait_until(T, POLL, || async {
         matches!(host_get(gw, "missing.example.com").await, Ok((200, b)) if b == "api-b")
