@@ -651,3 +651,24 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_server_takes_ip_or_ip_port() {
+        assert_eq!(dns_server("10.0.0.53"), Ok("10.0.0.53:53".parse().unwrap()));
+        assert_eq!(
+            dns_server("127.0.0.1:5353"),
+            Ok("127.0.0.1:5353".parse().unwrap())
+        );
+        assert_eq!(dns_server("fd00::53"), Ok("[fd00::53]:53".parse().unwrap()));
+        assert_eq!(dns_server("[::1]:5353"), Ok("[::1]:5353".parse().unwrap()));
+        assert!(
+            dns_server("dns.example")
+                .unwrap_err()
+                .contains("dns.example")
+        );
+    }
+}
