@@ -84,7 +84,7 @@ mod docs_tests {
                 set.reference_grants.len(),
                 set.namespaces.len()
             ),
-            (3, 6, 1, 2, 1, 1, 1, 1)
+            (3, 6, 2, 2, 2, 1, 1, 1)
         );
         // No example uses the deprecated backendRef shorthand.
         let status = crate::status::compute(&set);

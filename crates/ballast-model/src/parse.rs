@@ -1182,7 +1182,7 @@ spec:
         assert_eq!(
             p.invalid[0].1[0].to_string(),
             "f.yaml:37:51: Backend default/bad: spec.extra: unknown field `extra`, expected one \
-             of endpoints, loadBalancer, connectTimeout, healthCheck, appProtocol, protocol"
+             of endpoints, loadBalancer, connectTimeout, healthCheck, appProtocol, protocol, dns"
         );
         // No name: nothing to blame but the file.
         assert_eq!(p.file_errors.len(), 1, "{:?}", p.file_errors);
@@ -1623,10 +1623,77 @@ spec:
         );
         assert_eq!(
             one_error(
-                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec:\n  endpoints: [{address: web.local, port: 80}]\n"
+                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec:\n  endpoints: [{address: 10.0.0.300, port: 80}]\n"
             ),
-            "f.yaml:5:25: Backend default/b: spec.endpoints[0].address: invalid IP address syntax"
+            "f.yaml:5:25: Backend default/b: spec.endpoints[0].address: \"10.0.0.300\" is not a valid IP address"
         );
+    }
+
+    #[test]
+    fn backend_hostname_endpoints_parse_with_dns_settings() {
+        let text = "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: api}\nspec:\n  \
+            endpoints:\n  - {address: api.example.com, port: 443}\n  - {address: 10.0.0.1, port: 443}\n  \
+            dns: {mode: Strict, refreshRate: 2s, respectTtl: true, lookupFamily: V4Preferred}\n";
+        let objs = objects(text);
+        let Object::Backend(b) = &objs[0] else {
+            panic!()
+        };
+        assert!(b.spec.is_dns());
+        assert_eq!(
+            b.spec.endpoints[0].address.hostname(),
+            Some("api.example.com")
+        );
+        assert_eq!(
+            b.spec.endpoints[1].address.ip(),
+            Some("10.0.0.1".parse().unwrap())
+        );
+        let dns = b.spec.dns.as_ref().unwrap();
+        assert_eq!(
+            (
+                *dns.mode,
+                dns.refresh_rate.as_ref().map(|d| d.value),
+                dns.respect_ttl,
+                dns.lookup_family
+            ),
+            (
+                DnsMode::Strict,
+                Some(std::time::Duration::from_secs(2)),
+                true,
+                Some(LookupFamily::V4Preferred)
+            )
+        );
+        // IP-only Backends stay EDS Backends.
+        let ip_only = objects(
+            "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec:\n  endpoints: [{address: 10.0.0.1, port: 80}]\n",
+        );
+        let Object::Backend(b) = &ip_only[0] else {
+            panic!()
+        };
+        assert!(!b.spec.is_dns());
+    }
+
+    #[test]
+    fn backend_hostname_and_dns_errors_are_positioned() {
+        let text = "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec:\n  endpoints:\n  \
+            - {address: Web_Host, port: 80}\n  - {address: \"*.example.com\", port: 80}\n  \
+            - {address: a.example.com, port: 80}\n  - {address: a.example.com, port: 80}\n  \
+            dns: {mode: Logical, refreshRate: 0s}\n";
+        assert_eq!(
+            errors(text),
+            vec![
+                "f.yaml:6:15: Backend default/b: spec.endpoints[0].address: invalid hostname \"Web_Host\": expected lowercase DNS labels (a-z, 0-9, '-'), optionally prefixed by \"*.\"; an endpoint address is an IP address or a DNS name Envoy resolves",
+                "f.yaml:7:15: Backend default/b: spec.endpoints[1].address: \"*.example.com\" is a wildcard; an endpoint needs an IP address or a DNS name Envoy can resolve",
+                "f.yaml:9:15: Backend default/b: spec.endpoints[3].address: duplicate endpoint a.example.com:80 (also spec.endpoints[2])",
+                "f.yaml:10:15: Backend default/b: spec.dns.mode: mode Logical needs exactly one endpoint (Envoy LOGICAL_DNS), found 4; use Strict for several",
+                "f.yaml:10:37: Backend default/b: spec.dns.refreshRate: refreshRate must be at least 1ms",
+            ]
+        );
+        // Unknown fields and modes are parse errors with their position.
+        let e = one_error(
+            "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec:\n  endpoints: [{address: a.test, port: 80}]\n  dns: {mode: Lazy}\n",
+        );
+        assert!(e.starts_with("f.yaml:6:"), "{e}");
+        assert!(e.contains("Lazy"), "{e}");
     }
 
     const CERT: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";

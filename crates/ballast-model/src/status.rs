@@ -689,9 +689,6 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
                         }
                         BackendTarget::Service(key, None) => format!("Service {key} not found"),
                         BackendTarget::Service(key, Some(port)) => match set.services.get(key) {
-                            Some(s) if s.is_external_name() => format!(
-                                "Service {key} is of type ExternalName, which Ballast does not serve yet"
-                            ),
                             Some(_) => format!("Service {key} has no port {port}"),
                             None => format!("Service {key} not found"),
                         },

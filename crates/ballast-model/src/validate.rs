@@ -1131,7 +1131,12 @@ pub(crate) fn backend(ctx: &mut Ctx, b: &Backend) {
         {
             ctx.err(e.address.pos, format!("{f}.zone"), "zone must not be empty");
         }
-        if let Some(first) = seen.insert((e.address.value, e.port.value), i) {
+        if let Some(h) = e.address.hostname()
+            && let Err(why) = check_endpoint_hostname(h)
+        {
+            ctx.err(e.address.pos, format!("{f}.address"), why);
+        }
+        if let Some(first) = seen.insert((e.address.value.clone(), e.port.value), i) {
             ctx.err(
                 e.address.pos,
                 format!("{f}.address"),
@@ -1139,6 +1144,27 @@ pub(crate) fn backend(ctx: &mut Ctx, b: &Backend) {
                     "duplicate endpoint {}:{} (also spec.endpoints[{first}])",
                     e.address.value, e.port.value
                 ),
+            );
+        }
+    }
+    if let Some(dns) = &b.spec.dns {
+        if *dns.mode == DnsMode::Logical && b.spec.is_dns() && b.spec.endpoints.len() != 1 {
+            ctx.err(
+                dns.mode.pos,
+                "spec.dns.mode",
+                format!(
+                    "mode Logical needs exactly one endpoint (Envoy LOGICAL_DNS), found {}; use Strict for several",
+                    b.spec.endpoints.len()
+                ),
+            );
+        }
+        if let Some(r) = &dns.refresh_rate
+            && r.value < std::time::Duration::from_millis(1)
+        {
+            ctx.err(
+                r.pos,
+                "spec.dns.refreshRate",
+                "refreshRate must be at least 1ms",
             );
         }
     }
@@ -1195,6 +1221,26 @@ pub(crate) fn backend(ctx: &mut Ctx, b: &Backend) {
     }
 }
 
+/// A Backend endpoint hostname: a concrete DNS name (lowercase, no wildcard) that cannot be
+/// mistaken for a mistyped IP address (a numeric last label, as in `10.0.0.300`).
+fn check_endpoint_hostname(h: &str) -> Result<(), String> {
+    let numeric_tld = h
+        .rsplit('.')
+        .next()
+        .is_some_and(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()));
+    if numeric_tld || h.contains(':') {
+        return Err(format!("{h:?} is not a valid IP address"));
+    }
+    if h.starts_with('*') {
+        return Err(format!(
+            "{h:?} is a wildcard; an endpoint needs an IP address or a DNS name Envoy can resolve"
+        ));
+    }
+    validate_hostname(h).map_err(|e| {
+        format!("{e}; an endpoint address is an IP address or a DNS name Envoy resolves")
+    })
+}
+
 /// A Service: Kubernetes' own rules for what Ballast reads (ports, type, externalName).
 pub(crate) fn service(ctx: &mut Ctx, s: &Service) {
     metadata(ctx, &s.metadata);
@@ -1246,7 +1292,11 @@ pub(crate) fn service(ctx: &mut Ctx, s: &Service) {
         );
     }
     match (&s.spec.external_name, s.is_external_name()) {
-        (Some(n), true) => hostname(ctx, n, "spec.externalName".into(), false),
+        (Some(n), true) => {
+            // A trailing dot (absolute name) is valid in Kubernetes and means the same here.
+            let bare = Spanned::new(n.strip_suffix('.').unwrap_or(n).to_owned(), n.pos);
+            hostname(ctx, &bare, "spec.externalName".into(), false);
+        }
         (None, true) => ctx.err(
             s.spec.type_.as_ref().map_or(Pos::UNKNOWN, |t| t.pos),
             "spec.externalName",

@@ -14,7 +14,7 @@
 //! | `RouteConfiguration` (HTTPS port) | `{ns}/{gateway}/{port}/{hostname}` (`*` for a listener without hostname): one per SNI filter chain, so a hostname's routes are only reachable through the chain (certificate) of its own Gateway listener |
 //! | `VirtualHost` | the hostname it serves (`*` for all hosts); domains are bare hostnames and the HCM strips any port from `Host` |
 //! | `Route` | `{ns}/{route}/{rule}/{match}` (indices; a named rule's name replaces its index, and its routes get the stat prefix `{ns}/{route}/{name}`; `{route}` is `grpc:{name}` for a GRPCRoute); the share of a rule sent to unresolvable backends is an extra route named `.../unresolved` |
-//! | `Cluster`, `ClusterLoadAssignment` | `{ns}/{backend}`; `{ns}/{backend}:h2c` for the HTTP/2 copy a GRPCRoute uses ([`grpc`]) |
+//! | `Cluster`, `ClusterLoadAssignment` | `{ns}/{backend}`; `{ns}/{backend}:h2c` for the HTTP/2 copy a GRPCRoute uses ([`grpc`]); a Backend with hostname endpoints is a DNS cluster with its endpoints inline and has no `ClusterLoadAssignment` |
 //! | `Secret` | `{ns}/{secret}` |
 //!
 //! # Translation choices (Gateway API mapping)
@@ -60,7 +60,7 @@ mod session;
 mod source;
 mod translator;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use ballast_model::ObjectKey;
@@ -84,6 +84,9 @@ pub struct Options {
     /// How EDS/RDS/SDS references are fetched (see [`source`]): by default
     /// `ads: {}`.
     pub config_sources: ConfigSources,
+    /// The DNS servers Envoy asks to resolve hostname Backends (c-ares `resolvers`); empty for
+    /// the Envoy host's own (`/etc/resolv.conf`).
+    pub dns_resolvers: Vec<SocketAddr>,
 }
 
 impl Default for Options {
@@ -92,6 +95,7 @@ impl Default for Options {
             default_address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             stat_prefix: String::new(),
             config_sources: ConfigSources::default(),
+            dns_resolvers: Vec::new(),
         }
     }
 }

@@ -98,12 +98,19 @@ fn render(
         }
         let eps: Vec<String> = (0..*endpoints)
             .map(|e| {
+                let hostname_first = *zone == 3 && e == 0;
                 let zone = if *zone == 1 && e % 2 == 0 {
                     ", zone: z1"
                 } else {
                     ""
                 };
-                format!("{{ address: 10.0.{i}.{e}, port: 80{zone} }}")
+                // Variant 3: the first endpoint is a hostname, so the Backend is a DNS cluster
+                // (no load assignment) and edits switch Backends between EDS and DNS.
+                if hostname_first {
+                    format!("{{ address: h{i}.test, port: 80 }}")
+                } else {
+                    format!("{{ address: 10.0.{i}.{e}, port: 80{zone} }}")
+                }
             })
             .collect();
         let policy = if *ring { "RingHash" } else { "RoundRobin" };
@@ -252,7 +259,7 @@ fn arb_spec() -> impl Strategy<Value = Spec> {
             5,
         ),
         prop::collection::vec(
-            (prop::bool::weighted(0.7), 0u8..3, any::<bool>(), 0u8..3),
+            (prop::bool::weighted(0.7), 0u8..3, any::<bool>(), 0u8..4),
             5,
         ),
         prop::collection::vec((prop::bool::weighted(0.7), any::<bool>()), 2),

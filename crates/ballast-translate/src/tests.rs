@@ -2197,3 +2197,145 @@ fn rate_limit_policies_translate_incrementally() {
     assert_eq!(filters(&res), plain);
     assert_eq!(names(&res.clusters), ["default/web"]);
 }
+
+/// Hostname endpoints: the Backend is an `envoy.cluster.dns` cluster with its endpoints inline
+/// (hostname, health check Host), c-ares pointed at the configured resolvers, and no EDS
+/// resource; switching a Backend between IPs and hostnames incrementally equals a from-scratch
+/// translation; an ExternalName Service is the same kind of cluster on the route's port.
+#[test]
+fn dns_backends_and_external_name_services() {
+    use envoy_types::pb::envoy::config::cluster::v3::cluster::ClusterDiscoveryType;
+    use envoy_types::pb::envoy::config::core::v3::health_check::HealthChecker;
+    use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+    use envoy_types::pb::envoy::extensions::clusters::dns::v3::DnsCluster;
+    use envoy_types::pb::envoy::extensions::network::dns_resolver::cares::v3::CaresDnsResolverConfig;
+
+    let route = route_yaml(
+        "r",
+        "  rules:\n  - backendRefs: [{ group: ballast.dev, kind: Backend, name: api, port: 80 }]\n  - matches: [{ path: { type: PathPrefix, value: /ext } }]\n    backendRefs: [{ name: ext, port: 8443 }]\n",
+    );
+    let dns = backend_yaml(
+        "api",
+        "  endpoints: [{ address: api.test, port: 8080, zone: z1 }, { address: 10.0.0.1, port: 8081 }]\n  dns: { refreshRate: 2s, lookupFamily: V4Only }\n  healthCheck: { path: /healthz }\n",
+    );
+    let ip = backend_yaml("api", "  endpoints: [{ address: 10.0.0.1, port: 8081 }]\n");
+    let ext = "apiVersion: v1\nkind: Service\nmetadata: { name: ext }\nspec:\n  type: ExternalName\n  externalName: ext.test\n  ports: [{ port: 8443 }]\n";
+    let options = Options {
+        dns_resolvers: vec!["127.0.0.1:5353".parse().unwrap()],
+        ..Options::default()
+    };
+    let mut t = Translator::new(options.clone());
+    let step = |t: &mut Translator, yaml: String| {
+        let set = Arc::new(config(&yaml));
+        t.update(&set);
+        let res = t.gateway(&gw("edge")).unwrap();
+        assert_eq!(
+            *res,
+            translate_gateway(&set, &gw("edge"), &options).unwrap()
+        );
+        res.snapshot(None).expect("consistent snapshot");
+        res
+    };
+    let dns_cluster = |c: &Cluster| -> DnsCluster {
+        let Some(ClusterDiscoveryType::ClusterType(t)) = &c.cluster_discovery_type else {
+            panic!("not a custom cluster type: {c:?}");
+        };
+        assert_eq!(t.name, "envoy.cluster.dns");
+        let any = t.typed_config.as_ref().unwrap();
+        assert!(
+            any.type_url
+                .ends_with("envoy.extensions.clusters.dns.v3.DnsCluster")
+        );
+        DnsCluster::decode(any.value.as_slice()).unwrap()
+    };
+
+    let res = step(&mut t, docs(&[GATEWAY_HTTP, &route, &dns, ext]));
+    assert_eq!(
+        names(&res.clusters),
+        vec!["default/api", "default/ext:8443"]
+    );
+    assert!(
+        res.load_assignments.is_empty(),
+        "{:?}",
+        names(&res.load_assignments)
+    );
+    let c: Cluster = decode(find(&res.clusters, "default/api"));
+    assert!(c.eds_cluster_config.is_none());
+    let d = dns_cluster(&c);
+    assert_eq!(d.dns_refresh_rate.as_ref().map(|d| d.seconds), Some(2));
+    assert!(!d.respect_dns_ttl && !d.all_addresses_in_single_endpoint);
+    assert_eq!(d.dns_lookup_family, 2 /* V4_ONLY */);
+    let r = d.typed_dns_resolver_config.as_ref().unwrap();
+    assert_eq!(r.name, "envoy.network.dns_resolver.cares");
+    let cares =
+        CaresDnsResolverConfig::decode(r.typed_config.as_ref().unwrap().value.as_slice()).unwrap();
+    let a = cares.resolvers[0].address.as_ref().unwrap();
+    assert_eq!(format!("{a:?}").matches("127.0.0.1").count(), 1, "{a:?}");
+    assert!(format!("{a:?}").contains("5353"), "{a:?}");
+    assert!(cares.dns_resolver_options.unwrap().no_default_search_domain);
+    // Endpoints inline: the hostname endpoint carries its name, also as health check Host; the
+    // IP one keeps the cluster-level Host (the Backend's name).
+    let la = c.load_assignment.as_ref().unwrap();
+    assert_eq!(la.cluster_name, "default/api");
+    let ep = |i: usize, j: usize| match &la.endpoints[i].lb_endpoints[j].host_identifier {
+        Some(HostIdentifier::Endpoint(e)) => e.clone(),
+        other => panic!("{other:?}"),
+    };
+    let (named, by_ip) = (ep(1, 0), ep(0, 0));
+    assert_eq!(la.endpoints[1].locality.as_ref().unwrap().zone, "z1");
+    assert_eq!(named.hostname, "api.test");
+    assert!(format!("{:?}", named.address).contains("\"api.test\""));
+    assert_eq!(named.health_check_config.unwrap().hostname, "api.test");
+    assert!(by_ip.health_check_config.is_none() && by_ip.hostname.is_empty());
+    let Some(HealthChecker::HttpHealthCheck(hc)) = &c.health_checks[0].health_checker else {
+        panic!()
+    };
+    assert_eq!(hc.host, "api");
+    // The ExternalName Service: one strict DNS endpoint on the Service port, TTL-driven.
+    let c: Cluster = decode(find(&res.clusters, "default/ext:8443"));
+    let d = dns_cluster(&c);
+    assert!(d.respect_dns_ttl && !d.all_addresses_in_single_endpoint);
+    let la = c.load_assignment.unwrap();
+    let Some(HostIdentifier::Endpoint(e)) = &la.endpoints[0].lb_endpoints[0].host_identifier else {
+        panic!()
+    };
+    assert_eq!(e.hostname, "ext.test");
+    assert!(
+        format!("{:?}", e.address).contains("PortValue(8443)"),
+        "{e:?}"
+    );
+
+    // An explicit health check Host wins over the endpoint names.
+    let explicit = dns.replace(
+        "{ path: /healthz }",
+        "{ path: /healthz, host: api.example }",
+    );
+    let res = step(&mut t, docs(&[GATEWAY_HTTP, &route, &explicit, ext]));
+    let c: Cluster = decode(find(&res.clusters, "default/api"));
+    assert!(
+        c.load_assignment.unwrap().endpoints[1].lb_endpoints[0]
+            .host_identifier
+            .as_ref()
+            .is_some_and(|h| !format!("{h:?}").contains("HealthCheckConfig"))
+    );
+    // Switching to IPs only: an EDS cluster and its load assignment; and back.
+    let res = step(&mut t, docs(&[GATEWAY_HTTP, &route, &ip, ext]));
+    let c: Cluster = decode(find(&res.clusters, "default/api"));
+    assert!(c.eds_cluster_config.is_some() && c.load_assignment.is_none());
+    assert_eq!(names(&res.load_assignments), vec!["default/api"]);
+    let res = step(&mut t, docs(&[GATEWAY_HTTP, &route, &dns, ext]));
+    assert!(res.load_assignments.is_empty());
+    // Logical mode.
+    let logical = backend_yaml(
+        "api",
+        "  endpoints: [{ address: api.test, port: 8080 }]\n  dns: { mode: Logical, respectTtl: true }\n",
+    );
+    let res = step(&mut t, docs(&[GATEWAY_HTTP, &route, &logical, ext]));
+    let d = dns_cluster(&decode(find(&res.clusters, "default/api")));
+    assert!(d.all_addresses_in_single_endpoint && d.respect_dns_ttl);
+    // Without resolvers, Envoy's own resolver configuration is used.
+    let set = config(&docs(&[GATEWAY_HTTP, &route, &logical, ext]));
+    let res = translate_gateway(&set, &gw("edge"), &Options::default()).unwrap();
+    let d = dns_cluster(&decode(find(&res.clusters, "default/api")));
+    assert!(d.typed_dns_resolver_config.is_none());
+}

@@ -345,14 +345,27 @@ impl Translator {
                     continue;
                 };
                 let entry = self.caches.backend(config, backend, stats);
-                let li = res
-                    .load_assignments
-                    .binary_search_by(|r| r.name().cmp(&name))
-                    .expect("every cluster has its load assignment");
-                changed |= res.clusters[ci] != entry.cluster
-                    || res.load_assignments[li] != entry.load_assignment;
+                changed |= res.clusters[ci] != entry.cluster;
                 res.clusters[ci] = entry.cluster.clone();
-                res.load_assignments[li] = entry.load_assignment.clone();
+                // An EDS Backend has a load assignment, a DNS one none; an edit may switch.
+                let at = res
+                    .load_assignments
+                    .binary_search_by(|r| r.name().cmp(&name));
+                match (at, &entry.load_assignment) {
+                    (Ok(li), Some(la)) => {
+                        changed |= res.load_assignments[li] != *la;
+                        res.load_assignments[li] = la.clone();
+                    }
+                    (Err(li), Some(la)) => {
+                        res.load_assignments.insert(li, la.clone());
+                        changed = true;
+                    }
+                    (Ok(li), None) => {
+                        res.load_assignments.remove(li);
+                        changed = true;
+                    }
+                    (Err(_), None) => {}
+                }
             }
             stats.gateways_patched += 1;
             if changed {
