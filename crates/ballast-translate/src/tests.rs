@@ -2111,7 +2111,9 @@ fn rate_limit_policies_translate_incrementally() {
         &[GATEWAY_HTTP, BACKEND_WEB, &limited, &free, route_policy],
     );
     let f = filters(&res);
-    assert_eq!(f[f.len() - 2], "envoy.filters.http.local_ratelimit");
+    // Rate limits run before the stateful-session filter, which sits right before the router.
+    assert_eq!(f[f.len() - 3], "envoy.filters.http.local_ratelimit");
+    assert_eq!(f[f.len() - 2], "envoy.filters.http.stateful_session");
     assert_eq!(f.last().unwrap(), "envoy.filters.http.router");
     let cfg = per_filter(&res, "default/limited");
     let local =
