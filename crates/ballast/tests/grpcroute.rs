@@ -472,3 +472,119 @@ spec:
     assert!(summary.secrets.contains("default/grpc-tls"), "{summary:?}");
     assert!(summary.clusters.contains("default/v1:h2c"), "{summary:?}");
 }
+
+/// `RequestMirror` on a GRPCRoute rule: the client is answered by the primary for every call,
+/// the mirror target (a grpcio upstream behind an HTTP/1.1 Backend, so it is reached through
+/// its `:h2c` copy) receives a copy of each call of the mirrored rule and none of the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcroute_request_mirror_copies_calls_to_the_mirror() {
+    let primary = GrpcUpstream::start("primary").await.unwrap();
+    let shadow = GrpcUpstream::start("shadow").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let config = gateway(port)
+        + &format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {{ name: mirrored }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [mirror.example.com]
+  rules:
+  - matches: [{{ method: {{ service: {SVC}, method: Echo }} }}]
+    filters:
+    - type: RequestMirror
+      requestMirror: {{ backendRef: {{ name: shadow }} }}
+    backendRefs: [{{ name: primary }}]
+  - matches: [{{ method: {{ service: {SVC}, method: EchoTwo }} }}]
+    backendRefs: [{{ name: primary }}]
+"
+        )
+        + &backend("primary", &[primary.addr()])
+        + &backend("shadow", &[shadow.addr()]);
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-grpc-mirror",
+        "default/edge",
+        AdsMode::DeltaGrpc,
+    ))
+    .await
+    .unwrap();
+    let target: SocketAddr = ([127, 0, 0, 1], port).into();
+    let host = "mirror.example.com";
+    // Bounded wait until Envoy is programmed (EchoTwo: not mirrored, the shadow stays clean).
+    wait_for(T, POLL, || async {
+        let out = grpc_calls(target, host, &method("EchoTwo"), 1, &[]).await?;
+        match out.first().and_then(|o| o.backend()) {
+            Some("primary") => Ok(()),
+            _ => anyhow::bail!("not ready: {out:?}"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e:#}\nenvoy log:\n{}\nballast log:\n{}",
+            envoy.log_tail(30),
+            ballast.log_tail()
+        )
+    });
+
+    // Not mirrored first, then mirrored: every call is answered OK by the primary.
+    let mut non_ok = 0;
+    for (m, n) in [("EchoTwo", 10), ("Echo", 30)] {
+        let out = grpc_calls(target, host, &method(m), n, &[("x-call", m)])
+            .await
+            .unwrap();
+        assert_eq!(out.len(), n);
+        for o in &out {
+            match o.backend() {
+                Some("primary") => {}
+                _ => non_ok += 1,
+            }
+        }
+    }
+    assert_eq!(non_ok, 0, "the client is answered by the primary only");
+
+    // The shadow gets a copy of all 30 mirrored calls (bounded wait: mirrors are sent
+    // alongside, their answers ignored), with the client's method and metadata.
+    wait_for(T, POLL, || async {
+        let n = shadow.received().len();
+        if n >= 30 {
+            Ok(())
+        } else {
+            anyhow::bail!("shadow received {n}/30")
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\nenvoy log:\n{}", envoy.log_tail(30)));
+    let got = shadow.received();
+    assert_eq!(got.len(), 30, "no call beyond the mirrored ones: {got:?}");
+    for c in &got {
+        assert_eq!(c["method"], method("Echo"), "{c}");
+        assert_eq!(c["metadata"]["x-call"], "Echo", "{c}");
+    }
+    // The primary got every call once (the ready probes included).
+    let primary_got = primary.received();
+    let echo = primary_got
+        .iter()
+        .filter(|c| c["method"] == method("Echo"))
+        .count();
+    assert_eq!(echo, 30, "{primary_got:?}");
+
+    // The mirror target speaks HTTP/2 through its own copy of the Backend.
+    let summary = envoy.config_summary(false).await.unwrap();
+    assert!(
+        summary.clusters.contains("default/shadow:h2c"),
+        "{summary:?}"
+    );
+    assert!(!summary.clusters.contains("default/shadow"), "{summary:?}");
+    // (Envoy writes the `:` of a cluster name as `_` in stat names.)
+    let mirrored = envoy
+        .stat("cluster.default/shadow_h2c.upstream_rq_completed")
+        .await
+        .unwrap();
+    assert_eq!(mirrored, Some(30), "Envoy counts 30 mirrored requests");
+}
