@@ -1390,6 +1390,47 @@ spec:
             "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: g}\nspec:\n  rules: [{filters: [{type: URLRewrite}]}]\n",
         );
         assert!(e.contains("unknown variant `URLRewrite`"), "{e}");
+        // ExtensionRef (no extension mechanism in ballast) too, at its position.
+        let e = one_error(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: g}\nspec:\n  rules: [{filters: [{type: ExtensionRef, extensionRef: {group: x, kind: y, name: z}}]}]\n",
+        );
+        assert!(
+            e.starts_with("f.yaml:5:") && e.contains("unknown variant `ExtensionRef`"),
+            "{e}"
+        );
+    }
+
+    /// RequestMirror on a GRPCRoute rule is validated like HTTPRoute's, with GRPCRoute field
+    /// paths and positions, and carried into the HTTPRoute equivalent.
+    #[test]
+    fn grpc_route_request_mirror() {
+        let head = "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: g}\nspec:\n  rules:\n  - filters:\n";
+        let objs = objects(&format!(
+            "{head}    - {{type: RequestMirror, requestMirror: {{backendRef: {{name: shadow}}, percent: 25}}}}\n    \
+             - {{type: RequestMirror, requestMirror: {{backendRef: {{name: shadow2}}}}}}\n    backendRefs: [{{name: b}}]\n"
+        ));
+        let Object::GrpcRoute(g) = &objs[0] else {
+            panic!()
+        };
+        let mirrors: Vec<(&str, u32)> = g.as_http.spec.rules[0]
+            .filters
+            .iter()
+            .map(|f| {
+                let m = f.request_mirror.as_ref().unwrap();
+                (m.backend_ref.name.as_str(), m.millionths())
+            })
+            .collect();
+        assert_eq!(mirrors, vec![("shadow", 250_000), ("shadow2", 1_000_000)]);
+        assert_eq!(
+            errors(&format!(
+                "{head}    - {{type: RequestMirror, requestMirror: {{backendRef: {{name: s}}, percent: 101}}}}\n    \
+                 - {{type: RequestMirror}}\n"
+            )),
+            vec![
+                "f.yaml:7:77: GRPCRoute default/g: spec.rules[0].filters[0].requestMirror.percent: percent 101 is out of range 0..=100",
+                "f.yaml:8:14: GRPCRoute default/g: spec.rules[0].filters[1].requestMirror: filter type RequestMirror needs field requestMirror",
+            ]
+        );
     }
 
     #[test]

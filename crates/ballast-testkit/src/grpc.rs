@@ -4,8 +4,9 @@
 //! The script needs no generated code: it serves and calls methods by name with raw bytes.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
@@ -30,10 +31,13 @@ pub fn python() -> PathBuf {
 }
 
 /// A gRPC server answering every unary method with JSON naming itself, the method and the
-/// request metadata it received; killed on drop.
+/// request metadata it received; killed on drop. It also records every call it receives
+/// ([`GrpcUpstream::received`]), so tests can see calls whose answers nobody reads (mirrors).
 pub struct GrpcUpstream {
     addr: SocketAddr,
     name: String,
+    received: Arc<Mutex<Vec<Value>>>,
+    _reader: tokio::task::JoinHandle<()>,
     _child: Child,
 }
 
@@ -54,11 +58,28 @@ impl GrpcUpstream {
         let Some(port) = line.and_then(|l| l.trim().parse::<u16>().ok()) else {
             bail!("grpcio upstream {name} printed no port");
         };
+        // Keep reading: one JSON line per call; ends when the child dies (EOF).
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let sink = received.clone();
+        let reader = tokio::spawn(async move {
+            while let Ok(Some(l)) = lines.next_line().await {
+                if let Ok(v) = serde_json::from_str::<Value>(&l) {
+                    sink.lock().expect("not poisoned").push(v);
+                }
+            }
+        });
         Ok(GrpcUpstream {
             addr: ([127, 0, 0, 1], port).into(),
             name: name.to_owned(),
+            received,
+            _reader: reader,
             _child: child,
         })
+    }
+
+    /// The calls received so far, in order: `{"method": "/pkg.Svc/M", "metadata": {...}}`.
+    pub fn received(&self) -> Vec<Value> {
+        self.received.lock().expect("not poisoned").clone()
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -100,15 +121,37 @@ pub async fn grpc_calls(
     n: usize,
     metadata: &[(&str, &str)],
 ) -> Result<Vec<GrpcOutcome>> {
-    let out = Command::new(python())
-        .arg(SCRIPT)
-        .args([
-            "call",
-            &target.to_string(),
-            authority,
-            method,
-            &n.to_string(),
-        ])
+    calls(None, target, authority, method, n, metadata).await
+}
+
+/// [`grpc_calls`] over TLS: SNI and `:authority` are `authority`, the server certificate must
+/// verify against the PEM file `ca`, and (grpcio insists) the server must select ALPN `h2`.
+pub async fn grpc_calls_tls(
+    target: SocketAddr,
+    authority: &str,
+    method: &str,
+    n: usize,
+    metadata: &[(&str, &str)],
+    ca: &Path,
+) -> Result<Vec<GrpcOutcome>> {
+    calls(Some(ca), target, authority, method, n, metadata).await
+}
+
+async fn calls(
+    ca: Option<&Path>,
+    target: SocketAddr,
+    authority: &str,
+    method: &str,
+    n: usize,
+    metadata: &[(&str, &str)],
+) -> Result<Vec<GrpcOutcome>> {
+    let mut cmd = Command::new(python());
+    cmd.arg(SCRIPT).arg("call");
+    if let Some(ca) = ca {
+        cmd.arg("--ca").arg(ca);
+    }
+    let out = cmd
+        .args([&target.to_string(), authority, method, &n.to_string()])
         .args(metadata.iter().map(|(k, v)| format!("{k}={v}")))
         .kill_on_drop(true)
         .output()

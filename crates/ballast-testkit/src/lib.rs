@@ -68,7 +68,7 @@ pub use envoy::{
     try_envoy_binary, workspace_root,
 };
 pub use etcd::{EtcdCluster, EtcdTls, try_etcd_binary};
-pub use grpc::{GrpcOutcome, GrpcUpstream, grpc_calls, python};
+pub use grpc::{GrpcOutcome, GrpcUpstream, grpc_calls, grpc_calls_tls, python};
 pub use http::{http_get, http_json, http_post_json};
 pub use rate_limit_service::RateLimitServer;
 pub use tcp_proxy::TcpProxy;

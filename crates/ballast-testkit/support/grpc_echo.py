@@ -1,11 +1,14 @@
 """gRPC echo upstream and client for ballast end-to-end tests (grpcio, no generated code).
 
 serve NAME             answer every unary method with JSON {backend, method, metadata};
-                       prints the bound port on stdout, then serves until killed.
-call ADDR AUTHORITY METHOD N [KEY=VALUE ...]
+                       prints the bound port on stdout, then one JSON line {method, metadata}
+                       per call received, until killed.
+call [--ca FILE] ADDR AUTHORITY METHOD N [KEY=VALUE ...]
                        N unary calls of METHOD (e.g. /pkg.Svc/Echo) with the given metadata;
                        prints one JSON line per call: {"ok": true, "reply": {...}} or
-                       {"ok": false, "code": "UNIMPLEMENTED", "details": "..."}.
+                       {"ok": false, "code": "UNIMPLEMENTED", "details": "..."}. With --ca:
+                       over TLS (SNI = AUTHORITY, server certificate checked against FILE;
+                       grpcio requires the server to select ALPN h2).
 """
 import json
 import sys
@@ -21,6 +24,7 @@ def serve(name):
 
             def answer(request, context):
                 md = {k: v for k, v in context.invocation_metadata()}
+                print(json.dumps({"method": method, "metadata": md}), flush=True)
                 context.set_trailing_metadata((("x-backend", name),))
                 return json.dumps({"backend": name, "method": method, "metadata": md}).encode()
 
@@ -34,9 +38,19 @@ def serve(name):
     server.wait_for_termination()
 
 
-def call(addr, authority, method, n, pairs):
+def channel(addr, authority, ca):
+    options = [("grpc.default_authority", authority)]
+    if ca is None:
+        return grpc.insecure_channel(addr, options=options)
+    with open(ca, "rb") as f:
+        creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+    options.append(("grpc.ssl_target_name_override", authority))
+    return grpc.secure_channel(addr, creds, options=options)
+
+
+def call(addr, authority, method, n, pairs, ca=None):
     metadata = [tuple(p.split("=", 1)) for p in pairs]
-    with grpc.insecure_channel(addr, options=[("grpc.default_authority", authority)]) as ch:
+    with channel(addr, authority, ca) as ch:
         stub = ch.unary_unary(method)
         for _ in range(n):
             try:
@@ -53,4 +67,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "serve":
         serve(sys.argv[2])
     else:
-        call(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6:])
+        args, ca = sys.argv[2:], None
+        if args[0] == "--ca":
+            ca, args = args[1], args[2:]
+        call(args[0], args[1], args[2], int(args[3]), args[4:], ca)

@@ -10,7 +10,8 @@
 //!   names `b:h2c` instead, a copy of `b` that speaks HTTP/2 to its endpoints (gRPC needs
 //!   HTTP/2 upstream, while the same Backend may serve HTTP/1.1-only HTTPRoutes). A ref to a
 //!   missing Backend stays missing (`b:h2c` does not exist either), so it answers 500 as for
-//!   HTTPRoutes.
+//!   HTTPRoutes. RequestMirror targets are rewritten the same way: a mirrored gRPC call must
+//!   reach its target over HTTP/2 too.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -34,7 +35,11 @@ pub fn translation_view(config: &Arc<ConfigSet>) -> Arc<ConfigSet> {
         let mut route: HttpRoute = (*g.as_http).clone();
         route.metadata.name = format!("{ROUTE_PREFIX}{}", key.name);
         for rule in &mut route.spec.rules {
-            for r in &mut rule.backend_refs {
+            let mirrors = rule
+                .filters
+                .iter_mut()
+                .filter_map(|f| f.request_mirror.as_mut().map(|m| &mut m.backend_ref));
+            for r in rule.backend_refs.iter_mut().chain(mirrors) {
                 if !r.is_backend() {
                     continue;
                 }

@@ -1356,6 +1356,50 @@ fn grpc_yaml(name: &str, rules: &str) -> String {
     )
 }
 
+/// RequestMirror on a GRPCRoute: the mirror target gets the HTTP/2 copy of its Backend too
+/// (a mirrored gRPC call must reach it over HTTP/2), with the share as for HTTPRoute.
+#[test]
+fn grpc_route_request_mirror_uses_h2c_clusters() {
+    let grpc = grpc_yaml(
+        "web",
+        "  rules:\n  - filters:\n    - { type: RequestMirror, requestMirror: { backendRef: { name: shadow } } }\n    \
+         - { type: RequestMirror, requestMirror: { backendRef: { name: h2 }, percent: 10 } }\n    \
+         - { type: RequestMirror, requestMirror: { backendRef: { name: missing } } }\n    backendRefs: [{ name: web }]\n",
+    );
+    let yaml = docs(&[
+        GATEWAY_HTTP,
+        &grpc,
+        &backend_yaml("web", WEB),
+        &backend_yaml("shadow", WEB),
+        &backend_yaml(
+            "h2",
+            "  appProtocol: kubernetes.io/h2c\n  endpoints: [{ address: 10.0.0.2, port: 80 }]\n",
+        ),
+    ]);
+    let res = translate(&yaml, "edge");
+    let vh = only_vhost(&res);
+    let got: Vec<(&str, Option<u32>)> = route_action(&vh.routes[0])
+        .request_mirror_policies
+        .iter()
+        .map(|m| {
+            (
+                m.cluster.as_str(),
+                m.runtime_fraction
+                    .as_ref()
+                    .map(|f| f.default_value.unwrap().numerator),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [("default/shadow:h2c", None), ("default/h2", Some(100_000))]
+    );
+    assert_eq!(
+        names(&res.clusters),
+        vec!["default/h2", "default/shadow:h2c", "default/web:h2c"]
+    );
+}
+
 #[test]
 fn grpc_routes_share_virtual_hosts_with_http_routes_and_use_h2c_clusters() {
     let grpc = grpc_yaml(

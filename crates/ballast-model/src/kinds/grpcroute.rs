@@ -14,7 +14,7 @@ use serde::Deserialize;
 use super::{
     FilterType, HeaderMatch, HeaderModifier, HttpBackendRef, HttpRoute, HttpRouteFilter,
     HttpRouteMatch, HttpRouteRule, HttpRouteSpec, Metadata, ParentRef, PathMatch, PathMatchType,
-    Source, object_kind,
+    RequestMirror, Source, object_kind,
 };
 use crate::spanned::{Pos, Spanned};
 
@@ -85,8 +85,8 @@ pub enum GrpcMethodMatchType {
     RegularExpression,
 }
 
-/// The filters GRPCRoute shares with HTTPRoute (Gateway API core + extended, minus
-/// `RequestMirror` and `ExtensionRef`, which ballast does not implement: rejected at parse).
+/// The filters GRPCRoute shares with HTTPRoute (Gateway API core + extended `RequestMirror`;
+/// `ExtensionRef`, which ballast does not implement, is rejected at parse naming the type).
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct GrpcRouteFilter {
@@ -96,12 +96,16 @@ pub struct GrpcRouteFilter {
     pub request_header_modifier: Option<HeaderModifier>,
     #[serde(default)]
     pub response_header_modifier: Option<HeaderModifier>,
+    /// Validated and translated like HTTPRoute's (the target gets an HTTP/2 cluster).
+    #[serde(default)]
+    pub request_mirror: Option<RequestMirror>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
 pub enum GrpcFilterType {
     RequestHeaderModifier,
     ResponseHeaderModifier,
+    RequestMirror,
 }
 
 /// Regex of one path segment (a service or method name never contains `/`).
@@ -206,6 +210,7 @@ impl GrpcRouteFilter {
         let type_ = match *self.type_ {
             GrpcFilterType::RequestHeaderModifier => FilterType::RequestHeaderModifier,
             GrpcFilterType::ResponseHeaderModifier => FilterType::ResponseHeaderModifier,
+            GrpcFilterType::RequestMirror => FilterType::RequestMirror,
         };
         HttpRouteFilter {
             type_: Spanned::new(type_, self.type_.pos),
@@ -213,7 +218,7 @@ impl GrpcRouteFilter {
             response_header_modifier: self.response_header_modifier.clone(),
             request_redirect: None,
             url_rewrite: None,
-            request_mirror: None,
+            request_mirror: self.request_mirror.clone(),
             cors: None,
         }
     }

@@ -365,3 +365,34 @@ pub fn dump_section(dump: &serde_json::Value, message: &str) -> String {
         .map(|c| c.to_string())
         .unwrap_or_default()
 }
+
+/// A self-signed certificate for `host` made with rcgen (CN and subjectAltName); writes the
+/// certificate to `dir/{host}.crt` (a CA file for clients) and returns (cert PEM, key PEM).
+pub fn rcgen_cert(dir: &Path, host: &str) -> (String, String) {
+    let mut params = rcgen::CertificateParams::new(vec![host.to_string()]).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, host);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    std::fs::write(dir.join(format!("{host}.crt")), cert.pem()).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// A `kubernetes.io/tls` Secret document holding `crt` and `key` (PEM) as `stringData`.
+pub fn tls_secret(name: &str, crt: &str, key: &str) -> String {
+    let indent = |pem: &str| -> String { pem.lines().map(|l| format!("    {l}\n")).collect() };
+    format!(
+        "---
+apiVersion: v1
+kind: Secret
+metadata: {{ name: {name} }}
+type: kubernetes.io/tls
+stringData:
+  tls.crt: |
+{}  tls.key: |
+{}",
+        indent(crt),
+        indent(key)
+    )
+}
