@@ -740,6 +740,28 @@ impl DeltaMachine {
                 eds.acked = Arc::new(kept);
                 eds.clean = None;
             }
+            // An EDS response still in flight went out before this one: the
+            // client applies it to the old cluster, so its ACK must not count
+            // the rebuilt clusters' endpoints as held (else the follow-up is
+            // empty and Envoy waits its 15 s initial fetch timeout, holding
+            // every later CDS update meanwhile). They become uncertain: an
+            // ACK leaves them possibly held (`asked`: re-sent, references
+            // protected), a NACK maybe held.
+            if !refetch.is_empty()
+                && let Some(eds) = self.types[ResourceType::ClusterLoadAssignment.index()].as_mut()
+                && let Some(f) = eds.in_flight.as_mut()
+                && f.upserts
+                    .iter()
+                    .any(|r| refetch.binary_search(r.name_arc()).is_ok())
+            {
+                let (again, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut f.upserts)
+                    .into_iter()
+                    .partition(|r| refetch.binary_search(r.name_arc()).is_ok());
+                f.upserts = kept;
+                f.uncertain.extend(again);
+                f.clean_after = None;
+                eds.clean = None;
+            }
             return Some(DeltaResponse {
                 ty,
                 system_version: version,
@@ -1221,5 +1243,73 @@ mod tests {
         assert_eq!(r.ty, cds);
         assert!(r.resources.is_empty() && r.removed.is_empty());
         assert!(per_type.next_response().is_none());
+    }
+
+    /// Delta twin of the SotW etcd-lane stall (`sotw::tests::an_eds_ack_older_
+    /// than_a_cluster_change_does_not_cover_the_refetch`): an EDS response is
+    /// in flight when a CDS response modifies one of its clusters. Envoy
+    /// applies the EDS response to the old cluster, rebuilds the cluster and
+    /// waits for its endpoints again without subscribing anew; the late ACK
+    /// of the earlier EDS response must not count as the client holding them,
+    /// or the follow-up is empty and the warming cluster waits 15 s.
+    #[test]
+    fn an_eds_ack_older_than_a_cluster_change_does_not_cover_the_refetch() {
+        use crate::protocol::tests::cluster_snapshot;
+        let (cds, eds) = (ResourceType::Cluster, ResourceType::ClusterLoadAssignment);
+        let s1 = cluster_snapshot(1, 80, None);
+        let mut m = DeltaMachine::new(None);
+        m.set_snapshot(Some(s1.clone()));
+        for (ty, subscribe) in [
+            (cds, vec![]),
+            (eds, vec!["c0000".to_string(), "c0001".to_string()]),
+        ] {
+            m.handle_request(&DeltaDiscoveryRequest {
+                type_url: ty.type_url().into(),
+                resource_names_subscribe: subscribe,
+                ..Default::default()
+            });
+        }
+        while let Some(r) = m.next_response() {
+            ack(&mut m, &r);
+        }
+        // An endpoint change: EDS response in flight, not yet ACKed.
+        let s2 = cluster_snapshot(1, 81, Some(&s1));
+        m.set_snapshot(Some(s2.clone()));
+        let r_eds = m.next_response().expect("the endpoint change");
+        assert_eq!(r_eds.ty, eds);
+        assert!(m.next_response().is_none());
+        // Then the cluster itself changes: CDS goes out while that EDS is in flight.
+        let s3 = cluster_snapshot(2, 81, Some(&s2));
+        m.set_snapshot(Some(s3.clone()));
+        let r_cds = m.next_response().expect("the cluster change");
+        assert_eq!(r_cds.ty, cds);
+        assert_eq!(
+            r_cds.resources.iter().map(|r| r.name()).collect::<Vec<_>>(),
+            ["c0001"]
+        );
+        // The ACKs arrive: first the EDS response's (sent before the CDS), then the CDS's.
+        ack(&mut m, &r_eds);
+        ack(&mut m, &r_cds);
+        let mut resent = Vec::new();
+        while let Some(r) = m.next_response() {
+            if r.ty == eds {
+                resent.extend(r.resources.iter().map(|r| r.name().to_string()));
+            }
+            ack(&mut m, &r);
+        }
+        assert_eq!(
+            resent,
+            ["c0001"],
+            "the rebuilt cluster's endpoints follow the CDS response"
+        );
+        // Settled: held at the current version, nothing more to send.
+        let st = m.types[eds.index()].as_ref().unwrap();
+        assert!(
+            st.acked
+                .get("c0001")
+                .is_some_and(|r| r.version() == s3.resources(eds).get("c0001").unwrap().version())
+        );
+        assert!(st.asked.is_empty() && st.maybe.is_empty());
+        assert!(m.next_response().is_none());
     }
 }
