@@ -15,6 +15,14 @@
 //! - **Reconciled by keep-set** (invariant 4): a relist (after `ErrCompacted`, when the
 //!   watch cannot resume) replaces the key map with exactly the listed keys in one step; it
 //!   never clears first, so a deleted key disappears and every other object stays.
+//! - **A store that went back** (restored from an older backup, or a new store on the same
+//!   endpoints): etcd accepts a watch from a revision it has not reached and stays silent until
+//!   it does, so every write up to the old revision would be missed. A watch created below the
+//!   revision already applied makes the source relist (linearizable); a listing below it is a
+//!   confirmed regression: logged, counted in [`SourceState::revision_regressions`], and the
+//!   listing replaces the key map by keep-set with every key parsed afresh (a key's
+//!   `mod_revision` no longer identifies its value). The result is published like any change,
+//!   so the snapshot guard judges it.
 //! - **Stale, not empty**: while no member answers, the last good config stays served and
 //!   [`SourceState::stale_since`] says since when; the source retries with backoff across the
 //!   endpoints and, on reconnecting, resumes the watch from the last revision it applied.
@@ -31,7 +39,7 @@ use ballast_model::{ConfigSet, FileParse, parse_file_report};
 use futures::{FutureExt, StreamExt};
 use tokio::sync::watch as tokio_watch;
 
-use crate::state::{Source, SourceState};
+use crate::state::{RevisionRegression, Source, SourceState};
 
 /// The default key prefix (`--etcd-prefix`).
 pub const DEFAULT_PREFIX: &str = "/ballast/";
@@ -143,9 +151,13 @@ impl View {
     }
 
     /// Replaces the view with a listing: exactly the listed keys (keep-set), reusing parses of
-    /// unchanged keys.
-    fn relist(&mut self, prefix: &[u8], listing: ballast_etcd::Listing) {
+    /// unchanged keys unless `afresh` (the store went back: the same `mod_revision` may hold
+    /// another value).
+    fn relist(&mut self, prefix: &[u8], listing: ballast_etcd::Listing, afresh: bool) {
         let mut keys = BTreeMap::new();
+        if afresh {
+            self.keys.clear();
+        }
         for kv in listing.kvs {
             if Self::is_config(prefix, &kv.key) {
                 let e = self.entry(&kv.key, kv.mod_revision, &kv.value);
@@ -221,7 +233,12 @@ async fn run(source: EtcdSource, tx: tokio_watch::Sender<SourceState>) {
             };
             match listing {
                 Ok(listing) => {
-                    view.relist(&prefix, listing);
+                    // Linearizable: a revision below one already applied is the store's.
+                    let went_back = view.revision > 0 && listing.revision < view.revision;
+                    if went_back {
+                        regressed(&tx, &name, view.revision, listing.revision);
+                    }
+                    view.relist(&prefix, listing, went_back);
                     listed = true;
                     publish(&tx, &name, &view, true);
                 }
@@ -259,6 +276,18 @@ async fn run(source: EtcdSource, tx: tokio_watch::Sender<SourceState>) {
                 continue;
             }
         };
+        if watch.created_revision() < view.revision {
+            // The member is behind what was applied: restored from an older backup (confirmed
+            // by the linearizable relist), or a lagging member (the relist says so).
+            tracing::info!(source = %name, endpoint = watch.endpoint(), applied = view.revision,
+                store = watch.created_revision(), "etcd store below the applied revision; relisting");
+            drop(watch);
+            listed = false;
+            if !pause(&tx, backoff.next()).await {
+                return;
+            }
+            continue;
+        }
         backoff.reset();
         // Connected and caught up to the watch start: no longer stale.
         publish(&tx, &name, &view, false);
@@ -300,6 +329,18 @@ async fn run(source: EtcdSource, tx: tokio_watch::Sender<SourceState>) {
             }
         }
     }
+}
+
+/// Records that the store went back from revision `from` to `to` (the relist that follows
+/// publishes what it holds now).
+fn regressed(tx: &tokio_watch::Sender<SourceState>, name: &str, from: i64, to: i64) {
+    tracing::warn!(source = %name, applied = from, store = to,
+        "etcd store revision went back (restored from an older backup?); reconciling to what it holds");
+    let at = SystemTime::now();
+    tx.send_modify(|s| {
+        s.revision_regressions += 1;
+        s.last_regression = Some(RevisionRegression { from, to, at });
+    });
 }
 
 /// Sleeps, unless every receiver is gone (then returns false).

@@ -42,6 +42,20 @@ pub struct SourceState {
     /// Why the store is unreachable (the latest connection error), while stale or before the
     /// first sync.
     pub store_error: Option<String>,
+    /// For a store-backed source: how often the store was found at a lower revision than the
+    /// one the config reflected (etcd restored from an older backup). Each was relisted and
+    /// reconciled by keep-set.
+    pub revision_regressions: u64,
+    /// The latest such regression.
+    pub last_regression: Option<RevisionRegression>,
+}
+
+/// The store went back: the config reflected revision `from`, the store is now at `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RevisionRegression {
+    pub from: i64,
+    pub to: i64,
+    pub at: SystemTime,
 }
 
 impl SourceState {
@@ -60,6 +74,8 @@ impl SourceState {
             revision: None,
             stale_since: None,
             store_error: None,
+            revision_regressions: 0,
+            last_regression: None,
         }
     }
 

@@ -193,3 +193,66 @@ async fn relists_by_keep_set_after_compaction_while_disconnected() {
     // Exactly the store: b gone, c changed, d added, a kept.
     assert_eq!(backends(&s), pairs(&[("a", 80), ("c", 81), ("d", 80)]));
 }
+
+/// Issue #12: etcd restored from an older backup comes back at a lower revision. Watching from
+/// the last applied revision + 1 would be silent until the store passes it again (every write
+/// up to there missed, and the served config no longer what the store holds). The source must
+/// notice, say so, and reconcile to what the store holds by keep-set, then follow new writes.
+#[tokio::test]
+async fn a_store_restored_to_a_lower_revision_is_relisted_and_followed() {
+    let mut etcd = EtcdCluster::start_single().await.unwrap();
+    let c = Client::new(&etcd.client_urls(), ClientOptions::default()).unwrap();
+    for n in ["a", "b", "c"] {
+        c.put(format!("/ballast/{n}"), backend(n, 80))
+            .await
+            .unwrap();
+    }
+    let mut rx = Box::new(EtcdSource::new(options(etcd.client_urls())).unwrap()).start();
+    wait(&mut rx, "synced", |s| s.synced).await;
+
+    // A cold backup of the store as it is now.
+    etcd.stop(0);
+    let backup = etcd.backup_data(0, "backup.etcd").unwrap();
+    etcd.restart(0).await.unwrap();
+    let restored_rev = etcd.revision(0).await.unwrap();
+
+    // Later writes: a delete, a change, an addition.
+    c.delete(KeyRange::key("/ballast/b")).await.unwrap();
+    c.put("/ballast/c", backend("c", 81)).await.unwrap();
+    let high = c.put("/ballast/d", backend("d", 80)).await.unwrap();
+    let s = wait(&mut rx, "later writes", |s| s.revision == Some(high)).await;
+    assert_eq!(backends(&s), pairs(&[("a", 80), ("c", 81), ("d", 80)]));
+    assert_eq!(s.revision_regressions, 0);
+
+    // The store is restored from the backup, on the same endpoint.
+    etcd.stop(0);
+    etcd.restore_data(0, &backup).unwrap();
+    etcd.restart(0).await.unwrap();
+    assert_eq!(etcd.revision(0).await.unwrap(), restored_rev);
+    assert!(restored_rev < high);
+    let s = wait(&mut rx, "regression noticed and relisted", |s| {
+        s.revision == Some(restored_rev) && s.stale_since.is_none()
+    })
+    .await;
+    assert_eq!(s.revision_regressions, 1);
+    let r = s.last_regression.expect("recorded");
+    assert_eq!((r.from, r.to), (high, restored_rev));
+    // Exactly the restored store: b back, c at its old value, d gone, a kept.
+    assert_eq!(backends(&s), pairs(&[("a", 80), ("b", 80), ("c", 80)]));
+
+    // New writes below the old revision are followed (the watch starts from the store's).
+    let next = c.put("/ballast/e", backend("e", 80)).await.unwrap();
+    assert!(
+        next <= high,
+        "{next} is a revision the old watch would have skipped"
+    );
+    let s = wait(&mut rx, "write after the restore", |s| {
+        s.revision == Some(next)
+    })
+    .await;
+    assert_eq!(
+        backends(&s),
+        pairs(&[("a", 80), ("b", 80), ("c", 80), ("e", 80)])
+    );
+    assert_eq!(s.revision_regressions, 1, "counted once");
+}

@@ -80,6 +80,9 @@ pub struct Metrics {
     pub source_stale: Family<SourceLabel, Gauge>,
     /// The store revision a store-backed source's config reflects.
     pub source_revision: Family<SourceLabel, Gauge>,
+    /// Times a store-backed source found its store at a lower revision than it had applied
+    /// (etcd restored from an older backup); each was relisted by keep-set.
+    pub source_revision_regressions: Family<SourceLabel, Counter>,
     /// Objects of kinds Ballast does not implement in a source's latest load.
     pub source_skipped: Family<SourceKindLabel, Gauge>,
     /// Every (source, kind) ever set above, so a kind no longer skipped reads 0.
@@ -118,6 +121,7 @@ impl Metrics {
             source_generation: Family::default(),
             source_stale: Family::default(),
             source_revision: Family::default(),
+            source_revision_regressions: Family::default(),
             source_skipped: Family::default(),
             skipped_seen: Mutex::default(),
             ready: Gauge::default(),
@@ -231,6 +235,11 @@ impl Metrics {
             "source_revision",
             "Store revision (etcd) of a source's current config",
             m.source_revision.clone(),
+        );
+        registry.register(
+            "source_revision_regressions",
+            "Times a store-backed source (etcd) found its store at a lower revision than it had applied (restored from an older backup); each was relisted and reconciled",
+            m.source_revision_regressions.clone(),
         );
         registry.register(
             "source_skipped_objects",
