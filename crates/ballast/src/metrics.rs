@@ -88,6 +88,12 @@ pub struct Metrics {
     /// Every (source, kind) ever set above, so a kind no longer skipped reads 0.
     skipped_seen: Mutex<std::collections::HashSet<SourceKindLabel>>,
     pub ready: Gauge,
+    /// 1 while this replica leads the singleton work (status write-back, `--etcd`).
+    pub leader: Gauge,
+    /// Times this replica became leader.
+    pub leader_terms: Counter,
+    /// Status documents this replica wrote to etcd (only ever as leader).
+    pub status_writes: Counter,
     /// Last publish instant per gateway, for the convergence histogram.
     published_at: Mutex<HashMap<Arc<str>, Instant>>,
 }
@@ -125,6 +131,9 @@ impl Metrics {
             source_skipped: Family::default(),
             skipped_seen: Mutex::default(),
             ready: Gauge::default(),
+            leader: Gauge::default(),
+            leader_terms: Counter::default(),
+            status_writes: Counter::default(),
             published_at: Mutex::new(HashMap::new()),
             registry: Registry::default(),
         };
@@ -235,6 +244,21 @@ impl Metrics {
             "source_revision",
             "Store revision (etcd) of a source's current config",
             m.source_revision.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica leads the singleton work (status write-back to etcd)",
+            m.leader.clone(),
+        );
+        registry.register(
+            "leader_terms",
+            "Times this replica became the leader",
+            m.leader_terms.clone(),
+        );
+        registry.register(
+            "status_writes",
+            "Object status documents this replica wrote to etcd as leader",
+            m.status_writes.clone(),
         );
         registry.register(
             "source_revision_regressions",
