@@ -23,6 +23,15 @@
 //!   listing replaces the key map by keep-set with every key parsed afresh (a key's
 //!   `mod_revision` no longer identifies its value). The result is published like any change,
 //!   so the snapshot guard judges it.
+//! - **Applies of several transactions, all or nothing**: etcd bounds the operations of one
+//!   transaction (`--max-txn-ops`), so `ballast apply` writes a larger change in several,
+//!   opened by creating `<prefix>_meta/apply` and committed by deleting it while touching
+//!   `<prefix>_meta/config` ([`crate::etcd_keys::apply_marker_key`]). From the open to the commit
+//!   the source keeps applying events to its view but publishes nothing (the config of before
+//!   the apply stays served, [`SourceState::held_apply`] says why); the commit publishes the
+//!   whole apply at once. A listing that finds the marker lists again at the revision before
+//!   it was created and watches from there. An apply that dies leaves its marker to expire with
+//!   its lease: the source keeps holding (`abandoned`) until the next apply or delete commits.
 //! - **Stale, not empty**: while no member answers, the last good config stays served and
 //!   [`SourceState::stale_since`] says since when; the source retries with backoff across the
 //!   endpoints and, on reconnecting, resumes the watch from the last revision it applied.
@@ -39,7 +48,7 @@ use ballast_model::{ConfigSet, FileParse, parse_file_report};
 use futures::{FutureExt, StreamExt};
 use tokio::sync::watch as tokio_watch;
 
-use crate::state::{RevisionRegression, Source, SourceState};
+use crate::state::{HeldApply, RevisionRegression, Source, SourceState};
 
 /// The default key prefix (`--etcd-prefix`).
 pub const DEFAULT_PREFIX: &str = "/ballast/";
@@ -125,6 +134,23 @@ struct Entry {
 struct View {
     keys: BTreeMap<Vec<u8>, Entry>,
     revision: i64,
+    /// An apply of several transactions is open (or was abandoned): nothing is published.
+    held: Option<HeldApply>,
+}
+
+/// The bookkeeping keys an apply of several transactions uses (see the module docs).
+struct Markers {
+    apply: Vec<u8>,
+    config: Vec<u8>,
+}
+
+impl Markers {
+    fn new(prefix: &str) -> Self {
+        Markers {
+            apply: crate::etcd_keys::apply_marker_key(prefix).into_bytes(),
+            config: crate::etcd_keys::config_marker_key(prefix).into_bytes(),
+        }
+    }
 }
 
 impl View {
@@ -168,8 +194,42 @@ impl View {
         self.revision = listing.revision;
     }
 
-    fn apply(&mut self, prefix: &[u8], batch: ballast_etcd::WatchBatch) {
+    fn apply(&mut self, prefix: &[u8], markers: &Markers, batch: ballast_etcd::WatchBatch) {
+        // Revisions that touched the config marker: an apply marker deleted in one of them
+        // was committed; deleted in another, abandoned.
+        let commits: Vec<i64> = batch
+            .events
+            .iter()
+            .filter(|e| e.kind == EventKind::Put && e.kv.key == markers.config)
+            .map(|e| e.kv.mod_revision)
+            .collect();
         for ev in batch.events {
+            if ev.kv.key == markers.apply {
+                match ev.kind {
+                    EventKind::Put => {
+                        self.held = Some(HeldApply {
+                            opened: ev.kv.create_revision,
+                            abandoned: false,
+                        });
+                    }
+                    EventKind::Delete if commits.contains(&ev.kv.mod_revision) => {
+                        self.held = None;
+                    }
+                    EventKind::Delete => {
+                        if let Some(h) = &mut self.held {
+                            h.abandoned = true;
+                        }
+                    }
+                }
+                continue;
+            }
+            if ev.kv.key == markers.config {
+                // Any later apply or delete commits over an abandoned one.
+                if ev.kind == EventKind::Put && self.held.is_some_and(|h| h.abandoned) {
+                    self.held = None;
+                }
+                continue;
+            }
             if !Self::is_config(prefix, &ev.kv.key) {
                 continue;
             }
@@ -221,6 +281,7 @@ async fn run(source: EtcdSource, tx: tokio_watch::Sender<SourceState>) {
         name,
     } = source;
     let prefix = options.prefix.as_bytes().to_vec();
+    let markers = Markers::new(&options.prefix);
     let range = KeyRange::prefix(prefix.clone());
     let mut view = View::default();
     let mut listed = false;
@@ -238,6 +299,35 @@ async fn run(source: EtcdSource, tx: tokio_watch::Sender<SourceState>) {
                     if went_back {
                         regressed(&tx, &name, view.revision, listing.revision);
                     }
+                    // An apply in progress: take the store as it was before it (the watch
+                    // from there sees it open, and its commit).
+                    let opened = listing
+                        .kvs
+                        .iter()
+                        .find(|kv| kv.key == markers.apply)
+                        .map(|kv| kv.create_revision);
+                    let listing = match opened {
+                        None => listing,
+                        Some(opened) => {
+                            let before = tokio::select! {
+                                _ = tx.closed() => return,
+                                r = client.list(&range, opened - 1, options.page) => r,
+                            };
+                            match before {
+                                Ok(before) => before,
+                                Err(e) => {
+                                    // Compacted: hold what is there until the commit.
+                                    tracing::warn!(source = %name, opened, error = %e,
+                                        "cannot list the store before an open apply; holding until it commits");
+                                    view.held = Some(HeldApply {
+                                        opened,
+                                        abandoned: false,
+                                    });
+                                    listing
+                                }
+                            }
+                        }
+                    };
                     view.relist(&prefix, listing, went_back);
                     listed = true;
                     publish(&tx, &name, &view, true);
@@ -299,10 +389,10 @@ async fn run(source: EtcdSource, tx: tokio_watch::Sender<SourceState>) {
             };
             match item {
                 Some(Ok(batch)) => {
-                    view.apply(&prefix, batch);
+                    view.apply(&prefix, &markers, batch);
                     // Whatever else already arrived goes into the same publish.
                     while let Some(Some(Ok(batch))) = watch.next().now_or_never() {
-                        view.apply(&prefix, batch);
+                        view.apply(&prefix, &markers, batch);
                     }
                     publish(&tx, &name, &view, false);
                 }
@@ -382,6 +472,24 @@ fn disconnected(tx: &tokio_watch::Sender<SourceState>, name: &str, e: &EtcdError
 /// with the revision, and no longer stale.
 fn publish(tx: &tokio_watch::Sender<SourceState>, name: &str, view: &View, listing: bool) {
     let now = SystemTime::now();
+    if view.held.is_some() {
+        // Connected, but an apply is open: the config of before it stays.
+        let mut first = false;
+        tx.send_if_modified(|s| {
+            first = s.held_apply.is_none();
+            let changed =
+                s.held_apply != view.held || s.stale_since.is_some() || s.store_error.is_some();
+            s.held_apply = view.held;
+            s.stale_since = None;
+            s.store_error = None;
+            changed
+        });
+        if first {
+            tracing::info!(source = %name, revision = view.revision, held = ?view.held,
+                "an apply of several etcd transactions is open; holding its changes until it commits");
+        }
+        return;
+    }
     let prev = tx.borrow().config.clone();
     let files = view.keys.len();
     let (set, report) = ConfigSet::assemble(
@@ -413,6 +521,7 @@ fn publish(tx: &tokio_watch::Sender<SourceState>, name: &str, view: &View, listi
             changed = true;
         }
         changed |= s.store_error.take().is_some();
+        changed |= s.held_apply.take().is_some();
         changed
     });
     if let Some(since) = recovered {

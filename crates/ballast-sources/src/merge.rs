@@ -94,6 +94,11 @@ fn apply(merged: &mut SourceState, parts: &[SourceState], now: SystemTime) -> bo
         merged.last_regression = last_regression;
         changed = true;
     }
+    let held_apply = parts.iter().find_map(|p| p.held_apply);
+    if merged.held_apply != held_apply {
+        merged.held_apply = held_apply;
+        changed = true;
+    }
     if !parts.iter().all(|p| p.synced) {
         // Not ready: show the parts' errors, serve nothing new.
         let errors: Vec<_> = parts

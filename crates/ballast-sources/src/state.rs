@@ -48,6 +48,17 @@ pub struct SourceState {
     pub revision_regressions: u64,
     /// The latest such regression.
     pub last_regression: Option<RevisionRegression>,
+    /// For etcd: an apply written in several transactions is open (or was abandoned); its
+    /// changes are held, the config of before it is served, until it commits.
+    pub held_apply: Option<HeldApply>,
+}
+
+/// An apply of several transactions, opened at store revision `opened`; `abandoned` once its
+/// marker expired without a commit (held until the next apply or delete commits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldApply {
+    pub opened: i64,
+    pub abandoned: bool,
 }
 
 /// The store went back: the config reflected revision `from`, the store is now at `to`.
@@ -76,6 +87,7 @@ impl SourceState {
             store_error: None,
             revision_regressions: 0,
             last_regression: None,
+            held_apply: None,
         }
     }
 

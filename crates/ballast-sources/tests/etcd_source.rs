@@ -256,3 +256,96 @@ async fn a_store_restored_to_a_lower_revision_is_relisted_and_followed() {
     );
     assert_eq!(s.revision_regressions, 1, "counted once");
 }
+
+/// Issue #12: an apply larger than etcd's `--max-txn-ops` is written in several transactions,
+/// opened by creating `_meta/apply` and committed by deleting it while touching
+/// `_meta/config`. Readers must serve none of it until the commit, then all of it at once; a
+/// source that starts while the apply is open syncs to the store as it was before it.
+#[tokio::test]
+async fn an_apply_of_several_transactions_is_published_only_on_its_commit() {
+    let etcd = EtcdCluster::start_single().await.unwrap();
+    let c = Client::new(&etcd.client_urls(), ClientOptions::default()).unwrap();
+    c.put("/ballast/backends/default/a", backend("a", 80))
+        .await
+        .unwrap();
+    let mut rx = Box::new(EtcdSource::new(options(etcd.client_urls())).unwrap()).start();
+    let s = wait(&mut rx, "synced", |s| s.synced).await;
+    let generation = s.generation;
+
+    // Open, then two parts (a change and an addition), as `ballast apply` writes them.
+    let lease = c.lease_grant(60).await.unwrap();
+    let opened = c
+        .txn(Txn::new().and_then([
+            Op::put_with_lease("/ballast/_meta/apply", "{}", lease.id),
+            Op::put("/ballast/_meta/config", ""),
+            Op::put("/ballast/backends/default/a", backend("a", 81)),
+        ]))
+        .await
+        .unwrap()
+        .revision;
+    let s = wait(&mut rx, "held", |s| s.held_apply.is_some()).await;
+    assert_eq!(s.held_apply.unwrap().opened, opened);
+    c.put("/ballast/backends/default/b", backend("b", 80))
+        .await
+        .unwrap();
+    // A second source starting now syncs to the store before the apply, and holds too.
+    let mut late = Box::new(EtcdSource::new(options(etcd.client_urls())).unwrap()).start();
+    let l = wait(&mut late, "late synced", |s| {
+        s.synced && s.held_apply.is_some()
+    })
+    .await;
+    assert_eq!(backends(&l), pairs(&[("a", 80)]));
+    assert_eq!(l.revision, Some(opened - 1));
+    assert_eq!(
+        (backends(&rx.borrow()), rx.borrow().generation),
+        (pairs(&[("a", 80)]), generation),
+        "nothing of the open apply is served"
+    );
+
+    // The commit publishes it all, in one new config, on both.
+    let commit = c
+        .txn(Txn::new().and_then([
+            Op::delete(KeyRange::key("/ballast/_meta/apply")),
+            Op::put("/ballast/_meta/config", ""),
+        ]))
+        .await
+        .unwrap()
+        .revision;
+    for rx in [&mut rx, &mut late] {
+        let s = wait(rx, "committed", |s| s.revision == Some(commit)).await;
+        assert_eq!(backends(&s), pairs(&[("a", 81), ("b", 80)]));
+        assert!(s.held_apply.is_none());
+    }
+    assert_eq!(rx.borrow().generation, generation + 1, "one new config");
+
+    // An apply that dies: its marker goes with its lease, the written part stays held until
+    // the next apply commits.
+    let lease = c.lease_grant(60).await.unwrap();
+    c.txn(Txn::new().and_then([
+        Op::put_with_lease("/ballast/_meta/apply", "{}", lease.id),
+        Op::put("/ballast/_meta/config", ""),
+        Op::put("/ballast/backends/default/c", backend("c", 80)),
+    ]))
+    .await
+    .unwrap();
+    c.lease_revoke(lease.id).await.unwrap();
+    let s = wait(&mut rx, "abandoned", |s| {
+        s.held_apply.is_some_and(|h| h.abandoned)
+    })
+    .await;
+    assert_eq!(backends(&s), pairs(&[("a", 81), ("b", 80)]));
+    let next = c
+        .txn(Txn::new().and_then([
+            Op::put("/ballast/backends/default/d", backend("d", 80)),
+            Op::put("/ballast/_meta/config", ""),
+        ]))
+        .await
+        .unwrap()
+        .revision;
+    let s = wait(&mut rx, "next commit", |s| s.revision == Some(next)).await;
+    assert!(s.held_apply.is_none());
+    assert_eq!(
+        backends(&s),
+        pairs(&[("a", 81), ("b", 80), ("c", 80), ("d", 80)])
+    );
+}

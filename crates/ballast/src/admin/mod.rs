@@ -256,6 +256,9 @@ async fn sources(State(s): State<AdminState>) -> Response {
                 "stale_since": time(src.stale_since),
                 "store_error": src.store_error,
                 "revision_regressions": src.revision_regressions,
+                "held_apply": src.held_apply.map(|h| json!({
+                    "opened": h.opened, "abandoned": h.abandoned,
+                })),
                 "last_regression": src.last_regression.map(|r| json!({
                     "from": r.from, "to": r.to, "at": time(Some(r.at)),
                 })),
