@@ -194,7 +194,11 @@ impl View {
         self.revision = listing.revision;
     }
 
-    fn apply(&mut self, prefix: &[u8], markers: &Markers, batch: ballast_etcd::WatchBatch) {
+    /// Applies a watch batch; returns whether it touched config keys or the apply hold (else
+    /// only the revision moved: bookkeeping such as status, guard state or registrations).
+    fn apply(&mut self, prefix: &[u8], markers: &Markers, batch: ballast_etcd::WatchBatch) -> bool {
+        let held = self.held;
+        let mut touched = false;
         // Revisions that touched the config marker: an apply marker deleted in one of them
         // was committed; deleted in another, abandoned.
         let commits: Vec<i64> = batch
@@ -233,6 +237,7 @@ impl View {
             if !Self::is_config(prefix, &ev.kv.key) {
                 continue;
             }
+            touched = true;
             match ev.kind {
                 EventKind::Put => {
                     let e = self.entry(&ev.kv.key, ev.kv.mod_revision, &ev.kv.value);
@@ -244,6 +249,7 @@ impl View {
             }
         }
         self.revision = self.revision.max(batch.revision);
+        touched || held != self.held
     }
 }
 
@@ -389,12 +395,22 @@ async fn run(source: EtcdSource, tx: tokio_watch::Sender<SourceState>) {
             };
             match item {
                 Some(Ok(batch)) => {
-                    view.apply(&prefix, &markers, batch);
+                    let mut touched = view.apply(&prefix, &markers, batch);
                     // Whatever else already arrived goes into the same publish.
                     while let Some(Some(Ok(batch))) = watch.next().now_or_never() {
-                        view.apply(&prefix, &markers, batch);
+                        touched |= view.apply(&prefix, &markers, batch);
                     }
-                    publish(&tx, &name, &view, false);
+                    if touched {
+                        publish(&tx, &name, &view, false);
+                    } else if view.held.is_none() {
+                        // No config key changed: the config is the same at a later revision
+                        // (no need to assemble it again).
+                        tx.send_if_modified(|s| {
+                            let changed = s.revision != Some(view.revision);
+                            s.revision = Some(view.revision);
+                            changed
+                        });
+                    }
                 }
                 Some(Err(e)) => break e,
                 None => {

@@ -119,6 +119,16 @@ async fn syncs_at_one_revision_then_applies_changes_per_object() {
     assert_eq!(backends(&s), pairs(&[("a", 82), ("c", 90)]));
     assert_eq!(s.generation, before + 1, "one transaction, one new config");
     assert!(s.last_error.is_none());
+
+    // Bookkeeping writes (status write-back, guard state) move the revision only.
+    let config = s.config.clone().unwrap();
+    let rev = c.put("/ballast/_status/objects", "{}").await.unwrap();
+    let s = wait(&mut rx, "bookkeeping write", |s| s.revision == Some(rev)).await;
+    assert_eq!(s.generation, before + 1);
+    assert!(
+        std::sync::Arc::ptr_eq(s.config.as_ref().unwrap(), &config),
+        "the same config"
+    );
 }
 
 #[tokio::test]
