@@ -72,8 +72,9 @@ pub struct EditArgs {
     #[arg(long, default_value = "0.5", value_parser = crate::share)]
     pub guard_max_removal: f64,
     /// etcd's --max-txn-ops (operations per transaction). A larger change is written in
-    /// several transactions that replicas apply all at once, on the last one's commit.
-    #[arg(long, default_value = "128", value_parser = clap::value_parser!(u32).range(8..))]
+    /// several transactions that replicas apply all at once, on the last one's commit. At
+    /// least 16: etcd counts the guard's compares (one per kind, and two markers) too.
+    #[arg(long, default_value = "128", value_parser = clap::value_parser!(u32).range(16..))]
     pub max_txn_ops: u32,
 }
 
