@@ -312,6 +312,25 @@ async fn run(source: EtcdSource, tx: tokio_watch::Sender<SourceState>) {
                         .iter()
                         .find(|kv| kv.key == markers.apply)
                         .map(|kv| kv.create_revision);
+                    // A hold from before this listing: its apply committed (or a later one
+                    // did) if the config marker moved after the apply opened it.
+                    let committed_at = listing
+                        .kvs
+                        .iter()
+                        .find(|kv| kv.key == markers.config)
+                        .map(|kv| kv.mod_revision);
+                    view.held = match (opened, view.held) {
+                        (None, Some(h))
+                            if !went_back && committed_at.is_none_or(|r| r <= h.opened) =>
+                        {
+                            Some(HeldApply {
+                                opened: h.opened,
+                                abandoned: true,
+                            })
+                        }
+                        // Listed before an open apply (below): the watch sees it open.
+                        _ => None,
+                    };
                     let listing = match opened {
                         None => listing,
                         Some(opened) => {

@@ -359,3 +359,49 @@ async fn an_apply_of_several_transactions_is_published_only_on_its_commit() {
         pairs(&[("a", 81), ("b", 80), ("c", 80), ("d", 80)])
     );
 }
+
+/// A source holding an open apply loses etcd; meanwhile the apply commits and history is
+/// compacted, so the source must relist. The listing shows the commit (the config marker moved
+/// after the apply opened): the hold ends and the whole apply is published.
+#[tokio::test]
+async fn a_relist_after_the_held_apply_committed_publishes_it() {
+    let etcd = EtcdCluster::start_single().await.unwrap();
+    let c = Client::new(&etcd.client_urls(), ClientOptions::default()).unwrap();
+    c.put("/ballast/a", backend("a", 80)).await.unwrap();
+    let link = TcpProxy::start(vec![etcd.client_addr(0)]).await.unwrap();
+    let mut rx =
+        Box::new(EtcdSource::new(options(vec![format!("http://{}", link.addr())])).unwrap())
+            .start();
+    wait(&mut rx, "synced", |s| s.synced).await;
+    let lease = c.lease_grant(60).await.unwrap();
+    c.txn(Txn::new().and_then([
+        Op::put_with_lease("/ballast/_meta/apply", "{}", lease.id),
+        Op::put("/ballast/_meta/config", ""),
+        Op::put("/ballast/a", backend("a", 81)),
+    ]))
+    .await
+    .unwrap();
+    wait(&mut rx, "held", |s| s.held_apply.is_some()).await;
+
+    link.set_backends(Vec::new());
+    link.cut_all();
+    wait(&mut rx, "stale", |s| s.stale_since.is_some()).await;
+    c.put("/ballast/b", backend("b", 80)).await.unwrap();
+    let rev = c
+        .txn(Txn::new().and_then([
+            Op::delete(KeyRange::key("/ballast/_meta/apply")),
+            Op::put("/ballast/_meta/config", ""),
+        ]))
+        .await
+        .unwrap()
+        .revision;
+    c.compact(rev, true).await.unwrap();
+    assert_eq!(backends(&rx.borrow()), pairs(&[("a", 80)]));
+
+    link.set_backends(vec![etcd.client_addr(0)]);
+    let s = wait(&mut rx, "relisted, hold released", |s| {
+        s.revision == Some(rev) && s.held_apply.is_none() && s.stale_since.is_none()
+    })
+    .await;
+    assert_eq!(backends(&s), pairs(&[("a", 81), ("b", 80)]));
+}
