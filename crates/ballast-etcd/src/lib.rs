@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 mod client;
+pub mod election;
 mod error;
 mod lease;
 pub mod pb;
@@ -25,6 +26,7 @@ pub use client::{
     Client, ClientOptions, Compare, CompareOp, KeyRange, Lease, Listing, MemberStatus, Op,
     TlsOptions, Txn, TxnResult, prefix_end,
 };
+pub use election::{ElectionOptions, Leadership, campaign};
 pub use error::Error;
 pub use lease::LeaseKeepAlive;
 pub use pb::KeyValue;

@@ -70,6 +70,8 @@ pub struct Watch {
     responses: tonic::Streaming<pb::WatchResponse>,
     endpoint: String,
     watch_id: i64,
+    /// The store revision when etcd created the watch (its first response's header).
+    created_revision: i64,
     done: bool,
 }
 
@@ -86,6 +88,14 @@ impl Watch {
     /// The member this watch is on.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// The member's store revision when it created the watch. Lower than the revision a
+    /// watcher already applied means the store went back (restored from an older backup):
+    /// etcd accepts a watch from a future revision and would stay silent until the store
+    /// passes it, so the watcher must relist instead.
+    pub fn created_revision(&self) -> i64 {
+        self.created_revision
     }
 
     /// Turns a response into what the stream yields (`None`: nothing to yield, keep polling).
@@ -259,6 +269,7 @@ impl Client {
             responses,
             endpoint: endpoint.to_string(),
             watch_id: first.watch_id,
+            created_revision: first.header.as_ref().map_or(0, |h| h.revision),
             done: false,
         };
         if let Some(Err(e)) = w.interpret(first) {

@@ -295,3 +295,92 @@ async fn tls_with_client_certificate() {
     let c = Client::new(&urls, anon).unwrap();
     assert!(c.get("/tls").await.is_err());
 }
+
+/// Leader election: one of two candidates leads; when its lease is lost (revoked here, as
+/// when etcd expired it while the leader was cut off) it steps down and the other takes over
+/// with a new fencing token; a write fenced with the old token then fails.
+#[tokio::test]
+async fn election_moves_when_the_leader_loses_its_lease() {
+    use ballast_etcd::{ElectionOptions, Leadership, campaign};
+    use tokio_util::sync::CancellationToken;
+    let etcd = EtcdCluster::start_single().await.unwrap();
+    let c = client(&etcd.client_urls());
+    let key = "/e/leader";
+    let stop = CancellationToken::new();
+    let start = |id: &str| {
+        campaign(
+            client(&etcd.client_urls()),
+            ElectionOptions {
+                key: key.into(),
+                identity: id.into(),
+                ttl: Duration::from_secs(3),
+                retry: Duration::from_millis(100),
+            },
+            stop.clone(),
+        )
+        .0
+    };
+    let mut a = start("a");
+    tokio::time::timeout(T, a.wait_for(|l| l.leader))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut b = start("b");
+    let seen: Leadership = tokio::time::timeout(T, b.wait_for(|l| l.holder.is_some()))
+        .await
+        .unwrap()
+        .unwrap()
+        .clone();
+    assert!(!seen.leader);
+    assert_eq!(seen.holder.as_deref(), Some("a"));
+    let old_fence = a.borrow().fence;
+    let kv = c.get(key).await.unwrap().unwrap();
+    assert_eq!(
+        (kv.value.as_slice(), kv.create_revision),
+        (&b"a"[..], old_fence)
+    );
+
+    // a's lease is gone: a steps down, b leads.
+    c.lease_revoke(kv.lease).await.unwrap();
+    tokio::time::timeout(T, b.wait_for(|l| l.leader))
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(
+        T,
+        a.wait_for(|l| !l.leader && l.holder.as_deref() == Some("b")),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let new_fence = b.borrow().fence;
+    assert!(new_fence > old_fence);
+    assert_eq!(b.borrow().terms, 1);
+    // A write fenced with a's token fails; with b's it applies.
+    let fenced = |fence: i64| {
+        Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, fence)])
+            .and_then([Op::put("/e/work", "x")])
+    };
+    assert!(!c.txn(fenced(old_fence)).await.unwrap().succeeded);
+    assert!(c.txn(fenced(new_fence)).await.unwrap().succeeded);
+
+    // Stopping resigns: the key is deleted at once.
+    stop.cancel();
+    tokio::time::timeout(T, b.wait_for(|l| !l.leader))
+        .await
+        .unwrap()
+        .unwrap();
+    let gone = wait_gone(&c, key).await;
+    assert!(gone, "the leader resigned: key deleted");
+}
+
+async fn wait_gone(c: &Client, key: &str) -> bool {
+    for _ in 0..100 {
+        if c.get(key).await.unwrap().is_none() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}

@@ -15,6 +15,23 @@
 //! - **Reconciled by keep-set** (invariant 4): a relist (after `ErrCompacted`, when the
 //!   watch cannot resume) replaces the key map with exactly the listed keys in one step; it
 //!   never clears first, so a deleted key disappears and every other object stays.
+//! - **A store that went back** (restored from an older backup, or a new store on the same
+//!   endpoints): etcd accepts a watch from a revision it has not reached and stays silent until
+//!   it does, so every write up to the old revision would be missed. A watch created below the
+//!   revision already applied makes the source relist (linearizable); a listing below it is a
+//!   confirmed regression: logged, counted in [`SourceState::revision_regressions`], and the
+//!   listing replaces the key map by keep-set with every key parsed afresh (a key's
+//!   `mod_revision` no longer identifies its value). The result is published like any change,
+//!   so the snapshot guard judges it.
+//! - **Applies of several transactions, all or nothing**: etcd bounds the operations of one
+//!   transaction (`--max-txn-ops`), so `ballast apply` writes a larger change in several,
+//!   opened by creating `<prefix>_meta/apply` and committed by deleting it while touching
+//!   `<prefix>_meta/config` ([`crate::etcd_keys::apply_marker_key`]). From the open to the commit
+//!   the source keeps applying events to its view but publishes nothing (the config of before
+//!   the apply stays served, [`SourceState::held_apply`] says why); the commit publishes the
+//!   whole apply at once. A listing that finds the marker lists again at the revision before
+//!   it was created and watches from there. An apply that dies leaves its marker to expire with
+//!   its lease: the source keeps holding (`abandoned`) until the next apply or delete commits.
 //! - **Stale, not empty**: while no member answers, the last good config stays served and
 //!   [`SourceState::stale_since`] says since when; the source retries with backoff across the
 //!   endpoints and, on reconnecting, resumes the watch from the last revision it applied.
@@ -31,7 +48,7 @@ use ballast_model::{ConfigSet, FileParse, parse_file_report};
 use futures::{FutureExt, StreamExt};
 use tokio::sync::watch as tokio_watch;
 
-use crate::state::{Source, SourceState};
+use crate::state::{HeldApply, RevisionRegression, Source, SourceState};
 
 /// The default key prefix (`--etcd-prefix`).
 pub const DEFAULT_PREFIX: &str = "/ballast/";
@@ -117,6 +134,23 @@ struct Entry {
 struct View {
     keys: BTreeMap<Vec<u8>, Entry>,
     revision: i64,
+    /// An apply of several transactions is open (or was abandoned): nothing is published.
+    held: Option<HeldApply>,
+}
+
+/// The bookkeeping keys an apply of several transactions uses (see the module docs).
+struct Markers {
+    apply: Vec<u8>,
+    config: Vec<u8>,
+}
+
+impl Markers {
+    fn new(prefix: &str) -> Self {
+        Markers {
+            apply: crate::etcd_keys::apply_marker_key(prefix).into_bytes(),
+            config: crate::etcd_keys::config_marker_key(prefix).into_bytes(),
+        }
+    }
 }
 
 impl View {
@@ -143,9 +177,13 @@ impl View {
     }
 
     /// Replaces the view with a listing: exactly the listed keys (keep-set), reusing parses of
-    /// unchanged keys.
-    fn relist(&mut self, prefix: &[u8], listing: ballast_etcd::Listing) {
+    /// unchanged keys unless `afresh` (the store went back: the same `mod_revision` may hold
+    /// another value).
+    fn relist(&mut self, prefix: &[u8], listing: ballast_etcd::Listing, afresh: bool) {
         let mut keys = BTreeMap::new();
+        if afresh {
+            self.keys.clear();
+        }
         for kv in listing.kvs {
             if Self::is_config(prefix, &kv.key) {
                 let e = self.entry(&kv.key, kv.mod_revision, &kv.value);
@@ -156,11 +194,50 @@ impl View {
         self.revision = listing.revision;
     }
 
-    fn apply(&mut self, prefix: &[u8], batch: ballast_etcd::WatchBatch) {
+    /// Applies a watch batch; returns whether it touched config keys or the apply hold (else
+    /// only the revision moved: bookkeeping such as status, guard state or registrations).
+    fn apply(&mut self, prefix: &[u8], markers: &Markers, batch: ballast_etcd::WatchBatch) -> bool {
+        let held = self.held;
+        let mut touched = false;
+        // Revisions that touched the config marker: an apply marker deleted in one of them
+        // was committed; deleted in another, abandoned.
+        let commits: Vec<i64> = batch
+            .events
+            .iter()
+            .filter(|e| e.kind == EventKind::Put && e.kv.key == markers.config)
+            .map(|e| e.kv.mod_revision)
+            .collect();
         for ev in batch.events {
+            if ev.kv.key == markers.apply {
+                match ev.kind {
+                    EventKind::Put => {
+                        self.held = Some(HeldApply {
+                            opened: ev.kv.create_revision,
+                            abandoned: false,
+                        });
+                    }
+                    EventKind::Delete if commits.contains(&ev.kv.mod_revision) => {
+                        self.held = None;
+                    }
+                    EventKind::Delete => {
+                        if let Some(h) = &mut self.held {
+                            h.abandoned = true;
+                        }
+                    }
+                }
+                continue;
+            }
+            if ev.kv.key == markers.config {
+                // Any later apply or delete commits over an abandoned one.
+                if ev.kind == EventKind::Put && self.held.is_some_and(|h| h.abandoned) {
+                    self.held = None;
+                }
+                continue;
+            }
             if !Self::is_config(prefix, &ev.kv.key) {
                 continue;
             }
+            touched = true;
             match ev.kind {
                 EventKind::Put => {
                     let e = self.entry(&ev.kv.key, ev.kv.mod_revision, &ev.kv.value);
@@ -172,6 +249,7 @@ impl View {
             }
         }
         self.revision = self.revision.max(batch.revision);
+        touched || held != self.held
     }
 }
 
@@ -209,6 +287,7 @@ async fn run(source: EtcdSource, tx: tokio_watch::Sender<SourceState>) {
         name,
     } = source;
     let prefix = options.prefix.as_bytes().to_vec();
+    let markers = Markers::new(&options.prefix);
     let range = KeyRange::prefix(prefix.clone());
     let mut view = View::default();
     let mut listed = false;
@@ -221,7 +300,60 @@ async fn run(source: EtcdSource, tx: tokio_watch::Sender<SourceState>) {
             };
             match listing {
                 Ok(listing) => {
-                    view.relist(&prefix, listing);
+                    // Linearizable: a revision below one already applied is the store's.
+                    let went_back = view.revision > 0 && listing.revision < view.revision;
+                    if went_back {
+                        regressed(&tx, &name, view.revision, listing.revision);
+                    }
+                    // An apply in progress: take the store as it was before it (the watch
+                    // from there sees it open, and its commit).
+                    let opened = listing
+                        .kvs
+                        .iter()
+                        .find(|kv| kv.key == markers.apply)
+                        .map(|kv| kv.create_revision);
+                    // A hold from before this listing: its apply committed (or a later one
+                    // did) if the config marker moved after the apply opened it.
+                    let committed_at = listing
+                        .kvs
+                        .iter()
+                        .find(|kv| kv.key == markers.config)
+                        .map(|kv| kv.mod_revision);
+                    view.held = match (opened, view.held) {
+                        (None, Some(h))
+                            if !went_back && committed_at.is_none_or(|r| r <= h.opened) =>
+                        {
+                            Some(HeldApply {
+                                opened: h.opened,
+                                abandoned: true,
+                            })
+                        }
+                        // Listed before an open apply (below): the watch sees it open.
+                        _ => None,
+                    };
+                    let listing = match opened {
+                        None => listing,
+                        Some(opened) => {
+                            let before = tokio::select! {
+                                _ = tx.closed() => return,
+                                r = client.list(&range, opened - 1, options.page) => r,
+                            };
+                            match before {
+                                Ok(before) => before,
+                                Err(e) => {
+                                    // Compacted: hold what is there until the commit.
+                                    tracing::warn!(source = %name, opened, error = %e,
+                                        "cannot list the store before an open apply; holding until it commits");
+                                    view.held = Some(HeldApply {
+                                        opened,
+                                        abandoned: false,
+                                    });
+                                    listing
+                                }
+                            }
+                        }
+                    };
+                    view.relist(&prefix, listing, went_back);
                     listed = true;
                     publish(&tx, &name, &view, true);
                 }
@@ -259,6 +391,18 @@ async fn run(source: EtcdSource, tx: tokio_watch::Sender<SourceState>) {
                 continue;
             }
         };
+        if watch.created_revision() < view.revision {
+            // The member is behind what was applied: restored from an older backup (confirmed
+            // by the linearizable relist), or a lagging member (the relist says so).
+            tracing::info!(source = %name, endpoint = watch.endpoint(), applied = view.revision,
+                store = watch.created_revision(), "etcd store below the applied revision; relisting");
+            drop(watch);
+            listed = false;
+            if !pause(&tx, backoff.next()).await {
+                return;
+            }
+            continue;
+        }
         backoff.reset();
         // Connected and caught up to the watch start: no longer stale.
         publish(&tx, &name, &view, false);
@@ -270,12 +414,22 @@ async fn run(source: EtcdSource, tx: tokio_watch::Sender<SourceState>) {
             };
             match item {
                 Some(Ok(batch)) => {
-                    view.apply(&prefix, batch);
+                    let mut touched = view.apply(&prefix, &markers, batch);
                     // Whatever else already arrived goes into the same publish.
                     while let Some(Some(Ok(batch))) = watch.next().now_or_never() {
-                        view.apply(&prefix, batch);
+                        touched |= view.apply(&prefix, &markers, batch);
                     }
-                    publish(&tx, &name, &view, false);
+                    if touched {
+                        publish(&tx, &name, &view, false);
+                    } else if view.held.is_none() {
+                        // No config key changed: the config is the same at a later revision
+                        // (no need to assemble it again).
+                        tx.send_if_modified(|s| {
+                            let changed = s.revision != Some(view.revision);
+                            s.revision = Some(view.revision);
+                            changed
+                        });
+                    }
                 }
                 Some(Err(e)) => break e,
                 None => {
@@ -300,6 +454,18 @@ async fn run(source: EtcdSource, tx: tokio_watch::Sender<SourceState>) {
             }
         }
     }
+}
+
+/// Records that the store went back from revision `from` to `to` (the relist that follows
+/// publishes what it holds now).
+fn regressed(tx: &tokio_watch::Sender<SourceState>, name: &str, from: i64, to: i64) {
+    tracing::warn!(source = %name, applied = from, store = to,
+        "etcd store revision went back (restored from an older backup?); reconciling to what it holds");
+    let at = SystemTime::now();
+    tx.send_modify(|s| {
+        s.revision_regressions += 1;
+        s.last_regression = Some(RevisionRegression { from, to, at });
+    });
 }
 
 /// Sleeps, unless every receiver is gone (then returns false).
@@ -341,6 +507,24 @@ fn disconnected(tx: &tokio_watch::Sender<SourceState>, name: &str, e: &EtcdError
 /// with the revision, and no longer stale.
 fn publish(tx: &tokio_watch::Sender<SourceState>, name: &str, view: &View, listing: bool) {
     let now = SystemTime::now();
+    if view.held.is_some() {
+        // Connected, but an apply is open: the config of before it stays.
+        let mut first = false;
+        tx.send_if_modified(|s| {
+            first = s.held_apply.is_none();
+            let changed =
+                s.held_apply != view.held || s.stale_since.is_some() || s.store_error.is_some();
+            s.held_apply = view.held;
+            s.stale_since = None;
+            s.store_error = None;
+            changed
+        });
+        if first {
+            tracing::info!(source = %name, revision = view.revision, held = ?view.held,
+                "an apply of several etcd transactions is open; holding its changes until it commits");
+        }
+        return;
+    }
     let prev = tx.borrow().config.clone();
     let files = view.keys.len();
     let (set, report) = ConfigSet::assemble(
@@ -372,6 +556,7 @@ fn publish(tx: &tokio_watch::Sender<SourceState>, name: &str, view: &View, listi
             changed = true;
         }
         changed |= s.store_error.take().is_some();
+        changed |= s.held_apply.take().is_some();
         changed
     });
     if let Some(since) = recovered {

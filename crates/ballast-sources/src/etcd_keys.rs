@@ -98,6 +98,15 @@ pub fn config_marker_key(prefix: &str) -> String {
     format!("{prefix}_meta/config")
 }
 
+/// `<prefix>_meta/apply`: exists while a `ballast apply` too large for one etcd transaction
+/// is being written in several. Readers hold what they see from its creation until the
+/// transaction that deletes it and touches [`config_marker_key`] (the commit), so an apply
+/// is all-or-nothing for them; deleted alone (the apply died or gave up: its lease expired or
+/// was revoked), readers keep holding until the next commit of any apply or delete.
+pub fn apply_marker_key(prefix: &str) -> String {
+    format!("{prefix}_meta/apply")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

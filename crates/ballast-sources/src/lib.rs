@@ -37,4 +37,4 @@ pub use file::{
     FileSource, FileSourceOptions, Loaded, load_paths, load_paths_report, read_config_files,
 };
 pub use merge::MergedSource;
-pub use state::{Source, SourceState, StaticSource, merge_states};
+pub use state::{HeldApply, RevisionRegression, Source, SourceState, StaticSource, merge_states};

@@ -69,12 +69,34 @@ fn apply(merged: &mut SourceState, parts: &[SourceState], now: SystemTime) -> bo
     let stale_since = parts.iter().filter_map(|p| p.stale_since).min();
     let revision = parts.iter().filter_map(|p| p.revision).max();
     let store_error = parts.iter().find_map(|p| p.store_error.clone());
-    if (merged.stale_since, merged.revision, &merged.store_error)
-        != (stale_since, revision, &store_error)
-    {
+    let regressions = parts.iter().map(|p| p.revision_regressions).sum();
+    let last_regression = parts
+        .iter()
+        .filter_map(|p| p.last_regression)
+        .max_by_key(|r| r.at);
+    if (
+        merged.stale_since,
+        merged.revision,
+        &merged.store_error,
+        merged.revision_regressions,
+        merged.last_regression,
+    ) != (
+        stale_since,
+        revision,
+        &store_error,
+        regressions,
+        last_regression,
+    ) {
         merged.stale_since = stale_since;
         merged.revision = revision;
         merged.store_error = store_error;
+        merged.revision_regressions = regressions;
+        merged.last_regression = last_regression;
+        changed = true;
+    }
+    let held_apply = parts.iter().find_map(|p| p.held_apply);
+    if merged.held_apply != held_apply {
+        merged.held_apply = held_apply;
         changed = true;
     }
     if !parts.iter().all(|p| p.synced) {

@@ -42,6 +42,31 @@ pub struct SourceState {
     /// Why the store is unreachable (the latest connection error), while stale or before the
     /// first sync.
     pub store_error: Option<String>,
+    /// For a store-backed source: how often the store was found at a lower revision than the
+    /// one the config reflected (etcd restored from an older backup). Each was relisted and
+    /// reconciled by keep-set.
+    pub revision_regressions: u64,
+    /// The latest such regression.
+    pub last_regression: Option<RevisionRegression>,
+    /// For etcd: an apply written in several transactions is open (or was abandoned); its
+    /// changes are held, the config of before it is served, until it commits.
+    pub held_apply: Option<HeldApply>,
+}
+
+/// An apply of several transactions, opened at store revision `opened`; `abandoned` once its
+/// marker expired without a commit (held until the next apply or delete commits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldApply {
+    pub opened: i64,
+    pub abandoned: bool,
+}
+
+/// The store went back: the config reflected revision `from`, the store is now at `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RevisionRegression {
+    pub from: i64,
+    pub to: i64,
+    pub at: SystemTime,
 }
 
 impl SourceState {
@@ -60,6 +85,9 @@ impl SourceState {
             revision: None,
             stale_since: None,
             store_error: None,
+            revision_regressions: 0,
+            last_regression: None,
+            held_apply: None,
         }
     }
 

@@ -274,6 +274,30 @@ impl EtcdCluster {
         self.wait_healthy(i, Duration::from_secs(60)).await
     }
 
+    /// Copies stopped member `i`'s data dir to `<dir>/<name>` (a cold backup, like a disk
+    /// snapshot of the host): [`Self::restore_data`] later puts the store back to the revision
+    /// it had now.
+    pub fn backup_data(&self, i: usize, name: &str) -> Result<PathBuf> {
+        if self.members[i].child.is_some() {
+            bail!("etcd member {i} must be stopped to back up its data dir");
+        }
+        let to = self.dir.path().join(name);
+        copy_dir(&self.members[i].data_dir, &to)?;
+        Ok(to)
+    }
+
+    /// Replaces stopped member `i`'s data dir with a copy of `backup` (from
+    /// [`Self::backup_data`]): restarted, the member serves the older store, at its lower
+    /// revision, on the same endpoint.
+    pub fn restore_data(&self, i: usize, backup: &Path) -> Result<()> {
+        if self.members[i].child.is_some() {
+            bail!("etcd member {i} must be stopped to restore its data dir");
+        }
+        let data = &self.members[i].data_dir;
+        std::fs::remove_dir_all(data).with_context(|| format!("remove {}", data.display()))?;
+        copy_dir(backup, data)
+    }
+
     /// Waits until member `i` answers `/health` with `"health":"true"` (it has a leader).
     pub async fn wait_healthy(&self, i: usize, timeout: Duration) -> Result<()> {
         let addr = SocketAddr::from(([127, 0, 0, 1], self.members[i].metrics_port));
@@ -391,6 +415,22 @@ impl Drop for EtcdCluster {
             self.kill(i);
         }
     }
+}
+
+/// Copies the directory tree `from` to `to` (created), keeping file modes.
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("create {}", to.display()))?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("read {}", from.display()))? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)
+                .with_context(|| format!("copy {}", entry.path().display()))?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

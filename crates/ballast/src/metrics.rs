@@ -80,11 +80,20 @@ pub struct Metrics {
     pub source_stale: Family<SourceLabel, Gauge>,
     /// The store revision a store-backed source's config reflects.
     pub source_revision: Family<SourceLabel, Gauge>,
+    /// Times a store-backed source found its store at a lower revision than it had applied
+    /// (etcd restored from an older backup); each was relisted by keep-set.
+    pub source_revision_regressions: Family<SourceLabel, Counter>,
     /// Objects of kinds Ballast does not implement in a source's latest load.
     pub source_skipped: Family<SourceKindLabel, Gauge>,
     /// Every (source, kind) ever set above, so a kind no longer skipped reads 0.
     skipped_seen: Mutex<std::collections::HashSet<SourceKindLabel>>,
     pub ready: Gauge,
+    /// 1 while this replica leads the singleton work (status write-back, `--etcd`).
+    pub leader: Gauge,
+    /// Times this replica became leader.
+    pub leader_terms: Counter,
+    /// Status documents this replica wrote to etcd (only ever as leader).
+    pub status_writes: Counter,
     /// Last publish instant per gateway, for the convergence histogram.
     published_at: Mutex<HashMap<Arc<str>, Instant>>,
 }
@@ -118,9 +127,13 @@ impl Metrics {
             source_generation: Family::default(),
             source_stale: Family::default(),
             source_revision: Family::default(),
+            source_revision_regressions: Family::default(),
             source_skipped: Family::default(),
             skipped_seen: Mutex::default(),
             ready: Gauge::default(),
+            leader: Gauge::default(),
+            leader_terms: Counter::default(),
+            status_writes: Counter::default(),
             published_at: Mutex::new(HashMap::new()),
             registry: Registry::default(),
         };
@@ -231,6 +244,26 @@ impl Metrics {
             "source_revision",
             "Store revision (etcd) of a source's current config",
             m.source_revision.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica leads the singleton work (status write-back to etcd)",
+            m.leader.clone(),
+        );
+        registry.register(
+            "leader_terms",
+            "Times this replica became the leader",
+            m.leader_terms.clone(),
+        );
+        registry.register(
+            "status_writes",
+            "Object status documents this replica wrote to etcd as leader",
+            m.status_writes.clone(),
+        );
+        registry.register(
+            "source_revision_regressions",
+            "Times a store-backed source (etcd) found its store at a lower revision than it had applied (restored from an older backup); each was relisted and reconciled",
+            m.source_revision_regressions.clone(),
         );
         registry.register(
             "source_skipped_objects",

@@ -9,6 +9,7 @@ use ballast_testkit::EtcdCluster;
 struct Out {
     code: i32,
     stdout: String,
+    stderr: String,
 }
 
 fn ballast(etcd: &EtcdCluster, args: &[&str]) -> Out {
@@ -19,11 +20,12 @@ fn ballast(etcd: &EtcdCluster, args: &[&str]) -> Out {
         .output()
         .expect("run ballast");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     eprintln!("$ ballast {}\n{stdout}{stderr}", args.join(" "));
     Out {
         code: out.status.code().unwrap_or(-1),
         stdout,
+        stderr,
     }
 }
 
@@ -233,4 +235,77 @@ async fn an_invalid_object_is_refused_with_file_line_col() {
     assert_eq!(revision(&out), r1);
     // diff refuses it the same way.
     assert_eq!(ballast(&etcd, &["diff", "-f", &bad]).code, 2);
+}
+
+/// Issue #12: `ballast apply` of 400 objects against etcd's default `--max-txn-ops` (128). It
+/// used to fail ("too many operations in txn request"); now it is written in several
+/// transactions and stays all or nothing for readers: a replica's etcd source publishes the
+/// whole apply as one new config (one generation), never a part of it.
+#[tokio::test]
+async fn an_apply_over_the_txn_limit_reaches_readers_at_once() {
+    use ballast_sources::{EtcdSource, EtcdSourceOptions, Source};
+    let etcd = EtcdCluster::start_single().await.unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let base = write(d.path(), "base.yaml", &[gateway()]);
+    assert_eq!(ballast(&etcd, &["apply", "-f", &base]).code, 0);
+    let mut rx =
+        Box::new(EtcdSource::new(EtcdSourceOptions::new(etcd.client_urls(), "/ballast/")).unwrap())
+            .start();
+    let t = std::time::Duration::from_secs(60);
+    let s = tokio::time::timeout(t, rx.wait_for(|s| s.synced))
+        .await
+        .unwrap()
+        .unwrap()
+        .clone();
+    let generation = s.generation;
+
+    let mut docs = Vec::new();
+    for i in 0..200 {
+        docs.push(backend(&format!("b{i}"), 9000 + i as u16));
+        docs.push(route(&format!("r{i}"), &format!("b{i}")));
+    }
+    let big = write(d.path(), "big.yaml", &docs);
+    let out = ballast(&etcd, &["apply", "-f", &big]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("applied: 400 written, 0 deleted"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("written in 5 transactions"),
+        "{}",
+        out.stdout
+    );
+    let applied = revision(&out);
+    let s = tokio::time::timeout(t, rx.wait_for(|s| s.revision == Some(applied)))
+        .await
+        .unwrap()
+        .unwrap()
+        .clone();
+    assert_eq!(s.config.as_ref().unwrap().len(), 401);
+    assert_eq!(
+        s.generation,
+        generation + 1,
+        "the whole apply is one new config"
+    );
+    assert!(s.held_apply.is_none());
+
+    // Told etcd allows more than it does: etcd's refusal names the flag.
+    let docs: Vec<String> = (0..200)
+        .map(|i| backend(&format!("b{i}"), 10000 + i as u16))
+        .collect();
+    let more = write(d.path(), "more.yaml", &docs);
+    let out = ballast(&etcd, &["apply", "-f", &more, "--max-txn-ops", "1000"]);
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr.contains("too many operations") && out.stderr.contains("--max-txn-ops"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        rx.borrow().generation,
+        generation + 1,
+        "a refused apply changes nothing"
+    );
 }

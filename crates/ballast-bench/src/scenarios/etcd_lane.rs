@@ -34,6 +34,9 @@ pub struct EtcdLaneArgs {
     pub churn_s: u64,
     #[arg(long, default_value_t = 60)]
     pub timeout_s: u64,
+    /// Incremental ADS (`DELTA_GRPC`) instead of State-of-the-World.
+    #[arg(long)]
+    pub delta: bool,
 }
 
 const PREFIX: &str = "/ballast/";
@@ -151,7 +154,11 @@ pub async fn run(out: &Path, args: &EtcdLaneArgs) -> Result<Report> {
     for i in 0..args.envoys {
         let a = proc::free_addr()?;
         let b = dir.join(format!("envoy-{i}.yaml"));
-        std::fs::write(&b, bootstrap(i, a.port(), xds, false, 1000))?;
+        let mut boot = bootstrap(i, a.port(), xds, false, 1000);
+        if args.delta {
+            boot = boot.replace("api_type: GRPC,", "api_type: DELTA_GRPC,");
+        }
+        std::fs::write(&b, boot)?;
         let mut cmd = tokio::process::Command::new(&envoy);
         cmd.arg("-c").arg(&b).args([
             "--concurrency",
@@ -211,7 +218,19 @@ pub async fn run(out: &Path, args: &EtcdLaneArgs) -> Result<Report> {
     put_backend(&client, 0, 9999).await?;
     let after_ms = all_changed(&envoys, &base, t, timeout).await;
     let mut sorted = quiet_ms.clone();
+    // Envoy waited for endpoints it was never sent (a rebuilt cluster warming to its 15 s
+    // initial fetch timeout): the stall this lane found.
+    let fetch_timeouts: usize = (0..args.envoys)
+        .map(|i| {
+            std::fs::read_to_string(dir.join(format!("envoy-{i}.log")))
+                .unwrap_or_default()
+                .matches("initial fetch timed out")
+                .count()
+        })
+        .sum();
     report.rows.push(row!(
+        "delta" => args.delta,
+        "envoy_initial_fetch_timeouts" => fetch_timeouts,
         "envoys" => args.envoys,
         "backends" => args.backends,
         "write_to_all_envoys_ms_median" => measure::median(&mut sorted),
@@ -223,7 +242,7 @@ pub async fn run(out: &Path, args: &EtcdLaneArgs) -> Result<Report> {
         "server_peak_rss_mb" => server.memory().peak as f64 / MB,
     ));
     eprintln!(
-        "etcd-lane: write → all Envoys {quiet_ms:?} ms; churn {writes} writes, {churn_cpu:.2} CPU-s; after churn {after_ms:?} ms"
+        "etcd-lane: write → all Envoys {quiet_ms:?} ms; churn {writes} writes, {churn_cpu:.2} CPU-s; after churn {after_ms:?} ms; Envoy initial fetch timeouts {fetch_timeouts}"
     );
     for (p, _) in envoys {
         p.stop().await;

@@ -735,10 +735,32 @@ impl DeltaMachine {
             });
             if !refetch.is_empty()
                 && let Some(eds) = self.types[ResourceType::ClusterLoadAssignment.index()].as_mut()
-                && let Some(kept) = without_names(&eds.acked, &refetch)
             {
-                eds.acked = Arc::new(kept);
+                if let Some(kept) = without_names(&eds.acked, &refetch) {
+                    eds.acked = Arc::new(kept);
+                }
                 eds.clean = None;
+                // An EDS response still in flight went out before this one: the client
+                // applies it to the old cluster. Its ACK must not count the rebuilt clusters'
+                // endpoints as held, nor mark EDS clean against the whole map (the next plan
+                // would then consider only changed names and skip the refetch): else the
+                // follow-up is empty and Envoy waits its 15 s initial fetch timeout, holding
+                // every later CDS update meanwhile. Refetched upserts become uncertain: an
+                // ACK leaves them possibly held (`asked`: re-sent, references protected), a
+                // NACK maybe held.
+                if let Some(f) = eds.in_flight.as_mut() {
+                    f.clean_after = None;
+                    if f.upserts
+                        .iter()
+                        .any(|r| refetch.binary_search(r.name_arc()).is_ok())
+                    {
+                        let (again, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut f.upserts)
+                            .into_iter()
+                            .partition(|r| refetch.binary_search(r.name_arc()).is_ok());
+                        f.upserts = kept;
+                        f.uncertain.extend(again);
+                    }
+                }
             }
             return Some(DeltaResponse {
                 ty,
@@ -1221,5 +1243,150 @@ mod tests {
         assert_eq!(r.ty, cds);
         assert!(r.resources.is_empty() && r.removed.is_empty());
         assert!(per_type.next_response().is_none());
+    }
+
+    /// Delta twin of the SotW etcd-lane stall (`sotw::tests::an_eds_ack_older_
+    /// than_a_cluster_change_does_not_cover_the_refetch`): an EDS response is
+    /// in flight when a CDS response modifies one of its clusters. Envoy
+    /// applies the EDS response to the old cluster, rebuilds the cluster and
+    /// waits for its endpoints again without subscribing anew; the late ACK
+    /// of the earlier EDS response must not count as the client holding them,
+    /// or the follow-up is empty and the warming cluster waits 15 s.
+    #[test]
+    fn an_eds_ack_older_than_a_cluster_change_does_not_cover_the_refetch() {
+        use crate::protocol::tests::cluster_snapshot;
+        let (cds, eds) = (ResourceType::Cluster, ResourceType::ClusterLoadAssignment);
+        let s1 = cluster_snapshot(1, 80, None);
+        let mut m = DeltaMachine::new(None);
+        m.set_snapshot(Some(s1.clone()));
+        for (ty, subscribe) in [
+            (cds, vec![]),
+            (eds, vec!["c0000".to_string(), "c0001".to_string()]),
+        ] {
+            m.handle_request(&DeltaDiscoveryRequest {
+                type_url: ty.type_url().into(),
+                resource_names_subscribe: subscribe,
+                ..Default::default()
+            });
+        }
+        while let Some(r) = m.next_response() {
+            ack(&mut m, &r);
+        }
+        // An endpoint change: EDS response in flight, not yet ACKed.
+        let s2 = cluster_snapshot(1, 81, Some(&s1));
+        m.set_snapshot(Some(s2.clone()));
+        let r_eds = m.next_response().expect("the endpoint change");
+        assert_eq!(r_eds.ty, eds);
+        assert!(m.next_response().is_none());
+        // Then the cluster itself changes: CDS goes out while that EDS is in flight.
+        let s3 = cluster_snapshot(2, 81, Some(&s2));
+        m.set_snapshot(Some(s3.clone()));
+        let r_cds = m.next_response().expect("the cluster change");
+        assert_eq!(r_cds.ty, cds);
+        assert_eq!(
+            r_cds.resources.iter().map(|r| r.name()).collect::<Vec<_>>(),
+            ["c0001"]
+        );
+        // The ACKs arrive: first the EDS response's (sent before the CDS), then the CDS's.
+        ack(&mut m, &r_eds);
+        ack(&mut m, &r_cds);
+        let mut resent = Vec::new();
+        while let Some(r) = m.next_response() {
+            if r.ty == eds {
+                resent.extend(r.resources.iter().map(|r| r.name().to_string()));
+            }
+            ack(&mut m, &r);
+        }
+        assert_eq!(
+            resent,
+            ["c0001"],
+            "the rebuilt cluster's endpoints follow the CDS response"
+        );
+        // Settled: held at the current version, nothing more to send.
+        let st = m.types[eds.index()].as_ref().unwrap();
+        assert!(
+            st.acked
+                .get("c0001")
+                .is_some_and(|r| r.version() == s3.resources(eds).get("c0001").unwrap().version())
+        );
+        assert!(st.asked.is_empty() && st.maybe.is_empty());
+        assert!(m.next_response().is_none());
+    }
+
+    /// The same stall when the EDS response in flight carries *other* endpoints (c0000's)
+    /// than the rebuilt cluster's (c0001): found with `ballast-bench etcd-lane --delta`
+    /// (5.1 s after churn, 10 "initial fetch timed out"). Its ACK marked EDS clean against the
+    /// whole map, so the next plan looked only at changed names (none) and c0001's endpoints,
+    /// dropped from what the client holds by the refetch, were never sent.
+    #[test]
+    fn an_eds_ack_of_other_endpoints_does_not_mark_the_refetch_clean() {
+        let (cds, eds) = (ResourceType::Cluster, ResourceType::ClusterLoadAssignment);
+        let snap = |c0_port: u16, c1_timeout: u64, prev: Option<&Arc<Snapshot>>| {
+            let mut b = Snapshot::builder();
+            if let Some(p) = prev {
+                b = b.reuse_from(p.clone());
+            }
+            for (name, t, port) in [("c0000", 1, c0_port), ("c0001", c1_timeout, 80)] {
+                b.message(&crate::simple::eds_cluster(
+                    name,
+                    std::time::Duration::from_secs(t),
+                ))
+                .unwrap();
+                b.message(&crate::simple::load_assignment(
+                    name,
+                    &[("127.0.0.1", port)],
+                ))
+                .unwrap();
+            }
+            let s = Arc::new(b.build().unwrap());
+            if let Some(p) = prev {
+                s.record_changes_from(p);
+            }
+            s
+        };
+        let s1 = snap(80, 1, None);
+        let mut m = DeltaMachine::new(None);
+        m.set_snapshot(Some(s1.clone()));
+        for (ty, subscribe) in [
+            (cds, vec![]),
+            (eds, vec!["c0000".to_string(), "c0001".to_string()]),
+        ] {
+            m.handle_request(&DeltaDiscoveryRequest {
+                type_url: ty.type_url().into(),
+                resource_names_subscribe: subscribe,
+                ..Default::default()
+            });
+        }
+        while let Some(r) = m.next_response() {
+            ack(&mut m, &r);
+        }
+        // c0000's endpoints change: EDS in flight.
+        let s2 = snap(81, 1, Some(&s1));
+        m.set_snapshot(Some(s2.clone()));
+        let r_eds = m.next_response().expect("c0000's endpoints");
+        assert_eq!(r_eds.ty, eds);
+        assert_eq!(
+            r_eds.resources.iter().map(|r| r.name()).collect::<Vec<_>>(),
+            ["c0000"]
+        );
+        // c0001 is modified: CDS goes out while that EDS is in flight.
+        let s3 = snap(81, 2, Some(&s2));
+        m.set_snapshot(Some(s3.clone()));
+        let r_cds = m.next_response().expect("the cluster change");
+        assert_eq!(r_cds.ty, cds);
+        ack(&mut m, &r_eds);
+        ack(&mut m, &r_cds);
+        let mut resent = Vec::new();
+        while let Some(r) = m.next_response() {
+            if r.ty == eds {
+                resent.extend(r.resources.iter().map(|r| r.name().to_string()));
+            }
+            ack(&mut m, &r);
+        }
+        assert_eq!(
+            resent,
+            ["c0001"],
+            "the rebuilt cluster's endpoints follow the CDS response"
+        );
     }
 }

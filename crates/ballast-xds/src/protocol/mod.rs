@@ -428,6 +428,35 @@ pub(crate) mod tests {
         s
     }
 
+    /// Two clusters; `timeout_s` is c0001's connect timeout (a CDS change), `port` its endpoint.
+    pub(crate) fn cluster_snapshot(
+        timeout_s: u64,
+        port: u16,
+        prev: Option<&Arc<Snapshot>>,
+    ) -> Arc<Snapshot> {
+        let mut b = Snapshot::builder();
+        if let Some(p) = prev {
+            b = b.reuse_from(p.clone());
+        }
+        for (name, t, port) in [("c0000", 1, 80), ("c0001", timeout_s, port)] {
+            b.message(&crate::simple::eds_cluster(
+                name,
+                std::time::Duration::from_secs(t),
+            ))
+            .unwrap();
+            b.message(&crate::simple::load_assignment(
+                name,
+                &[("127.0.0.1", port)],
+            ))
+            .unwrap();
+        }
+        let s = Arc::new(b.build().unwrap());
+        if let Some(p) = prev {
+            s.record_changes_from(p);
+        }
+        s
+    }
+
     fn map(names: &std::collections::BTreeSet<String>) -> ResourceMap {
         names
             .iter()

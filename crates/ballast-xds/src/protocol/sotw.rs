@@ -1155,31 +1155,6 @@ mod tests {
         assert_eq!(st.sub.len(), 1);
     }
 
-    /// Two clusters; `timeout_s` is c0001's connect timeout (a CDS change), `port` its endpoint.
-    fn cluster_snapshot(timeout_s: u64, port: u16, prev: Option<&Arc<Snapshot>>) -> Arc<Snapshot> {
-        let mut b = Snapshot::builder();
-        if let Some(p) = prev {
-            b = b.reuse_from(p.clone());
-        }
-        for (name, t, port) in [("c0000", 1, 80), ("c0001", timeout_s, port)] {
-            b.message(&crate::simple::eds_cluster(
-                name,
-                std::time::Duration::from_secs(t),
-            ))
-            .unwrap();
-            b.message(&crate::simple::load_assignment(
-                name,
-                &[("127.0.0.1", port)],
-            ))
-            .unwrap();
-        }
-        let s = Arc::new(b.build().unwrap());
-        if let Some(p) = prev {
-            s.record_changes_from(p);
-        }
-        s
-    }
-
     /// etcd-lane churn (6–7 s stalls, Envoy: "initial fetch timed out for
     /// ClusterLoadAssignment"): an EDS response is in flight when a CDS
     /// response modifies one of its clusters. Envoy applies the EDS response to
@@ -1191,7 +1166,7 @@ mod tests {
     fn an_eds_ack_older_than_a_cluster_change_does_not_cover_the_refetch() {
         let (cds, eds) = (ResourceType::Cluster, ResourceType::ClusterLoadAssignment);
         let names: Vec<String> = vec!["c0000".into(), "c0001".into()];
-        let s1 = cluster_snapshot(1, 80, None);
+        let s1 = crate::protocol::tests::cluster_snapshot(1, 80, None);
         let mut m = SotwMachine::new(None);
         m.set_snapshot(Some(s1.clone()));
         for (ty, subscribe) in [(cds, vec![]), (eds, names.clone())] {
@@ -1206,13 +1181,13 @@ mod tests {
             ack(&mut m, &r, &n);
         }
         // An endpoint change: EDS response in flight, not yet ACKed.
-        let s2 = cluster_snapshot(1, 81, Some(&s1));
+        let s2 = crate::protocol::tests::cluster_snapshot(1, 81, Some(&s1));
         m.set_snapshot(Some(s2.clone()));
         let r_eds = m.next_response().expect("the endpoint change");
         assert_eq!(r_eds.ty, eds);
         assert!(m.next_response().is_none());
         // Then the cluster itself changes: CDS goes out while that EDS is in flight.
-        let s3 = cluster_snapshot(2, 81, Some(&s2));
+        let s3 = crate::protocol::tests::cluster_snapshot(2, 81, Some(&s2));
         m.set_snapshot(Some(s3.clone()));
         let r_cds = m.next_response().expect("the cluster change");
         assert_eq!(r_cds.ty, cds);

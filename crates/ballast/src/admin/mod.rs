@@ -255,6 +255,13 @@ async fn sources(State(s): State<AdminState>) -> Response {
                 "stale": src.stale_since.is_some(),
                 "stale_since": time(src.stale_since),
                 "store_error": src.store_error,
+                "revision_regressions": src.revision_regressions,
+                "held_apply": src.held_apply.map(|h| json!({
+                    "opened": h.opened, "abandoned": h.abandoned,
+                })),
+                "last_regression": src.last_regression.map(|r| json!({
+                    "from": r.from, "to": r.to, "at": time(Some(r.at)),
+                })),
                 "last_attempt": time(src.last_attempt),
                 "last_success": time(src.last_success),
                 "errors": errors,

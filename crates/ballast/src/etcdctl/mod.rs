@@ -71,6 +71,11 @@ pub struct EditArgs {
     /// The share checked before writing; use the replicas' `--guard-max-removal`.
     #[arg(long, default_value = "0.5", value_parser = crate::share)]
     pub guard_max_removal: f64,
+    /// etcd's --max-txn-ops (operations per transaction). A larger change is written in
+    /// several transactions that replicas apply all at once, on the last one's commit. At
+    /// least 16: etcd counts the guard's compares (one per kind, and two markers) too.
+    #[arg(long, default_value = "128", value_parser = clap::value_parser!(u32).range(16..))]
+    pub max_txn_ops: u32,
 }
 
 /// `get` output formats.
@@ -149,6 +154,12 @@ fn unchanged_since(prefix: &str, base: i64) -> Vec<Compare> {
         CompareOp::Less,
         base + 1,
     ));
+    // And no apply of several transactions is open.
+    out.push(Compare::version(
+        etcd_keys::apply_marker_key(prefix),
+        CompareOp::Equal,
+        0,
+    ));
     out
 }
 
@@ -205,16 +216,17 @@ async fn commit(
             .iter()
             .map(|k| Op::delete(KeyRange::key(k.as_bytes()))),
     );
-    ops.push(Op::put(etcd_keys::config_marker_key(prefix), Vec::new()));
-    let txn = Txn::new().when(unchanged_since(prefix, base)).and_then(ops);
-    let result = client.txn(txn).await.map_err(|e| {
-        let hint = if e.to_string().contains("too many operations") {
-            " (etcd's --max-txn-ops, default 128, bounds the objects one apply may write)"
-        } else {
-            ""
-        };
-        anyhow::anyhow!("writing to etcd: {e}{hint}")
-    })?;
+    let max = edit.max_txn_ops as usize;
+    let result = if ops.len() < max {
+        ops.push(Op::put(etcd_keys::config_marker_key(prefix), Vec::new()));
+        let txn = Txn::new().when(unchanged_since(prefix, base)).and_then(ops);
+        Some(client.txn(txn).await.map_err(too_many)?)
+    } else {
+        commit_in_parts(client, prefix, base, ops, max).await?
+    };
+    let Some(result) = result else {
+        return Ok(ExitCode::from(1));
+    };
     if !result.succeeded {
         println!(
             "conflict: config in etcd changed after revision {base}; nothing written. Read it again (ballast get, ballast diff) and retry"
@@ -229,6 +241,105 @@ async fn commit(
         result.revision
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// A write error, with the limit named when etcd refused the transaction's size.
+fn too_many(e: ballast_etcd::Error) -> anyhow::Error {
+    let hint = if e.to_string().contains("too many operations") {
+        " (etcd's --max-txn-ops bounds the operations of one transaction: pass the same value to \
+         `ballast apply --max-txn-ops`)"
+    } else {
+        ""
+    };
+    anyhow::anyhow!("writing to etcd: {e}{hint}")
+}
+
+/// Writes `ops` (more than one transaction may hold) all or nothing for readers: the first
+/// transaction (guarded like a single one) opens the apply by creating the apply marker, bound
+/// to a lease; the middle ones write parts while the marker is still this apply's; the last
+/// deletes it and touches the config marker, which is the commit replicas wait for
+/// (`ballast_sources::etcd` module docs). `None` when it gave up midway (said why): the
+/// marker is revoked and replicas keep serving the config of before until the next apply.
+async fn commit_in_parts(
+    client: &Client,
+    prefix: &str,
+    base: i64,
+    ops: Vec<Op>,
+    max: usize,
+) -> anyhow::Result<Option<ballast_etcd::TxnResult>> {
+    let marker = etcd_keys::apply_marker_key(prefix);
+    let config = etcd_keys::config_marker_key(prefix);
+    // If this process dies, the marker goes with the lease and replicas stop waiting for a
+    // commit (they hold until the next apply commits).
+    let lease = client
+        .lease_grant(60)
+        .await
+        .context("granting the apply's lease")?;
+    let mut keep = client.lease_keep_alive(lease.id).await?;
+    let mut rest = ops.into_iter();
+    let first: Vec<Op> = rest.by_ref().take(max - 2).collect();
+    let parts: Vec<Vec<Op>> = {
+        let rest: Vec<Op> = rest.collect();
+        rest.chunks(max).map(|c| c.to_vec()).collect()
+    };
+    let total = parts.len() + 2;
+    let doc = serde_json::json!({
+        "pid": std::process::id(),
+        "base": base,
+        "transactions": total,
+    })
+    .to_string();
+    let mut open = vec![
+        Op::put_with_lease(marker.clone(), doc, lease.id),
+        Op::put(config.clone(), Vec::new()),
+    ];
+    open.extend(first);
+    let r = client
+        .txn(
+            Txn::new()
+                .when(unchanged_since(prefix, base))
+                .and_then(open),
+        )
+        .await
+        .map_err(too_many)?;
+    if !r.succeeded {
+        let _ = client.lease_revoke(lease.id).await;
+        return Ok(Some(r));
+    }
+    let opened = r.revision;
+    let ours = || Compare::create_revision(marker.clone(), CompareOp::Equal, opened);
+    let give_up = |done: usize, why: String| async move {
+        let _ = client.lease_revoke(lease.id).await;
+        println!(
+            "aborted after {done} of {total} transactions: {why}. Replicas keep serving the config of \
+             before this apply (the written part is held) until the next apply or delete commits; run it again"
+        );
+        Ok(None)
+    };
+    for (i, part) in parts.into_iter().enumerate() {
+        if keep.keep_alive().await.is_err() {
+            return give_up(i + 1, "the apply's lease was lost".into()).await;
+        }
+        match client.txn(Txn::new().when([ours()]).and_then(part)).await {
+            Ok(r) if r.succeeded => {}
+            Ok(_) => return give_up(i + 1, "the apply marker was removed".into()).await,
+            Err(e) => return give_up(i + 1, too_many(e).to_string()).await,
+        }
+    }
+    let commit = Txn::new().when([ours()]).and_then([
+        Op::delete(KeyRange::key(marker.clone())),
+        Op::put(config, Vec::new()),
+    ]);
+    match client.txn(commit).await {
+        Ok(r) if r.succeeded => {
+            println!(
+                "(written in {total} transactions of at most {max} operations, committed at once)"
+            );
+            Ok(Some(r))
+        }
+        Ok(_) => give_up(total - 1, "the apply marker was removed".into()).await,
+        Err(e) => give_up(total - 1, too_many(e).to_string()).await,
+    }
 }
 
 fn print_config_errors(errors: &[ballast_model::ConfigError]) {

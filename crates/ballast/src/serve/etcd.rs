@@ -26,6 +26,13 @@ pub struct EtcdArgs {
     /// Client key (PEM) for --etcd-cert.
     #[arg(long, value_name = "FILE", requires = "etcd_cert")]
     pub etcd_key: Option<PathBuf>,
+    /// Lease TTL of the leader election for singleton work (status write-back): a leader that
+    /// dies is replaced after this long.
+    #[arg(long, default_value = "10s", value_parser = crate::duration, value_name = "DURATION")]
+    pub leader_ttl: std::time::Duration,
+    /// This replica's name in the leader election (default: host/pid@admin-addr).
+    #[arg(long, value_name = "NAME")]
+    pub leader_identity: Option<String>,
 }
 
 impl EtcdArgs {

@@ -2,6 +2,7 @@
 //! server, plus the admin server.
 
 pub mod etcd;
+pub mod leader;
 pub mod pipeline;
 pub mod security;
 
@@ -313,6 +314,22 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         },
         ..PipelineStatus::default()
     });
+    // Singleton work (status write-back) behind an etcd leader election.
+    let leader = match &etcd_state {
+        Some(e) => Some(leader::start(
+            e.client.clone(),
+            &opts.etcd.etcd_prefix,
+            leader::identity(
+                opts.etcd.leader_identity.as_deref(),
+                admin_listener.local_addr()?,
+            ),
+            opts.etcd.leader_ttl,
+            source_rx.clone(),
+            metrics.clone(),
+            stop.clone(),
+        )),
+        None => None,
+    };
     let guard_from_etcd = etcd_state.filter(|_| opts.guard.enabled);
     let mut pipeline = Pipeline {
         cache: cache.clone(),
@@ -365,6 +382,9 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     });
     if let Some(c) = catalog {
         admin = admin.merge(crate::catalog::router(c));
+    }
+    if let Some(l) = leader {
+        admin = admin.merge(leader::router(l));
     }
     if let Some(token) = sec.admin_token {
         admin = crate::admin::auth::require_token(admin, token);

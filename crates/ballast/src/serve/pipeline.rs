@@ -472,6 +472,12 @@ impl Pipeline {
         if let Some(rev) = state.revision {
             self.metrics.source_revision.get_or_create(&label).set(rev);
         }
+        // The state counts since the source started, as the counter does.
+        let regressions = self
+            .metrics
+            .source_revision_regressions
+            .get_or_create(&label);
+        regressions.inc_by(state.revision_regressions.saturating_sub(regressions.get()));
         self.metrics
             .set_source_skipped(&state.name, &state.report.skipped);
         if let Some(errors) = &state.last_error {
