@@ -135,6 +135,8 @@ pub struct ConfigStatus {
     pub backend_tls_policies: Vec<PolicyStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub client_policies: Vec<PolicyStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub security_policies: Vec<PolicyStatus>,
     /// GRPCRoutes, computed through their HTTPRoute equivalents (same attachment rules).
     pub grpc_routes: Vec<RouteStatus>,
     pub backends: Vec<BackendStatus>,
@@ -235,12 +237,12 @@ fn policy_statuses(
                     };
                     let mut conditions = vec![accepted];
                     if let Err(m) = refs(key) {
-                        conditions.push(Condition::new(
-                            "ResolvedRefs",
-                            false,
-                            "InvalidCACertificateRef",
-                            m,
-                        ));
+                        let reason = if kind == Kind::SecurityPolicy {
+                            "InvalidJWKSRef"
+                        } else {
+                            "InvalidCACertificateRef"
+                        };
+                        conditions.push(Condition::new("ResolvedRefs", false, reason, m));
                     }
                     PolicyTargetStatus {
                         group: t.point.target.kind.group().to_owned(),
@@ -281,6 +283,7 @@ impl ConfigStatus {
             .backend_policies
             .iter()
             .chain(&self.backend_tls_policies)
+            .chain(&self.security_policies)
         {
             for t in &p.targets {
                 for c in t.conditions.iter().filter(|c| !c.is_true()) {
@@ -400,6 +403,20 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
                 Some((p, v)) => set
                     .ca_bundle(&p.metadata.namespace, &v.ca_certificate_refs)
                     .map(|_| ()),
+                None => Ok(()),
+            },
+        ),
+        security_policies: policy_statuses(
+            Kind::SecurityPolicy,
+            &set.security_policy_resolution(),
+            |k| {
+                set.security_policies
+                    .get(k)
+                    .map(|p| p.source.to_string())
+                    .unwrap_or_default()
+            },
+            |k| match set.security_policies.get(k) {
+                Some(p) => set.security_refs(p),
                 None => Ok(()),
             },
         ),

@@ -80,6 +80,7 @@ impl Caches {
         if let Some(t) = self.routes.get(&key)
             && same(&t.route, route)
             && t.signature == backend_signature(config, route)
+            && t.security == crate::security::route_policies(config, route)
         {
             stats.routes_reused += 1;
             return t.clone();
@@ -178,6 +179,8 @@ struct HostState {
     fixed: bool,
     /// The `*` catch-all of an HTTPS chain with a hostname, answering 421 (never has routes).
     misdirected: bool,
+    /// The SecurityPolicy of the listener owning this host ([`crate::security::host_policy`]).
+    security: Option<Arc<ballast_model::SecurityPolicy>>,
     /// The virtual host as an entry of `RouteConfiguration.virtual_hosts` (field key, length,
     /// message).
     encoded: Vec<u8>,
@@ -193,7 +196,12 @@ impl HostState {
             encode_misdirected_host(host, &mut self.encoded);
             return;
         }
-        self.clusters = encode_virtual_host(host, self.routes.values(), &mut self.encoded);
+        let extra = self
+            .security
+            .as_ref()
+            .map(|p| crate::security::per_filter_config(p, 15))
+            .unwrap_or_default();
+        self.clusters = encode_virtual_host(host, self.routes.values(), &extra, &mut self.encoded);
     }
 }
 
@@ -373,6 +381,7 @@ pub(crate) fn build_gateway(
     let mut chains = Vec::new();
     let mut listeners = BTreeMap::new();
     let mut used_secrets = BTreeSet::new();
+    let security = crate::security::gateway_policies(config, key);
     for port in plan(config, gw) {
         for chain in &port.chains {
             let mut hosts: BTreeMap<String, HostState> = BTreeMap::new();
@@ -405,11 +414,17 @@ pub(crate) fn build_gateway(
                     m.misdirected = true;
                 }
             }
+            for (h, state) in hosts.iter_mut() {
+                if !state.misdirected {
+                    state.security = crate::security::host_policy(config, key, &chain.listeners, h);
+                }
+            }
             let mut old = prev_chains.remove(&chain.route_config);
             let mut reused_all = old.as_ref().is_some_and(|o| o.hosts.len() == hosts.len());
             for (h, state) in hosts.iter_mut() {
                 let same = old.as_mut().and_then(|o| o.hosts.get_mut(h)).filter(|o| {
                     o.misdirected == state.misdirected
+                        && o.security == state.security
                         && o.routes.len() == state.routes.len()
                         && o.routes
                             .iter()
@@ -453,7 +468,7 @@ pub(crate) fn build_gateway(
             used_secrets.extend(chain.certificates.iter().cloned());
             chains.push(state);
         }
-        let l = envoy_listener(config, gw, &port, options);
+        let l = envoy_listener(config, gw, &port, options, &security);
         let r = encode_reusing(prev_listeners.as_ref(), &mut listeners, l, stats);
         resources.listeners.push(r);
     }
@@ -579,7 +594,7 @@ pub(crate) fn patch_routes(
 
     let res = Arc::make_mut(&mut state.resources);
     let mut changed_any = false;
-    for (cs, hosts) in state.chains.iter_mut().zip(dirty) {
+    for (i, (cs, hosts)) in state.chains.iter_mut().zip(dirty).enumerate() {
         if hosts.is_empty() {
             continue;
         }
@@ -591,6 +606,10 @@ pub(crate) fn patch_routes(
             if hs.routes.is_empty() && !hs.fixed {
                 cs.hosts.remove(&h);
             } else {
+                if !hs.misdirected {
+                    hs.security =
+                        crate::security::host_policy(config, key, &chains[i].listeners, &h);
+                }
                 hs.encode(&h);
                 let new_clusters = hs.clusters.clone();
                 cs.add_refs(&new_clusters);

@@ -51,6 +51,7 @@ mod policy;
 mod resources;
 mod route;
 mod secret;
+mod security;
 mod source;
 mod translator;
 

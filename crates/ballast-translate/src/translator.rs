@@ -122,6 +122,14 @@ impl Translator {
                                 .map(|p| ObjectKey::new(p.namespace_or(ns), p.name.as_str())),
                         );
                     }
+                    // A route a SecurityPolicy names decides which policies (JWT providers) its
+                    // Gateways' connection managers carry: rebuild those Gateways.
+                    if crate::security::route_targeted(&old, &c.key)
+                        || crate::security::route_targeted(config, &c.key)
+                    {
+                        rebuild.extend(affected);
+                        continue;
+                    }
                     for g in affected {
                         route_changes.entry(g).or_default().push(c.key.clone());
                     }
@@ -178,7 +186,22 @@ impl Translator {
                         rebuild.extend(targeted_gateways(p));
                     }
                 }
+                Kind::SecurityPolicy => {
+                    // Filters, providers and per-route config of the Gateways either version
+                    // affects (directly, or through the HTTPRoutes it names).
+                    if let Some(p) = old.security_policies.get(&c.key) {
+                        rebuild.extend(crate::security::policy_gateways(&old, p));
+                    }
+                    if let Some(p) = config.security_policies.get(&c.key) {
+                        rebuild.extend(crate::security::policy_gateways(config, p));
+                    }
+                }
                 Kind::Secret | Kind::ConfigMap | Kind::BackendTlsPolicy => {
+                    if c.kind == Kind::ConfigMap {
+                        // JWKS of SecurityPolicies.
+                        rebuild.extend(crate::security::gateways_using_config_map(&old, &c.key));
+                        rebuild.extend(crate::security::gateways_using_config_map(config, &c.key));
+                    }
                     if c.kind == Kind::Secret {
                         rebuild.extend(self.index.gateways_of_secret(&c.key).cloned());
                     }
@@ -333,6 +356,7 @@ impl Translator {
                 | Kind::ConfigMap
                 | Kind::BackendTlsPolicy
                 | Kind::ClientPolicy
+                | Kind::SecurityPolicy
                 | Kind::GrpcRoute
                 | Kind::Service
                 | Kind::EndpointSlice
@@ -444,6 +468,12 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
         &mut out,
     );
     diff_map(Kind::Namespace, &old.namespaces, &new.namespaces, &mut out);
+    diff_map(
+        Kind::SecurityPolicy,
+        &old.security_policies,
+        &new.security_policies,
+        &mut out,
+    );
     out
 }
 

@@ -17,6 +17,7 @@ pub mod policy;
 pub mod reference_grant;
 pub mod route;
 pub mod secret;
+pub mod security_policy;
 pub mod service;
 
 use std::collections::BTreeMap;
@@ -37,6 +38,7 @@ pub use policy::*;
 pub use reference_grant::*;
 pub use route::*;
 pub use secret::*;
+pub use security_policy::*;
 pub use service::*;
 
 use crate::spanned::Pos;
@@ -67,10 +69,11 @@ pub enum Kind {
     EndpointSlice,
     ReferenceGrant,
     Namespace,
+    SecurityPolicy,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 13] = [
+    pub const ALL: [Kind; 14] = [
         Kind::Gateway,
         Kind::HttpRoute,
         Kind::Backend,
@@ -84,6 +87,7 @@ impl Kind {
         Kind::EndpointSlice,
         Kind::ReferenceGrant,
         Kind::Namespace,
+        Kind::SecurityPolicy,
     ];
 
     /// The `kind:` string.
@@ -102,6 +106,7 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::ReferenceGrant => "ReferenceGrant",
             Kind::Namespace => "Namespace",
+            Kind::SecurityPolicy => "SecurityPolicy",
         }
     }
 
@@ -109,7 +114,9 @@ impl Kind {
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::Gateway | Kind::HttpRoute | Kind::GrpcRoute => "gateway.networking.k8s.io/v1",
-            Kind::Backend | Kind::BackendPolicy | Kind::ClientPolicy => "ballast.dev/v1alpha1",
+            Kind::Backend | Kind::BackendPolicy | Kind::ClientPolicy | Kind::SecurityPolicy => {
+                "ballast.dev/v1alpha1"
+            }
             Kind::Secret | Kind::ConfigMap | Kind::Service | Kind::Namespace => "v1",
             Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1alpha3",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
@@ -283,6 +290,7 @@ pub enum Object {
     EndpointSlice(Arc<EndpointSlice>),
     ReferenceGrant(Arc<ReferenceGrant>),
     Namespace(Arc<Namespace>),
+    SecurityPolicy(Arc<SecurityPolicy>),
 }
 
 impl Object {
@@ -301,6 +309,7 @@ impl Object {
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::ReferenceGrant(_) => Kind::ReferenceGrant,
             Object::Namespace(_) => Kind::Namespace,
+            Object::SecurityPolicy(_) => Kind::SecurityPolicy,
         }
     }
 
@@ -319,6 +328,7 @@ impl Object {
             Object::EndpointSlice(o) => &o.metadata,
             Object::ReferenceGrant(o) => &o.metadata,
             Object::Namespace(o) => &o.metadata,
+            Object::SecurityPolicy(o) => &o.metadata,
         }
     }
 
@@ -341,6 +351,7 @@ impl Object {
             Object::EndpointSlice(o) => &o.source,
             Object::ReferenceGrant(o) => &o.source,
             Object::Namespace(o) => &o.source,
+            Object::SecurityPolicy(o) => &o.source,
         }
     }
 }
