@@ -191,9 +191,59 @@ pub fn check_jwks(text: &str) -> Result<(), String> {
         return Err("JWKS has no keys".into());
     }
     for (i, k) in keys.iter().enumerate() {
-        if k.get("kty").and_then(|t| t.as_str()).is_none() {
-            return Err(format!("JWKS key {i} has no \"kty\""));
+        check_jwk(k).map_err(|m| format!("JWKS key {i}: {m}"))?;
+    }
+    Ok(())
+}
+
+/// The members Envoy needs for each key type, base64url-decodable with the right lengths.
+/// (Envoy rejects a whole listener over a JWKS without a usable key, so catch it here.)
+fn check_jwk(k: &serde_json::Value) -> Result<(), String> {
+    use base64::Engine;
+    let member = |name: &str| -> Result<Vec<u8>, String> {
+        let v = k
+            .get(name)
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| format!("missing \"{name}\""))?;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(v.trim_end_matches('='))
+            .map_err(|e| format!("\"{name}\" is not base64url: {e}"))
+    };
+    let kty = k
+        .get("kty")
+        .and_then(|t| t.as_str())
+        .ok_or("missing \"kty\"")?;
+    match kty {
+        "EC" => {
+            let len = match k.get("crv").and_then(|c| c.as_str()) {
+                Some("P-256") => 32,
+                Some("P-384") => 48,
+                Some("P-521") => 66,
+                other => return Err(format!("unsupported EC curve {other:?}")),
+            };
+            for m in ["x", "y"] {
+                if member(m)?.len() != len {
+                    return Err(format!("\"{m}\" must be {len} bytes for this curve"));
+                }
+            }
         }
+        "RSA" => {
+            if member("n")?.len() < 128 || member("e")?.is_empty() {
+                return Err("RSA keys need \"n\" of at least 1024 bits and \"e\"".into());
+            }
+        }
+        "OKP" => {
+            if k.get("crv").and_then(|c| c.as_str()) != Some("Ed25519") || member("x")?.len() != 32
+            {
+                return Err("OKP keys must be Ed25519 with a 32-byte \"x\"".into());
+            }
+        }
+        "oct" => {
+            if member("k")?.is_empty() {
+                return Err("empty \"k\"".into());
+            }
+        }
+        other => return Err(format!("unsupported key type {other:?}")),
     }
     Ok(())
 }
@@ -350,6 +400,21 @@ mod tests {
         format!(
             "---\napiVersion: ballast.dev/v1alpha1\nkind: SecurityPolicy\nmetadata: {{ name: {name} }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: {kind}, name: {target}{s} }}]\n  authorization: {{ defaultAction: Allow }}\n"
         )
+    }
+
+    #[test]
+    fn jwks_members_are_checked() {
+        let ec = r#"{"keys":[{"kty":"EC","crv":"P-256","x":"GrmKoLISinHtgZRMslA42Z2S4MTNYpi3Z8dRvmywZ9I","y":"lU0Hcj5rL6i0C6hoxxT8L1hdF6W-1cgZBJe9vOk6qXw"}]}"#;
+        check_jwks(ec).unwrap();
+        let short = ec.replace("GrmKoLISinHtgZRMslA42Z2S4MTNYpi3Z8dRvmywZ9I", "AAAA");
+        assert!(
+            check_jwks(&short)
+                .unwrap_err()
+                .contains("\"x\" must be 32 bytes")
+        );
+        assert!(check_jwks(r#"{"keys":[{"kty":"EC","crv":"P-256"}]}"#).is_err());
+        assert!(check_jwks(r#"{"keys":[{"kty":"XYZ"}]}"#).is_err());
+        assert!(check_jwks("{").is_err());
     }
 
     #[test]
