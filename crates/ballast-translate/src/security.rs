@@ -448,6 +448,166 @@ mod tests {
 
     use proptest::prelude::*;
 
+    const JWKS: &str = r#"{"keys":[{"kty":"EC","crv":"P-256","x":"GrmKoLISinHtgZRMslA42Z2S4MTNYpi3Z8dRvmywZ9I","y":"lU0Hcj5rL6i0C6hoxxT8L1hdF6W-1cgZBJe9vOk6qXw"}]}"#;
+
+    fn yaml() -> String {
+        let mut docs = Vec::new();
+        for g in ["g0", "g1"] {
+            docs.push(format!("apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{ name: {g} }}\nspec:\n  gatewayClassName: ballast\n  listeners:\n  - {{ name: http, port: 80, protocol: HTTP }}\n"));
+        }
+        docs.push("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: { name: api }\nspec:\n  parentRefs: [{ name: g0 }]\n  hostnames: [api.example.com]\n  rules:\n  - { name: secure, matches: [{ path: { value: /s } }], backendRefs: [{ name: b }] }\n  - backendRefs: [{ name: b }]\n".to_owned());
+        docs.push("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: { name: other }\nspec:\n  parentRefs: [{ name: g1 }]\n  rules:\n  - backendRefs: [{ name: b }]\n".to_owned());
+        docs.push("apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: { name: b }\nspec:\n  endpoints: [{ address: 10.0.0.1, port: 80 }]\n".to_owned());
+        docs.push("apiVersion: ballast.dev/v1alpha1\nkind: SecurityPolicy\nmetadata: { name: gw }\nspec:\n  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: g0, sectionName: http }]\n  authorization: { rules: [{ action: Allow, principal: { clientCIDRs: [10.0.0.0/8] } }] }\n".to_owned());
+        docs.push(format!("apiVersion: ballast.dev/v1alpha1\nkind: SecurityPolicy\nmetadata: {{ name: rule }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: HTTPRoute, name: api, sectionName: secure }}]\n  jwt: {{ providers: [{{ name: a, issuer: x, localJWKS: {{ inline: '{JWKS}' }}, claimToHeaders: [{{ claim: sub, header: x-sub }}] }}, {{ name: b, localJWKS: {{ inline: '{JWKS}' }} }}] }}\n"));
+        docs.join("---\n")
+    }
+
+    fn any_of<'a>(m: &'a std::collections::HashMap<String, Any>, k: &str) -> &'a Any {
+        m.get(k)
+            .unwrap_or_else(|| panic!("no {k} in {:?}", m.keys()))
+    }
+
+    /// Filters before the router, listener policy on the virtual host, rule policy on the
+    /// rule's routes only (RBAC off there, JWT on), nothing on the other Gateway; the bytes are
+    /// the same across translations (maps in key order).
+    #[test]
+    fn filters_and_per_filter_config_land_where_they_apply() {
+        use envoy_types::pb::envoy::config::listener::v3::Listener;
+        use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType;
+        use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+        use prost::Message;
+        let set = crate::tests::config(&yaml());
+        let g0 =
+            crate::translate_gateway(&set, &crate::tests::gw("g0"), &Default::default()).unwrap();
+        let l = Listener::decode(g0.listeners[0].value_bytes()).unwrap();
+        let Some(ConfigType::TypedConfig(any)) = &l.filter_chains[0].filters[0].config_type else {
+            panic!()
+        };
+        let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
+        let names: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "envoy.filters.http.cors",
+                RBAC_FILTER,
+                JWT_FILTER,
+                "envoy.filters.http.router"
+            ]
+        );
+        assert_eq!(hcm.use_remote_address, Some(BoolValue { value: true }));
+        let Some(HttpFilterConfig::TypedConfig(jwt)) = &hcm.http_filters[2].config_type else {
+            panic!()
+        };
+        let jwt = JwtAuthentication::decode(jwt.value.as_slice()).unwrap();
+        let mut providers: Vec<&String> = jwt.providers.keys().collect();
+        providers.sort();
+        assert_eq!(providers, ["default/rule/a", "default/rule/b"]);
+        assert_eq!(
+            jwt.providers["default/rule/a"].claim_to_headers[0].header_name,
+            "x-sub"
+        );
+        assert!(
+            jwt.rules.is_empty(),
+            "nothing is enforced without per-route config"
+        );
+
+        let rc = RouteConfiguration::decode(g0.route_configs[0].value_bytes()).unwrap();
+        let vh = &rc.virtual_hosts[0];
+        let rbac = RbacPerRoute::decode(
+            any_of(&vh.typed_per_filter_config, RBAC_FILTER)
+                .value
+                .as_slice(),
+        )
+        .unwrap();
+        assert_eq!(rbac.rbac.unwrap().rules.unwrap().policies.len(), 1);
+        let jwt = PerRouteConfig::decode(
+            any_of(&vh.typed_per_filter_config, JWT_FILTER)
+                .value
+                .as_slice(),
+        )
+        .unwrap();
+        assert_eq!(
+            jwt.requirement_specifier,
+            Some(RequirementSpecifier::Disabled(true))
+        );
+        let secure = vh
+            .routes
+            .iter()
+            .find(|r| r.name.contains("/secure/"))
+            .unwrap();
+        let rbac = RbacPerRoute::decode(
+            any_of(&secure.typed_per_filter_config, RBAC_FILTER)
+                .value
+                .as_slice(),
+        )
+        .unwrap();
+        assert_eq!(
+            rbac.rbac, None,
+            "the rule policy has no authorization: RBAC off"
+        );
+        let jwt = PerRouteConfig::decode(
+            any_of(&secure.typed_per_filter_config, JWT_FILTER)
+                .value
+                .as_slice(),
+        )
+        .unwrap();
+        assert_eq!(
+            jwt.requirement_specifier,
+            Some(RequirementSpecifier::RequirementName("default/rule".into()))
+        );
+        let plain = vh
+            .routes
+            .iter()
+            .find(|r| !r.name.contains("/secure/"))
+            .unwrap();
+        assert!(plain.typed_per_filter_config.is_empty());
+
+        let g1 =
+            crate::translate_gateway(&set, &crate::tests::gw("g1"), &Default::default()).unwrap();
+        let l = Listener::decode(g1.listeners[0].value_bytes()).unwrap();
+        let Some(ConfigType::TypedConfig(any)) = &l.filter_chains[0].filters[0].config_type else {
+            panic!()
+        };
+        let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
+        assert_eq!(hcm.http_filters.len(), 2, "no SecurityPolicy concerns g1");
+        assert_eq!(hcm.use_remote_address, None);
+
+        for _ in 0..8 {
+            let again = crate::translate_gateway(
+                &crate::tests::config(&yaml()),
+                &crate::tests::gw("g0"),
+                &Default::default(),
+            )
+            .unwrap();
+            let bytes = |r: &crate::GatewayResources| {
+                r.iter().map(|x| x.any_bytes().clone()).collect::<Vec<_>>()
+            };
+            assert_eq!(bytes(&again), bytes(&g0));
+        }
+    }
+
+    /// Envoy rejects a listener whose JWKS has no valid key; the fail-closed one is valid.
+    #[test]
+    fn unresolved_jwks_is_a_valid_key_set() {
+        ballast_model::check_jwks(NO_KEYS_JWKS).unwrap();
+    }
+
+    /// Editing a SecurityPolicy rebuilds only the Gateways it concerns.
+    #[test]
+    fn policy_edit_rebuilds_only_its_gateways() {
+        let mut t = crate::Translator::new(Default::default());
+        t.update(&Arc::new(crate::tests::config(&yaml())));
+        let edited = yaml().replace("clientCIDRs: [10.0.0.0/8]", "clientCIDRs: [10.0.0.0/16]");
+        let out = t.update(&Arc::new(crate::tests::config(&edited)));
+        assert_eq!(
+            out.changed.keys().collect::<Vec<_>>(),
+            [&crate::tests::gw("g0")]
+        );
+        assert_eq!(out.stats.gateways_translated, 1, "{:?}", out.stats);
+        assert_eq!(out.stats.routes_translated, 0, "{:?}", out.stats);
+    }
+
     proptest! {
         /// The single ALLOW policy agrees with evaluating the rules first-match-wins.
         #[test]
