@@ -132,9 +132,14 @@ mod policy_docs_tests {
                 set.backend_policies.len(),
                 set.backend_tls_policies.len(),
                 set.client_policies.len(),
-                set.config_maps.len()
+                set.config_maps.len(),
+                set.security_policies.len()
             ),
-            (5, 1, 2, 1)
+            (5, 1, 2, 2, 2)
         );
+        // The SecurityPolicy examples resolve their JWKS ConfigMap.
+        for p in set.security_policies.values() {
+            set.security_refs(p).unwrap();
+        }
     }
 }
