@@ -968,13 +968,27 @@ impl ConfigSet {
             .or_else(|| in_ns().find(|p| names(p, None)))
     }
 
-    /// The JWKS text of a SecurityPolicy JWT provider: inline, or the ConfigMap key it names;
-    /// `Err` says what does not resolve (where in which file).
+    /// The JWKS text of a SecurityPolicy JWT provider: inline, or the ConfigMap key it names
+    /// (empty for `remoteJWKS`, whose Backend must exist); `Err` says what does not resolve
+    /// (where in which file).
     pub fn security_jwks(
         &self,
         p: &SecurityPolicy,
         provider: &JwtProvider,
     ) -> Result<String, String> {
+        if let Some(r) = &provider.remote_jwks {
+            // Envoy fetches it; what must resolve is the Backend.
+            for b in &r.backend_refs {
+                let key = ObjectKey::new(p.metadata.namespace.as_str(), b.name.as_str());
+                if self.backend(&key).is_none() {
+                    return Err(format!(
+                        "{}:{}: Backend {key} not found",
+                        p.source.file, b.name.pos
+                    ));
+                }
+            }
+            return Ok(String::new());
+        }
         let Some(l) = &provider.local_jwks else {
             return Err(format!("provider {} has no JWKS", provider.name.value));
         };

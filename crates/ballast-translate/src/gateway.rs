@@ -368,6 +368,10 @@ pub(crate) fn build_gateway(
             },
         );
     }
+    // Backends SecurityPolicies fetch from (remote JWKS) count like one more route using
+    // them, so route patches never drop their clusters or index entries.
+    let policy_backends = crate::security::policy_backends(config, key);
+    count_up(&mut backend_refs, &policy_backends);
     deps.backends = backend_refs.keys().cloned().collect();
 
     let mut prev_chains: BTreeMap<String, ChainState> = BTreeMap::new();
@@ -378,6 +382,7 @@ pub(crate) fn build_gateway(
     }
     let mut resources = GatewayResources::empty(key.clone());
     let mut used = BTreeMap::new();
+    count_up(&mut used, &policy_backends);
     let mut chains = Vec::new();
     let mut listeners = BTreeMap::new();
     let mut used_secrets = BTreeSet::new();

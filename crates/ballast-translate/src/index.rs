@@ -52,6 +52,7 @@ impl Deps {
         for a in config.attached_routes(gateway) {
             backends.extend(backend_refs(&a.route));
         }
+        backends.extend(crate::security::policy_backends(config, gateway));
         Some(Deps {
             routes: routes_naming(config, gateway).collect(),
             backends,

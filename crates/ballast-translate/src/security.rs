@@ -30,7 +30,8 @@ use ballast_model::{
     TargetKind,
 };
 use envoy_types::pb::envoy::config::core::v3::data_source::Specifier;
-use envoy_types::pb::envoy::config::core::v3::{CidrRange, DataSource};
+use envoy_types::pb::envoy::config::core::v3::http_uri::HttpUpstreamType;
+use envoy_types::pb::envoy::config::core::v3::{CidrRange, DataSource, HttpUri};
 use envoy_types::pb::envoy::config::rbac::v3::permission::Rule;
 use envoy_types::pb::envoy::config::rbac::v3::principal::{Identifier, Set};
 use envoy_types::pb::envoy::config::rbac::v3::rbac::Action as RbacAction;
@@ -39,8 +40,8 @@ use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::jwt_provid
 use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::jwt_requirement::RequiresType;
 use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::per_route_config::RequirementSpecifier;
 use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::{
-    JwtAuthentication, JwtClaimToHeader, JwtProvider, JwtRequirement, JwtRequirementOrList,
-    PerRouteConfig,
+    JwksAsyncFetch, JwtAuthentication, JwtClaimToHeader, JwtProvider, JwtRequirement,
+    JwtRequirementOrList, PerRouteConfig, RemoteJwks,
 };
 use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::{Rbac, RbacPerRoute};
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_filter::ConfigType as HttpFilterConfig;
@@ -52,6 +53,7 @@ use envoy_types::util::pack_any;
 use prost::Name;
 
 use crate::index::names_gateway;
+use crate::{names, pb_duration};
 
 pub(crate) const RBAC_FILTER: &str = "envoy.filters.http.rbac";
 pub(crate) const JWT_FILTER: &str = "envoy.filters.http.jwt_authn";
@@ -99,6 +101,26 @@ pub(crate) fn policy_gateways(config: &ConfigSet, p: &SecurityPolicy) -> BTreeSe
         }
     }
     out
+}
+
+/// Backends the SecurityPolicies of Gateway `gw` name (remote JWKS): the Gateway needs their
+/// clusters, and depends on them like on its routes' Backends.
+pub(crate) fn policy_backends(config: &ConfigSet, gw: &ObjectKey) -> BTreeSet<ObjectKey> {
+    if config.security_policies.is_empty() {
+        return BTreeSet::new();
+    }
+    gateway_policies(config, gw)
+        .into_iter()
+        .flat_map(|p| {
+            p.spec
+                .jwt
+                .iter()
+                .flat_map(|j| &j.providers)
+                .filter_map(|pr| pr.remote_jwks.as_ref())
+                .flat_map(|r| &r.backend_refs)
+                .map(|b| ObjectKey::new(p.metadata.namespace.as_str(), b.name.as_str()))
+        })
+        .collect()
 }
 
 /// Whether any SecurityPolicy names HTTPRoute `route`.
@@ -151,6 +173,12 @@ pub(crate) fn apply_hcm(
     if hcm.use_remote_address.is_none() {
         hcm.use_remote_address = Some(BoolValue { value: true });
     }
+    let local = |text: String| {
+        JwksSourceSpecifier::LocalJwks(DataSource {
+            specifier: Some(Specifier::InlineString(text)),
+            ..Default::default()
+        })
+    };
     let mut providers: BTreeMap<String, JwtProvider> = BTreeMap::new();
     let mut requirements: BTreeMap<String, JwtRequirement> = BTreeMap::new();
     for p in policies {
@@ -158,9 +186,33 @@ pub(crate) fn apply_hcm(
         let mut names = Vec::new();
         for pr in &jwt.providers {
             let name = provider_name(p, &pr.name);
-            let jwks = config
-                .security_jwks(p, pr)
-                .unwrap_or_else(|_| NO_KEYS_JWKS.to_owned());
+            let resolved = config.security_jwks(p, pr);
+            let source = match (&pr.remote_jwks, resolved) {
+                (Some(r), Ok(_)) => JwksSourceSpecifier::RemoteJwks(RemoteJwks {
+                    http_uri: Some(HttpUri {
+                        uri: r.uri.value.clone(),
+                        http_upstream_type: r.backend_refs.first().map(|b| {
+                            HttpUpstreamType::Cluster(names::cluster(&ObjectKey::new(
+                                p.metadata.namespace.as_str(),
+                                b.name.as_str(),
+                            )))
+                        }),
+                        timeout: Some(pb_duration(std::time::Duration::from_secs(5))),
+                    }),
+                    cache_duration: r.cache_duration.as_ref().map(|d| pb_duration(d.value)),
+                    // Fetch when the listener starts (it waits for the keys, bounded by the
+                    // timeout), not on the first request; retry failed fetches.
+                    async_fetch: Some(JwksAsyncFetch {
+                        failed_refetch_duration: Some(pb_duration(
+                            std::time::Duration::from_secs(1),
+                        )),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                (None, Ok(text)) => local(text),
+                (_, Err(_)) => local(NO_KEYS_JWKS.to_owned()),
+            };
             providers.insert(
                 name.clone(),
                 JwtProvider {
@@ -170,10 +222,7 @@ pub(crate) fn apply_hcm(
                         .map(|i| i.value.clone())
                         .unwrap_or_default(),
                     audiences: pr.audiences.iter().map(|a| a.value.clone()).collect(),
-                    jwks_source_specifier: Some(JwksSourceSpecifier::LocalJwks(DataSource {
-                        specifier: Some(Specifier::InlineString(jwks)),
-                        ..Default::default()
-                    })),
+                    jwks_source_specifier: Some(source),
                     claim_to_headers: pr
                         .claim_to_headers
                         .iter()

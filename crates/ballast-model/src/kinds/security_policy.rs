@@ -134,6 +134,8 @@ pub struct JwtProvider {
     pub audiences: Vec<Spanned<String>>,
     #[serde(default, rename = "localJWKS")]
     pub local_jwks: Option<LocalJwks>,
+    #[serde(default, rename = "remoteJWKS")]
+    pub remote_jwks: Option<RemoteJwks>,
     /// Copy claims of the verified token into request headers for the backend.
     #[serde(default)]
     pub claim_to_headers: Vec<ClaimToHeader>,
@@ -151,6 +153,29 @@ pub struct LocalJwks {
     pub inline: Option<Spanned<String>>,
     #[serde(default)]
     pub value_ref: Option<JwksRef>,
+}
+
+/// A JWKS Envoy fetches over HTTP(S) from a Backend (TLS per the Backend's BackendTLSPolicy)
+/// and caches.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RemoteJwks {
+    /// `http://` or `https://` URL; its host is sent as `Host`.
+    pub uri: Spanned<String>,
+    /// Exactly one `ballast.dev` Backend in the policy's namespace serving `uri`.
+    pub backend_refs: Vec<JwksBackendRef>,
+    /// How long fetched keys are used before fetching again (Envoy default 10 minutes).
+    #[serde(default, deserialize_with = "crate::duration::de_opt_duration")]
+    pub cache_duration: Option<Spanned<std::time::Duration>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JwksBackendRef {
+    #[serde(default)]
+    pub group: String,
+    pub kind: Spanned<String>,
+    pub name: Spanned<String>,
 }
 
 /// A ConfigMap key holding a JWKS (`key` default `jwks`, Envoy Gateway's convention).
@@ -320,11 +345,49 @@ pub(crate) fn validate_security_policy(ctx: &mut Ctx, p: &SecurityPolicy) {
                     format!("duplicate provider name (also spec.jwt.providers[{k}])"),
                 );
             }
+            if let Some(r) = &pr.remote_jwks {
+                if !(r.uri.starts_with("http://") || r.uri.starts_with("https://"))
+                    || r.uri.len() < 10
+                {
+                    ctx.err(
+                        r.uri.pos,
+                        format!("{f}.remoteJWKS.uri"),
+                        format!("{:?} is not an http:// or https:// URL", r.uri.value),
+                    );
+                }
+                if r.backend_refs.len() != 1 {
+                    ctx.err(
+                        r.uri.pos,
+                        format!("{f}.remoteJWKS.backendRefs"),
+                        "name exactly one Backend serving the URL",
+                    );
+                }
+                for (k, b) in r.backend_refs.iter().enumerate() {
+                    if b.group != super::BALLAST_GROUP || b.kind.as_str() != "Backend" {
+                        ctx.err(
+                            b.kind.pos,
+                            format!("{f}.remoteJWKS.backendRefs[{k}].kind"),
+                            format!(
+                                "unsupported {:?} (group {:?}); expected ballast.dev Backend",
+                                b.kind.value, b.group
+                            ),
+                        );
+                    }
+                }
+                if pr.local_jwks.is_some() {
+                    ctx.err(
+                        pr.name.pos,
+                        f.clone(),
+                        "set either localJWKS or remoteJWKS, not both",
+                    );
+                }
+            }
             match &pr.local_jwks {
+                None if pr.remote_jwks.is_some() => {}
                 None => ctx.err(
                     pr.name.pos,
                     f.clone(),
-                    "a provider needs localJWKS (inline or valueRef)",
+                    "a provider needs localJWKS (inline or valueRef) or remoteJWKS",
                 ),
                 Some(l) => {
                     if let Some(t) = &l.type_
