@@ -364,3 +364,130 @@ async fn jwt_authenticates_and_forwards_claims() {
         "{msg}"
     );
 }
+
+/// A loopback HTTP server answering every request with `body` (JSON), recording request heads.
+struct JsonServer {
+    addr: std::net::SocketAddr,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl JsonServer {
+    async fn start(body: String) -> JsonServer {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                let seen = seen.clone();
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    seen.lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&head).to_string());
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = s.write_all(resp.as_bytes()).await;
+                });
+            }
+        });
+        JsonServer {
+            addr,
+            requests,
+            task,
+        }
+    }
+}
+
+impl Drop for JsonServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// `remoteJWKS`: Envoy fetches the keys from a Backend (a loopback JSON server) with the
+/// URL's host and path; a token signed with them gets 200, none 401, another key's 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_jwks_are_fetched_from_a_backend() {
+    let up = Upstream::start("app").await.unwrap();
+    let key = JwtSigner::generate("remote-1");
+    let other = JwtSigner::generate("remote-1");
+    let keys = JsonServer::start(key.jwks()).await;
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        gateway(port)
+            + &named_rule_route("api", "api.example.com", "app")
+            + &backend("app", &[up.addr()])
+            + &backend("keys", &[keys.addr])
+            + "---
+apiVersion: ballast.dev/v1alpha1
+kind: SecurityPolicy
+metadata: { name: remote }
+spec:
+  targetRefs: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, name: api }]
+  jwt:
+    providers:
+    - name: idp
+      issuer: https://idp.test
+      remoteJWKS:
+        uri: http://keys.test/.well-known/jwks.json
+        backendRefs: [{ group: ballast.dev, kind: Backend, name: keys }]
+",
+    )
+    .unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-remote-jwks",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let now = unix_now();
+    let claims = serde_json::json!({ "iss": "https://idp.test", "sub": "bob", "exp": now + 3600 });
+    let good = format!("Authorization: Bearer {}", key.sign(&claims));
+    let bad = format!("Authorization: Bearer {}", other.sign(&claims));
+    wait_for(T, POLL, || async {
+        match status_from(A, port, "api.example.com", &[&good]).await {
+            200 => Ok(()),
+            s => anyhow::bail!("status {s}"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    let cases: Vec<Case<'_>> = vec![
+        (A, port, "api.example.com", vec![good.as_str()], 200),
+        (A, port, "api.example.com", vec![], 401),
+        (A, port, "api.example.com", vec![bad.as_str()], 401),
+    ];
+    let before = up.hits();
+    let (wrong, ok) = run_cases(&cases, 5).await;
+    assert!(wrong.is_empty(), "{wrong:#?}\n{}", envoy.log_tail(30));
+    assert_eq!(ok, 5);
+    assert_eq!(up.hits() - before, 5);
+    let requests = keys.requests.lock().unwrap().clone();
+    assert!(!requests.is_empty());
+    let first = requests[0].to_ascii_lowercase();
+    assert!(
+        first.starts_with("get /.well-known/jwks.json ") && first.contains("host: keys.test"),
+        "{first}"
+    );
+}
