@@ -1012,10 +1012,19 @@ impl ConfigSet {
         Ok(text.clone())
     }
 
-    /// Every JWKS reference of a SecurityPolicy resolves.
+    /// Every JWKS and extAuth reference of a SecurityPolicy resolves.
     pub fn security_refs(&self, p: &SecurityPolicy) -> Result<(), String> {
         for pr in p.spec.jwt.iter().flat_map(|j| &j.providers) {
             self.security_jwks(p, pr)?;
+        }
+        for b in p.spec.ext_auth.iter().flat_map(|e| &e.http.backend_refs) {
+            let key = ObjectKey::new(p.metadata.namespace.as_str(), b.name.as_str());
+            if self.backend(&key).is_none() {
+                return Err(format!(
+                    "{}:{}: Backend {key} not found",
+                    p.source.file, b.name.pos
+                ));
+            }
         }
         Ok(())
     }

@@ -238,7 +238,7 @@ fn policy_statuses(
                     let mut conditions = vec![accepted];
                     if let Err(m) = refs(key) {
                         let reason = if kind == Kind::SecurityPolicy {
-                            "InvalidJWKSRef"
+                            "InvalidReference"
                         } else {
                             "InvalidCACertificateRef"
                         };

@@ -1,5 +1,6 @@
-//! SecurityPolicy → Envoy `envoy.filters.http.rbac` (client IP allow/deny) and
-//! `envoy.filters.http.jwt_authn` (JWT authentication).
+//! SecurityPolicy → Envoy `envoy.filters.http.rbac` (client IP allow/deny),
+//! `envoy.filters.http.jwt_authn` (JWT authentication) and `envoy.filters.http.ext_authz`
+//! (external authorization over HTTP).
 //!
 //! The connection managers of a Gateway with any SecurityPolicy (naming the Gateway, or an
 //! HTTPRoute naming the Gateway) carry both filters, configured to do nothing by default: RBAC
@@ -10,8 +11,11 @@
 //! - an HTTPRoute or rule policy on the Envoy routes of that route or rule (shared by every
 //!   Gateway the route attaches to, so it never depends on the Gateway).
 //!
-//! Each policy sets both filters, so the applying policy acts as a whole: one without `jwt`
-//! turns JWT off there (`disabled`), one without `authorization` turns RBAC off.
+//! Each policy sets every filter, so the applying policy acts as a whole: one without `jwt`
+//! turns JWT off there (`disabled`), one without `authorization` turns RBAC off, one without
+//! `extAuth` turns ext_authz off. ext_authz (present only when some policy uses it) is
+//! disabled by default and each enabling entry names its policy's service
+//! (`service_override`), so policies with different services share one filter.
 //!
 //! The client address RBAC matches is `remote_ip`: the address the connection manager
 //! detected. Connection managers with these filters always set `use_remote_address`, so it
@@ -43,7 +47,16 @@ use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::{
     JwksAsyncFetch, JwtAuthentication, JwtClaimToHeader, JwtProvider, JwtRequirement,
     JwtRequirementOrList, PerRouteConfig, RemoteJwks,
 };
+use envoy_types::pb::envoy::config::core::v3::ApiVersion;
+use envoy_types::pb::envoy::extensions::filters::http::ext_authz::v3::check_settings::ServiceOverride;
+use envoy_types::pb::envoy::extensions::filters::http::ext_authz::v3::ext_authz::Services;
+use envoy_types::pb::envoy::extensions::filters::http::ext_authz::v3::ext_authz_per_route::Override;
+use envoy_types::pb::envoy::extensions::filters::http::ext_authz::v3::{
+    AuthorizationResponse, CheckSettings, ExtAuthz, ExtAuthzPerRoute, HttpService,
+};
 use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::{Rbac, RbacPerRoute};
+use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
+use envoy_types::pb::envoy::r#type::matcher::v3::{ListStringMatcher, StringMatcher};
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_filter::ConfigType as HttpFilterConfig;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter,
@@ -57,6 +70,7 @@ use crate::{names, pb_duration};
 
 pub(crate) const RBAC_FILTER: &str = "envoy.filters.http.rbac";
 pub(crate) const JWT_FILTER: &str = "envoy.filters.http.jwt_authn";
+pub(crate) const EXT_AUTHZ_FILTER: &str = "envoy.filters.http.ext_authz";
 
 /// Used for a provider whose JWKS does not resolve: no token verifies (fail closed). Envoy
 /// rejects a JWKS without a valid key, so this is a real P-256 public key whose private key
@@ -103,7 +117,7 @@ pub(crate) fn policy_gateways(config: &ConfigSet, p: &SecurityPolicy) -> BTreeSe
     out
 }
 
-/// Backends the SecurityPolicies of Gateway `gw` name (remote JWKS): the Gateway needs their
+/// Backends the SecurityPolicies of Gateway `gw` name (remote JWKS, extAuth): the Gateway needs their
 /// clusters, and depends on them like on its routes' Backends.
 pub(crate) fn policy_backends(config: &ConfigSet, gw: &ObjectKey) -> BTreeSet<ObjectKey> {
     if config.security_policies.is_empty() {
@@ -118,6 +132,7 @@ pub(crate) fn policy_backends(config: &ConfigSet, gw: &ObjectKey) -> BTreeSet<Ob
                 .flat_map(|j| &j.providers)
                 .filter_map(|pr| pr.remote_jwks.as_ref())
                 .flat_map(|r| &r.backend_refs)
+                .chain(p.spec.ext_auth.iter().flat_map(|e| &e.http.backend_refs))
                 .map(|b| ObjectKey::new(p.metadata.namespace.as_str(), b.name.as_str()))
         })
         .collect()
@@ -203,9 +218,9 @@ pub(crate) fn apply_hcm(
                     // Fetch when the listener starts (it waits for the keys, bounded by the
                     // timeout), not on the first request; retry failed fetches.
                     async_fetch: Some(JwksAsyncFetch {
-                        failed_refetch_duration: Some(pb_duration(
-                            std::time::Duration::from_secs(1),
-                        )),
+                        failed_refetch_duration: Some(pb_duration(std::time::Duration::from_secs(
+                            1,
+                        ))),
                         ..Default::default()
                     }),
                     ..Default::default()
@@ -275,26 +290,94 @@ pub(crate) fn apply_hcm(
         &requirements,
         &mut jwt,
     );
-    let filters = [
-        (RBAC_FILTER, pack_any(Rbac::default())),
+    let mut filters = vec![
+        (RBAC_FILTER, pack_any(Rbac::default()), false),
         (
             JWT_FILTER,
             Any {
                 type_url: JwtAuthentication::type_url(),
                 value: jwt,
             },
+            false,
         ),
     ];
+    // ext_authz is off unless a virtual host or route enables it with its policy's service
+    // (`service_override`); the filter-level service is only a valid placeholder.
+    if let Some(first) = policies.iter().find(|p| p.spec.ext_auth.is_some()) {
+        let headers: BTreeSet<String> = policies
+            .iter()
+            .flat_map(|p| p.spec.ext_auth.iter().flat_map(|e| &e.headers_to_ext_auth))
+            .map(|h| h.value.to_ascii_lowercase())
+            .collect();
+        let cfg = ExtAuthz {
+            services: Some(Services::HttpService(http_service(first))),
+            transport_api_version: ApiVersion::V3 as i32,
+            allowed_headers: (!headers.is_empty()).then(|| exact_list(headers)),
+            ..Default::default()
+        };
+        filters.push((EXT_AUTHZ_FILTER, pack_any(cfg), true));
+    }
     let at = hcm.http_filters.len().saturating_sub(1); // before the router
-    for (i, (name, cfg)) in filters.into_iter().enumerate() {
+    for (i, (name, cfg, disabled)) in filters.into_iter().enumerate() {
         hcm.http_filters.insert(
             at + i,
             HttpFilter {
                 name: name.into(),
                 config_type: Some(HttpFilterConfig::TypedConfig(cfg)),
+                disabled,
                 ..Default::default()
             },
         );
+    }
+}
+
+fn exact_list(names: impl IntoIterator<Item = String>) -> ListStringMatcher {
+    ListStringMatcher {
+        patterns: names
+            .into_iter()
+            .map(|n| StringMatcher {
+                match_pattern: Some(MatchPattern::Exact(n)),
+                ..Default::default()
+            })
+            .collect(),
+    }
+}
+
+/// The HTTP authorization service of a policy with `extAuth` (its Backend's cluster).
+fn http_service(p: &SecurityPolicy) -> HttpService {
+    let Some(e) = &p.spec.ext_auth else {
+        return HttpService::default();
+    };
+    let backend = e
+        .http
+        .backend_refs
+        .first()
+        .map(|b| ObjectKey::new(p.metadata.namespace.as_str(), b.name.as_str()))
+        .unwrap_or_else(|| p.key());
+    HttpService {
+        server_uri: Some(HttpUri {
+            uri: format!("http://{}.{}", backend.name, backend.namespace),
+            http_upstream_type: Some(HttpUpstreamType::Cluster(names::cluster(&backend))),
+            timeout: Some(pb_duration(std::time::Duration::from_secs(10))),
+        }),
+        path_prefix: e
+            .http
+            .path
+            .as_ref()
+            .map(|p| p.value.clone())
+            .unwrap_or_default(),
+        authorization_response: (!e.http.headers_to_backend.is_empty()).then(|| {
+            AuthorizationResponse {
+                allowed_upstream_headers: Some(exact_list(
+                    e.http
+                        .headers_to_backend
+                        .iter()
+                        .map(|h| h.value.to_ascii_lowercase()),
+                )),
+                ..Default::default()
+            }
+        }),
+        ..Default::default()
     }
 }
 
@@ -313,7 +396,17 @@ pub(crate) fn per_filter_config(p: &SecurityPolicy, tag: u32) -> Vec<u8> {
             None => RequirementSpecifier::Disabled(true),
         }),
     };
+    let ext_authz = ExtAuthzPerRoute {
+        r#override: Some(match &p.spec.ext_auth {
+            Some(_) => Override::CheckSettings(CheckSettings {
+                service_override: Some(ServiceOverride::HttpService(http_service(p))),
+                ..Default::default()
+            }),
+            None => Override::Disabled(true),
+        }),
+    };
     let entries: BTreeMap<String, Any> = [
+        (EXT_AUTHZ_FILTER.to_owned(), pack_any(ext_authz)),
         (JWT_FILTER.to_owned(), pack_any(jwt)),
         (RBAC_FILTER.to_owned(), pack_any(rbac)),
     ]

@@ -365,7 +365,8 @@ async fn jwt_authenticates_and_forwards_claims() {
     );
 }
 
-/// A loopback HTTP server answering every request with `body` (JSON), recording request heads.
+/// A loopback HTTP server answering each request with `respond(request head)` (a whole
+/// HTTP/1.1 response), recording request heads.
 struct JsonServer {
     addr: std::net::SocketAddr,
     requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
@@ -373,7 +374,19 @@ struct JsonServer {
 }
 
 impl JsonServer {
+    /// Answers every request with `body` as JSON.
     async fn start(body: String) -> JsonServer {
+        Self::start_with(move |_| {
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+        })
+        .await
+    }
+
+    async fn start_with(respond: impl Fn(&str) -> String + Send + Sync + 'static) -> JsonServer {
+        let respond = std::sync::Arc::new(respond);
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -385,7 +398,7 @@ impl JsonServer {
                     return;
                 };
                 let seen = seen.clone();
-                let body = body.clone();
+                let respond = respond.clone();
                 tokio::spawn(async move {
                     let mut head = Vec::new();
                     let mut buf = [0u8; 1024];
@@ -395,13 +408,9 @@ impl JsonServer {
                             Ok(n) => head.extend_from_slice(&buf[..n]),
                         }
                     }
-                    seen.lock()
-                        .unwrap()
-                        .push(String::from_utf8_lossy(&head).to_string());
-                    let resp = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
+                    let head = String::from_utf8_lossy(&head).to_string();
+                    let resp = respond(&head);
+                    seen.lock().unwrap().push(head);
                     let _ = s.write_all(resp.as_bytes()).await;
                 });
             }
@@ -490,4 +499,97 @@ spec:
         first.starts_with("get /.well-known/jwks.json ") && first.contains("host: keys.test"),
         "{first}"
     );
+}
+
+/// `extAuth`: Envoy asks a loopback authorization service (allow when the request carries
+/// `x-allow: yes`, answering `x-authz-user`) before route `api`: allowed requests get 200 and
+/// the backend sees the service's `x-authz-user`; others get the service's 403 and never reach
+/// the backend; route `open` without a policy is not checked. Every status is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ext_auth_asks_an_http_service() {
+    let up = Upstream::start("app").await.unwrap();
+    let authz = JsonServer::start_with(|head| {
+        if head.to_ascii_lowercase().contains("\r\nx-allow: yes\r\n") {
+            "HTTP/1.1 200 OK\r\nx-authz-user: checked\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_owned()
+        } else {
+            "HTTP/1.1 403 Forbidden\r\nContent-Length: 6\r\nConnection: close\r\n\r\ndenied".to_owned()
+        }
+    })
+    .await;
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        gateway(port)
+            + &named_rule_route("api", "api.example.com", "app")
+            + &named_rule_route("open", "open.example.com", "app")
+            + &backend("app", &[up.addr()])
+            + &backend("authz", &[authz.addr])
+            + "---
+apiVersion: ballast.dev/v1alpha1
+kind: SecurityPolicy
+metadata: { name: ext }
+spec:
+  targetRefs: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, name: api }]
+  extAuth:
+    headersToExtAuth: [x-allow]
+    http:
+      backendRefs: [{ group: ballast.dev, kind: Backend, name: authz }]
+      path: /check
+      headersToBackend: [x-authz-user]
+",
+    )
+    .unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-ext-auth",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    wait_for(T, POLL, || async {
+        match (
+            status_from(A, port, "api.example.com", &["x-allow: yes"]).await,
+            status_from(A, port, "api.example.com", &[]).await,
+        ) {
+            (200, 403) => Ok(()),
+            s => anyhow::bail!("allowed, denied: {s:?}"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    let checks_before = authz.requests.lock().unwrap().len();
+    let cases: Vec<Case<'_>> = vec![
+        (A, port, "api.example.com", vec!["x-allow: yes"], 200),
+        (A, port, "api.example.com", vec![], 403),
+        (A, port, "api.example.com", vec!["x-allow: no"], 403),
+        (A, port, "open.example.com", vec![], 200),
+    ];
+    let before = up.hits();
+    let (wrong, ok) = run_cases(&cases, 5).await;
+    assert!(wrong.is_empty(), "{wrong:#?}\n{}", envoy.log_tail(30));
+    assert_eq!(ok, 10);
+    assert_eq!(
+        up.hits() - before,
+        10,
+        "denied requests never reach the backend"
+    );
+    let requests = authz.requests.lock().unwrap().clone();
+    assert_eq!(
+        requests.len() - checks_before,
+        15,
+        "one check per api request, none for open"
+    );
+    assert!(
+        requests.last().unwrap().starts_with("GET /check/ "),
+        "{}",
+        requests.last().unwrap()
+    );
+    assert_eq!(
+        status_from(A, port, "api.example.com", &["x-allow: yes"]).await,
+        200
+    );
+    assert_eq!(up.last_header("x-authz-user").as_deref(), Some("checked"));
 }

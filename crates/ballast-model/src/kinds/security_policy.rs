@@ -35,6 +35,34 @@ pub struct SecurityPolicySpec {
     pub authorization: Option<Authorization>,
     #[serde(default)]
     pub jwt: Option<Jwt>,
+    #[serde(default)]
+    pub ext_auth: Option<ExtAuth>,
+}
+
+/// External authorization: Envoy asks an HTTP service (a Backend) about every request; a 2xx
+/// answer lets it through, any other answer is returned to the client (403 when the service
+/// cannot be reached: fail closed).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExtAuth {
+    pub http: ExtAuthHttp,
+    /// Request headers sent to the service besides Host, Method, Path, Content-Length and
+    /// Authorization (Envoy always sends those).
+    #[serde(default, rename = "headersToExtAuth")]
+    pub headers_to_ext_auth: Vec<Spanned<String>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExtAuthHttp {
+    /// Exactly one `ballast.dev` Backend in the policy's namespace.
+    pub backend_refs: Vec<JwksBackendRef>,
+    /// Prefix of the check request's path (the client's path follows it).
+    #[serde(default)]
+    pub path: Option<Spanned<String>>,
+    /// Headers of the service's 2xx answer copied into the request to the backend.
+    #[serde(default)]
+    pub headers_to_backend: Vec<Spanned<String>>,
 }
 
 /// Client IP allow/deny rules. Rules are checked in order and the first whose principal
@@ -283,12 +311,52 @@ pub(crate) fn validate_security_policy(ctx: &mut Ctx, p: &SecurityPolicy) {
     crate::validate::metadata(ctx, &p.metadata);
     let s = &p.spec;
     validate_target_refs(ctx, &s.target_refs, &SECURITY_POLICY_TARGETS);
-    if s.authorization.is_none() && s.jwt.is_none() {
+    if s.authorization.is_none() && s.jwt.is_none() && s.ext_auth.is_none() {
         ctx.err(
             Pos::UNKNOWN,
             "spec",
-            "a SecurityPolicy needs authorization or jwt",
+            "a SecurityPolicy needs authorization, jwt or extAuth",
         );
+    }
+    if let Some(e) = &s.ext_auth {
+        if e.http.backend_refs.len() != 1 {
+            ctx.err(
+                Pos::UNKNOWN,
+                "spec.extAuth.http.backendRefs",
+                "name exactly one Backend",
+            );
+        }
+        for (k, b) in e.http.backend_refs.iter().enumerate() {
+            if b.group != super::BALLAST_GROUP || b.kind.as_str() != "Backend" {
+                ctx.err(
+                    b.kind.pos,
+                    format!("spec.extAuth.http.backendRefs[{k}].kind"),
+                    format!(
+                        "unsupported {:?} (group {:?}); expected ballast.dev Backend",
+                        b.kind.value, b.group
+                    ),
+                );
+            }
+        }
+        if let Some(p) = &e.http.path
+            && !p.starts_with('/')
+        {
+            ctx.err(p.pos, "spec.extAuth.http.path", "must start with /");
+        }
+        for (field, list) in [
+            ("headersToExtAuth", &e.headers_to_ext_auth),
+            ("http.headersToBackend", &e.http.headers_to_backend),
+        ] {
+            for (k, h) in list.iter().enumerate() {
+                if !valid_header_name(h) {
+                    ctx.err(
+                        h.pos,
+                        format!("spec.extAuth.{field}[{k}]"),
+                        format!("invalid header name {:?}", h.value),
+                    );
+                }
+            }
+        }
     }
     if let Some(a) = &s.authorization {
         for (i, r) in a.rules.iter().enumerate() {
@@ -511,6 +579,22 @@ mod tests {
         let errs = ConfigSet::build([("c.yaml", unknown)]).unwrap_err();
         let e = errs[0].to_string();
         assert!(e.contains("c.yaml:26:29") && e.contains("jwksUri"), "{e}");
+        let refs = GW.to_owned()
+            + "---\napiVersion: ballast.dev/v1alpha1\nkind: SecurityPolicy\nmetadata: { name: p }\nspec:\n  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]\n  jwt:\n    providers:\n    - { name: a, remoteJWKS: { uri: ftp://x, backendRefs: [] } }\n  extAuth: { http: { backendRefs: [{ kind: Service, name: s }], path: check } }\n";
+        let errs = ConfigSet::build([("c.yaml", refs)]).unwrap_err();
+        let all = errs
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
+        for want in [
+            "remoteJWKS.uri",
+            "remoteJWKS.backendRefs",
+            "extAuth.http.backendRefs[0].kind",
+            "extAuth.http.path",
+        ] {
+            assert!(all.contains(want), "{want}: {all}");
+        }
     }
 
     proptest! {
