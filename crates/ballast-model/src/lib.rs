@@ -135,11 +135,15 @@ mod policy_docs_tests {
                 set.config_maps.len(),
                 set.security_policies.len()
             ),
-            (5, 1, 2, 2, 2)
+            (5, 1, 2, 2, 3)
         );
-        // The SecurityPolicy examples resolve their JWKS ConfigMap.
+        // The SecurityPolicy examples resolve their local JWKS (the Backends are elsewhere).
         for p in set.security_policies.values() {
-            set.security_refs(p).unwrap();
+            for pr in p.spec.jwt.iter().flat_map(|j| &j.providers) {
+                if pr.local_jwks.is_some() {
+                    set.security_jwks(p, pr).unwrap();
+                }
+            }
         }
     }
 }
