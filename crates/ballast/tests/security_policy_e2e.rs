@@ -47,10 +47,50 @@ spec:
     )
 }
 
+/// GET / from source address `from` (any of 127.0.0.0/8 works on loopback) with a Host and
+/// extra header lines; the status (0 on a connection error). Reads only the response head and
+/// its `Content-Length` body: waiting for the close would add Envoy's delayed-close second to
+/// every local reply.
 async fn status_from(from: IpAddr, port: u16, host: &str, headers: &[&str]) -> u16 {
-    host_request_from(Some(from), loopback(port), "GET", host, headers)
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let sock = tokio::net::TcpSocket::new_v4()?;
+        sock.bind(std::net::SocketAddr::new(from, 0))?;
+        let mut s = sock.connect(loopback(port)).await?;
+        let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
+        s.write_all(
+            format!("GET / HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = s.read(&mut buf).await?;
+            out.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&out).to_string();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse::<usize>().ok())?
+                    })
+                    .unwrap_or(0);
+                if body.len() >= len || n == 0 {
+                    return anyhow::Ok(text.get(9..12).unwrap_or("0").parse::<u16>()?);
+                }
+            }
+            if n == 0 {
+                anyhow::bail!("closed before a response");
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), exchange)
         .await
-        .map(|r| r.0)
+        .ok()
+        .and_then(Result::ok)
         .unwrap_or(0)
 }
 
@@ -299,7 +339,8 @@ async fn jwt_authenticates_and_forwards_claims() {
     .await
     .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
 
-    let expired = bearer(&main_key.sign(&claims("https://issuer.test", "ballast", now - 60)));
+    // Beyond Envoy's default 60 s clock skew allowance.
+    let expired = bearer(&main_key.sign(&claims("https://issuer.test", "ballast", now - 600)));
     let wrong_iss = bearer(&main_key.sign(&claims("https://evil.test", "ballast", now + 3600)));
     let wrong_aud = bearer(&main_key.sign(&claims("https://issuer.test", "other", now + 3600)));
     let unknown = bearer(&stranger.sign(&claims("https://issuer.test", "ballast", now + 3600)));

@@ -296,31 +296,8 @@ pub async fn host_request(
     host: &str,
     headers: &[&str],
 ) -> Result<(u16, Vec<(String, String)>, String)> {
-    host_request_from(None, addr, method, host, headers).await
-}
-
-/// [`host_request`] from source address `from` (any of 127.0.0.0/8 works on loopback), to
-/// test client IP rules.
-pub async fn host_request_from(
-    from: Option<std::net::IpAddr>,
-    addr: SocketAddr,
-    method: &str,
-    host: &str,
-    headers: &[&str],
-) -> Result<(u16, Vec<(String, String)>, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = match from {
-        None => tokio::net::TcpStream::connect(addr).await?,
-        Some(ip) => {
-            let sock = if ip.is_ipv4() {
-                tokio::net::TcpSocket::new_v4()?
-            } else {
-                tokio::net::TcpSocket::new_v6()?
-            };
-            sock.bind(SocketAddr::new(ip, 0))?;
-            sock.connect(addr).await?
-        }
-    };
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
     let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
     s.write_all(
         format!("{method} / HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n")
