@@ -65,7 +65,6 @@ use envoy_types::pb::google::protobuf::{Any, BoolValue, UInt32Value};
 use envoy_types::util::pack_any;
 use prost::Name;
 
-use crate::index::names_gateway;
 use crate::{names, pb_duration};
 
 pub(crate) const RBAC_FILTER: &str = "envoy.filters.http.rbac";
@@ -102,12 +101,16 @@ pub(crate) fn policy_gateways(config: &ConfigSet, p: &SecurityPolicy) -> BTreeSe
             }
             Some(TargetKind::HttpRoute) => {
                 if let Some(route) = config.http_routes.get(&key) {
+                    // The Gateways its parentRefs name (as `names_gateway`), without a scan
+                    // of every Gateway. The route is in the policy's namespace.
                     out.extend(
-                        config
-                            .gateways
-                            .keys()
-                            .filter(|g| names_gateway(route, g))
-                            .cloned(),
+                        route
+                            .spec
+                            .parent_refs
+                            .iter()
+                            .filter(|p| p.is_gateway())
+                            .map(|p| ObjectKey::new(p.namespace_or(ns), p.name.as_str()))
+                            .filter(|g| config.gateways.contains_key(g)),
                     );
                 }
             }
