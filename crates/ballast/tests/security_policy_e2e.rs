@@ -14,8 +14,8 @@ use common::*;
 const A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
 const B: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
 
-/// Gateway `edge` with HTTP listeners `http` and `plain` on two ports.
-fn gateway2(http: u16, plain: u16) -> String {
+/// Gateway `edge` with HTTP listeners `http`, `plain` and `proxied` on three ports.
+fn gateway3(http: u16, plain: u16, proxied: u16) -> String {
     format!(
         "apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
@@ -26,6 +26,7 @@ spec:
   listeners:
   - {{ name: http, port: {http}, protocol: HTTP }}
   - {{ name: plain, port: {plain}, protocol: HTTP }}
+  - {{ name: proxied, port: {proxied}, protocol: HTTP }}
 "
     )
 }
@@ -140,6 +141,25 @@ spec:
   authorization:
     rules:                      # defaultAction: Deny
     - { action: Allow, principal: { clientCIDRs: [\"127.0.0.2\"] } }
+---
+apiVersion: ballast.dev/v1alpha1
+kind: SecurityPolicy
+metadata: { name: proxied-ip }
+spec:
+  targetRefs:
+  - { group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: proxied }
+  authorization:
+    defaultAction: Allow
+    rules:
+    - { action: Deny, principal: { clientCIDRs: [203.0.113.0/24] } }
+---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: { name: behind-lb }
+spec:
+  targetRefs:   # one trusted proxy in front of listener proxied
+  - { group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: proxied }
+  clientIPDetection: { xForwardedFor: { numTrustedHops: 1 } }
 ";
 
 async fn debug_sources(ballast: &Ballast) -> serde_json::Value {
@@ -150,17 +170,22 @@ async fn debug_sources(ballast: &Ballast) -> serde_json::Value {
 /// The listener policy (deny 127.0.0.2) applies to routes on listener `http`; the rule
 /// policy of route `app` (allow only 127.0.0.2) beats it on every listener; listener
 /// `plain` without a policy lets everyone through. A spoofed `X-Forwarded-For` does not
-/// change the client address (no ClientPolicy trusts it). Every status is counted: each
+/// change the client address (no ClientPolicy trusts it); on listener `proxied`, whose
+/// ClientPolicy trusts one hop, the rules match the last `X-Forwarded-For` entry. Every status is counted: each
 /// case's requests all get the expected status, and only the 200s reach the backend. A
 /// broken edit (bad CIDR) is reported by file:line:col and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_ip_rules_allow_deny_and_most_specific_wins() {
     let up = Upstream::start("app").await.unwrap();
-    let (p1, p2) = (ballast_testkit::free_port(), ballast_testkit::free_port());
+    let (p1, p2, p3) = (
+        ballast_testkit::free_port(),
+        ballast_testkit::free_port(),
+        ballast_testkit::free_port(),
+    );
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("config.yaml"),
-        gateway2(p1, p2)
+        gateway3(p1, p2, p3)
             + &named_rule_route("app", "app.example.com", "app")
             + &named_rule_route("open", "open.example.com", "app")
             + &backend("app", &[up.addr()]),
@@ -201,6 +226,29 @@ async fn client_ip_rules_allow_deny_and_most_specific_wins() {
         (B, p2, "app.example.com", vec![], 200),
         (A, p2, "open.example.com", vec![], 200),
         (B, p2, "open.example.com", vec![], 200),
+        // Behind one trusted proxy the client is the last X-Forwarded-For entry.
+        (
+            A,
+            p3,
+            "open.example.com",
+            vec!["X-Forwarded-For: 203.0.113.9"],
+            403,
+        ),
+        (
+            A,
+            p3,
+            "open.example.com",
+            vec!["X-Forwarded-For: 203.0.113.9, 198.51.100.1"],
+            200,
+        ),
+        (
+            A,
+            p3,
+            "open.example.com",
+            vec!["X-Forwarded-For: 198.51.100.1, 203.0.113.9"],
+            403,
+        ),
+        (A, p3, "open.example.com", vec![], 200),
     ];
     let check = || async {
         let before = up.hits();
@@ -211,7 +259,7 @@ async fn client_ip_rules_allow_deny_and_most_specific_wins() {
             ok,
             "only allowed requests reach the backend"
         );
-        assert_eq!(ok, 50);
+        assert_eq!(ok, 70);
     };
     check().await;
 
