@@ -132,9 +132,18 @@ mod policy_docs_tests {
                 set.backend_policies.len(),
                 set.backend_tls_policies.len(),
                 set.client_policies.len(),
-                set.config_maps.len()
+                set.config_maps.len(),
+                set.security_policies.len()
             ),
-            (5, 1, 2, 1)
+            (5, 1, 2, 2, 3)
         );
+        // The SecurityPolicy examples resolve their local JWKS (the Backends are elsewhere).
+        for p in set.security_policies.values() {
+            for pr in p.spec.jwt.iter().flat_map(|j| &j.providers) {
+                if pr.local_jwks.is_some() {
+                    set.security_jwks(p, pr).unwrap();
+                }
+            }
+        }
     }
 }

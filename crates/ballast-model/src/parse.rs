@@ -18,7 +18,8 @@ use crate::kinds::{
     ClientPolicy, ClientPolicySpec, DEFAULT_NAMESPACE, EndpointSlice, EndpointSliceSpec, Gateway,
     GatewaySpec, GrpcRoute, GrpcRouteSpec, HttpRoute, HttpRouteSpec, Ignored, Kind, KindMatch,
     Metadata, Namespace, NamespaceSpec, Object, ObjectKey, RateLimitPolicy, RateLimitPolicySpec,
-    ReferenceGrant, ReferenceGrantSpec, Service, ServiceSpec, SliceEndpoint, SlicePort, Source,
+    ReferenceGrant, ReferenceGrantSpec, SecurityPolicy, SecurityPolicySpec, Service, ServiceSpec,
+    SliceEndpoint, SlicePort, Source,
 };
 use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
@@ -388,6 +389,8 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
         Kind::ConfigMap => deserialize::<ConfigMapDoc>(doc.text).map(Typed::ConfigMap),
         Kind::ClientPolicy => deserialize::<Doc<ClientPolicySpec>>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::ClientPolicy(Box::new(d.spec)))),
+        Kind::SecurityPolicy => deserialize::<Doc<SecurityPolicySpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::SecurityPolicy(Box::new(d.spec)))),
         Kind::GrpcRoute => deserialize::<Doc<GrpcRouteSpec>>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::GrpcRoute(d.spec))),
         Kind::Service => deserialize::<Doc<ServiceSpec>>(doc.text)
@@ -429,6 +432,7 @@ enum TypedSpec {
     BackendPolicy(Box<BackendPolicySpec>),
     BackendTlsPolicy(Box<BackendTlsPolicySpec>),
     ClientPolicy(Box<ClientPolicySpec>),
+    SecurityPolicy(Box<SecurityPolicySpec>),
     GrpcRoute(GrpcRouteSpec),
     Service(ServiceSpec),
     ReferenceGrant(ReferenceGrantSpec),
@@ -525,6 +529,15 @@ fn finish(
             };
             crate::kinds::client_policy::validate_client_policy(&mut ctx, &p);
             Object::ClientPolicy(Arc::new(p))
+        }
+        Typed::Spec(metadata, TypedSpec::SecurityPolicy(spec)) => {
+            let p = SecurityPolicy {
+                metadata,
+                spec: *spec,
+                source,
+            };
+            crate::kinds::security_policy::validate_security_policy(&mut ctx, &p);
+            Object::SecurityPolicy(Arc::new(p))
         }
         Typed::ConfigMap(d) => {
             let c = d.into_config_map(source);

@@ -132,6 +132,7 @@ pub struct ConfigSet {
     pub reference_grants: BTreeMap<ObjectKey, Arc<ReferenceGrant>>,
     pub namespaces: BTreeMap<ObjectKey, Arc<Namespace>>,
     pub rate_limit_policies: BTreeMap<ObjectKey, Arc<RateLimitPolicy>>,
+    pub security_policies: BTreeMap<ObjectKey, Arc<SecurityPolicy>>,
 }
 
 /// How one object differs between two sets.
@@ -473,6 +474,10 @@ impl ConfigSet {
                 .rate_limit_policies
                 .insert(key, p)
                 .map(Object::RateLimitPolicy),
+            Object::SecurityPolicy(p) => self
+                .security_policies
+                .insert(key, p)
+                .map(Object::SecurityPolicy),
         }
     }
 
@@ -563,6 +568,10 @@ impl ConfigSet {
                 .rate_limit_policies
                 .remove(key)
                 .map(Object::RateLimitPolicy),
+            Kind::SecurityPolicy => self
+                .security_policies
+                .remove(key)
+                .map(Object::SecurityPolicy),
         }
     }
 
@@ -606,6 +615,11 @@ impl ConfigSet {
                 .get(key)
                 .cloned()
                 .map(Object::RateLimitPolicy),
+            Kind::SecurityPolicy => self
+                .security_policies
+                .get(key)
+                .cloned()
+                .map(Object::SecurityPolicy),
         }
     }
 
@@ -659,6 +673,12 @@ impl ConfigSet {
                     .cloned()
                     .map(Object::RateLimitPolicy),
             )
+            .chain(
+                self.security_policies
+                    .values()
+                    .cloned()
+                    .map(Object::SecurityPolicy),
+            )
     }
 
     pub fn len(&self) -> usize {
@@ -676,6 +696,7 @@ impl ConfigSet {
             + self.reference_grants.len()
             + self.namespaces.len()
             + self.rate_limit_policies.len()
+            + self.security_policies.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -743,6 +764,12 @@ impl ConfigSet {
             Kind::RateLimitPolicy,
             &self.rate_limit_policies,
             &new.rate_limit_policies,
+            &mut out,
+        );
+        diff_map(
+            Kind::SecurityPolicy,
+            &self.security_policies,
+            &new.security_policies,
             &mut out,
         );
         out.sort();
@@ -897,6 +924,136 @@ impl ConfigSet {
         in_ns()
             .find(|p| names(p, Some(listener)))
             .or_else(|| in_ns().find(|p| names(p, None)))
+    }
+
+    /// Policy attachment of every SecurityPolicy: Gateways or listeners (`sectionName`), and
+    /// HTTPRoutes or named rules (`sectionName`). Route and Gateway points resolve separately;
+    /// translation puts route policies above Gateway ones (Envoy's most specific per-filter
+    /// config wins).
+    pub fn security_policy_resolution(&self) -> crate::attach::Resolution {
+        crate::attach::resolve(
+            self.security_policies
+                .iter()
+                .map(|(k, p)| (k, p.spec.target_refs.as_slice())),
+            |p| match p.target.kind {
+                TargetKind::Gateway => match self.gateways.get(&p.target.key) {
+                    None => Err(format!("Gateway {} not found", p.target.key)),
+                    Some(g) => match &p.section {
+                        Some(s) if g.listener(s).is_none() => {
+                            Err(format!("Gateway {} has no listener {s:?}", p.target.key))
+                        }
+                        _ => Ok(()),
+                    },
+                },
+                TargetKind::HttpRoute => match self.http_routes.get(&p.target.key) {
+                    None => Err(format!("HTTPRoute {} not found", p.target.key)),
+                    Some(r) => match &p.section {
+                        Some(s)
+                            if !r.spec.rules.iter().any(|rule| {
+                                rule.name.as_ref().is_some_and(|n| n.as_str() == s)
+                            }) =>
+                        {
+                            Err(format!(
+                                "HTTPRoute {} has no rule named {s:?}",
+                                p.target.key
+                            ))
+                        }
+                        _ => Ok(()),
+                    },
+                },
+                k => Err(format!("a SecurityPolicy cannot target {k}")),
+            },
+        )
+    }
+
+    /// The SecurityPolicy applying to `section` (a listener of a Gateway, a rule name of an
+    /// HTTPRoute; `None`: a rule without a name) of `target`: the oldest naming that section,
+    /// else the oldest naming the whole target ([`crate::attach`] rules, for one lookup in
+    /// O(policies in the namespace)). The section must exist.
+    pub fn security_policy_for(
+        &self,
+        kind: TargetKind,
+        target: &ObjectKey,
+        section: Option<&str>,
+    ) -> Option<&Arc<SecurityPolicy>> {
+        let ns = ObjectKey::new(target.namespace.as_str(), "");
+        let in_ns = || {
+            self.security_policies
+                .range(ns.clone()..)
+                .take_while(|(k, _)| k.namespace == target.namespace)
+                .map(|(_, p)| p)
+        };
+        let names = |p: &SecurityPolicy, section: Option<&str>| {
+            p.spec.target_refs.iter().any(|r| {
+                r.target_kind() == Some(kind)
+                    && *r.name == target.name
+                    && r.section_name.as_ref().map(|s| s.as_str()) == section
+            })
+        };
+        section
+            .and_then(|s| in_ns().find(|p| names(p, Some(s))))
+            .or_else(|| in_ns().find(|p| names(p, None)))
+    }
+
+    /// The JWKS text of a SecurityPolicy JWT provider: inline, or the ConfigMap key it names
+    /// (empty for `remoteJWKS`, whose Backend must exist); `Err` says what does not resolve
+    /// (where in which file).
+    pub fn security_jwks(
+        &self,
+        p: &SecurityPolicy,
+        provider: &JwtProvider,
+    ) -> Result<String, String> {
+        if let Some(r) = &provider.remote_jwks {
+            // Envoy fetches it; what must resolve is the Backend.
+            for b in &r.backend_refs {
+                let key = ObjectKey::new(p.metadata.namespace.as_str(), b.name.as_str());
+                if self.backend(&key).is_none() {
+                    return Err(format!(
+                        "{}:{}: Backend {key} not found",
+                        p.source.file, b.name.pos
+                    ));
+                }
+            }
+            return Ok(String::new());
+        }
+        let Some(l) = &provider.local_jwks else {
+            return Err(format!("provider {} has no JWKS", provider.name.value));
+        };
+        if let Some(text) = &l.inline {
+            return Ok(text.value.clone());
+        }
+        let Some(r) = &l.value_ref else {
+            return Err(format!("provider {} has no JWKS", provider.name.value));
+        };
+        let key = ObjectKey::new(p.metadata.namespace.as_str(), r.name.as_str());
+        let at = format!("{}:{}", p.source.file, r.name.pos);
+        let text = self
+            .config_maps
+            .get(&key)
+            .ok_or_else(|| format!("{at}: ConfigMap {key} not found"))?
+            .data
+            .get(r.key_name())
+            .ok_or_else(|| format!("{at}: ConfigMap {key} has no key {:?}", r.key_name()))?;
+        check_jwks(text)
+            .map_err(|m| format!("{at}: ConfigMap {key} key {:?}: {m}", r.key_name()))?;
+        Ok(text.clone())
+    }
+
+    /// Every JWKS and extAuth reference of a SecurityPolicy resolves.
+    pub fn security_refs(&self, p: &SecurityPolicy) -> Result<(), String> {
+        for pr in p.spec.jwt.iter().flat_map(|j| &j.providers) {
+            self.security_jwks(p, pr)?;
+        }
+        for b in p.spec.ext_auth.iter().flat_map(|e| &e.http.backend_refs) {
+            let key = ObjectKey::new(p.metadata.namespace.as_str(), b.name.as_str());
+            if self.backend(&key).is_none() {
+                return Err(format!(
+                    "{}:{}: Backend {key} not found",
+                    p.source.file, b.name.pos
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The PEM bundle of `ca.crt` of each reference (ConfigMap or TLS Secret) in `namespace`.

@@ -137,6 +137,7 @@ pub struct ConfigStatus {
     pub client_policies: Vec<PolicyStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rate_limit_policies: Vec<PolicyStatus>,
+    pub security_policies: Vec<PolicyStatus>,
     /// GRPCRoutes, computed through their HTTPRoute equivalents (same attachment rules).
     pub grpc_routes: Vec<RouteStatus>,
     pub backends: Vec<BackendStatus>,
@@ -237,12 +238,12 @@ pub(crate) fn policy_statuses(
                     };
                     let mut conditions = vec![accepted];
                     if let Err(m) = refs(key) {
-                        conditions.push(Condition::new(
-                            "ResolvedRefs",
-                            false,
-                            "InvalidCACertificateRef",
-                            m,
-                        ));
+                        let reason = if kind == Kind::SecurityPolicy {
+                            "InvalidReference"
+                        } else {
+                            "InvalidCACertificateRef"
+                        };
+                        conditions.push(Condition::new("ResolvedRefs", false, reason, m));
                     }
                     PolicyTargetStatus {
                         group: t.point.target.kind.group().to_owned(),
@@ -284,6 +285,7 @@ impl ConfigStatus {
             .iter()
             .chain(&self.backend_tls_policies)
             .chain(&self.rate_limit_policies)
+            .chain(&self.security_policies)
         {
             for t in &p.targets {
                 for c in t.conditions.iter().filter(|c| !c.is_true()) {
@@ -407,6 +409,20 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
             },
         ),
         rate_limit_policies: crate::kinds::rate_limit::statuses(set),
+        security_policies: policy_statuses(
+            Kind::SecurityPolicy,
+            &set.security_policy_resolution(),
+            |k| {
+                set.security_policies
+                    .get(k)
+                    .map(|p| p.source.to_string())
+                    .unwrap_or_default()
+            },
+            |k| match set.security_policies.get(k) {
+                Some(p) => set.security_refs(p),
+                None => Ok(()),
+            },
+        ),
         grpc_routes: set
             .grpc_routes
             .values()

@@ -31,6 +31,7 @@ pub fn kind_segment(kind: Kind) -> &'static str {
         Kind::ReferenceGrant => "referencegrants",
         Kind::Namespace => "namespaces",
         Kind::RateLimitPolicy => "ratelimitpolicies",
+        Kind::SecurityPolicy => "securitypolicies",
     }
 }
 

@@ -54,6 +54,7 @@ mod envoy;
 mod etcd;
 mod grpc;
 mod http;
+mod jwt;
 mod rate_limit_service;
 mod tcp_proxy;
 mod traffic;
@@ -70,6 +71,7 @@ pub use envoy::{
 pub use etcd::{EtcdCluster, EtcdTls, try_etcd_binary};
 pub use grpc::{GrpcOutcome, GrpcUpstream, grpc_calls, grpc_calls_tls, python};
 pub use http::{http_get, http_json, http_post_json};
+pub use jwt::{JwtSigner, unix_now};
 pub use rate_limit_service::RateLimitServer;
 pub use tcp_proxy::TcpProxy;
 pub use traffic::{Traffic, TrafficConfig, TrafficReport};

@@ -93,6 +93,7 @@ impl Caches {
             && same(&t.route, route)
             && t.signature == backend_signature(config, route)
             && same_rate_limit(&t.rate_limit, &rate_limit_signature(config, route))
+            && t.security == crate::security::route_policies(config, route)
         {
             stats.routes_reused += 1;
             return t.clone();
@@ -198,6 +199,8 @@ struct HostState {
     fixed: bool,
     /// The `*` catch-all of an HTTPS chain with a hostname, answering 421 (never has routes).
     misdirected: bool,
+    /// The SecurityPolicy of the listener owning this host ([`crate::security::host_policy`]).
+    security: Option<Arc<ballast_model::SecurityPolicy>>,
     /// The virtual host as an entry of `RouteConfiguration.virtual_hosts` (field key, length,
     /// message).
     encoded: Vec<u8>,
@@ -213,7 +216,12 @@ impl HostState {
             encode_misdirected_host(host, &mut self.encoded);
             return;
         }
-        self.clusters = encode_virtual_host(host, self.routes.values(), &mut self.encoded);
+        let extra = self
+            .security
+            .as_ref()
+            .map(|p| crate::security::per_filter_config(p, 15))
+            .unwrap_or_default();
+        self.clusters = encode_virtual_host(host, self.routes.values(), &extra, &mut self.encoded);
     }
 }
 
@@ -385,6 +393,10 @@ pub(crate) fn build_gateway(
     if let Some(svc) = &rate_limit_service {
         count_up(&mut backend_refs, &BTreeSet::from([svc.clone()]));
     }
+    // Backends SecurityPolicies fetch from (remote JWKS) count like one more route using
+    // them, so route patches never drop their clusters or index entries.
+    let policy_backends = crate::security::policy_backends(config, key);
+    count_up(&mut backend_refs, &policy_backends);
     deps.backends = backend_refs.keys().cloned().collect();
 
     let mut prev_chains: BTreeMap<String, ChainState> = BTreeMap::new();
@@ -395,9 +407,11 @@ pub(crate) fn build_gateway(
     }
     let mut resources = GatewayResources::empty(key.clone());
     let mut used = BTreeMap::new();
+    count_up(&mut used, &policy_backends);
     let mut chains = Vec::new();
     let mut listeners = BTreeMap::new();
     let mut used_secrets = BTreeSet::new();
+    let security = crate::security::gateway_policies(config, key);
     for port in plan(config, gw) {
         for chain in &port.chains {
             let mut hosts: BTreeMap<String, HostState> = BTreeMap::new();
@@ -430,11 +444,17 @@ pub(crate) fn build_gateway(
                     m.misdirected = true;
                 }
             }
+            for (h, state) in hosts.iter_mut() {
+                if !state.misdirected {
+                    state.security = crate::security::host_policy(config, key, &chain.listeners, h);
+                }
+            }
             let mut old = prev_chains.remove(&chain.route_config);
             let mut reused_all = old.as_ref().is_some_and(|o| o.hosts.len() == hosts.len());
             for (h, state) in hosts.iter_mut() {
                 let same = old.as_mut().and_then(|o| o.hosts.get_mut(h)).filter(|o| {
                     o.misdirected == state.misdirected
+                        && o.security == state.security
                         && o.routes.len() == state.routes.len()
                         && o.routes
                             .iter()
@@ -478,7 +498,7 @@ pub(crate) fn build_gateway(
             used_secrets.extend(chain.certificates.iter().cloned());
             chains.push(state);
         }
-        let l = envoy_listener(config, gw, &port, options);
+        let l = envoy_listener(config, gw, &port, options, &security);
         let r = encode_reusing(prev_listeners.as_ref(), &mut listeners, l, stats);
         resources.listeners.push(r);
     }
@@ -607,7 +627,7 @@ pub(crate) fn patch_routes(
 
     let res = Arc::make_mut(&mut state.resources);
     let mut changed_any = false;
-    for (cs, hosts) in state.chains.iter_mut().zip(dirty) {
+    for (i, (cs, hosts)) in state.chains.iter_mut().zip(dirty).enumerate() {
         if hosts.is_empty() {
             continue;
         }
@@ -619,6 +639,10 @@ pub(crate) fn patch_routes(
             if hs.routes.is_empty() && !hs.fixed {
                 cs.hosts.remove(&h);
             } else {
+                if !hs.misdirected {
+                    hs.security =
+                        crate::security::host_policy(config, key, &chains[i].listeners, &h);
+                }
                 hs.encode(&h);
                 let new_clusters = hs.clusters.clone();
                 cs.add_refs(&new_clusters);

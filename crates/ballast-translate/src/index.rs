@@ -54,6 +54,7 @@ impl Deps {
         }
         // The rate-limit service the connection manager's global filter calls.
         backends.extend(crate::rate_limit::service_backend(config, gw));
+        backends.extend(crate::security::policy_backends(config, gateway));
         Some(Deps {
             routes: routes_naming(config, gateway).collect(),
             backends,

@@ -56,6 +56,7 @@ mod rate_limit;
 mod resources;
 mod route;
 mod secret;
+mod security;
 mod session;
 mod source;
 mod translator;

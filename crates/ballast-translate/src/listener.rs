@@ -161,6 +161,10 @@ fn hcm_filter(
     client: Option<&ClientSettings<'_>>,
     sources: &ConfigSources,
     rate_limit: &[HttpFilter],
+    security: (
+        &ConfigSet,
+        &[&std::sync::Arc<ballast_model::SecurityPolicy>],
+    ),
 ) -> Filter {
     let mut hcm = rds_http_connection_manager(stat_prefix, route_config);
     // CORS runs before the router; it acts only on routes with a CORS policy.
@@ -180,6 +184,8 @@ fn hcm_filter(
     if let Some(c) = client {
         crate::policy::apply_client_hcm(&mut hcm, c);
     }
+    // After the client settings: it reads whether they set `use_remote_address`.
+    crate::security::apply_hcm(&mut hcm, security.0, security.1);
     hcm.access_log = crate::access_log::access_logs(gw);
     // WebSocket upgrades pass through every HTTP listener (Envoy refuses them otherwise).
     hcm.upgrade_configs = vec![UpgradeConfig {
@@ -245,6 +251,7 @@ pub(crate) fn envoy_listener(
     gw: &Gateway,
     port: &PortPlan<'_>,
     options: &Options,
+    security: &[&std::sync::Arc<ballast_model::SecurityPolicy>],
 ) -> EnvoyListener {
     let key = gw.key();
     // A chain's client settings are those of its (first) Gateway listener; HTTP listeners
@@ -298,6 +305,7 @@ pub(crate) fn envoy_listener(
                         client.as_ref(),
                         &options.config_sources,
                         &rate_limit,
+                        (config, security),
                     )])
                     .collect(),
                 transport_socket: https.then(|| {

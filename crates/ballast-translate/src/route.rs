@@ -78,11 +78,30 @@ pub(crate) struct RouteEntry {
 }
 
 impl RouteEntry {
-    fn new(precedence: Precedence, routes: Vec<Route>) -> RouteEntry {
-        let mut encoded = Vec::with_capacity(routes.iter().map(|r| r.encoded_len() + 4).sum());
+    /// `extra`: fields appended to every route (pre-encoded `typed_per_filter_config`
+    /// entries, see [`crate::security`]).
+    fn new(precedence: Precedence, routes: Vec<Route>, extra: &[u8]) -> RouteEntry {
+        let mut encoded = Vec::with_capacity(
+            routes
+                .iter()
+                .map(|r| r.encoded_len() + extra.len() + 4)
+                .sum(),
+        );
         for r in &routes {
+            // Maps of two or more entries are written in key order (prost's HashMap order
+            // differs between processes); `extra` holds more entries of the same map field,
+            // which protobuf merges, pre-encoded in order.
             if r.typed_per_filter_config.len() < 2 {
-                prost::encoding::message::encode(3, r, &mut encoded);
+                prost::encoding::encode_key(
+                    3,
+                    prost::encoding::WireType::LengthDelimited,
+                    &mut encoded,
+                );
+                prost::encoding::encode_varint(
+                    (r.encoded_len() + extra.len()) as u64,
+                    &mut encoded,
+                );
+                r.encode_raw(&mut encoded);
             } else {
                 let body = encode_sorted(r);
                 prost::encoding::encode_key(
@@ -90,9 +109,10 @@ impl RouteEntry {
                     prost::encoding::WireType::LengthDelimited,
                     &mut encoded,
                 );
-                prost::encoding::encode_varint(body.len() as u64, &mut encoded);
+                prost::encoding::encode_varint((body.len() + extra.len()) as u64, &mut encoded);
                 encoded.extend_from_slice(&body);
             }
+            encoded.extend_from_slice(extra);
         }
         // The same references a route configuration holding these routes has.
         let holder = RouteConfiguration {
@@ -146,6 +166,8 @@ fn encode_sorted(route: &Route) -> Vec<u8> {
 pub(crate) struct TranslatedRoute {
     pub route: Arc<HttpRoute>,
     pub signature: Vec<Option<(ObjectKey, Option<HashKey>)>>,
+    /// Per rule, the SecurityPolicy applying to its routes (also part of the cache key).
+    pub security: Vec<Option<Arc<ballast_model::SecurityPolicy>>>,
     pub entries: Vec<RouteEntry>,
     /// Backends the Envoy routes send traffic to.
     pub clusters: BTreeSet<ObjectKey>,
@@ -213,6 +235,7 @@ pub(crate) fn translate_route(config: &ConfigSet, route: &Arc<HttpRoute>) -> Tra
     let mut out = TranslatedRoute {
         route: route.clone(),
         signature: backend_signature(config, route),
+        security: crate::security::route_policies(config, route),
         entries: Vec::new(),
         clusters: BTreeSet::new(),
         backend_refs: backend_refs(route).collect(),
@@ -233,13 +256,17 @@ pub(crate) fn translate_route(config: &ConfigSet, route: &Arc<HttpRoute>) -> Tra
                     .extend(parts.mirrors.iter().map(|(k, _)| k.clone()));
             }
         }
+        let extra = out.security[ri]
+            .as_ref()
+            .map(|p| crate::security::per_filter_config(p, 13))
+            .unwrap_or_default();
         for (mi, m) in rule.matches.iter().enumerate() {
             let mut routes = parts.routes(&key, ri, rule.name.as_ref().map(|n| n.as_str()), mi, m);
             for r in &mut routes {
                 r.typed_per_filter_config.extend(rate_limit.iter().cloned());
             }
             out.entries
-                .push(RouteEntry::new(precedence(m, &key, ri, mi), routes));
+                .push(RouteEntry::new(precedence(m, &key, ri, mi), routes, &extra));
         }
     }
     out
@@ -758,7 +785,7 @@ fn regex_escape(s: &str) -> String {
 
 /// Specificity of a Gateway listener hostname for picking the listener of a request host:
 /// exact names beat wildcards, longer wildcards beat shorter ones, and no hostname comes last.
-fn specificity(l: &Listener) -> (u8, usize) {
+pub(crate) fn specificity(l: &Listener) -> (u8, usize) {
     match l.hostname() {
         None => (0, 0),
         Some(h) if h.starts_with('*') => (1, h.len()),
@@ -766,7 +793,7 @@ fn specificity(l: &Listener) -> (u8, usize) {
     }
 }
 
-fn listener_matches(l: &Listener, host: &str) -> bool {
+pub(crate) fn listener_matches(l: &Listener, host: &str) -> bool {
     match l.hostname() {
         None => true,
         Some(lh) => lh == host || hostname_matches(lh, host),
@@ -858,9 +885,12 @@ pub(crate) fn encode_misdirected_host(host: &str, out: &mut Vec<u8>) {
 /// Encodes the `RouteConfiguration.virtual_hosts` field for `host` into `out` — name, domain,
 /// then every route in precedence order, exactly as prost encodes `VirtualHost { name, domains:
 /// [host], routes, ..Default::default() }` — and returns the clusters its routes send to, sorted.
+/// `extra`: fields after the routes (the `typed_per_filter_config` of a listener's
+/// SecurityPolicy, [`crate::security`]).
 pub(crate) fn encode_virtual_host<'a>(
     host: &str,
     routes: impl Iterator<Item = &'a Arc<TranslatedRoute>>,
+    extra: &[u8],
     out: &mut Vec<u8>,
 ) -> Vec<Arc<str>> {
     let mut entries: Vec<&RouteEntry> = routes.flat_map(|t| &t.entries).collect();
@@ -871,7 +901,8 @@ pub(crate) fn encode_virtual_host<'a>(
         domains: vec![host.to_owned()],
         ..Default::default()
     };
-    let len = head.encoded_len() + entries.iter().map(|e| e.encoded.len()).sum::<usize>();
+    let len =
+        head.encoded_len() + entries.iter().map(|e| e.encoded.len()).sum::<usize>() + extra.len();
     out.reserve(len + 8);
     prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, out);
     prost::encoding::encode_varint(len as u64, out);
@@ -879,6 +910,7 @@ pub(crate) fn encode_virtual_host<'a>(
     for e in &entries {
         out.extend_from_slice(&e.encoded);
     }
+    out.extend_from_slice(extra);
     let mut clusters: Vec<Arc<str>> = entries
         .iter()
         .flat_map(|e| e.clusters.iter().cloned())

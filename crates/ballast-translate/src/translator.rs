@@ -123,9 +123,12 @@ impl Translator {
                         );
                     }
                     // A route with a RateLimitPolicy of its own decides which rate-limit
-                    // filters its Gateways' connection managers carry: rebuild them.
+                    // filters its Gateways' connection managers carry, and a route a
+                    // SecurityPolicy names which policies (JWT providers): rebuild them.
                     if crate::rate_limit::targets_route(&old, &c.key)
                         || crate::rate_limit::targets_route(config, &c.key)
+                        || crate::security::route_targeted(&old, &c.key)
+                        || crate::security::route_targeted(config, &c.key)
                     {
                         rebuild.extend(affected);
                         continue;
@@ -219,7 +222,22 @@ impl Translator {
                         rebuild.extend(targeted_gateways(p));
                     }
                 }
+                Kind::SecurityPolicy => {
+                    // Filters, providers and per-route config of the Gateways either version
+                    // affects (directly, or through the HTTPRoutes it names).
+                    if let Some(p) = old.security_policies.get(&c.key) {
+                        rebuild.extend(crate::security::policy_gateways(&old, p));
+                    }
+                    if let Some(p) = config.security_policies.get(&c.key) {
+                        rebuild.extend(crate::security::policy_gateways(config, p));
+                    }
+                }
                 Kind::Secret | Kind::ConfigMap | Kind::BackendTlsPolicy => {
+                    if c.kind == Kind::ConfigMap {
+                        // JWKS of SecurityPolicies.
+                        rebuild.extend(crate::security::gateways_using_config_map(&old, &c.key));
+                        rebuild.extend(crate::security::gateways_using_config_map(config, &c.key));
+                    }
                     if c.kind == Kind::Secret {
                         rebuild.extend(self.index.gateways_of_secret(&c.key).cloned());
                     }
@@ -387,6 +405,7 @@ impl Translator {
                 | Kind::ConfigMap
                 | Kind::BackendTlsPolicy
                 | Kind::ClientPolicy
+                | Kind::SecurityPolicy
                 | Kind::GrpcRoute
                 | Kind::Service
                 | Kind::EndpointSlice
@@ -503,6 +522,12 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
         Kind::RateLimitPolicy,
         &old.rate_limit_policies,
         &new.rate_limit_policies,
+        &mut out,
+    );
+    diff_map(
+        Kind::SecurityPolicy,
+        &old.security_policies,
+        &new.security_policies,
         &mut out,
     );
     out

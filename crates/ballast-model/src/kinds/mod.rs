@@ -18,6 +18,7 @@ pub mod rate_limit;
 pub mod reference_grant;
 pub mod route;
 pub mod secret;
+pub mod security_policy;
 pub mod service;
 
 use std::collections::BTreeMap;
@@ -39,6 +40,7 @@ pub use rate_limit::*;
 pub use reference_grant::*;
 pub use route::*;
 pub use secret::*;
+pub use security_policy::*;
 pub use service::*;
 
 use crate::spanned::Pos;
@@ -70,10 +72,11 @@ pub enum Kind {
     ReferenceGrant,
     Namespace,
     RateLimitPolicy,
+    SecurityPolicy,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 14] = [
+    pub const ALL: [Kind; 15] = [
         Kind::Gateway,
         Kind::HttpRoute,
         Kind::Backend,
@@ -88,6 +91,7 @@ impl Kind {
         Kind::ReferenceGrant,
         Kind::Namespace,
         Kind::RateLimitPolicy,
+        Kind::SecurityPolicy,
     ];
 
     /// The `kind:` string.
@@ -107,6 +111,7 @@ impl Kind {
             Kind::ReferenceGrant => "ReferenceGrant",
             Kind::Namespace => "Namespace",
             Kind::RateLimitPolicy => "RateLimitPolicy",
+            Kind::SecurityPolicy => "SecurityPolicy",
         }
     }
 
@@ -114,9 +119,11 @@ impl Kind {
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::Gateway | Kind::HttpRoute | Kind::GrpcRoute => "gateway.networking.k8s.io/v1",
-            Kind::Backend | Kind::BackendPolicy | Kind::ClientPolicy | Kind::RateLimitPolicy => {
-                "ballast.dev/v1alpha1"
-            }
+            Kind::Backend
+            | Kind::BackendPolicy
+            | Kind::ClientPolicy
+            | Kind::RateLimitPolicy
+            | Kind::SecurityPolicy => "ballast.dev/v1alpha1",
             Kind::Secret | Kind::ConfigMap | Kind::Service | Kind::Namespace => "v1",
             Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1alpha3",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
@@ -291,6 +298,7 @@ pub enum Object {
     ReferenceGrant(Arc<ReferenceGrant>),
     Namespace(Arc<Namespace>),
     RateLimitPolicy(Arc<RateLimitPolicy>),
+    SecurityPolicy(Arc<SecurityPolicy>),
 }
 
 impl Object {
@@ -310,6 +318,7 @@ impl Object {
             Object::ReferenceGrant(_) => Kind::ReferenceGrant,
             Object::Namespace(_) => Kind::Namespace,
             Object::RateLimitPolicy(_) => Kind::RateLimitPolicy,
+            Object::SecurityPolicy(_) => Kind::SecurityPolicy,
         }
     }
 
@@ -329,6 +338,7 @@ impl Object {
             Object::ReferenceGrant(o) => &o.metadata,
             Object::Namespace(o) => &o.metadata,
             Object::RateLimitPolicy(o) => &o.metadata,
+            Object::SecurityPolicy(o) => &o.metadata,
         }
     }
 
@@ -352,6 +362,7 @@ impl Object {
             Object::ReferenceGrant(o) => &o.source,
             Object::Namespace(o) => &o.source,
             Object::RateLimitPolicy(o) => &o.source,
+            Object::SecurityPolicy(o) => &o.source,
         }
     }
 }

@@ -1,0 +1,630 @@
+//! `ballast.dev/v1alpha1` `SecurityPolicy`: who may use the Gateways, listeners, HTTPRoutes or
+//! single route rules it targets: client IP allow/deny lists (`authorization`) and JWT
+//! authentication (`jwt`). Named after Envoy Gateway's `SecurityPolicy`, whose field names it
+//! follows where features match.
+//!
+//! Precedence, most specific first: a rule (`HTTPRoute` + `sectionName`), the route, a listener
+//! (`Gateway` + `sectionName`), the Gateway. The policy that applies is used as a whole (an
+//! HTTPRoute policy with only `jwt` turns the Gateway's `authorization` off on that route).
+
+use std::net::IpAddr;
+
+use serde::Deserialize;
+
+use super::policy::{PolicyTargetRef, TargetKind, validate_target_refs};
+use super::{Metadata, Source, object_kind};
+use crate::spanned::{Pos, Spanned};
+use crate::validate::Ctx;
+
+#[derive(Clone, Debug)]
+pub struct SecurityPolicy {
+    pub metadata: Metadata,
+    pub spec: SecurityPolicySpec,
+    pub source: Source,
+}
+object_kind!(SecurityPolicy, super::Kind::SecurityPolicy);
+
+/// What a SecurityPolicy may target (a listener or a named rule through `sectionName`).
+pub const SECURITY_POLICY_TARGETS: [TargetKind; 2] = [TargetKind::Gateway, TargetKind::HttpRoute];
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SecurityPolicySpec {
+    pub target_refs: Vec<PolicyTargetRef>,
+    #[serde(default)]
+    pub authorization: Option<Authorization>,
+    #[serde(default)]
+    pub jwt: Option<Jwt>,
+    #[serde(default)]
+    pub ext_auth: Option<ExtAuth>,
+}
+
+/// External authorization: Envoy asks an HTTP service (a Backend) about every request; a 2xx
+/// answer lets it through, any other answer is returned to the client (403 when the service
+/// cannot be reached: fail closed).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExtAuth {
+    pub http: ExtAuthHttp,
+    /// Request headers sent to the service besides Host, Method, Path, Content-Length and
+    /// Authorization (Envoy always sends those).
+    #[serde(default, rename = "headersToExtAuth")]
+    pub headers_to_ext_auth: Vec<Spanned<String>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExtAuthHttp {
+    /// Exactly one `ballast.dev` Backend in the policy's namespace.
+    pub backend_refs: Vec<JwksBackendRef>,
+    /// Prefix of the check request's path (the client's path follows it).
+    #[serde(default)]
+    pub path: Option<Spanned<String>>,
+    /// Headers of the service's 2xx answer copied into the request to the backend.
+    #[serde(default)]
+    pub headers_to_backend: Vec<Spanned<String>>,
+}
+
+/// Client IP allow/deny rules. Rules are checked in order and the first whose principal
+/// matches decides; without a match `defaultAction` does (default `Deny`, as Envoy Gateway).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Authorization {
+    #[serde(default)]
+    pub default_action: Option<Spanned<AuthorizationAction>>,
+    #[serde(default)]
+    pub rules: Vec<AuthorizationRule>,
+}
+
+impl Authorization {
+    pub fn default_action(&self) -> AuthorizationAction {
+        self.default_action
+            .as_ref()
+            .map_or(AuthorizationAction::Deny, |a| a.value)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum AuthorizationAction {
+    Allow,
+    Deny,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AuthorizationRule {
+    /// For status and logs only.
+    #[serde(default)]
+    pub name: Option<Spanned<String>>,
+    pub action: Spanned<AuthorizationAction>,
+    pub principal: Principal,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Principal {
+    /// Client addresses (`10.0.0.0/8`, `2001:db8::/32`, or a single address), as the
+    /// connection manager detects them (the ClientPolicy's `clientIPDetection`).
+    #[serde(rename = "clientCIDRs")]
+    pub client_cidrs: Vec<Spanned<String>>,
+}
+
+/// A parsed CIDR range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    pub address: IpAddr,
+    pub prefix_len: u32,
+}
+
+impl Cidr {
+    /// `a.b.c.d/n`, `x::y/n`, or a bare address (a single host).
+    pub fn parse(s: &str) -> Result<Cidr, String> {
+        let (addr, len) = match s.split_once('/') {
+            Some((a, l)) => (a, Some(l)),
+            None => (s, None),
+        };
+        let address: IpAddr = addr
+            .trim()
+            .parse()
+            .map_err(|_| format!("invalid CIDR {s:?}: {addr:?} is not an IP address"))?;
+        let max = if address.is_ipv4() { 32 } else { 128 };
+        let prefix_len =
+            match len {
+                None => max,
+                Some(l) => l.parse::<u32>().ok().filter(|n| *n <= max).ok_or_else(|| {
+                    format!("invalid CIDR {s:?}: prefix length must be 0..={max}")
+                })?,
+            };
+        Ok(Cidr {
+            address,
+            prefix_len,
+        })
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Jwt {
+    /// A request must carry a valid token of one of these providers.
+    pub providers: Vec<JwtProvider>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JwtProvider {
+    /// Unique within the policy.
+    pub name: Spanned<String>,
+    /// Required `iss` claim; absent: any issuer.
+    #[serde(default)]
+    pub issuer: Option<Spanned<String>>,
+    /// Accepted `aud` values; empty: any audience.
+    #[serde(default)]
+    pub audiences: Vec<Spanned<String>>,
+    #[serde(default, rename = "localJWKS")]
+    pub local_jwks: Option<LocalJwks>,
+    #[serde(default, rename = "remoteJWKS")]
+    pub remote_jwks: Option<RemoteJwks>,
+    /// Copy claims of the verified token into request headers for the backend.
+    #[serde(default)]
+    pub claim_to_headers: Vec<ClaimToHeader>,
+}
+
+/// The JSON Web Key Set verifying tokens: inline, or a key of a ConfigMap in the policy's
+/// namespace (Ballast's Secrets are TLS Secrets only).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LocalJwks {
+    /// `Inline` or `ValueRef` (Envoy Gateway's discriminator; optional here).
+    #[serde(default, rename = "type")]
+    pub type_: Option<Spanned<String>>,
+    #[serde(default)]
+    pub inline: Option<Spanned<String>>,
+    #[serde(default)]
+    pub value_ref: Option<JwksRef>,
+}
+
+/// A JWKS Envoy fetches over HTTP(S) from a Backend (TLS per the Backend's BackendTLSPolicy)
+/// and caches.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RemoteJwks {
+    /// `http://` or `https://` URL; its host is sent as `Host`.
+    pub uri: Spanned<String>,
+    /// Exactly one `ballast.dev` Backend in the policy's namespace serving `uri`.
+    pub backend_refs: Vec<JwksBackendRef>,
+    /// How long fetched keys are used before fetching again (Envoy default 10 minutes).
+    #[serde(default, deserialize_with = "crate::duration::de_opt_duration")]
+    pub cache_duration: Option<Spanned<std::time::Duration>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JwksBackendRef {
+    #[serde(default)]
+    pub group: String,
+    pub kind: Spanned<String>,
+    pub name: Spanned<String>,
+}
+
+/// A ConfigMap key holding a JWKS (`key` default `jwks`, Envoy Gateway's convention).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JwksRef {
+    #[serde(default)]
+    pub group: String,
+    pub kind: Spanned<String>,
+    pub name: Spanned<String>,
+    #[serde(default)]
+    pub key: Option<Spanned<String>>,
+}
+
+impl JwksRef {
+    pub fn key_name(&self) -> &str {
+        self.key.as_ref().map_or("jwks", |k| k.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClaimToHeader {
+    pub claim: Spanned<String>,
+    pub header: Spanned<String>,
+}
+
+/// Checks that `text` is a JWKS: a JSON object with a non-empty `keys` array of objects
+/// with a `kty`.
+pub fn check_jwks(text: &str) -> Result<(), String> {
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("JWKS is not valid JSON: {e}"))?;
+    let keys = v
+        .get("keys")
+        .and_then(|k| k.as_array())
+        .ok_or("JWKS has no \"keys\" array")?;
+    if keys.is_empty() {
+        return Err("JWKS has no keys".into());
+    }
+    for (i, k) in keys.iter().enumerate() {
+        check_jwk(k).map_err(|m| format!("JWKS key {i}: {m}"))?;
+    }
+    Ok(())
+}
+
+/// The members Envoy needs for each key type, base64url-decodable with the right lengths.
+/// (Envoy rejects a whole listener over a JWKS without a usable key, so catch it here.)
+fn check_jwk(k: &serde_json::Value) -> Result<(), String> {
+    use base64::Engine;
+    let member = |name: &str| -> Result<Vec<u8>, String> {
+        let v = k
+            .get(name)
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| format!("missing \"{name}\""))?;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(v.trim_end_matches('='))
+            .map_err(|e| format!("\"{name}\" is not base64url: {e}"))
+    };
+    let kty = k
+        .get("kty")
+        .and_then(|t| t.as_str())
+        .ok_or("missing \"kty\"")?;
+    match kty {
+        "EC" => {
+            let len = match k.get("crv").and_then(|c| c.as_str()) {
+                Some("P-256") => 32,
+                Some("P-384") => 48,
+                Some("P-521") => 66,
+                other => return Err(format!("unsupported EC curve {other:?}")),
+            };
+            for m in ["x", "y"] {
+                if member(m)?.len() != len {
+                    return Err(format!("\"{m}\" must be {len} bytes for this curve"));
+                }
+            }
+        }
+        "RSA" => {
+            if member("n")?.len() < 128 || member("e")?.is_empty() {
+                return Err("RSA keys need \"n\" of at least 1024 bits and \"e\"".into());
+            }
+        }
+        "OKP" => {
+            if k.get("crv").and_then(|c| c.as_str()) != Some("Ed25519") || member("x")?.len() != 32
+            {
+                return Err("OKP keys must be Ed25519 with a 32-byte \"x\"".into());
+            }
+        }
+        "oct" => {
+            if member("k")?.is_empty() {
+                return Err("empty \"k\"".into());
+            }
+        }
+        other => return Err(format!("unsupported key type {other:?}")),
+    }
+    Ok(())
+}
+
+fn valid_header_name(h: &str) -> bool {
+    !h.is_empty()
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+pub(crate) fn validate_security_policy(ctx: &mut Ctx, p: &SecurityPolicy) {
+    crate::validate::metadata(ctx, &p.metadata);
+    let s = &p.spec;
+    validate_target_refs(ctx, &s.target_refs, &SECURITY_POLICY_TARGETS);
+    if s.authorization.is_none() && s.jwt.is_none() && s.ext_auth.is_none() {
+        ctx.err(
+            Pos::UNKNOWN,
+            "spec",
+            "a SecurityPolicy needs authorization, jwt or extAuth",
+        );
+    }
+    if let Some(e) = &s.ext_auth {
+        if e.http.backend_refs.len() != 1 {
+            ctx.err(
+                Pos::UNKNOWN,
+                "spec.extAuth.http.backendRefs",
+                "name exactly one Backend",
+            );
+        }
+        for (k, b) in e.http.backend_refs.iter().enumerate() {
+            if b.group != super::BALLAST_GROUP || b.kind.as_str() != "Backend" {
+                ctx.err(
+                    b.kind.pos,
+                    format!("spec.extAuth.http.backendRefs[{k}].kind"),
+                    format!(
+                        "unsupported {:?} (group {:?}); expected ballast.dev Backend",
+                        b.kind.value, b.group
+                    ),
+                );
+            }
+        }
+        if let Some(p) = &e.http.path
+            && !p.starts_with('/')
+        {
+            ctx.err(p.pos, "spec.extAuth.http.path", "must start with /");
+        }
+        for (field, list) in [
+            ("headersToExtAuth", &e.headers_to_ext_auth),
+            ("http.headersToBackend", &e.http.headers_to_backend),
+        ] {
+            for (k, h) in list.iter().enumerate() {
+                if !valid_header_name(h) {
+                    ctx.err(
+                        h.pos,
+                        format!("spec.extAuth.{field}[{k}]"),
+                        format!("invalid header name {:?}", h.value),
+                    );
+                }
+            }
+        }
+    }
+    if let Some(a) = &s.authorization {
+        for (i, r) in a.rules.iter().enumerate() {
+            if r.principal.client_cidrs.is_empty() {
+                ctx.err(
+                    r.action.pos,
+                    format!("spec.authorization.rules[{i}].principal.clientCIDRs"),
+                    "a rule needs at least one CIDR",
+                );
+            }
+            for (j, c) in r.principal.client_cidrs.iter().enumerate() {
+                if let Err(m) = Cidr::parse(c) {
+                    ctx.err(
+                        c.pos,
+                        format!("spec.authorization.rules[{i}].principal.clientCIDRs[{j}]"),
+                        m,
+                    );
+                }
+            }
+        }
+    }
+    if let Some(j) = &s.jwt {
+        if j.providers.is_empty() {
+            ctx.err(
+                Pos::UNKNOWN,
+                "spec.jwt.providers",
+                "jwt needs at least one provider",
+            );
+        }
+        for (i, pr) in j.providers.iter().enumerate() {
+            let f = format!("spec.jwt.providers[{i}]");
+            if pr.name.is_empty()
+                || !pr
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            {
+                ctx.err(
+                    pr.name.pos,
+                    format!("{f}.name"),
+                    format!(
+                        "invalid provider name {:?}; use letters, digits, '-', '_' and '.'",
+                        pr.name.value
+                    ),
+                );
+            }
+            if let Some(k) = j.providers[..i]
+                .iter()
+                .position(|o| o.name.value == pr.name.value)
+            {
+                ctx.err(
+                    pr.name.pos,
+                    format!("{f}.name"),
+                    format!("duplicate provider name (also spec.jwt.providers[{k}])"),
+                );
+            }
+            if let Some(r) = &pr.remote_jwks {
+                if !(r.uri.starts_with("http://") || r.uri.starts_with("https://"))
+                    || r.uri.len() < 10
+                {
+                    ctx.err(
+                        r.uri.pos,
+                        format!("{f}.remoteJWKS.uri"),
+                        format!("{:?} is not an http:// or https:// URL", r.uri.value),
+                    );
+                }
+                if r.backend_refs.len() != 1 {
+                    ctx.err(
+                        r.uri.pos,
+                        format!("{f}.remoteJWKS.backendRefs"),
+                        "name exactly one Backend serving the URL",
+                    );
+                }
+                for (k, b) in r.backend_refs.iter().enumerate() {
+                    if b.group != super::BALLAST_GROUP || b.kind.as_str() != "Backend" {
+                        ctx.err(
+                            b.kind.pos,
+                            format!("{f}.remoteJWKS.backendRefs[{k}].kind"),
+                            format!(
+                                "unsupported {:?} (group {:?}); expected ballast.dev Backend",
+                                b.kind.value, b.group
+                            ),
+                        );
+                    }
+                }
+                if pr.local_jwks.is_some() {
+                    ctx.err(
+                        pr.name.pos,
+                        f.clone(),
+                        "set either localJWKS or remoteJWKS, not both",
+                    );
+                }
+            }
+            match &pr.local_jwks {
+                None if pr.remote_jwks.is_some() => {}
+                None => ctx.err(
+                    pr.name.pos,
+                    f.clone(),
+                    "a provider needs localJWKS (inline or valueRef) or remoteJWKS",
+                ),
+                Some(l) => {
+                    if let Some(t) = &l.type_
+                        && !matches!(t.as_str(), "Inline" | "ValueRef")
+                    {
+                        ctx.err(
+                            t.pos,
+                            format!("{f}.localJWKS.type"),
+                            format!("unknown type {:?}; expected Inline or ValueRef", t.value),
+                        );
+                    }
+                    match (&l.inline, &l.value_ref) {
+                        (Some(text), None) => {
+                            if let Err(m) = check_jwks(text) {
+                                ctx.err(text.pos, format!("{f}.localJWKS.inline"), m);
+                            }
+                        }
+                        (None, Some(r)) => {
+                            if !r.group.is_empty() || r.kind.as_str() != "ConfigMap" {
+                                ctx.err(
+                                    r.kind.pos,
+                                    format!("{f}.localJWKS.valueRef.kind"),
+                                    format!(
+                                        "unsupported kind {:?}; expected core ConfigMap",
+                                        r.kind.value
+                                    ),
+                                );
+                            }
+                        }
+                        _ => ctx.err(
+                            pr.name.pos,
+                            format!("{f}.localJWKS"),
+                            "set exactly one of inline and valueRef",
+                        ),
+                    }
+                }
+            }
+            for (k, c) in pr.claim_to_headers.iter().enumerate() {
+                if c.claim.is_empty() {
+                    ctx.err(
+                        c.claim.pos,
+                        format!("{f}.claimToHeaders[{k}].claim"),
+                        "must not be empty",
+                    );
+                }
+                if !valid_header_name(&c.header) {
+                    ctx.err(
+                        c.header.pos,
+                        format!("{f}.claimToHeaders[{k}].header"),
+                        format!("invalid header name {:?}", c.header.value),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ConfigSet;
+    use crate::attach::TargetId;
+    use crate::kinds::*;
+    use proptest::prelude::*;
+
+    const GW: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: edge }\nspec:\n  gatewayClassName: ballast\n  listeners:\n  - { name: a, port: 80, protocol: HTTP }\n  - { name: b, port: 81, protocol: HTTP }\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: { name: r }\nspec:\n  parentRefs: [{ name: edge }]\n  rules:\n  - { name: one, backendRefs: [{ name: x, port: 80 }] }\n  - { name: two, backendRefs: [{ name: x, port: 80 }] }\n";
+
+    fn policy(name: &str, kind: &str, section: Option<&str>) -> String {
+        let s = section
+            .map(|s| format!(", sectionName: {s}"))
+            .unwrap_or_default();
+        let target = if kind == "Gateway" { "edge" } else { "r" };
+        format!(
+            "---\napiVersion: ballast.dev/v1alpha1\nkind: SecurityPolicy\nmetadata: {{ name: {name} }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: {kind}, name: {target}{s} }}]\n  authorization: {{ defaultAction: Allow }}\n"
+        )
+    }
+
+    #[test]
+    fn jwks_members_are_checked() {
+        let ec = r#"{"keys":[{"kty":"EC","crv":"P-256","x":"GrmKoLISinHtgZRMslA42Z2S4MTNYpi3Z8dRvmywZ9I","y":"lU0Hcj5rL6i0C6hoxxT8L1hdF6W-1cgZBJe9vOk6qXw"}]}"#;
+        check_jwks(ec).unwrap();
+        let short = ec.replace("GrmKoLISinHtgZRMslA42Z2S4MTNYpi3Z8dRvmywZ9I", "AAAA");
+        assert!(
+            check_jwks(&short)
+                .unwrap_err()
+                .contains("\"x\" must be 32 bytes")
+        );
+        assert!(check_jwks(r#"{"keys":[{"kty":"EC","crv":"P-256"}]}"#).is_err());
+        assert!(check_jwks(r#"{"keys":[{"kty":"XYZ"}]}"#).is_err());
+        assert!(check_jwks("{").is_err());
+    }
+
+    #[test]
+    fn cidrs_parse() {
+        assert_eq!(Cidr::parse("10.0.0.0/8").unwrap().prefix_len, 8);
+        assert_eq!(Cidr::parse("127.0.0.2").unwrap().prefix_len, 32);
+        assert_eq!(Cidr::parse("2001:db8::/32").unwrap().prefix_len, 32);
+        assert!(Cidr::parse("10.0.0.0/33").is_err());
+        assert!(Cidr::parse("10.0.0/8").is_err());
+        assert!(Cidr::parse("::/129").is_err());
+    }
+
+    #[test]
+    fn bad_input_is_reported_with_positions() {
+        let text = GW.to_owned()
+            + "---\napiVersion: ballast.dev/v1alpha1\nkind: SecurityPolicy\nmetadata: { name: p }\nspec:\n  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]\n  authorization:\n    rules:\n    - { action: Allow, principal: { clientCIDRs: [10.0.0.0/40] } }\n  jwt:\n    providers:\n    - name: a\n      localJWKS: { inline: '{\"keys\": []}' }\n      claimToHeaders: [{ claim: sub, header: \"x user\" }]\n";
+        let errs = ConfigSet::build([("c.yaml", text)]).unwrap_err();
+        let all = errs
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            all.contains("c.yaml:26:") && all.contains("clientCIDRs[0]"),
+            "{all}"
+        );
+        assert!(all.contains("localJWKS.inline: JWKS has no keys"), "{all}");
+        assert!(all.contains("claimToHeaders[0].header"), "{all}");
+        let unknown = GW.to_owned()
+            + "---\napiVersion: ballast.dev/v1alpha1\nkind: SecurityPolicy\nmetadata: { name: p }\nspec:\n  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]\n  jwt:\n    providers:\n    - { name: a, issuer: x, jwksUri: y }\n";
+        let errs = ConfigSet::build([("c.yaml", unknown)]).unwrap_err();
+        let e = errs[0].to_string();
+        assert!(e.contains("c.yaml:26:29") && e.contains("jwksUri"), "{e}");
+        let refs = GW.to_owned()
+            + "---\napiVersion: ballast.dev/v1alpha1\nkind: SecurityPolicy\nmetadata: { name: p }\nspec:\n  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]\n  jwt:\n    providers:\n    - { name: a, remoteJWKS: { uri: ftp://x, backendRefs: [] } }\n  extAuth: { http: { backendRefs: [{ kind: Service, name: s }], path: check } }\n";
+        let errs = ConfigSet::build([("c.yaml", refs)]).unwrap_err();
+        let all = errs
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
+        for want in [
+            "remoteJWKS.uri",
+            "remoteJWKS.backendRefs",
+            "extAuth.http.backendRefs[0].kind",
+            "extAuth.http.path",
+        ] {
+            assert!(all.contains(want), "{want}: {all}");
+        }
+    }
+
+    proptest! {
+        /// The lookups translation uses equal the attachment resolution status reports, for
+        /// listeners and for route rules.
+        #[test]
+        fn lookup_equals_resolution(policies in prop::collection::btree_map(0u8..6, (any::<bool>(), prop::option::of(0u8..3)), 0..6)) {
+            let mut text = GW.to_owned();
+            for (p, (gw, s)) in &policies {
+                let (kind, sections) = if *gw { ("Gateway", ["a", "b", "zz"]) } else { ("HTTPRoute", ["one", "two", "zz"]) };
+                text += &policy(&format!("p{p}"), kind, s.map(|s| sections[s as usize]));
+            }
+            let set = ConfigSet::build([("c.yaml", text)]).unwrap();
+            let res = set.security_policy_resolution();
+            let gw = ObjectKey::new("default", "edge");
+            let t = TargetId { kind: TargetKind::Gateway, key: gw.clone() };
+            for l in ["a", "b"] {
+                prop_assert_eq!(
+                    set.security_policy_for(TargetKind::Gateway, &gw, Some(l)).map(|p| p.key()),
+                    res.effective(&t, Some(l)).cloned()
+                );
+            }
+            let r = ObjectKey::new("default", "r");
+            let t = TargetId { kind: TargetKind::HttpRoute, key: r.clone() };
+            for rule in ["one", "two"] {
+                prop_assert_eq!(
+                    set.security_policy_for(TargetKind::HttpRoute, &r, Some(rule)).map(|p| p.key()),
+                    res.effective(&t, Some(rule)).cloned()
+                );
+            }
+        }
+    }
+}
