@@ -18,7 +18,8 @@ use crate::kinds::{
     ClientPolicy, ClientPolicySpec, DEFAULT_NAMESPACE, EndpointSlice, EndpointSliceSpec, Gateway,
     GatewaySpec, GrpcRoute, GrpcRouteSpec, HttpRoute, HttpRouteSpec, Ignored, Kind, KindMatch,
     Metadata, Namespace, NamespaceSpec, Object, ObjectKey, ReferenceGrant, ReferenceGrantSpec,
-    Service, ServiceSpec, SliceEndpoint, SlicePort, Source,
+    Service, ServiceSpec, SliceEndpoint, SlicePort, Source, TcpRoute, TcpRouteSpec, TlsRoute,
+    TlsRouteSpec,
 };
 use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
@@ -406,6 +407,10 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
             .map(|d| Typed::Spec(d.metadata, TypedSpec::ReferenceGrant(d.spec))),
         Kind::Namespace => deserialize::<NamespaceDoc>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::Namespace(d.spec))),
+        Kind::TlsRoute => deserialize::<Doc<TlsRouteSpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::TlsRoute(d.spec))),
+        Kind::TcpRoute => deserialize::<Doc<TcpRouteSpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::TcpRoute(d.spec))),
     }
     .map_err(strict_error)?;
     finish(file, object, doc_pos, typed).map(Parsed::Object)
@@ -431,6 +436,8 @@ enum TypedSpec {
     Service(ServiceSpec),
     ReferenceGrant(ReferenceGrantSpec),
     Namespace(NamespaceSpec),
+    TlsRoute(TlsRouteSpec),
+    TcpRoute(TcpRouteSpec),
 }
 
 /// A Namespace document: `spec` is optional (and `status` is what `kubectl get -o yaml`
@@ -522,6 +529,16 @@ fn finish(
             let c = d.into_config_map(source);
             validate::config_map(&mut ctx, &c);
             Object::ConfigMap(Arc::new(c))
+        }
+        Typed::Spec(metadata, TypedSpec::TlsRoute(spec)) => {
+            let r = TlsRoute::new(metadata, spec, source);
+            validate::l4_route(&mut ctx, &r.as_http, r.spec.rules.len());
+            Object::TlsRoute(Arc::new(r))
+        }
+        Typed::Spec(metadata, TypedSpec::TcpRoute(spec)) => {
+            let r = TcpRoute::new(metadata, spec, source);
+            validate::l4_route(&mut ctx, &r.as_http, r.spec.rules.len());
+            Object::TcpRoute(Arc::new(r))
         }
         Typed::Spec(metadata, TypedSpec::GrpcRoute(spec)) => {
             let r = GrpcRoute::new(metadata, spec, source);

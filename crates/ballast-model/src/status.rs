@@ -137,6 +137,12 @@ pub struct ConfigStatus {
     pub client_policies: Vec<PolicyStatus>,
     /// GRPCRoutes, computed through their HTTPRoute equivalents (same attachment rules).
     pub grpc_routes: Vec<RouteStatus>,
+    /// TLSRoutes and TCPRoutes, computed through their HTTPRoute equivalents with their own
+    /// kind (only TLS / TCP listeners admit them; ReferenceGrants must name their kind).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tls_routes: Vec<RouteStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tcp_routes: Vec<RouteStatus>,
     pub backends: Vec<BackendStatus>,
 }
 
@@ -306,7 +312,9 @@ impl ConfigStatus {
         }
         let routes = self.http_routes.iter().map(|r| ("HTTPRoute", r));
         let grpc = self.grpc_routes.iter().map(|r| ("GRPCRoute", r));
-        for (kind, r) in routes.chain(grpc) {
+        let tls = self.tls_routes.iter().map(|r| ("TLSRoute", r));
+        let tcp = self.tcp_routes.iter().map(|r| ("TCPRoute", r));
+        for (kind, r) in routes.chain(grpc).chain(tls).chain(tcp) {
             for p in &r.parents {
                 for c in p.conditions.iter().filter(|c| !c.is_true()) {
                     out.push(format!(
@@ -408,15 +416,35 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
             .values()
             .map(|r| route_status(set, &r.as_http))
             .collect(),
+        tls_routes: set
+            .tls_routes
+            .values()
+            .map(|r| route_status_of(set, &r.as_http, RouteKind::Tls))
+            .collect(),
+        tcp_routes: set
+            .tcp_routes
+            .values()
+            .map(|r| route_status_of(set, &r.as_http, RouteKind::Tcp))
+            .collect(),
         backends: backend_statuses(set),
     }
 }
 
 fn backend_statuses(set: &ConfigSet) -> Vec<BackendStatus> {
     let mut users: std::collections::BTreeMap<ObjectKey, Vec<String>> = Default::default();
-    for r in set.http_routes.values() {
+    let l4 = set
+        .tls_routes
+        .values()
+        .map(|r| (RouteKind::Tls, &r.as_http))
+        .chain(set.tcp_routes.values().map(|r| (RouteKind::Tcp, &r.as_http)));
+    for (kind, r) in set
+        .http_routes
+        .values()
+        .map(|r| (RouteKind::Http, r))
+        .chain(l4)
+    {
         for b in r.spec.rules.iter().flat_map(|rule| &rule.backend_refs) {
-            if let BackendRefResolution::Resolved(b) = set.resolve_backend(r, b) {
+            if let BackendRefResolution::Resolved(b) = set.resolve_backend_of(kind, r, b) {
                 let list = users.entry(b.key()).or_default();
                 let name = r.key().to_string();
                 if !list.contains(&name) {
@@ -466,6 +494,21 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
             });
         }
     }
+    // TLSRoutes and TCPRoutes count on the listeners (TLS / TCP) that admit their kind.
+    for (kind, r) in set
+        .tls_routes
+        .values()
+        .map(|r| (RouteKind::Tls, &r.as_http))
+        .chain(set.tcp_routes.values().map(|r| (RouteKind::Tcp, &r.as_http)))
+    {
+        for a in set.route_attachments_of(kind, &g.key(), r) {
+            attachments.push(crate::set::RouteAttachment {
+                route: r.clone(),
+                listener: a.listener,
+                hostnames: a.hostnames,
+            });
+        }
+    }
     let mut listeners = Vec::new();
     for l in &g.spec.listeners {
         let mut bad = Vec::new();
@@ -499,20 +542,26 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
         if !invalid_kinds.is_empty() {
             bad_reason.get_or_insert("InvalidRouteKinds");
             bad.push(format!(
-                "allowedRoutes.kinds: {} not supported on a {} listener (supported: HTTPRoute)",
+                "allowedRoutes.kinds: {} not supported on a {} listener (supported: {})",
                 invalid_kinds
                     .iter()
                     .map(|k| format!("{}/{}", k.group(), k.kind.value))
                     .collect::<Vec<_>>()
                     .join(", "),
-                match *l.protocol {
-                    ListenerProtocol::Http => "HTTP",
-                    ListenerProtocol::Https => "HTTPS",
-                }
+                l.protocol.as_str(),
+                l.protocol
+                    .route_kinds()
+                    .iter()
+                    .map(|(_, k)| *k)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
         let refs_ok = bad.is_empty();
-        let programmed = *l.protocol == ListenerProtocol::Http || resolved > 0;
+        // Listeners without certificates to serve are programmed as they are.
+        let programmed = matches!(*l.protocol, ListenerProtocol::Http | ListenerProtocol::Tcp)
+            || l.is_passthrough()
+            || resolved > 0;
         let attached = attachments.iter().filter(|a| a.listener == *l.name).count();
         listeners.push(ListenerStatus {
             name: l.name.value.clone(),
@@ -569,6 +618,11 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
 }
 
 fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
+    route_status_of(set, r, RouteKind::Http)
+}
+
+/// The status of `r`, a route of `kind` (or the HTTPRoute equivalent of one).
+fn route_status_of(set: &ConfigSet, r: &HttpRoute, kind: RouteKind) -> RouteStatus {
     let mut unresolved = Vec::new();
     let mut warnings = Vec::new();
     let mut messages = Vec::new();
@@ -600,7 +654,7 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
                 BackendTarget::Service(..) => "Service",
                 _ => "Backend",
             };
-            let why = match set.resolve_backend(r, b) {
+            let why = match set.resolve_backend_of(kind, r, b) {
                 BackendRefResolution::Resolved(_) => continue,
                 BackendRefResolution::NotFound => {
                     let what = match &target {
@@ -631,8 +685,11 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
                 }
                 BackendRefResolution::NotPermitted => {
                     messages.push(format!(
-                        "{at}: {target_kind} {ns}/{} is in another namespace and no ReferenceGrant in {ns} allows HTTPRoute {}/{} to use it",
-                        b.name.value, r.metadata.namespace, r.metadata.name
+                        "{at}: {target_kind} {ns}/{} is in another namespace and no ReferenceGrant in {ns} allows {} {}/{} to use it",
+                        b.name.value,
+                        kind.grant_kind(),
+                        r.metadata.namespace,
+                        r.metadata.name
                     ));
                     "RefNotPermitted"
                 }
@@ -677,13 +734,19 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
             false,
             reason,
             format!(
-                "{} (requests for these backends get 500)",
-                messages.join("; ")
+                "{} ({})",
+                messages.join("; "),
+                match kind {
+                    RouteKind::Http | RouteKind::Grpc => "requests for these backends get 500",
+                    RouteKind::Tls | RouteKind::Tcp => {
+                        "connections for these backends are closed"
+                    }
+                }
             ),
         ),
     };
     let parents = set
-        .resolve_parents(r)
+        .resolve_parents_of(kind, r)
         .into_iter()
         .map(|p| {
             let pr = &r.spec.parent_refs[p.index];

@@ -360,6 +360,13 @@ pub(crate) fn build_gateway(
             },
         );
     }
+    // TLS and TCP ports: their routes' Backends count like an HTTPRoute's (one reference per
+    // route, one use per chain), so patching HTTPRoutes later never drops them. L4 route
+    // changes rebuild the Gateway (`Translator::update`), so their counts never need patching.
+    let l4 = crate::l4::plan(config, gw, options);
+    for (b, n) in &l4.refs {
+        *backend_refs.entry(b.clone()).or_default() += n;
+    }
     deps.backends = backend_refs.keys().cloned().collect();
 
     let mut prev_chains: BTreeMap<String, ChainState> = BTreeMap::new();
@@ -457,6 +464,14 @@ pub(crate) fn build_gateway(
         let r = encode_reusing(prev_listeners.as_ref(), &mut listeners, l, stats);
         resources.listeners.push(r);
     }
+    for l in l4.listeners {
+        let r = encode_reusing(prev_listeners.as_ref(), &mut listeners, l, stats);
+        resources.listeners.push(r);
+    }
+    for (b, n) in &l4.used {
+        *used.entry(b.clone()).or_default() += n;
+    }
+    used_secrets.extend(l4.secrets);
     for b in used.keys() {
         // Used backends resolved when their routes were translated against this config.
         if let Some(backend) = config.backend(b) {

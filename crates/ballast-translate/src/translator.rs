@@ -213,6 +213,26 @@ impl Translator {
                 }
                 // The view holds GRPCRoutes as HTTPRoutes (`crate::grpc`).
                 Kind::GrpcRoute => {}
+                // TLS/TCP routes are few and shape listeners, not virtual hosts: rebuild the
+                // Gateways either version names.
+                Kind::TlsRoute | Kind::TcpRoute => {
+                    for set in [&old, config] {
+                        let route = match c.kind {
+                            Kind::TlsRoute => set.tls_routes.get(&c.key).map(|r| &r.as_http),
+                            _ => set.tcp_routes.get(&c.key).map(|r| &r.as_http),
+                        };
+                        if let Some(r) = route {
+                            let ns = r.metadata.namespace.as_str();
+                            rebuild.extend(
+                                r.spec
+                                    .parent_refs
+                                    .iter()
+                                    .filter(|p| p.is_gateway())
+                                    .map(|p| ObjectKey::new(p.namespace_or(ns), p.name.as_str())),
+                            );
+                        }
+                    }
+                }
                 // A Service appearing or going changes what bare backendRefs of its name mean
                 // (Service or the Backend shorthand); those refs depend on the Backend key of
                 // the same name. Its ports and endpoints reach the translation as the derived
@@ -337,7 +357,9 @@ impl Translator {
                 | Kind::Service
                 | Kind::EndpointSlice
                 | Kind::ReferenceGrant
-                | Kind::Namespace => {}
+                | Kind::Namespace
+                | Kind::TlsRoute
+                | Kind::TcpRoute => {}
             }
         }
         for k in orphans.routes {

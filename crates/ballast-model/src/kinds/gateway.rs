@@ -68,6 +68,12 @@ impl Listener {
     pub fn hostname(&self) -> Option<&str> {
         self.hostname.as_ref().map(|h| h.value.as_str())
     }
+
+    /// Whether this is a TLS listener passing connections through undecrypted.
+    pub fn is_passthrough(&self) -> bool {
+        *self.protocol == ListenerProtocol::Tls
+            && self.tls.as_ref().is_some_and(|t| t.mode == TlsMode::Passthrough)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
@@ -76,6 +82,33 @@ pub enum ListenerProtocol {
     Http,
     #[serde(rename = "HTTPS")]
     Https,
+    /// TLS connections routed by SNI (TLSRoute); `tls.mode` says whether Envoy passes the
+    /// bytes through or terminates TLS first.
+    #[serde(rename = "TLS")]
+    Tls,
+    /// Plain TCP connections (TCPRoute).
+    #[serde(rename = "TCP")]
+    Tcp,
+}
+
+impl ListenerProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ListenerProtocol::Http => "HTTP",
+            ListenerProtocol::Https => "HTTPS",
+            ListenerProtocol::Tls => "TLS",
+            ListenerProtocol::Tcp => "TCP",
+        }
+    }
+
+    /// The route kinds (group, kind) a listener of this protocol serves.
+    pub fn route_kinds(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            ListenerProtocol::Http | ListenerProtocol::Https => HTTP_ROUTE_KINDS,
+            ListenerProtocol::Tls => TLS_ROUTE_KINDS,
+            ListenerProtocol::Tcp => TCP_ROUTE_KINDS,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -87,11 +120,13 @@ pub struct ListenerTls {
     pub certificate_refs: Vec<SecretObjectRef>,
 }
 
-/// Only termination: Envoy decrypts with certificates served over SDS.
+/// `Terminate`: Envoy decrypts with certificates served over SDS (HTTPS, TLS listeners).
+/// `Passthrough` (TLS listeners only): Envoy reads the SNI and forwards the encrypted bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 pub enum TlsMode {
     #[default]
     Terminate,
+    Passthrough,
 }
 
 /// A reference to a TLS `Secret` (Gateway API `SecretObjectReference`).
@@ -149,12 +184,16 @@ impl RouteGroupKind {
 
 /// The route kinds (group, kind) HTTP and HTTPS listeners serve.
 pub const HTTP_ROUTE_KINDS: &[(&str, &str)] = &[(super::GATEWAY_GROUP, "HTTPRoute")];
+/// The route kinds TLS listeners serve.
+pub const TLS_ROUTE_KINDS: &[(&str, &str)] = &[(super::GATEWAY_GROUP, "TLSRoute")];
+/// The route kinds TCP listeners serve.
+pub const TCP_ROUTE_KINDS: &[(&str, &str)] = &[(super::GATEWAY_GROUP, "TCPRoute")];
 
 impl Listener {
     /// Whether routes of `group`/`kind` may attach (`allowedRoutes.kinds`, or the protocol's
     /// kinds when it lists none).
     pub fn allows_kind(&self, group: &str, kind: &str) -> bool {
-        let supported = HTTP_ROUTE_KINDS.contains(&(group, kind));
+        let supported = self.protocol.route_kinds().contains(&(group, kind));
         if self.allowed_routes.kinds.is_empty() {
             supported
         } else {
@@ -172,7 +211,12 @@ impl Listener {
         self.allowed_routes
             .kinds
             .iter()
-            .filter(|k| !HTTP_ROUTE_KINDS.contains(&(k.group(), k.kind.as_str())))
+            .filter(|k| {
+                !self
+                    .protocol
+                    .route_kinds()
+                    .contains(&(k.group(), k.kind.as_str()))
+            })
             .collect()
     }
 }

@@ -12,6 +12,7 @@ pub mod client_policy;
 pub mod configmap;
 pub mod gateway;
 pub mod grpcroute;
+pub mod l4route;
 pub mod namespace;
 pub mod policy;
 pub mod reference_grant;
@@ -32,6 +33,7 @@ pub use client_policy::*;
 pub use configmap::*;
 pub use gateway::*;
 pub use grpcroute::*;
+pub use l4route::*;
 pub use namespace::*;
 pub use policy::*;
 pub use reference_grant::*;
@@ -67,10 +69,14 @@ pub enum Kind {
     EndpointSlice,
     ReferenceGrant,
     Namespace,
+    #[serde(rename = "TLSRoute")]
+    TlsRoute,
+    #[serde(rename = "TCPRoute")]
+    TcpRoute,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 13] = [
+    pub const ALL: [Kind; 15] = [
         Kind::Gateway,
         Kind::HttpRoute,
         Kind::Backend,
@@ -84,6 +90,8 @@ impl Kind {
         Kind::EndpointSlice,
         Kind::ReferenceGrant,
         Kind::Namespace,
+        Kind::TlsRoute,
+        Kind::TcpRoute,
     ];
 
     /// The `kind:` string.
@@ -102,6 +110,8 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::ReferenceGrant => "ReferenceGrant",
             Kind::Namespace => "Namespace",
+            Kind::TlsRoute => "TLSRoute",
+            Kind::TcpRoute => "TCPRoute",
         }
     }
 
@@ -114,16 +124,22 @@ impl Kind {
             Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1alpha3",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::ReferenceGrant => "gateway.networking.k8s.io/v1beta1",
+            Kind::TlsRoute | Kind::TcpRoute => "gateway.networking.k8s.io/v1alpha2",
         }
     }
 
     /// Whether `api_version` is served for this kind: [`Self::api_version`], plus `v1` for
     /// BackendTLSPolicy (same schema, promoted in Gateway API 1.4) and ReferenceGrant (the
-    /// version newer Gateway API releases serve it as).
+    /// version newer Gateway API releases serve it as), and `v1alpha3`/`v1` for TLSRoute (the
+    /// experimental channel's newer version and its promotion to the standard channel, same
+    /// fields).
     pub fn accepts(self, api_version: &str) -> bool {
         api_version == self.api_version()
-            || (matches!(self, Kind::BackendTlsPolicy | Kind::ReferenceGrant)
-                && api_version == "gateway.networking.k8s.io/v1")
+            || (matches!(
+                self,
+                Kind::BackendTlsPolicy | Kind::ReferenceGrant | Kind::TlsRoute
+            ) && api_version == "gateway.networking.k8s.io/v1")
+            || (self == Kind::TlsRoute && api_version == "gateway.networking.k8s.io/v1alpha3")
     }
 
     pub fn from_kind_str(kind: &str) -> Option<Kind> {
@@ -283,6 +299,8 @@ pub enum Object {
     EndpointSlice(Arc<EndpointSlice>),
     ReferenceGrant(Arc<ReferenceGrant>),
     Namespace(Arc<Namespace>),
+    TlsRoute(Arc<TlsRoute>),
+    TcpRoute(Arc<TcpRoute>),
 }
 
 impl Object {
@@ -301,6 +319,8 @@ impl Object {
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::ReferenceGrant(_) => Kind::ReferenceGrant,
             Object::Namespace(_) => Kind::Namespace,
+            Object::TlsRoute(_) => Kind::TlsRoute,
+            Object::TcpRoute(_) => Kind::TcpRoute,
         }
     }
 
@@ -319,6 +339,8 @@ impl Object {
             Object::EndpointSlice(o) => &o.metadata,
             Object::ReferenceGrant(o) => &o.metadata,
             Object::Namespace(o) => &o.metadata,
+            Object::TlsRoute(o) => &o.metadata,
+            Object::TcpRoute(o) => &o.metadata,
         }
     }
 
@@ -341,6 +363,8 @@ impl Object {
             Object::EndpointSlice(o) => &o.source,
             Object::ReferenceGrant(o) => &o.source,
             Object::Namespace(o) => &o.source,
+            Object::TlsRoute(o) => &o.source,
+            Object::TcpRoute(o) => &o.source,
         }
     }
 }

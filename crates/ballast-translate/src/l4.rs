@@ -1,0 +1,332 @@
+//! TLS and TCP Gateway listeners → Envoy listeners with `tcp_proxy` filter chains.
+//!
+//! - A `TLS` port gets the `tls_inspector` listener filter and one filter chain per attached
+//!   TLSRoute and listener, matching the route's effective hostnames as `server_names`. A
+//!   connection whose SNI matches no chain matches nothing and Envoy closes it. `Passthrough`
+//!   chains forward the encrypted bytes; `Terminate` chains decrypt with the listener's
+//!   certificates (SDS) first.
+//! - A `TCP` port gets one filter chain proxying every connection.
+//!
+//! Each chain's `tcp_proxy` sends to the route's resolvable backendRefs (weighted clusters when
+//! there are several). A route (or a TCP listener) with none closes its connections
+//! (`direct_response` with no data), and so does a TCP or TLS port with no route attached: the
+//! listener stays, so attaching a route later is a filter chain change, not a new socket.
+//!
+//! Conflicts: a hostname claimed by two TLSRoutes on one port goes to the first route in
+//! (listener, route key) order; of several TCPRoutes on one TCP listener the smallest key
+//! serves (files have no creation timestamps; the same rule as HTTPRoute precedence).
+//!
+//! Names: the Envoy listener is `{ns}/{gateway}/{port}` as for HTTP; a chain is
+//! `{listener}/{route ns}/{route}` (or `{listener}/closed`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ballast_model::set::{BackendRefResolution, CertificateRefResolution};
+use ballast_model::{
+    ConfigSet, Gateway, HttpRoute, Listener, ListenerProtocol, ObjectKey, RouteKind,
+};
+use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType as FilterConfig;
+use envoy_types::pb::envoy::config::listener::v3::listener_filter::ConfigType as ListenerFilterConfig;
+use envoy_types::pb::envoy::config::listener::v3::{
+    AdditionalAddress, Filter, FilterChain, FilterChainMatch, Listener as EnvoyListener,
+    ListenerFilter,
+};
+use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
+use envoy_types::pb::envoy::extensions::filters::network::direct_response::v3::Config as DirectResponse;
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy::{
+    ClusterSpecifier, WeightedCluster, weighted_cluster::ClusterWeight,
+};
+use envoy_types::util::pack_any;
+
+use ballast_xds::simple::socket_address;
+
+use crate::{Options, names};
+
+/// One filter chain of an L4 port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct L4Chain {
+    pub name: String,
+    /// SNI names (TLS); empty: any (TCP, or a TLS route without hostname restriction).
+    pub server_names: Vec<String>,
+    /// (backend, weight > 0); empty: connections are closed.
+    pub backends: Vec<(ObjectKey, u32)>,
+    /// `Terminate` chains: the certificate Secrets.
+    pub certificates: Vec<ObjectKey>,
+}
+
+/// The translation of a Gateway's TLS and TCP ports.
+#[derive(Default)]
+pub(crate) struct L4Plan {
+    pub listeners: Vec<EnvoyListener>,
+    /// Backends the chains send to (the Gateway's clusters), each counted once per chain.
+    pub used: BTreeMap<ObjectKey, u32>,
+    /// Every Backend key any attached L4 route's backendRefs may resolve to (dependencies),
+    /// counted once per route.
+    pub refs: BTreeMap<ObjectKey, u32>,
+    pub secrets: BTreeSet<ObjectKey>,
+}
+
+/// The attached routes of `kind` on each listener of `gw`: (listener name, route key,
+/// effective hostnames, route), in route key order.
+fn attached<'a>(
+    config: &ConfigSet,
+    gw: &Gateway,
+    kind: RouteKind,
+    routes: impl Iterator<Item = &'a std::sync::Arc<HttpRoute>>,
+) -> Vec<(String, Vec<String>, &'a std::sync::Arc<HttpRoute>)> {
+    let key = gw.key();
+    let mut out = Vec::new();
+    for r in routes {
+        for a in config.route_attachments_of(kind, &key, r) {
+            out.push((a.listener, a.hostnames, r));
+        }
+    }
+    out
+}
+
+/// The weighted, resolvable backends of an L4 route: every rule's backendRefs as one set.
+fn route_backends(config: &ConfigSet, kind: RouteKind, r: &HttpRoute) -> Vec<(ObjectKey, u32)> {
+    let mut out: Vec<(ObjectKey, u32)> = Vec::new();
+    for b in r.spec.rules.iter().flat_map(|rule| &rule.backend_refs) {
+        if b.weight.value == 0 {
+            continue;
+        }
+        if let BackendRefResolution::Resolved(backend) = config.resolve_backend_of(kind, r, b) {
+            match out.iter_mut().find(|(k, _)| *k == backend.key()) {
+                Some((_, w)) => *w += b.weight.value,
+                None => out.push((backend.key(), b.weight.value)),
+            }
+        }
+    }
+    out
+}
+
+/// Plans and builds the TLS and TCP listeners of `gw`.
+pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Plan {
+    let key = gw.key();
+    let mut out = L4Plan::default();
+    let mut ports: BTreeMap<u32, Vec<&Listener>> = BTreeMap::new();
+    for l in &gw.spec.listeners {
+        if matches!(*l.protocol, ListenerProtocol::Tls | ListenerProtocol::Tcp) {
+            ports.entry(l.port.value).or_default().push(l);
+        }
+    }
+    if ports.is_empty() {
+        return out;
+    }
+    let tls = attached(
+        config,
+        gw,
+        RouteKind::Tls,
+        config.tls_routes.values().map(|r| &r.as_http),
+    );
+    let tcp = attached(
+        config,
+        gw,
+        RouteKind::Tcp,
+        config.tcp_routes.values().map(|r| &r.as_http),
+    );
+    // Dependencies: every attached route's candidate Backends, once per route.
+    let mut seen_routes: BTreeSet<(RouteKind, ObjectKey)> = BTreeSet::new();
+    for (kind, r) in tls
+        .iter()
+        .map(|(_, _, r)| (RouteKind::Tls, *r))
+        .chain(tcp.iter().map(|(_, _, r)| (RouteKind::Tcp, *r)))
+    {
+        if !seen_routes.insert((kind, r.key())) {
+            continue;
+        }
+        let keys: BTreeSet<ObjectKey> = r
+            .spec
+            .rules
+            .iter()
+            .flat_map(|rule| &rule.backend_refs)
+            .flat_map(|b| b.candidate_keys(&r.metadata.namespace))
+            .collect();
+        for k in keys {
+            *out.refs.entry(k).or_default() += 1;
+        }
+    }
+
+    for (port, listeners) in ports {
+        let protocol = *listeners[0].protocol;
+        let listener_name = names::listener(&key, port);
+        let mut chains: Vec<L4Chain> = Vec::new();
+        let mut claimed: BTreeSet<String> = BTreeSet::new();
+        for l in &listeners {
+            let certificates: Vec<ObjectKey> = if l.is_passthrough() || protocol == ListenerProtocol::Tcp {
+                Vec::new()
+            } else {
+                let certs: Vec<ObjectKey> = l
+                    .tls
+                    .iter()
+                    .flat_map(|t| &t.certificate_refs)
+                    .filter_map(|r| match config.resolve_certificate(gw, r) {
+                        CertificateRefResolution::Resolved(s) => Some(s.key()),
+                        _ => None,
+                    })
+                    .collect();
+                if certs.is_empty() {
+                    continue; // Terminate without a certificate: not served (Programmed=False)
+                }
+                certs
+            };
+            match protocol {
+                ListenerProtocol::Tls => {
+                    for (ln, hostnames, r) in &tls {
+                        if *ln != *l.name {
+                            continue;
+                        }
+                        let names: Vec<String> = hostnames
+                            .iter()
+                            .filter(|h| claimed.insert((*h).clone()))
+                            .cloned()
+                            .collect();
+                        if names.is_empty() {
+                            continue;
+                        }
+                        chains.push(L4Chain {
+                            name: format!("{listener_name}/{}", r.key()),
+                            server_names: if names.iter().any(|h| h == "*") {
+                                Vec::new()
+                            } else {
+                                names
+                            },
+                            backends: route_backends(config, RouteKind::Tls, r),
+                            certificates: certificates.clone(),
+                        });
+                    }
+                }
+                _ => {
+                    if let Some((_, _, r)) = tcp.iter().find(|(ln, _, _)| *ln == *l.name) {
+                        chains.push(L4Chain {
+                            name: format!("{listener_name}/{}", r.key()),
+                            server_names: Vec::new(),
+                            backends: route_backends(config, RouteKind::Tcp, r),
+                            certificates: Vec::new(),
+                        });
+                    }
+                }
+            }
+        }
+        if chains.is_empty() {
+            chains.push(L4Chain {
+                name: format!("{listener_name}/closed"),
+                server_names: Vec::new(),
+                backends: Vec::new(),
+                certificates: Vec::new(),
+            });
+        }
+        for c in &chains {
+            for (b, _) in &c.backends {
+                *out.used.entry(b.clone()).or_default() += 1;
+            }
+            out.secrets.extend(c.certificates.iter().cloned());
+        }
+        out.listeners.push(envoy_listener(
+            gw,
+            port,
+            protocol == ListenerProtocol::Tls,
+            &chains,
+            options,
+        ));
+    }
+    out
+}
+
+fn stat_prefix(gw: &ObjectKey, port: u32, options: &Options) -> String {
+    let base = format!("{}_{}_{}", gw.namespace, gw.name, port).replace('.', "_");
+    if options.stat_prefix.is_empty() {
+        base
+    } else {
+        format!("{}_{}", options.stat_prefix, base)
+    }
+}
+
+fn tcp_proxy_filter(stat_prefix: &str, backends: &[(ObjectKey, u32)]) -> Filter {
+    let Some(first) = backends.first() else {
+        // No backend: close the connection at once (no bytes).
+        return Filter {
+            name: "envoy.filters.network.direct_response".into(),
+            config_type: Some(FilterConfig::TypedConfig(pack_any(DirectResponse::default()))),
+        };
+    };
+    let cluster = if backends.len() == 1 {
+        ClusterSpecifier::Cluster(names::cluster(&first.0))
+    } else {
+        ClusterSpecifier::WeightedClusters(WeightedCluster {
+            clusters: backends
+                .iter()
+                .map(|(b, w)| ClusterWeight {
+                    name: names::cluster(b),
+                    weight: *w,
+                    ..Default::default()
+                })
+                .collect(),
+        })
+    };
+    Filter {
+        name: "envoy.filters.network.tcp_proxy".into(),
+        config_type: Some(FilterConfig::TypedConfig(pack_any(TcpProxy {
+            stat_prefix: stat_prefix.to_owned(),
+            cluster_specifier: Some(cluster),
+            ..Default::default()
+        }))),
+    }
+}
+
+fn envoy_listener(
+    gw: &Gateway,
+    port: u32,
+    tls: bool,
+    chains: &[L4Chain],
+    options: &Options,
+) -> EnvoyListener {
+    let key = gw.key();
+    let p = u16::try_from(port).unwrap_or(0);
+    let addrs = crate::listener::addresses(gw, options);
+    let stat_prefix = stat_prefix(&key, port, options);
+    EnvoyListener {
+        name: names::listener(&key, port),
+        address: Some(socket_address(&addrs[0].to_string(), p)),
+        additional_addresses: addrs[1..]
+            .iter()
+            .map(|a| AdditionalAddress {
+                address: Some(socket_address(&a.to_string(), p)),
+                ..Default::default()
+            })
+            .collect(),
+        filter_chains: chains
+            .iter()
+            .map(|c| FilterChain {
+                name: c.name.clone(),
+                filter_chain_match: (!c.server_names.is_empty()).then(|| FilterChainMatch {
+                    server_names: c.server_names.clone(),
+                    ..Default::default()
+                }),
+                filters: vec![tcp_proxy_filter(&stat_prefix, &c.backends)],
+                transport_socket: (!c.certificates.is_empty()).then(|| {
+                    crate::listener::transport_socket(crate::listener::downstream_tls_context(
+                        &c.certificates,
+                        &[],
+                        &options.config_sources,
+                    ))
+                }),
+                ..Default::default()
+            })
+            .collect(),
+        listener_filters: if tls {
+            vec![ListenerFilter {
+                name: "envoy.filters.listener.tls_inspector".into(),
+                config_type: Some(ListenerFilterConfig::TypedConfig(pack_any(
+                    TlsInspector::default(),
+                ))),
+                ..Default::default()
+            }]
+        } else {
+            Vec::new()
+        },
+        ..Default::default()
+    }
+}
