@@ -1272,10 +1272,10 @@ spec:
     fn bad_enum_value() {
         assert_eq!(
             one_error(&format!(
-                "{GW}  - name: a\n    port: 80\n    protocol: TCP\n"
+                "{GW}  - name: a\n    port: 80\n    protocol: UDP\n"
             )),
-            "f.yaml:9:15: Gateway default/edge: spec.listeners[0].protocol: unknown variant `TCP`, \
-             expected one of HTTP, HTTPS"
+            "f.yaml:9:15: Gateway default/edge: spec.listeners[0].protocol: unknown variant `UDP`, \
+             expected one of HTTP, HTTPS, TLS, TCP"
         );
     }
 
@@ -1341,7 +1341,7 @@ spec:
                 "f.yaml:8:53: Gateway default/edge: spec.listeners[1].hostname: invalid hostname \"*.Ex.com\": expected lowercase DNS labels (a-z, 0-9, '-'), optionally prefixed by \"*.\"",
                 "f.yaml:9:13: Gateway default/edge: spec.listeners[2].name: listener name \"Bad_Name\" is not a valid DNS label (lowercase a-z, 0-9, '-', at most 63 characters)",
                 "f.yaml:9:29: Gateway default/edge: spec.listeners[2].port: listeners \"a\" and \"Bad_Name\" share port 80 with different protocols",
-                "f.yaml:9:43: Gateway default/edge: spec.listeners[2].tls: tls is only allowed on HTTPS listeners",
+                "f.yaml:9:43: Gateway default/edge: spec.listeners[2].tls: tls is only allowed on HTTPS and TLS listeners",
                 "f.yaml:11:22: Gateway default/edge: spec.listeners[4].port: listeners \"d\" and \"e\" both serve hostname (any) on port 81",
             ]
         );

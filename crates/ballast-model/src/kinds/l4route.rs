@@ -208,3 +208,7 @@ impl RouteKind {
         self.attach_kind()
     }
 }
+
+#[cfg(test)]
+#[path = "l4route_tests.rs"]
+mod tests;
