@@ -330,3 +330,7 @@ fn envoy_listener(
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+#[path = "l4_tests.rs"]
+mod tests;

@@ -466,6 +466,8 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
         &mut out,
     );
     diff_map(Kind::Namespace, &old.namespaces, &new.namespaces, &mut out);
+    diff_map(Kind::TlsRoute, &old.tls_routes, &new.tls_routes, &mut out);
+    diff_map(Kind::TcpRoute, &old.tcp_routes, &new.tcp_routes, &mut out);
     out
 }
 
