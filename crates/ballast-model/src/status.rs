@@ -436,7 +436,11 @@ fn backend_statuses(set: &ConfigSet) -> Vec<BackendStatus> {
         .tls_routes
         .values()
         .map(|r| (RouteKind::Tls, &r.as_http))
-        .chain(set.tcp_routes.values().map(|r| (RouteKind::Tcp, &r.as_http)));
+        .chain(
+            set.tcp_routes
+                .values()
+                .map(|r| (RouteKind::Tcp, &r.as_http)),
+        );
     for (kind, r) in set
         .http_routes
         .values()
@@ -499,7 +503,11 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
         .tls_routes
         .values()
         .map(|r| (RouteKind::Tls, &r.as_http))
-        .chain(set.tcp_routes.values().map(|r| (RouteKind::Tcp, &r.as_http)))
+        .chain(
+            set.tcp_routes
+                .values()
+                .map(|r| (RouteKind::Tcp, &r.as_http)),
+        )
     {
         for a in set.route_attachments_of(kind, &g.key(), r) {
             attachments.push(crate::set::RouteAttachment {

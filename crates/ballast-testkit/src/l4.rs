@@ -59,7 +59,10 @@ impl EchoServer {
             )?;
         Self::start(
             name,
-            Some((tokio_rustls::TlsAcceptor::from(Arc::new(config)), cert.pem())),
+            Some((
+                tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+                cert.pem(),
+            )),
         )
         .await
     }

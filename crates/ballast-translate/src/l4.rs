@@ -155,23 +155,24 @@ pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Pla
         let mut chains: Vec<L4Chain> = Vec::new();
         let mut claimed: BTreeSet<String> = BTreeSet::new();
         for l in &listeners {
-            let certificates: Vec<ObjectKey> = if l.is_passthrough() || protocol == ListenerProtocol::Tcp {
-                Vec::new()
-            } else {
-                let certs: Vec<ObjectKey> = l
-                    .tls
-                    .iter()
-                    .flat_map(|t| &t.certificate_refs)
-                    .filter_map(|r| match config.resolve_certificate(gw, r) {
-                        CertificateRefResolution::Resolved(s) => Some(s.key()),
-                        _ => None,
-                    })
-                    .collect();
-                if certs.is_empty() {
-                    continue; // Terminate without a certificate: not served (Programmed=False)
-                }
-                certs
-            };
+            let certificates: Vec<ObjectKey> =
+                if l.is_passthrough() || protocol == ListenerProtocol::Tcp {
+                    Vec::new()
+                } else {
+                    let certs: Vec<ObjectKey> = l
+                        .tls
+                        .iter()
+                        .flat_map(|t| &t.certificate_refs)
+                        .filter_map(|r| match config.resolve_certificate(gw, r) {
+                            CertificateRefResolution::Resolved(s) => Some(s.key()),
+                            _ => None,
+                        })
+                        .collect();
+                    if certs.is_empty() {
+                        continue; // Terminate without a certificate: not served (Programmed=False)
+                    }
+                    certs
+                };
             match protocol {
                 ListenerProtocol::Tls => {
                     for (ln, hostnames, r) in &tls {
@@ -249,7 +250,9 @@ fn tcp_proxy_filter(stat_prefix: &str, backends: &[(ObjectKey, u32)]) -> Filter 
         // No backend: close the connection at once (no bytes).
         return Filter {
             name: "envoy.filters.network.direct_response".into(),
-            config_type: Some(FilterConfig::TypedConfig(pack_any(DirectResponse::default()))),
+            config_type: Some(FilterConfig::TypedConfig(pack_any(
+                DirectResponse::default(),
+            ))),
         };
     };
     let cluster = if backends.len() == 1 {

@@ -67,8 +67,13 @@ fn chains(l: &Listener) -> Vec<(String, Vec<String>, String, String)> {
         .map(|c| {
             let f = &c.filters[0];
             let target = match &f.config_type {
-                Some(FilterConfig::TypedConfig(any)) if f.name == "envoy.filters.network.tcp_proxy" => {
-                    match TcpProxy::decode(any.value.as_slice()).unwrap().cluster_specifier {
+                Some(FilterConfig::TypedConfig(any))
+                    if f.name == "envoy.filters.network.tcp_proxy" =>
+                {
+                    match TcpProxy::decode(any.value.as_slice())
+                        .unwrap()
+                        .cluster_specifier
+                    {
                         Some(ClusterSpecifier::Cluster(c)) => c,
                         Some(ClusterSpecifier::WeightedClusters(w)) => w
                             .clusters
@@ -81,7 +86,10 @@ fn chains(l: &Listener) -> Vec<(String, Vec<String>, String, String)> {
                 }
                 _ => String::new(),
             };
-            assert!(c.transport_socket.is_none(), "passthrough and TCP do not decrypt");
+            assert!(
+                c.transport_socket.is_none(),
+                "passthrough and TCP do not decrypt"
+            );
             (
                 c.name.clone(),
                 c.filter_chain_match
@@ -95,7 +103,12 @@ fn chains(l: &Listener) -> Vec<(String, Vec<String>, String, String)> {
         .collect()
 }
 
-fn chain(name: &str, sni: &[&str], filter: &str, target: &str) -> (String, Vec<String>, String, String) {
+fn chain(
+    name: &str,
+    sni: &[&str],
+    filter: &str,
+    target: &str,
+) -> (String, Vec<String>, String, String) {
     (
         name.to_owned(),
         sni.iter().map(|s| (*s).to_owned()).collect(),
@@ -118,7 +131,11 @@ fn tls_sni_chains_and_tcp_proxy() {
     let yaml = format!(
         "{GATEWAY}{}{}{}{}{}",
         tls("a", "a.example", &b("one", 1)),
-        tls("b", "b.example, '*.w.example'", &format!("{}, {}, {}", b("one", 1), b("two", 3), b("missing", 5))),
+        tls(
+            "b",
+            "b.example, '*.w.example'",
+            &format!("{}, {}, {}", b("one", 1), b("two", 3), b("missing", 5))
+        ),
         tls("c", "a.example, c.example", &b("missing", 1)),
         tls("d", "a.example", &b("two", 1)),
         tcp("t", &b("one", 1)),
@@ -126,23 +143,44 @@ fn tls_sni_chains_and_tcp_proxy() {
     let res = scratch(&yaml);
     let l = listener(&res, "default/edge/8443");
     assert_eq!(l.listener_filters.len(), 1);
-    assert_eq!(l.listener_filters[0].name, "envoy.filters.listener.tls_inspector");
+    assert_eq!(
+        l.listener_filters[0].name,
+        "envoy.filters.listener.tls_inspector"
+    );
     assert_eq!(
         chains(&l),
         [
-            chain("default/edge/8443/default/a", &["a.example"], "tcp_proxy", "default/one"),
+            chain(
+                "default/edge/8443/default/a",
+                &["a.example"],
+                "tcp_proxy",
+                "default/one"
+            ),
             chain(
                 "default/edge/8443/default/b",
                 &["b.example", "*.w.example"],
                 "tcp_proxy",
                 "default/one=1,default/two=3"
             ),
-            chain("default/edge/8443/default/c", &["c.example"], "direct_response", ""),
+            chain(
+                "default/edge/8443/default/c",
+                &["c.example"],
+                "direct_response",
+                ""
+            ),
         ]
     );
     let l = listener(&res, "default/edge/9000");
     assert!(l.listener_filters.is_empty());
-    assert_eq!(chains(&l), [chain("default/edge/9000/default/t", &[], "tcp_proxy", "default/one")]);
+    assert_eq!(
+        chains(&l),
+        [chain(
+            "default/edge/9000/default/t",
+            &[],
+            "tcp_proxy",
+            "default/one"
+        )]
+    );
     let clusters: Vec<&str> = res.clusters.iter().map(|r| r.name()).collect();
     assert_eq!(clusters, ["default/one", "default/two"]);
     // The listener references its clusters (make-before-break orders them first).
@@ -156,12 +194,24 @@ fn tls_sni_chains_and_tcp_proxy() {
 #[test]
 fn l4_routes_translate_incrementally() {
     let steps = [
-        format!("{GATEWAY}{}{}", tcp("t", &b("one", 1)), tls("a", "a.example", &b("one", 1))),
+        format!(
+            "{GATEWAY}{}{}",
+            tcp("t", &b("one", 1)),
+            tls("a", "a.example", &b("one", 1))
+        ),
         // Move the TCPRoute to another backend.
-        format!("{GATEWAY}{}{}", tcp("t", &b("two", 1)), tls("a", "a.example", &b("one", 1))),
+        format!(
+            "{GATEWAY}{}{}",
+            tcp("t", &b("two", 1)),
+            tls("a", "a.example", &b("one", 1))
+        ),
         // Endpoint change of a Backend only a TLSRoute uses.
-        format!("{GATEWAY}{}{}", tcp("t", &b("two", 1)), tls("a", "a.example", &b("one", 1)))
-            .replace("port: 7001", "port: 7011"),
+        format!(
+            "{GATEWAY}{}{}",
+            tcp("t", &b("two", 1)),
+            tls("a", "a.example", &b("one", 1))
+        )
+        .replace("port: 7001", "port: 7011"),
         // No routes at all.
         GATEWAY.to_owned(),
         format!("{GATEWAY}{}", tls("a", "a.example", &b("two", 1))),
@@ -176,16 +226,31 @@ fn l4_routes_translate_incrementally() {
     let res = scratch(&steps[3]);
     assert_eq!(
         chains(&listener(&res, "default/edge/9000")),
-        [chain("default/edge/9000/closed", &[], "direct_response", "")]
+        [chain(
+            "default/edge/9000/closed",
+            &[],
+            "direct_response",
+            ""
+        )]
     );
     assert_eq!(
         chains(&listener(&res, "default/edge/8443")),
-        [chain("default/edge/8443/closed", &[], "direct_response", "")]
+        [chain(
+            "default/edge/8443/closed",
+            &[],
+            "direct_response",
+            ""
+        )]
     );
     assert!(res.clusters.is_empty());
     let res = scratch(&steps[2]);
     assert_eq!(
         chains(&listener(&res, "default/edge/9000")),
-        [chain("default/edge/9000/default/t", &[], "tcp_proxy", "default/two")]
+        [chain(
+            "default/edge/9000/default/t",
+            &[],
+            "tcp_proxy",
+            "default/two"
+        )]
     );
 }

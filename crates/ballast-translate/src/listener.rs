@@ -64,7 +64,10 @@ pub(crate) fn plan<'a>(config: &ConfigSet, gw: &'a Gateway) -> Vec<PortPlan<'a>>
     let mut ports: BTreeMap<u32, Vec<&Listener>> = BTreeMap::new();
     for l in &gw.spec.listeners {
         // TLS and TCP ports are `crate::l4`'s (validation keeps protocols apart per port).
-        if matches!(*l.protocol, ListenerProtocol::Http | ListenerProtocol::Https) {
+        if matches!(
+            *l.protocol,
+            ListenerProtocol::Http | ListenerProtocol::Https
+        ) {
             ports.entry(l.port.value).or_default().push(l);
         }
     }

@@ -394,10 +394,11 @@ mod l4_tests {
         let four = Inventory::of(&snapshot(4));
         assert_eq!(four.listeners.len(), 1);
         assert_eq!(four.routes.len(), 4, "{:?}", four.routes);
-        assert!(
-            four.routes
-                .contains(&("listener:default/edge/8443".into(), "default/edge/8443/default/r0".into(), vec![]))
-        );
+        assert!(four.routes.contains(&(
+            "listener:default/edge/8443".into(),
+            "default/edge/8443/default/r0".into(),
+            vec![]
+        )));
         let held = judge(&cfg, Some(&four), &Inventory::of(&snapshot(1))).unwrap();
         assert!(held.contains("3 of 4 routes"), "{held}");
         let held = judge(&cfg, Some(&four), &Inventory::of(&snapshot(0))).unwrap();

@@ -5,6 +5,8 @@
 //!   backend's certificate, so a completed handshake proves which backend terminated TLS (Envoy
 //!   only forwarded the bytes). An unknown SNI name matches no filter chain: the connection is
 //!   closed.
+//! - TLS terminate: a TLS listener in mode `Terminate` decrypts with its own certificate
+//!   (SDS) and proxies the plain bytes to a TCP echo backend.
 //! - TCP: plain echo through a TCP listener; moving a TCPRoute to another backend while a loop
 //!   opens connections loses none of them (make-before-break: the new cluster is there before
 //!   the filter chain naming it), and established connections survive the edit — those of an
@@ -74,26 +76,41 @@ async fn start_envoy(ballast: &Ballast, node: &str) -> Envoy {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_passthrough_routes_by_sni_to_each_backends_own_certificate() {
+async fn tls_routes_by_sni_passthrough_and_terminate() {
     let alpha = EchoServer::tls("alpha", "alpha.example.com").await.unwrap();
     let beta = EchoServer::tls("beta", "beta.example.com").await.unwrap();
-    let port = ballast_testkit::free_port();
+    let plain = EchoServer::tcp("plain").await.unwrap();
+    let (port, term_port) = (ballast_testkit::free_port(), ballast_testkit::free_port());
     let dir = tempfile::tempdir().unwrap();
+    // The terminating listener's certificate (Envoy presents it).
+    let params = rcgen::CertificateParams::new(vec!["term.example.com".to_owned()]).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let term_cert = params.self_signed(&key).unwrap().pem();
+    let indent = |pem: &str| {
+        pem.lines()
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+    };
     let config = gateway(&format!(
-        "  - {{ name: tls, port: {port}, protocol: TLS, tls: {{ mode: Passthrough }} }}\n"
+        "  - {{ name: tls, port: {port}, protocol: TLS, tls: {{ mode: Passthrough }} }}\n  \
+         - {{ name: term, port: {term_port}, protocol: TLS, hostname: term.example.com, tls: {{ mode: Terminate, certificateRefs: [{{ name: term-tls }}] }} }}\n"
     )) + &tls_route("alpha", "alpha.example.com", "alpha")
         + &tls_route("beta", "beta.example.com", "beta")
+        + &tls_route("term", "term.example.com", "plain")
         + &backend("alpha", &[alpha.addr()])
-        + &backend("beta", &[beta.addr()]);
+        + &backend("beta", &[beta.addr()])
+        + &backend("plain", &[plain.addr()])
+        + &format!(
+            "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: term-tls }}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}",
+            indent(&term_cert),
+            indent(&key.serialize_pem())
+        );
     std::fs::write(dir.path().join("config.yaml"), config).unwrap();
     let ballast = Ballast::serve_ready(dir.path()).await;
     let envoy = start_envoy(&ballast, "envoy-tls").await;
     let gw = loopback(port);
 
-    let certs = [
-        ("alpha.example.com", &alpha),
-        ("beta.example.com", &beta),
-    ];
+    let certs = [("alpha.example.com", &alpha), ("beta.example.com", &beta)];
     for (sni, server) in certs {
         wait_for(T, POLL, || async {
             let c = tls_hello(gw, sni, server.cert_pem().unwrap()).await?;
@@ -118,7 +135,11 @@ async fn tls_passthrough_routes_by_sni_to_each_backends_own_certificate() {
             Err(e) => failures.push(format!("{sni} #{i}: {e:#}")),
         }
     }
-    assert!(failures.is_empty(), "{} failures: {failures:?}", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{} failures: {failures:?}",
+        failures.len()
+    );
     // Envoy did not terminate TLS: the certificate presented for alpha is alpha's own, so a
     // client trusting only beta's certificate fails its handshake (and vice versa).
     assert!(
@@ -142,14 +163,33 @@ async fn tls_passthrough_routes_by_sni_to_each_backends_own_certificate() {
     let stat = format!("listener.127.0.0.1_{port}.no_filter_chain_match");
     assert_eq!(envoy.stat(&stat).await.unwrap(), Some(3), "{stat}");
 
-    // Status: both routes attached to the one listener.
+    // Terminate: Envoy's own certificate for term.example.com, plain bytes to the backend.
+    let term = loopback(term_port);
+    wait_for(T, POLL, || async {
+        let mut c = tls_hello(term, "term.example.com", &term_cert).await?;
+        anyhow::ensure!(c.server == "plain", "reached {}", c.server);
+        c.roundtrip("through terminate").await
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\nenvoy log:\n{}", envoy.log_tail(30)));
+    for i in 0..10 {
+        let mut c = tls_hello(term, "term.example.com", &term_cert)
+            .await
+            .unwrap();
+        assert_eq!(c.server, "plain");
+        c.roundtrip(&format!("t{i}")).await.unwrap();
+    }
+
+    // Status: every route attaches to the passthrough listener (no hostname of its own), the
+    // term route also to the terminating one.
     let (code, body) = ballast.get("/debug/sources").await.unwrap();
     assert_eq!(code, 200);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     let listeners = &v["status"]["gateways"][0]["listeners"];
-    assert_eq!(listeners[0]["attachedRoutes"], 2, "{listeners}");
+    assert_eq!(listeners[0]["attachedRoutes"], 3, "{listeners}");
+    assert_eq!(listeners[1]["attachedRoutes"], 1, "{listeners}");
     let routes = v["status"]["tlsRoutes"].as_array().unwrap();
-    assert_eq!(routes.len(), 2);
+    assert_eq!(routes.len(), 3);
     for r in routes {
         assert_eq!(r["parents"][0]["conditions"][0]["status"], "True", "{r}");
     }
@@ -242,7 +282,11 @@ async fn tcp_route_echo_and_backend_move_lose_no_connection() {
         seen.len() + failures.len(),
         failures.len()
     );
-    assert!(failures.is_empty(), "{} failed: {failures:?}", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{} failed: {failures:?}",
+        failures.len()
+    );
     assert!(to_a > 0 && to_b > 0, "a {to_a}, b {to_b}");
     assert_eq!(seen.last().map(String::as_str), Some("b"));
 

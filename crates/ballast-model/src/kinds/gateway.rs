@@ -72,7 +72,10 @@ impl Listener {
     /// Whether this is a TLS listener passing connections through undecrypted.
     pub fn is_passthrough(&self) -> bool {
         *self.protocol == ListenerProtocol::Tls
-            && self.tls.as_ref().is_some_and(|t| t.mode == TlsMode::Passthrough)
+            && self
+                .tls
+                .as_ref()
+                .is_some_and(|t| t.mode == TlsMode::Passthrough)
     }
 }
 

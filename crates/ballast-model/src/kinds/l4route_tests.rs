@@ -93,14 +93,16 @@ fn parse_errors_name_file_line_col() {
     ));
     assert_eq!(e.len(), 1, "{e:?}");
     assert!(
-        e[0].starts_with("f.yaml:5:36: TLSRoute default/t: spec.rules[0].backendRefs[0].filters: ") && e[0].contains("unknown field `filters`"),
+        e[0].starts_with("f.yaml:5:36: TLSRoute default/t: spec.rules[0].backendRefs[0].filters: ")
+            && e[0].contains("unknown field `filters`"),
         "{e:?}"
     );
     let e = errors(
         "apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: {name: t}\nspec:\n  hostnames: [a.example]\n  rules: [{backendRefs: [{name: b}]}]\n",
     );
     assert!(
-        e[0].starts_with("f.yaml:5:3: TCPRoute default/t: ") && e[0].contains("unknown field `hostnames`"),
+        e[0].starts_with("f.yaml:5:3: TCPRoute default/t: ")
+            && e[0].contains("unknown field `hostnames`"),
         "{e:?}"
     );
     assert_eq!(
@@ -131,37 +133,63 @@ fn tls_and_tcp_listener_errors() {
     };
     assert_eq!(
         gw("  - {name: a, port: 1, protocol: TLS}\n"),
-        ["f.yaml:7:34: Gateway default/g: spec.listeners[0].tls: a TLS listener needs tls.mode (Passthrough, or Terminate with certificateRefs)"]
+        [
+            "f.yaml:7:34: Gateway default/g: spec.listeners[0].tls: a TLS listener needs tls.mode (Passthrough, or Terminate with certificateRefs)"
+        ]
     );
     assert_eq!(
-        gw("  - {name: a, port: 1, protocol: TLS, tls: {mode: Passthrough, certificateRefs: [{name: s}]}}\n"),
-        ["f.yaml:7:34: Gateway default/g: spec.listeners[0].tls.certificateRefs: a TLS listener in mode Passthrough does not decrypt; certificateRefs are not allowed"]
+        gw(
+            "  - {name: a, port: 1, protocol: TLS, tls: {mode: Passthrough, certificateRefs: [{name: s}]}}\n"
+        ),
+        [
+            "f.yaml:7:34: Gateway default/g: spec.listeners[0].tls.certificateRefs: a TLS listener in mode Passthrough does not decrypt; certificateRefs are not allowed"
+        ]
     );
     assert_eq!(
         gw("  - {name: a, port: 1, protocol: TLS, tls: {mode: Terminate}}\n"),
-        ["f.yaml:7:34: Gateway default/g: spec.listeners[0].tls.certificateRefs: a TLS listener in mode Terminate needs at least one certificateRef"]
+        [
+            "f.yaml:7:34: Gateway default/g: spec.listeners[0].tls.certificateRefs: a TLS listener in mode Terminate needs at least one certificateRef"
+        ]
     );
     assert_eq!(
         gw("  - {name: a, port: 1, protocol: TCP, tls: {mode: Passthrough}}\n"),
-        ["f.yaml:7:34: Gateway default/g: spec.listeners[0].tls: tls is only allowed on HTTPS and TLS listeners"]
+        [
+            "f.yaml:7:34: Gateway default/g: spec.listeners[0].tls: tls is only allowed on HTTPS and TLS listeners"
+        ]
     );
     assert_eq!(
-        gw("  - {name: a, port: 1, protocol: HTTPS, tls: {mode: Passthrough, certificateRefs: [{name: s}]}}\n"),
-        ["f.yaml:7:34: Gateway default/g: spec.listeners[0].tls.mode: an HTTPS listener terminates TLS; use protocol TLS for Passthrough"]
+        gw(
+            "  - {name: a, port: 1, protocol: HTTPS, tls: {mode: Passthrough, certificateRefs: [{name: s}]}}\n"
+        ),
+        [
+            "f.yaml:7:34: Gateway default/g: spec.listeners[0].tls.mode: an HTTPS listener terminates TLS; use protocol TLS for Passthrough"
+        ]
     );
     // TLS and HTTPS on one port: Envoy could not tell them apart by protocol.
     assert_eq!(
-        gw("  - {name: a, port: 443, protocol: TLS, hostname: a.example, tls: {mode: Passthrough}}\n  - {name: b, port: 443, protocol: HTTPS, hostname: b.example, tls: {certificateRefs: [{name: s}]}}\n"),
-        ["f.yaml:8:21: Gateway default/g: spec.listeners[1].port: listeners \"a\" and \"b\" share port 443 with different protocols"]
+        gw(
+            "  - {name: a, port: 443, protocol: TLS, hostname: a.example, tls: {mode: Passthrough}}\n  - {name: b, port: 443, protocol: HTTPS, hostname: b.example, tls: {certificateRefs: [{name: s}]}}\n"
+        ),
+        [
+            "f.yaml:8:21: Gateway default/g: spec.listeners[1].port: listeners \"a\" and \"b\" share port 443 with different protocols"
+        ]
     );
     assert_eq!(
-        gw("  - {name: a, port: 9, protocol: TCP, hostname: a.example}\n  - {name: b, port: 9, protocol: TCP, hostname: b.example}\n"),
-        ["f.yaml:8:21: Gateway default/g: spec.listeners[1].port: listeners \"a\" and \"b\" are both TCP on port 9; a TCP port has one listener"]
+        gw(
+            "  - {name: a, port: 9, protocol: TCP, hostname: a.example}\n  - {name: b, port: 9, protocol: TCP, hostname: b.example}\n"
+        ),
+        [
+            "f.yaml:8:21: Gateway default/g: spec.listeners[1].port: listeners \"a\" and \"b\" are both TCP on port 9; a TCP port has one listener"
+        ]
     );
     // Two TLS listeners on one port with the same hostname.
     assert_eq!(
-        gw("  - {name: a, port: 9, protocol: TLS, tls: {mode: Passthrough}}\n  - {name: b, port: 9, protocol: TLS, tls: {mode: Passthrough}}\n"),
-        ["f.yaml:8:21: Gateway default/g: spec.listeners[1].port: listeners \"a\" and \"b\" both serve hostname (any) on port 9"]
+        gw(
+            "  - {name: a, port: 9, protocol: TLS, tls: {mode: Passthrough}}\n  - {name: b, port: 9, protocol: TLS, tls: {mode: Passthrough}}\n"
+        ),
+        [
+            "f.yaml:8:21: Gateway default/g: spec.listeners[1].port: listeners \"a\" and \"b\" both serve hostname (any) on port 9"
+        ]
     );
 }
 
@@ -177,15 +205,38 @@ fn routes_attach_by_kind_and_hostname() {
          spec:\n  parentRefs: [{{ name: edge, sectionName: http }}]\n  rules: [{{ backendRefs: [{{ kind: Backend, group: ballast.dev, name: one }}] }}]\n",
         // Any listener of the Gateway: the two TLS listeners (a.example on the catch-all,
         // x.b.example on both).
-        tls_route("a", "{ name: edge }", "a.example, x.b.example", "{ kind: Backend, group: ballast.dev, name: one }"),
+        tls_route(
+            "a",
+            "{ name: edge }",
+            "a.example, x.b.example",
+            "{ kind: Backend, group: ballast.dev, name: one }"
+        ),
         // Only the *.b.example listener intersects.
-        tls_route("b", "{ name: edge, sectionName: tls-b }", "'*.example', c.b.example", "{ kind: Backend, group: ballast.dev, name: one }"),
+        tls_route(
+            "b",
+            "{ name: edge, sectionName: tls-b }",
+            "'*.example', c.b.example",
+            "{ kind: Backend, group: ballast.dev, name: one }"
+        ),
         // No hostname intersects the section's.
-        tls_route("c", "{ name: edge, sectionName: tls-b }", "c.example", "{ kind: Backend, group: ballast.dev, name: one }"),
+        tls_route(
+            "c",
+            "{ name: edge, sectionName: tls-b }",
+            "c.example",
+            "{ kind: Backend, group: ballast.dev, name: one }"
+        ),
         // The HTTP listener does not admit TLSRoutes.
-        tls_route("d", "{ name: edge, port: 80 }", "a.example", "{ kind: Backend, group: ballast.dev, name: one }"),
+        tls_route(
+            "d",
+            "{ name: edge, port: 80 }",
+            "a.example",
+            "{ kind: Backend, group: ballast.dev, name: one }"
+        ),
     ));
-    let ok = vec![vec![c("Accepted", true, "Accepted"), c("ResolvedRefs", true, "ResolvedRefs")]];
+    let ok = vec![vec![
+        c("Accepted", true, "Accepted"),
+        c("ResolvedRefs", true, "ResolvedRefs"),
+    ]];
     assert_eq!(conds(&s.tls_routes[0]), ok);
     assert_eq!(
         s.tls_routes[0].parents[0].conditions[0].message,
@@ -215,7 +266,10 @@ fn routes_attach_by_kind_and_hostname() {
         s.tcp_routes[0].parents[0].conditions[0].message,
         "attached to listener tcp"
     );
-    assert_eq!(conds(&s.tcp_routes[1])[0][0], c("Accepted", false, "NotAllowedByListeners"));
+    assert_eq!(
+        conds(&s.tcp_routes[1])[0][0],
+        c("Accepted", false, "NotAllowedByListeners")
+    );
     assert_eq!(
         attached(&s),
         [
@@ -231,12 +285,24 @@ fn routes_attach_by_kind_and_hostname() {
     }
     let problems = s.problems();
     assert!(
-        problems.iter().any(|p| p.contains("TLSRoute default/d: parent default/edge: Accepted=False NotAllowedByListeners")),
+        problems.iter().any(|p| p.contains(
+            "TLSRoute default/d: parent default/edge: Accepted=False NotAllowedByListeners"
+        )),
         "{problems:?}"
     );
     // The backend lists the L4 routes using it.
     let one = s.backends.iter().find(|b| b.name == "one").unwrap();
-    assert_eq!(one.routes, ["default/a", "default/b", "default/c", "default/d", "default/t", "default/t-http"]);
+    assert_eq!(
+        one.routes,
+        [
+            "default/a",
+            "default/b",
+            "default/c",
+            "default/d",
+            "default/t",
+            "default/t-http"
+        ]
+    );
 }
 
 /// Backends: BackendNotFound, and cross-namespace refs need a ReferenceGrant naming the
@@ -265,8 +331,14 @@ fn backend_refs_need_grants_for_their_kind() {
         assert_eq!(conds(r)[0][1], c("ResolvedRefs", false, reason));
         assert_eq!(r.unresolved_backend_refs.len(), unresolved, "{extra}");
         let msg = &r.parents[0].conditions[1].message;
-        assert!(msg.contains("rules[0].backendRefs[0]: Backend default/missing not found"), "{msg}");
-        assert!(msg.ends_with("(connections for these backends are closed)"), "{msg}");
+        assert!(
+            msg.contains("rules[0].backendRefs[0]: Backend default/missing not found"),
+            "{msg}"
+        );
+        assert!(
+            msg.ends_with("(connections for these backends are closed)"),
+            "{msg}"
+        );
         if unresolved == 2 {
             assert!(
                 msg.contains("rules[0].backendRefs[1]: Backend other/two is in another namespace and no ReferenceGrant in other allows TLSRoute default/a to use it"),
