@@ -17,7 +17,8 @@
 //! serves (files have no creation timestamps; the same rule as HTTPRoute precedence).
 //!
 //! Names: the Envoy listener is `{ns}/{gateway}/{port}` as for HTTP; a chain is
-//! `{listener}/{route ns}/{route}` (or `{listener}/closed`).
+//! `{listener}/{gateway listener}/{route ns}/{route}` (a route attached to two TLS listeners of
+//! one port gets two chains, which Envoy needs named apart), or `{listener}/closed`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -188,7 +189,7 @@ pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Pla
                             continue;
                         }
                         chains.push(L4Chain {
-                            name: format!("{listener_name}/{}", r.key()),
+                            name: format!("{listener_name}/{}/{}", l.name.value, r.key()),
                             server_names: if names.iter().any(|h| h == "*") {
                                 Vec::new()
                             } else {
@@ -202,7 +203,7 @@ pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Pla
                 _ => {
                     if let Some((_, _, r)) = tcp.iter().find(|(ln, _, _)| *ln == *l.name) {
                         chains.push(L4Chain {
-                            name: format!("{listener_name}/{}", r.key()),
+                            name: format!("{listener_name}/{}/{}", l.name.value, r.key()),
                             server_names: Vec::new(),
                             backends: route_backends(config, RouteKind::Tcp, r),
                             certificates: Vec::new(),

@@ -151,19 +151,19 @@ fn tls_sni_chains_and_tcp_proxy() {
         chains(&l),
         [
             chain(
-                "default/edge/8443/default/a",
+                "default/edge/8443/tls/default/a",
                 &["a.example"],
                 "tcp_proxy",
                 "default/one"
             ),
             chain(
-                "default/edge/8443/default/b",
+                "default/edge/8443/tls/default/b",
                 &["b.example", "*.w.example"],
                 "tcp_proxy",
                 "default/one=1,default/two=3"
             ),
             chain(
-                "default/edge/8443/default/c",
+                "default/edge/8443/tls/default/c",
                 &["c.example"],
                 "direct_response",
                 ""
@@ -175,7 +175,7 @@ fn tls_sni_chains_and_tcp_proxy() {
     assert_eq!(
         chains(&l),
         [chain(
-            "default/edge/9000/default/t",
+            "default/edge/9000/tcp/default/t",
             &[],
             "tcp_proxy",
             "default/one"
@@ -247,10 +247,87 @@ fn l4_routes_translate_incrementally() {
     assert_eq!(
         chains(&listener(&res, "default/edge/9000")),
         [chain(
-            "default/edge/9000/default/t",
+            "default/edge/9000/tcp/default/t",
             &[],
             "tcp_proxy",
             "default/two"
         )]
     );
+}
+
+/// A route attached to two TLS listeners of one port gets a chain per listener (named apart,
+/// each with that listener's hostname); a `Terminate` listener's chain decrypts with its
+/// certificate over SDS and offers no ALPN (the bytes are not HTTP).
+#[test]
+fn route_on_two_listeners_of_a_port_and_terminate() {
+    use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType as TsConfig;
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
+    let yaml = format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: edge }}
+spec:
+  gatewayClassName: ballast
+  listeners:
+  - {{ name: a, port: 8443, protocol: TLS, hostname: a.example, tls: {{ mode: Passthrough }} }}
+  - {{ name: b, port: 8443, protocol: TLS, hostname: b.example, tls: {{ mode: Terminate, certificateRefs: [{{ name: cert }}] }} }}
+---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: one }}
+spec: {{ endpoints: [{{ address: 127.0.0.1, port: 7001 }}] }}
+---
+{}{}",
+        crate::tests::secret_yaml("cert"),
+        tls("r", "", &b("one", 1))
+    );
+    let res = scratch(&yaml);
+    let l = listener(&res, "default/edge/8443");
+    let got: Vec<(&str, &[String], bool)> = l
+        .filter_chains
+        .iter()
+        .map(|c| {
+            (
+                c.name.as_str(),
+                c.filter_chain_match
+                    .as_ref()
+                    .unwrap()
+                    .server_names
+                    .as_slice(),
+                c.transport_socket.is_some(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "default/edge/8443/a/default/r",
+                &["a.example".to_owned()][..],
+                false
+            ),
+            (
+                "default/edge/8443/b/default/r",
+                &["b.example".to_owned()][..],
+                true
+            ),
+        ]
+    );
+    let Some(TsConfig::TypedConfig(any)) = &l.filter_chains[1]
+        .transport_socket
+        .as_ref()
+        .unwrap()
+        .config_type
+    else {
+        panic!("typed transport socket");
+    };
+    let ctx = DownstreamTlsContext::decode(any.value.as_slice()).unwrap();
+    let common = ctx.common_tls_context.unwrap();
+    assert!(common.alpn_protocols.is_empty());
+    assert_eq!(
+        common.tls_certificate_sds_secret_configs[0].name,
+        "default/cert"
+    );
+    let secrets: Vec<&str> = res.secrets.iter().map(|r| r.name()).collect();
+    assert_eq!(secrets, ["default/cert"]);
 }

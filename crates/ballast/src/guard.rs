@@ -396,7 +396,7 @@ mod l4_tests {
         assert_eq!(four.routes.len(), 4, "{:?}", four.routes);
         assert!(four.routes.contains(&(
             "listener:default/edge/8443".into(),
-            "default/edge/8443/default/r0".into(),
+            "default/edge/8443/tls/default/r0".into(),
             vec![]
         )));
         let held = judge(&cfg, Some(&four), &Inventory::of(&snapshot(1))).unwrap();
