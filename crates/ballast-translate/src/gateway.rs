@@ -472,6 +472,10 @@ pub(crate) fn build_gateway(
         *used.entry(b.clone()).or_default() += n;
     }
     used_secrets.extend(l4.secrets);
+    if l4.rejects {
+        let r = encode(&crate::l4::reject_cluster());
+        resources.clusters.push(r);
+    }
     for b in used.keys() {
         // Used backends resolved when their routes were translated against this config.
         if let Some(backend) = config.backend(b) {

@@ -8,9 +8,12 @@
 //! - A `TCP` port gets one filter chain proxying every connection.
 //!
 //! Each chain's `tcp_proxy` sends to the route's resolvable backendRefs (weighted clusters when
-//! there are several). A route (or a TCP listener) with none closes its connections
-//! (`direct_response` with no data), and so does a TCP or TLS port with no route attached: the
-//! listener stays, so attaching a route later is a filter chain change, not a new socket.
+//! there are several). Gateway API requires the share of connections of backendRefs that do not
+//! resolve to be rejected: that share goes to [`REJECT_CLUSTER`], a static cluster without
+//! endpoints, where Envoy closes the connection. A route with no resolvable backend closes all
+//! its connections (`direct_response` with no data), and so does a TCP or TLS port with no
+//! route attached: the listener stays, so attaching a route later is a filter chain change, not
+//! a new socket.
 //!
 //! Conflicts: a hostname claimed by two TLSRoutes on one port goes to the first route in
 //! (listener, route key) order; of several TCPRoutes on one TCP listener the smallest key
@@ -52,6 +55,8 @@ pub(crate) struct L4Chain {
     pub server_names: Vec<String>,
     /// (backend, weight > 0); empty: connections are closed.
     pub backends: Vec<(ObjectKey, u32)>,
+    /// Weight of the backendRefs that do not resolve (their connections are closed).
+    pub rejected: u32,
     /// `Terminate` chains: the certificate Secrets.
     pub certificates: Vec<ObjectKey>,
 }
@@ -66,6 +71,30 @@ pub(crate) struct L4Plan {
     /// counted once per route.
     pub refs: BTreeMap<ObjectKey, u32>,
     pub secrets: BTreeSet<ObjectKey>,
+    /// Whether a chain sends a share of its connections to [`REJECT_CLUSTER`].
+    pub rejects: bool,
+}
+
+/// The cluster unresolvable backendRefs' share of connections goes to. `:` cannot occur in
+/// Kubernetes names, so it never collides with a Backend's `{ns}/{name}`.
+pub(crate) const REJECT_CLUSTER: &str = "ballast:unresolved";
+
+/// [`REJECT_CLUSTER`]: static, no endpoints, so Envoy has no host and closes the connection.
+pub(crate) fn reject_cluster() -> envoy_types::pb::envoy::config::cluster::v3::Cluster {
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use envoy_types::pb::envoy::config::cluster::v3::cluster::{
+        ClusterDiscoveryType, DiscoveryType,
+    };
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    Cluster {
+        name: REJECT_CLUSTER.into(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
+        load_assignment: Some(ClusterLoadAssignment {
+            cluster_name: REJECT_CLUSTER.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// The attached routes of `kind` on each listener of `gw`: (listener name, route key,
@@ -86,21 +115,30 @@ fn attached<'a>(
     out
 }
 
-/// The weighted, resolvable backends of an L4 route: every rule's backendRefs as one set.
-fn route_backends(config: &ConfigSet, kind: RouteKind, r: &HttpRoute) -> Vec<(ObjectKey, u32)> {
+/// The weighted, resolvable backends of an L4 route (every rule's backendRefs as one set), and
+/// the total weight of those that do not resolve.
+fn route_backends(
+    config: &ConfigSet,
+    kind: RouteKind,
+    r: &HttpRoute,
+) -> (Vec<(ObjectKey, u32)>, u32) {
     let mut out: Vec<(ObjectKey, u32)> = Vec::new();
+    let mut rejected = 0u32;
     for b in r.spec.rules.iter().flat_map(|rule| &rule.backend_refs) {
         if b.weight.value == 0 {
             continue;
         }
-        if let BackendRefResolution::Resolved(backend) = config.resolve_backend_of(kind, r, b) {
-            match out.iter_mut().find(|(k, _)| *k == backend.key()) {
-                Some((_, w)) => *w += b.weight.value,
-                None => out.push((backend.key(), b.weight.value)),
+        match config.resolve_backend_of(kind, r, b) {
+            BackendRefResolution::Resolved(backend) => {
+                match out.iter_mut().find(|(k, _)| *k == backend.key()) {
+                    Some((_, w)) => *w = w.saturating_add(b.weight.value),
+                    None => out.push((backend.key(), b.weight.value)),
+                }
             }
+            _ => rejected = rejected.saturating_add(b.weight.value),
         }
     }
-    out
+    (out, rejected)
 }
 
 /// Plans and builds the TLS and TCP listeners of `gw`.
@@ -188,6 +226,7 @@ pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Pla
                         if names.is_empty() {
                             continue;
                         }
+                        let (backends, rejected) = route_backends(config, RouteKind::Tls, r);
                         chains.push(L4Chain {
                             name: format!("{listener_name}/{}/{}", l.name.value, r.key()),
                             server_names: if names.iter().any(|h| h == "*") {
@@ -195,17 +234,20 @@ pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Pla
                             } else {
                                 names
                             },
-                            backends: route_backends(config, RouteKind::Tls, r),
+                            backends,
+                            rejected,
                             certificates: certificates.clone(),
                         });
                     }
                 }
                 _ => {
                     if let Some((_, _, r)) = tcp.iter().find(|(ln, _, _)| *ln == *l.name) {
+                        let (backends, rejected) = route_backends(config, RouteKind::Tcp, r);
                         chains.push(L4Chain {
                             name: format!("{listener_name}/{}/{}", l.name.value, r.key()),
                             server_names: Vec::new(),
-                            backends: route_backends(config, RouteKind::Tcp, r),
+                            backends,
+                            rejected,
                             certificates: Vec::new(),
                         });
                     }
@@ -217,6 +259,7 @@ pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Pla
                 name: format!("{listener_name}/closed"),
                 server_names: Vec::new(),
                 backends: Vec::new(),
+                rejected: 0,
                 certificates: Vec::new(),
             });
         }
@@ -225,6 +268,7 @@ pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Pla
                 *out.used.entry(b.clone()).or_default() += 1;
             }
             out.secrets.extend(c.certificates.iter().cloned());
+            out.rejects |= !c.backends.is_empty() && c.rejected > 0;
         }
         out.listeners.push(envoy_listener(
             gw,
@@ -246,7 +290,7 @@ fn stat_prefix(gw: &ObjectKey, port: u32, options: &Options) -> String {
     }
 }
 
-fn tcp_proxy_filter(stat_prefix: &str, backends: &[(ObjectKey, u32)]) -> Filter {
+fn tcp_proxy_filter(stat_prefix: &str, backends: &[(ObjectKey, u32)], rejected: u32) -> Filter {
     let Some(first) = backends.first() else {
         // No backend: close the connection at once (no bytes).
         return Filter {
@@ -256,15 +300,17 @@ fn tcp_proxy_filter(stat_prefix: &str, backends: &[(ObjectKey, u32)]) -> Filter 
             ))),
         };
     };
-    let cluster = if backends.len() == 1 {
+    let cluster = if backends.len() == 1 && rejected == 0 {
         ClusterSpecifier::Cluster(names::cluster(&first.0))
     } else {
         ClusterSpecifier::WeightedClusters(WeightedCluster {
             clusters: backends
                 .iter()
-                .map(|(b, w)| ClusterWeight {
-                    name: names::cluster(b),
-                    weight: *w,
+                .map(|(b, w)| (names::cluster(b), *w))
+                .chain((rejected > 0).then(|| (REJECT_CLUSTER.to_owned(), rejected)))
+                .map(|(name, weight)| ClusterWeight {
+                    name,
+                    weight,
                     ..Default::default()
                 })
                 .collect(),
@@ -309,7 +355,7 @@ fn envoy_listener(
                     server_names: c.server_names.clone(),
                     ..Default::default()
                 }),
-                filters: vec![tcp_proxy_filter(&stat_prefix, &c.backends)],
+                filters: vec![tcp_proxy_filter(&stat_prefix, &c.backends, c.rejected)],
                 transport_socket: (!c.certificates.is_empty()).then(|| {
                     crate::listener::transport_socket(crate::listener::downstream_tls_context(
                         &c.certificates,

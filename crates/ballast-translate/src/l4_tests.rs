@@ -124,8 +124,8 @@ fn scratch(yaml: &str) -> GatewayResources {
 }
 
 /// One SNI filter chain per TLSRoute (a hostname claimed twice goes to the first route),
-/// weighted clusters for several backendRefs, unresolvable refs dropped (none left: the
-/// connection is closed), a TCP port proxying to its route's backend.
+/// weighted clusters for several backendRefs, the unresolvable refs' share rejected (none
+/// resolvable: every connection closed), a TCP port proxying to its route's backend.
 #[test]
 fn tls_sni_chains_and_tcp_proxy() {
     let yaml = format!(
@@ -160,7 +160,7 @@ fn tls_sni_chains_and_tcp_proxy() {
                 "default/edge/8443/tls/default/b",
                 &["b.example", "*.w.example"],
                 "tcp_proxy",
-                "default/one=1,default/two=3"
+                "default/one=1,default/two=3,ballast:unresolved=5"
             ),
             chain(
                 "default/edge/8443/tls/default/c",
@@ -182,10 +182,16 @@ fn tls_sni_chains_and_tcp_proxy() {
         )]
     );
     let clusters: Vec<&str> = res.clusters.iter().map(|r| r.name()).collect();
-    assert_eq!(clusters, ["default/one", "default/two"]);
+    // The unresolvable share (weight 5 of 9) goes to the static cluster without endpoints,
+    // where Envoy closes the connection (Gateway API: reject that share).
+    assert_eq!(
+        clusters,
+        ["ballast:unresolved", "default/one", "default/two"]
+    );
     // The listener references its clusters (make-before-break orders them first).
-    let refs: Vec<&str> = res.listeners[0].refs().iter().map(|r| &*r.name).collect();
-    assert_eq!(refs, ["default/one", "default/two"]);
+    let mut refs: Vec<&str> = res.listeners[0].refs().iter().map(|r| &*r.name).collect();
+    refs.sort();
+    assert_eq!(refs, ["ballast:unresolved", "default/one", "default/two"]);
 }
 
 /// Edits of TCP/TLS routes and their Backends through the incremental translator give what a

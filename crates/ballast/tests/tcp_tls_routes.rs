@@ -7,6 +7,8 @@
 //!   closed.
 //! - TLS terminate: a TLS listener in mode `Terminate` decrypts with its own certificate
 //!   (SDS) and proxies the plain bytes to a TCP echo backend.
+//! - A TCPRoute with an unresolvable backendRef: its share of connections is closed, the rest
+//!   served.
 //! - TCP: plain echo through a TCP listener; moving a TCPRoute to another backend while a loop
 //!   opens connections loses none of them (make-before-break: the new cluster is there before
 //!   the filter chain naming it), and established connections survive the edit — those of an
@@ -201,13 +203,18 @@ async fn tcp_route_echo_and_backend_move_lose_no_connection() {
     let b = EchoServer::tcp("b").await.unwrap();
     let c = EchoServer::tcp("c").await.unwrap();
     let (p_move, p_steady) = (ballast_testkit::free_port(), ballast_testkit::free_port());
+    let p_half = ballast_testkit::free_port();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("config.yaml");
     let config = |mover: &str| {
         gateway(&format!(
-            "  - {{ name: moving, port: {p_move}, protocol: TCP }}\n  - {{ name: steady, port: {p_steady}, protocol: TCP }}\n"
+            "  - {{ name: moving, port: {p_move}, protocol: TCP }}\n  - {{ name: steady, port: {p_steady}, protocol: TCP }}\n  - {{ name: half, port: {p_half}, protocol: TCP }}\n"
         )) + &tcp_route("mover", "moving", mover)
             + &tcp_route("steady", "steady", "c")
+            + &tcp_route("half", "half", "c").replace(
+                "name: c }]",
+                "name: c }, { group: ballast.dev, kind: Backend, name: missing }]",
+            )
             + &backend("a", &[a.addr()])
             + &backend("b", &[b.addr()])
             + &backend("c", &[c.addr()])
@@ -225,6 +232,23 @@ async fn tcp_route_echo_and_backend_move_lose_no_connection() {
         .await
         .unwrap_or_else(|e| panic!("{e:#}\nenvoy log:\n{}", envoy.log_tail(30)));
     }
+
+    // A route whose second backendRef does not resolve: Gateway API rejects that share of
+    // connections (1:1 weights), the rest reach c.
+    let half = loopback(p_half);
+    let (mut served, mut closed) = (0, 0);
+    for i in 0..40 {
+        match tcp_hello(half).await {
+            Ok(mut conn) => {
+                assert_eq!(conn.server, "c");
+                conn.roundtrip(&format!("h{i}")).await.unwrap();
+                served += 1;
+            }
+            Err(_) => closed += 1,
+        }
+    }
+    eprintln!("half: {served} served, {closed} closed");
+    assert!(served > 0 && closed > 0, "served {served}, closed {closed}");
 
     // Established connections: 5 on the route that moves (to a), 5 on the steady one.
     let mut held_moving = Vec::new();
