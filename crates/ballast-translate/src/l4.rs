@@ -45,12 +45,16 @@ use envoy_types::util::pack_any;
 
 use ballast_xds::simple::socket_address;
 
+use crate::policy::ClientSettings;
 use crate::{Options, names};
+use envoy_types::pb::envoy::extensions::filters::listener::proxy_protocol::v3::ProxyProtocol;
 
 /// One filter chain of an L4 port.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct L4Chain {
     pub name: String,
+    /// The Gateway listener it serves (whose ClientPolicy applies).
+    pub listener: String,
     /// SNI names (TLS); empty: any (TCP, or a TLS route without hostname restriction).
     pub server_names: Vec<String>,
     /// (backend, weight > 0); empty: connections are closed.
@@ -229,6 +233,7 @@ pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Pla
                         let (backends, rejected) = route_backends(config, RouteKind::Tls, r);
                         chains.push(L4Chain {
                             name: format!("{listener_name}/{}/{}", l.name.value, r.key()),
+                            listener: l.name.value.clone(),
                             server_names: if names.iter().any(|h| h == "*") {
                                 Vec::new()
                             } else {
@@ -245,6 +250,7 @@ pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Pla
                         let (backends, rejected) = route_backends(config, RouteKind::Tcp, r);
                         chains.push(L4Chain {
                             name: format!("{listener_name}/{}/{}", l.name.value, r.key()),
+                            listener: l.name.value.clone(),
                             server_names: Vec::new(),
                             backends,
                             rejected,
@@ -257,6 +263,7 @@ pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Pla
         if chains.is_empty() {
             chains.push(L4Chain {
                 name: format!("{listener_name}/closed"),
+                listener: listeners[0].name.value.clone(),
                 server_names: Vec::new(),
                 backends: Vec::new(),
                 rejected: 0,
@@ -271,6 +278,7 @@ pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Pla
             out.rejects |= !c.backends.is_empty() && c.rejected > 0;
         }
         out.listeners.push(envoy_listener(
+            config,
             gw,
             port,
             protocol == ListenerProtocol::Tls,
@@ -326,7 +334,12 @@ fn tcp_proxy_filter(stat_prefix: &str, backends: &[(ObjectKey, u32)], rejected: 
     }
 }
 
+/// The Envoy listener of one TLS/TCP port. A Gateway listener's ClientPolicy applies as on
+/// HTTP listeners where it makes sense for connections: PROXY protocol (before the
+/// `tls_inspector`: it precedes the ClientHello), the connection limit, and client certificate
+/// validation on `Terminate` chains.
 fn envoy_listener(
+    config: &ConfigSet,
     gw: &Gateway,
     port: u32,
     tls: bool,
@@ -334,6 +347,14 @@ fn envoy_listener(
     options: &Options,
 ) -> EnvoyListener {
     let key = gw.key();
+    let client: Vec<Option<ClientSettings<'_>>> = chains
+        .iter()
+        .map(|c| ClientSettings::for_listener(config, &key, &c.listener))
+        .collect();
+    let proxy_protocol = client
+        .iter()
+        .flatten()
+        .any(|c| c.policy.spec.enable_proxy_protocol);
     let p = u16::try_from(port).unwrap_or(0);
     let addrs = crate::listener::addresses(gw, options);
     let stat_prefix = stat_prefix(&key, port, options);
@@ -349,33 +370,54 @@ fn envoy_listener(
             .collect(),
         filter_chains: chains
             .iter()
-            .map(|c| FilterChain {
+            .zip(&client)
+            .map(|(c, client)| FilterChain {
                 name: c.name.clone(),
                 filter_chain_match: (!c.server_names.is_empty()).then(|| FilterChainMatch {
                     server_names: c.server_names.clone(),
                     ..Default::default()
                 }),
-                filters: vec![tcp_proxy_filter(&stat_prefix, &c.backends, c.rejected)],
+                filters: client
+                    .as_ref()
+                    .and_then(|cs| crate::policy::connection_limit_filter(cs, &stat_prefix))
+                    .into_iter()
+                    .chain([tcp_proxy_filter(&stat_prefix, &c.backends, c.rejected)])
+                    .collect(),
                 transport_socket: (!c.certificates.is_empty()).then(|| {
-                    crate::listener::transport_socket(crate::listener::downstream_tls_context(
+                    let mut ctx = crate::listener::downstream_tls_context(
                         &c.certificates,
                         &[],
                         &options.config_sources,
-                    ))
+                    );
+                    if let Some(cs) = client {
+                        crate::policy::apply_client_tls(&mut ctx, cs);
+                    }
+                    crate::listener::transport_socket(ctx)
                 }),
                 ..Default::default()
             })
             .collect(),
-        listener_filters: if tls {
-            vec![ListenerFilter {
-                name: "envoy.filters.listener.tls_inspector".into(),
-                config_type: Some(ListenerFilterConfig::TypedConfig(pack_any(
-                    TlsInspector::default(),
-                ))),
-                ..Default::default()
-            }]
-        } else {
-            Vec::new()
+        listener_filters: {
+            let mut f = Vec::new();
+            if proxy_protocol {
+                f.push(ListenerFilter {
+                    name: "envoy.filters.listener.proxy_protocol".into(),
+                    config_type: Some(ListenerFilterConfig::TypedConfig(pack_any(
+                        ProxyProtocol::default(),
+                    ))),
+                    ..Default::default()
+                });
+            }
+            if tls {
+                f.push(ListenerFilter {
+                    name: "envoy.filters.listener.tls_inspector".into(),
+                    config_type: Some(ListenerFilterConfig::TypedConfig(pack_any(
+                        TlsInspector::default(),
+                    ))),
+                    ..Default::default()
+                });
+            }
+            f
         },
         ..Default::default()
     }

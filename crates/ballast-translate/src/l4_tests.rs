@@ -337,3 +337,58 @@ spec: {{ endpoints: [{{ address: 127.0.0.1, port: 7001 }}] }}
     let secrets: Vec<&str> = res.secrets.iter().map(|r| r.name()).collect();
     assert_eq!(secrets, ["default/cert"]);
 }
+
+/// A ClientPolicy on a TLS/TCP listener: PROXY protocol before the `tls_inspector` (the header
+/// precedes the ClientHello) and the connection limit before `tcp_proxy`; a listener it does
+/// not target is unaffected.
+#[test]
+fn client_policy_applies_to_tls_and_tcp_listeners() {
+    let policy = |section: &str| {
+        format!(
+            "---\napiVersion: ballast.dev/v1alpha1\nkind: ClientPolicy\nmetadata: {{ name: p-{section} }}\nspec:\n  \
+             targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: {section} }}]\n  \
+             enableProxyProtocol: true\n  connection: {{ connectionLimit: {{ value: 3 }} }}\n"
+        )
+    };
+    let yaml = format!(
+        "{GATEWAY}{}{}{}",
+        tls("a", "a.example", &b("one", 1)),
+        tcp("t", &b("one", 1)),
+        policy("tls")
+    );
+    let res = scratch(&yaml);
+    let l = listener(&res, "default/edge/8443");
+    let names: Vec<&str> = l.listener_filters.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "envoy.filters.listener.proxy_protocol",
+            "envoy.filters.listener.tls_inspector"
+        ]
+    );
+    let filters: Vec<&str> = l.filter_chains[0]
+        .filters
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect();
+    assert_eq!(
+        filters,
+        [
+            "envoy.filters.network.connection_limit",
+            "envoy.filters.network.tcp_proxy"
+        ]
+    );
+    let l = listener(&res, "default/edge/9000");
+    assert!(l.listener_filters.is_empty());
+    assert_eq!(l.filter_chains[0].filters.len(), 1);
+    let res = scratch(&format!("{yaml}{}", policy("tcp")));
+    let l = listener(&res, "default/edge/9000");
+    assert_eq!(
+        l.listener_filters[0].name,
+        "envoy.filters.listener.proxy_protocol"
+    );
+    assert_eq!(
+        l.filter_chains[0].filters[0].name,
+        "envoy.filters.network.connection_limit"
+    );
+}
