@@ -189,9 +189,17 @@ impl<S: AsyncRead + AsyncWrite> EchoConn<S> {
 
 /// Connects over plain TCP; returns the connection once the server said its name.
 pub async fn tcp_hello(addr: SocketAddr) -> Result<EchoConn<TcpStream>> {
-    let s = tokio::time::timeout(STEP, TcpStream::connect(addr))
+    tcp_hello_with(addr, b"").await
+}
+
+/// [`tcp_hello`] sending `preface` first (e.g. a PROXY protocol header).
+pub async fn tcp_hello_with(addr: SocketAddr, preface: &[u8]) -> Result<EchoConn<TcpStream>> {
+    let mut s = tokio::time::timeout(STEP, TcpStream::connect(addr))
         .await
         .context("connect timed out")??;
+    if !preface.is_empty() {
+        s.write_all(preface).await?;
+    }
     EchoConn::open(s).await
 }
 

@@ -66,7 +66,7 @@ pub use envoy::{
 pub use etcd::{EtcdCluster, EtcdTls, try_etcd_binary};
 pub use grpc::{GrpcOutcome, GrpcUpstream, grpc_calls, python};
 pub use http::{http_get, http_json, http_post_json};
-pub use l4::{EchoConn, EchoServer, tcp_hello, tls_hello};
+pub use l4::{EchoConn, EchoServer, tcp_hello, tcp_hello_with, tls_hello};
 pub use tcp_proxy::TcpProxy;
 pub use traffic::{Traffic, TrafficConfig, TrafficReport};
 pub use upstream::Upstream;

@@ -21,7 +21,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use ballast_testkit::{AdsMode, EchoServer, Envoy, EnvoyConfig, tcp_hello, tls_hello, wait_for};
+use ballast_testkit::{
+    AdsMode, EchoServer, Envoy, EnvoyConfig, tcp_hello, tcp_hello_with, tls_hello, wait_for,
+};
 use common::*;
 
 fn gateway(listeners: &str) -> String {
@@ -327,4 +329,49 @@ async fn tcp_route_echo_and_backend_move_lose_no_connection() {
         }
     }
     assert!(lost.is_empty(), "{} established lost: {lost:?}", lost.len());
+}
+
+/// A TCP listener behind a PROXY-protocol load balancer (ClientPolicy `enableProxyProtocol`):
+/// connections that start with a PROXY header are proxied; the header never reaches the
+/// backend (the echo would show it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_listener_reads_proxy_protocol_from_client_policy() {
+    let echo = EchoServer::tcp("echo").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let config = gateway(&format!(
+        "  - {{ name: tcp, port: {port}, protocol: TCP }}\n"
+    )) + &tcp_route("raw", "tcp", "echo")
+        + &backend("echo", &[echo.addr()])
+        + "---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: { name: lb }
+spec:
+  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: tcp }]
+  enableProxyProtocol: true
+";
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = start_envoy(&ballast, "envoy-pp").await;
+    let addr = loopback(port);
+    let header = b"PROXY TCP4 192.0.2.7 127.0.0.1 40000 443\r\n";
+    wait_for(T, POLL, || async {
+        let mut c = tcp_hello_with(addr, header).await?;
+        anyhow::ensure!(c.server == "echo", "reached {}", c.server);
+        c.roundtrip("after header").await
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\nenvoy log:\n{}", envoy.log_tail(30)));
+    for i in 0..10 {
+        let mut c = tcp_hello_with(addr, header).await.unwrap();
+        c.roundtrip(&format!("pp{i}")).await.unwrap();
+    }
+    let stats = envoy.stats().await.unwrap();
+    let found: u64 = stats
+        .iter()
+        .filter(|(k, _)| k.contains("proxy_proto") && k.ends_with("v1.found"))
+        .map(|(_, v)| *v)
+        .sum();
+    assert!(found >= 11, "PROXY v1 headers read: {found}");
 }
