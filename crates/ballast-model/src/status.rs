@@ -337,7 +337,7 @@ impl ConfigStatus {
             }
             for w in &r.warnings {
                 out.push(format!(
-                    "{}: HTTPRoute {}/{}: {w}",
+                    "{}: {kind} {}/{}: {w}",
                     r.source, r.namespace, r.name
                 ));
             }
@@ -346,8 +346,63 @@ impl ConfigStatus {
     }
 }
 
+/// Warnings of L4 routes whose SNI names (or TCP listener) another route serves, by kind and
+/// route key ([`crate::kinds::l4_claims`], what translation builds from).
+fn l4_shadowed(set: &ConfigSet) -> std::collections::BTreeMap<(RouteKind, ObjectKey), Vec<String>> {
+    let mut out: std::collections::BTreeMap<(RouteKind, ObjectKey), Vec<String>> =
+        Default::default();
+    if set.tls_routes.is_empty() && set.tcp_routes.is_empty() {
+        return out;
+    }
+    for g in set.gateways.keys() {
+        for c in crate::kinds::l4_claims(set, g) {
+            if c.shadowed.is_empty() {
+                continue;
+            }
+            let mut by_winner: Vec<(&ObjectKey, Vec<&str>)> = Vec::new();
+            for (h, w) in &c.shadowed {
+                match by_winner.iter_mut().find(|(k, _)| *k == w) {
+                    Some((_, hs)) => hs.push(h),
+                    None => by_winner.push((w, vec![h])),
+                }
+            }
+            for (w, hs) in by_winner {
+                let what = if c.kind == RouteKind::Tcp {
+                    "its connections".to_owned()
+                } else {
+                    format!("SNI {}", hs.join(", "))
+                };
+                out.entry((c.kind, c.route.key())).or_default().push(format!(
+                    "Gateway {g} listener {} (port {}): {what} served by {} {w}, which comes first (namespace/name order); this route gets none of them",
+                    c.listener,
+                    c.port,
+                    c.kind.as_str()
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// Computes the status of every Gateway and HTTPRoute in `set`.
 pub fn compute(set: &ConfigSet) -> ConfigStatus {
+    let mut shadowed = l4_shadowed(set);
+    let mut l4_status = |kind: RouteKind, r: &HttpRoute| {
+        let mut st = route_status_of(set, r, kind);
+        st.warnings
+            .extend(shadowed.remove(&(kind, r.key())).unwrap_or_default());
+        st
+    };
+    let tls_routes = set
+        .tls_routes
+        .values()
+        .map(|r| l4_status(RouteKind::Tls, &r.as_http))
+        .collect();
+    let tcp_routes = set
+        .tcp_routes
+        .values()
+        .map(|r| l4_status(RouteKind::Tcp, &r.as_http))
+        .collect();
     ConfigStatus {
         gateways: set
             .gateways
@@ -416,16 +471,8 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
             .values()
             .map(|r| route_status(set, &r.as_http))
             .collect(),
-        tls_routes: set
-            .tls_routes
-            .values()
-            .map(|r| route_status_of(set, &r.as_http, RouteKind::Tls))
-            .collect(),
-        tcp_routes: set
-            .tcp_routes
-            .values()
-            .map(|r| route_status_of(set, &r.as_http, RouteKind::Tcp))
-            .collect(),
+        tls_routes,
+        tcp_routes,
         backends: backend_statuses(set),
     }
 }

@@ -25,6 +25,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use ballast_model::hostname::ANY_HOST;
 use ballast_model::set::{BackendRefResolution, CertificateRefResolution};
 use ballast_model::{
     ConfigSet, Gateway, HttpRoute, Listener, ListenerProtocol, ObjectKey, RouteKind,
@@ -101,24 +102,6 @@ pub(crate) fn reject_cluster() -> envoy_types::pb::envoy::config::cluster::v3::C
     }
 }
 
-/// The attached routes of `kind` on each listener of `gw`: (listener name, route key,
-/// effective hostnames, route), in route key order.
-fn attached<'a>(
-    config: &ConfigSet,
-    gw: &Gateway,
-    kind: RouteKind,
-    routes: impl Iterator<Item = &'a std::sync::Arc<HttpRoute>>,
-) -> Vec<(String, Vec<String>, &'a std::sync::Arc<HttpRoute>)> {
-    let key = gw.key();
-    let mut out = Vec::new();
-    for r in routes {
-        for a in config.route_attachments_of(kind, &key, r) {
-            out.push((a.listener, a.hostnames, r));
-        }
-    }
-    out
-}
-
 /// The weighted, resolvable backends of an L4 route (every rule's backendRefs as one set), and
 /// the total weight of those that do not resolve.
 fn route_backends(
@@ -145,7 +128,8 @@ fn route_backends(
     (out, rejected)
 }
 
-/// Plans and builds the TLS and TCP listeners of `gw`.
+/// Plans and builds the TLS and TCP listeners of `gw` from [`ballast_model::l4_claims`] (which
+/// route serves which SNI names on which listener; shared with status).
 pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Plan {
     let key = gw.key();
     let mut out = L4Plan::default();
@@ -158,26 +142,12 @@ pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Pla
     if ports.is_empty() {
         return out;
     }
-    let tls = attached(
-        config,
-        gw,
-        RouteKind::Tls,
-        config.tls_routes.values().map(|r| &r.as_http),
-    );
-    let tcp = attached(
-        config,
-        gw,
-        RouteKind::Tcp,
-        config.tcp_routes.values().map(|r| &r.as_http),
-    );
+    let claims = ballast_model::l4_claims(config, &key);
     // Dependencies: every attached route's candidate Backends, once per route.
     let mut seen_routes: BTreeSet<(RouteKind, ObjectKey)> = BTreeSet::new();
-    for (kind, r) in tls
-        .iter()
-        .map(|(_, _, r)| (RouteKind::Tls, *r))
-        .chain(tcp.iter().map(|(_, _, r)| (RouteKind::Tcp, *r)))
-    {
-        if !seen_routes.insert((kind, r.key())) {
+    for c in &claims {
+        let r = &c.route;
+        if !seen_routes.insert((c.kind, r.key())) {
             continue;
         }
         let keys: BTreeSet<ObjectKey> = r
@@ -196,68 +166,39 @@ pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Pla
         let protocol = *listeners[0].protocol;
         let listener_name = names::listener(&key, port);
         let mut chains: Vec<L4Chain> = Vec::new();
-        let mut claimed: BTreeSet<String> = BTreeSet::new();
         for l in &listeners {
-            let certificates: Vec<ObjectKey> =
-                if l.is_passthrough() || protocol == ListenerProtocol::Tcp {
-                    Vec::new()
-                } else {
-                    let certs: Vec<ObjectKey> = l
-                        .tls
-                        .iter()
-                        .flat_map(|t| &t.certificate_refs)
-                        .filter_map(|r| match config.resolve_certificate(gw, r) {
-                            CertificateRefResolution::Resolved(s) => Some(s.key()),
-                            _ => None,
-                        })
-                        .collect();
-                    if certs.is_empty() {
-                        continue; // Terminate without a certificate: not served (Programmed=False)
-                    }
-                    certs
-                };
-            match protocol {
-                ListenerProtocol::Tls => {
-                    for (ln, hostnames, r) in &tls {
-                        if *ln != *l.name {
-                            continue;
-                        }
-                        let names: Vec<String> = hostnames
-                            .iter()
-                            .filter(|h| claimed.insert((*h).clone()))
-                            .cloned()
-                            .collect();
-                        if names.is_empty() {
-                            continue;
-                        }
-                        let (backends, rejected) = route_backends(config, RouteKind::Tls, r);
-                        chains.push(L4Chain {
-                            name: format!("{listener_name}/{}/{}", l.name.value, r.key()),
-                            listener: l.name.value.clone(),
-                            server_names: if names.iter().any(|h| h == "*") {
-                                Vec::new()
-                            } else {
-                                names
-                            },
-                            backends,
-                            rejected,
-                            certificates: certificates.clone(),
-                        });
-                    }
-                }
-                _ => {
-                    if let Some((_, _, r)) = tcp.iter().find(|(ln, _, _)| *ln == *l.name) {
-                        let (backends, rejected) = route_backends(config, RouteKind::Tcp, r);
-                        chains.push(L4Chain {
-                            name: format!("{listener_name}/{}/{}", l.name.value, r.key()),
-                            listener: l.name.value.clone(),
-                            server_names: Vec::new(),
-                            backends,
-                            rejected,
-                            certificates: Vec::new(),
-                        });
-                    }
-                }
+            // Terminate: the listener's resolvable certificates (claims skip those without).
+            let certificates: Vec<ObjectKey> = if l.is_passthrough() {
+                Vec::new()
+            } else {
+                l.tls
+                    .iter()
+                    .flat_map(|t| &t.certificate_refs)
+                    .filter_map(|r| match config.resolve_certificate(gw, r) {
+                        CertificateRefResolution::Resolved(s) => Some(s.key()),
+                        _ => None,
+                    })
+                    .collect()
+            };
+            for c in claims
+                .iter()
+                .filter(|c| c.port == port && c.listener == *l.name && !c.hostnames.is_empty())
+            {
+                let (backends, rejected) = route_backends(config, c.kind, &c.route);
+                chains.push(L4Chain {
+                    name: format!("{listener_name}/{}/{}", l.name.value, c.route.key()),
+                    listener: l.name.value.clone(),
+                    server_names: if protocol == ListenerProtocol::Tcp
+                        || c.hostnames.iter().any(|h| h == ANY_HOST)
+                    {
+                        Vec::new()
+                    } else {
+                        c.hostnames.clone()
+                    },
+                    backends,
+                    rejected,
+                    certificates: certificates.clone(),
+                });
             }
         }
         if chains.is_empty() {

@@ -209,6 +209,109 @@ impl RouteKind {
     }
 }
 
+/// What one attached L4 route serves on one listener of a Gateway ([`l4_claims`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct L4Claim {
+    pub kind: RouteKind,
+    pub port: u32,
+    /// The Gateway listener.
+    pub listener: String,
+    pub route: Arc<HttpRoute>,
+    /// The SNI names it serves there (`*`: any); a TCPRoute that serves its listener has `[*]`.
+    /// Empty: everything it asked for is served by other routes.
+    pub hostnames: Vec<String>,
+    /// The names it asked for that an earlier route serves, with that route.
+    pub shadowed: Vec<(String, super::ObjectKey)>,
+}
+
+/// Who serves what on the TLS and TCP listeners of `gateway`, in the order Envoy filter chains
+/// are built (port, listener order, route namespace/name). A name is served by the first route
+/// claiming it on its port (Envoy needs the SNI matches of one port to be distinct); a TCP
+/// listener is served by its first route. `Terminate` listeners without a resolvable
+/// certificate are not served and claim nothing. The one place translation and status learn
+/// this from, so they agree.
+pub fn l4_claims(set: &crate::ConfigSet, gateway: &super::ObjectKey) -> Vec<L4Claim> {
+    use super::{ListenerProtocol, TlsMode};
+    use crate::set::CertificateRefResolution;
+    use std::collections::BTreeMap;
+    let Some(gw) = set.gateways.get(gateway) else {
+        return Vec::new();
+    };
+    let mut ports: BTreeMap<u32, Vec<&super::Listener>> = BTreeMap::new();
+    for l in &gw.spec.listeners {
+        if matches!(*l.protocol, ListenerProtocol::Tls | ListenerProtocol::Tcp) {
+            ports.entry(l.port.value).or_default().push(l);
+        }
+    }
+    let mut out = Vec::new();
+    if ports.is_empty() {
+        return out;
+    }
+    // (listener, hostnames, kind, route), in route key order.
+    let mut attached = Vec::new();
+    for (kind, r) in set
+        .tls_routes
+        .values()
+        .map(|r| (RouteKind::Tls, &r.as_http))
+        .chain(
+            set.tcp_routes
+                .values()
+                .map(|r| (RouteKind::Tcp, &r.as_http)),
+        )
+    {
+        for a in set.route_attachments_of(kind, gateway, r) {
+            attached.push((a.listener, a.hostnames, kind, r));
+        }
+    }
+    for (port, listeners) in ports {
+        let mut owner: BTreeMap<String, super::ObjectKey> = BTreeMap::new();
+        for l in listeners {
+            let terminate = *l.protocol == ListenerProtocol::Tls
+                && l.tls.as_ref().is_some_and(|t| t.mode == TlsMode::Terminate);
+            if terminate
+                && !l.tls.iter().flat_map(|t| &t.certificate_refs).any(|r| {
+                    matches!(
+                        set.resolve_certificate(gw, r),
+                        CertificateRefResolution::Resolved(_)
+                    )
+                })
+            {
+                continue;
+            }
+            let tcp = *l.protocol == ListenerProtocol::Tcp;
+            for (ln, hostnames, kind, r) in &attached {
+                if *ln != *l.name {
+                    continue;
+                }
+                let asked: Vec<String> = if tcp {
+                    vec![crate::hostname::ANY_HOST.to_owned()]
+                } else {
+                    hostnames.clone()
+                };
+                let mut claim = L4Claim {
+                    kind: *kind,
+                    port,
+                    listener: l.name.value.clone(),
+                    route: (*r).clone(),
+                    hostnames: Vec::new(),
+                    shadowed: Vec::new(),
+                };
+                for h in asked {
+                    match owner.get(&h) {
+                        Some(w) => claim.shadowed.push((h, w.clone())),
+                        None => {
+                            owner.insert(h.clone(), r.key());
+                            claim.hostnames.push(h);
+                        }
+                    }
+                }
+                out.push(claim);
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 #[path = "l4route_tests.rs"]
 mod tests;

@@ -348,3 +348,73 @@ fn backend_refs_need_grants_for_their_kind() {
         }
     }
 }
+
+/// An SNI name claimed by two TLSRoutes on one port, or a TCP listener with two TCPRoutes: the
+/// first route (namespace/name order) serves, the other's status says who has it instead.
+#[test]
+fn shadowed_names_and_tcp_listeners_are_warnings() {
+    let one = "{ kind: Backend, group: ballast.dev, name: one }";
+    let tcp = |name: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: {{ name: {name} }}\n\
+             spec:\n  parentRefs: [{{ name: edge }}]\n  rules: [{{ backendRefs: [{one}] }}]\n---\n"
+        )
+    };
+    let extra = format!(
+        "{}{}{}{}",
+        tls_route("a", "{ name: edge, sectionName: tls }", "a.example", one),
+        tls_route(
+            "b",
+            "{ name: edge, sectionName: tls }",
+            "a.example, z.example",
+            one
+        ),
+        tcp("t1"),
+        tcp("t2"),
+    );
+    let set = ConfigSet::build([("g.yaml", format!("{GATEWAY}---\n{extra}"))]).unwrap();
+    let claims = crate::kinds::l4_claims(&set, &crate::ObjectKey::new("default", "edge"));
+    let summary: Vec<(u32, String, String, Vec<String>, usize)> = claims
+        .iter()
+        .map(|c| {
+            (
+                c.port,
+                c.listener.clone(),
+                c.route.metadata.name.clone(),
+                c.hostnames.clone(),
+                c.shadowed.len(),
+            )
+        })
+        .collect();
+    let v = |h: &[&str]| h.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    assert_eq!(
+        summary,
+        [
+            (8443, "tls".into(), "a".into(), v(&["a.example"]), 0),
+            (8443, "tls".into(), "b".into(), v(&["z.example"]), 1),
+            (9000, "tcp".into(), "t1".into(), v(&["*"]), 0),
+            (9000, "tcp".into(), "t2".into(), v(&[]), 1),
+        ]
+    );
+    let s = compute(&set);
+    assert!(s.tls_routes[0].warnings.is_empty());
+    assert_eq!(
+        s.tls_routes[1].warnings,
+        [
+            "Gateway default/edge listener tls (port 8443): SNI a.example served by TLSRoute default/a, which comes first (namespace/name order); this route gets none of them"
+        ]
+    );
+    assert!(s.tcp_routes[0].warnings.is_empty());
+    assert_eq!(
+        s.tcp_routes[1].warnings,
+        [
+            "Gateway default/edge listener tcp (port 9000): its connections served by TCPRoute default/t1, which comes first (namespace/name order); this route gets none of them"
+        ]
+    );
+    assert!(
+        s.problems().iter().any(|p| p.starts_with("g.yaml:")
+            && p.contains(": TCPRoute default/t2: Gateway default/edge listener tcp")),
+        "{:?}",
+        s.problems()
+    );
+}
