@@ -86,7 +86,7 @@ mod docs_tests {
                 set.tls_routes.len(),
                 set.tcp_routes.len()
             ),
-            (4, 5, 1, 2, 1, 1, 1, 1, 1, 1)
+            (4, 6, 2, 2, 2, 1, 1, 1, 1, 1)
         );
         // No example uses the deprecated backendRef shorthand.
         let status = crate::status::compute(&set);

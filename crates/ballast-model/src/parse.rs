@@ -17,9 +17,9 @@ use crate::kinds::{
     Backend, BackendPolicy, BackendPolicySpec, BackendSpec, BackendTlsPolicy, BackendTlsPolicySpec,
     ClientPolicy, ClientPolicySpec, DEFAULT_NAMESPACE, EndpointSlice, EndpointSliceSpec, Gateway,
     GatewaySpec, GrpcRoute, GrpcRouteSpec, HttpRoute, HttpRouteSpec, Ignored, Kind, KindMatch,
-    Metadata, Namespace, NamespaceSpec, Object, ObjectKey, ReferenceGrant, ReferenceGrantSpec,
-    Service, ServiceSpec, SliceEndpoint, SlicePort, Source, TcpRoute, TcpRouteSpec, TlsRoute,
-    TlsRouteSpec,
+    Metadata, Namespace, NamespaceSpec, Object, ObjectKey, RateLimitPolicy, RateLimitPolicySpec,
+    ReferenceGrant, ReferenceGrantSpec, Service, ServiceSpec, SliceEndpoint, SlicePort, Source,
+    TcpRoute, TcpRouteSpec, TlsRoute, TlsRouteSpec,
 };
 use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
@@ -411,6 +411,8 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
             .map(|d| Typed::Spec(d.metadata, TypedSpec::TlsRoute(d.spec))),
         Kind::TcpRoute => deserialize::<Doc<TcpRouteSpec>>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::TcpRoute(d.spec))),
+        Kind::RateLimitPolicy => deserialize::<Doc<RateLimitPolicySpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::RateLimitPolicy(Box::new(d.spec)))),
     }
     .map_err(strict_error)?;
     finish(file, object, doc_pos, typed).map(Parsed::Object)
@@ -438,6 +440,7 @@ enum TypedSpec {
     Namespace(NamespaceSpec),
     TlsRoute(TlsRouteSpec),
     TcpRoute(TcpRouteSpec),
+    RateLimitPolicy(Box<RateLimitPolicySpec>),
 }
 
 /// A Namespace document: `spec` is optional (and `status` is what `kubectl get -o yaml`
@@ -471,11 +474,7 @@ fn finish(
     let mut ctx = validate::Ctx::new(file.clone(), object, doc_pos);
     let parsed = match typed {
         Typed::Spec(metadata, TypedSpec::Gateway(spec)) => {
-            let g = Gateway {
-                metadata,
-                spec,
-                source,
-            };
+            let g = Gateway::new(metadata, spec, source);
             validate::gateway(&mut ctx, &g);
             Object::Gateway(Arc::new(g))
         }
@@ -515,6 +514,15 @@ fn finish(
             };
             crate::kinds::backend_tls::validate_backend_tls_policy(&mut ctx, &p);
             Object::BackendTlsPolicy(Arc::new(p))
+        }
+        Typed::Spec(metadata, TypedSpec::RateLimitPolicy(spec)) => {
+            let p = RateLimitPolicy {
+                metadata,
+                spec: *spec,
+                source,
+            };
+            crate::kinds::rate_limit::validate_rate_limit_policy(&mut ctx, &p);
+            Object::RateLimitPolicy(Arc::new(p))
         }
         Typed::Spec(metadata, TypedSpec::ClientPolicy(spec)) => {
             let p = ClientPolicy {
@@ -703,6 +711,7 @@ fn apply_route_defaults(spec: &mut HttpRouteSpec) {
             backend_refs: Vec::new(),
             timeouts: None,
             retry: None,
+            session_persistence: None,
         });
     }
     for rule in &mut spec.rules {
@@ -1190,7 +1199,7 @@ spec:
         assert_eq!(
             p.invalid[0].1[0].to_string(),
             "f.yaml:37:51: Backend default/bad: spec.extra: unknown field `extra`, expected one \
-             of endpoints, loadBalancer, connectTimeout, healthCheck, appProtocol, protocol"
+             of endpoints, loadBalancer, connectTimeout, healthCheck, appProtocol, protocol, dns"
         );
         // No name: nothing to blame but the file.
         assert_eq!(p.file_errors.len(), 1, "{:?}", p.file_errors);
@@ -1340,9 +1349,7 @@ spec:
                 "f.yaml:8:36: Gateway default/edge: spec.listeners[1].tls: an HTTPS listener needs tls.certificateRefs",
                 "f.yaml:8:53: Gateway default/edge: spec.listeners[1].hostname: invalid hostname \"*.Ex.com\": expected lowercase DNS labels (a-z, 0-9, '-'), optionally prefixed by \"*.\"",
                 "f.yaml:9:13: Gateway default/edge: spec.listeners[2].name: listener name \"Bad_Name\" is not a valid DNS label (lowercase a-z, 0-9, '-', at most 63 characters)",
-                "f.yaml:9:29: Gateway default/edge: spec.listeners[2].port: listeners \"a\" and \"Bad_Name\" share port 80 with different protocols",
                 "f.yaml:9:43: Gateway default/edge: spec.listeners[2].tls: tls is only allowed on HTTPS and TLS listeners",
-                "f.yaml:11:22: Gateway default/edge: spec.listeners[4].port: listeners \"d\" and \"e\" both serve hostname (any) on port 81",
             ]
         );
     }
@@ -1528,6 +1535,60 @@ spec:
         assert_eq!(c.max_age_seconds(), 600);
     }
 
+    /// Gateway API's CEL rules for sessionPersistence and the names Envoy needs are errors at
+    /// the field's position.
+    #[test]
+    fn session_persistence_errors_name_the_field() {
+        let rule = |sp: &str| {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r}}\nspec:\n  rules:\n  - sessionPersistence: {sp}\n"
+            )
+        };
+        let cases = [
+            (
+                "{ cookieConfig: { lifetimeType: Permanent } }",
+                "f.yaml:6:57: HTTPRoute default/r: spec.rules[0].sessionPersistence.absoluteTimeout: absoluteTimeout is required when cookie lifetimeType is Permanent",
+            ),
+            (
+                "{ type: Header, cookie: { name: a } }",
+                "f.yaml:6:33: HTTPRoute default/r: spec.rules[0].sessionPersistence.cookie: cookie is only allowed with type: Cookie",
+            ),
+            (
+                "{ header: { name: x } }",
+                "f.yaml:6:43: HTTPRoute default/r: spec.rules[0].sessionPersistence.header: header is only allowed with type: Header (the default type is Cookie)",
+            ),
+            (
+                "{ sessionName: \"a b\" }",
+                "f.yaml:6:40: HTTPRoute default/r: spec.rules[0].sessionPersistence.sessionName: invalid cookie name \"a b\": 1 to 128 token characters (letters, digits, !#$%&'*+-.^_`|~)",
+            ),
+            (
+                "{ sessionName: a, cookie: { name: b } }",
+                "f.yaml:6:59: HTTPRoute default/r: spec.rules[0].sessionPersistence.sessionName: sessionName \"a\" and the cookie name \"b\" disagree; give one",
+            ),
+            (
+                "{ cookie: { path: x } }",
+                "f.yaml:6:43: HTTPRoute default/r: spec.rules[0].sessionPersistence.cookie.path: invalid cookie path \"x\": must start with / (at most 1024 characters, no ;)",
+            ),
+            (
+                "{ absoluteTimeout: 0s }",
+                "f.yaml:6:44: HTTPRoute default/r: spec.rules[0].sessionPersistence.absoluteTimeout: absoluteTimeout must be greater than 0",
+            ),
+        ];
+        for (sp, want) in cases {
+            assert_eq!(one_error(&rule(sp)), want, "{sp}");
+        }
+        // Both shapes load.
+        for ok in [
+            "{ sessionName: s, absoluteTimeout: 1h, idleTimeout: 5m, type: Cookie, cookieConfig: { lifetimeType: Permanent } }",
+            "{ type: Cookie, cookie: { name: s, path: /app, lifetimeType: Session } }",
+            "{ type: Header, header: { name: x-session } }",
+            "{ type: Header, sessionName: x-session }",
+            "{}",
+        ] {
+            parse_file("f.yaml", &rule(ok)).unwrap_or_else(|e| panic!("{ok}: {e:?}"));
+        }
+    }
+
     #[test]
     fn cors_filter_errors_name_the_field() {
         let text = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n  \
@@ -1579,10 +1640,77 @@ spec:
         );
         assert_eq!(
             one_error(
-                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec:\n  endpoints: [{address: web.local, port: 80}]\n"
+                "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec:\n  endpoints: [{address: 10.0.0.300, port: 80}]\n"
             ),
-            "f.yaml:5:25: Backend default/b: spec.endpoints[0].address: invalid IP address syntax"
+            "f.yaml:5:25: Backend default/b: spec.endpoints[0].address: \"10.0.0.300\" is not a valid IP address"
         );
+    }
+
+    #[test]
+    fn backend_hostname_endpoints_parse_with_dns_settings() {
+        let text = "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: api}\nspec:\n  \
+            endpoints:\n  - {address: api.example.com, port: 443}\n  - {address: 10.0.0.1, port: 443}\n  \
+            dns: {mode: Strict, refreshRate: 2s, respectTtl: true, lookupFamily: V4Preferred}\n";
+        let objs = objects(text);
+        let Object::Backend(b) = &objs[0] else {
+            panic!()
+        };
+        assert!(b.spec.is_dns());
+        assert_eq!(
+            b.spec.endpoints[0].address.hostname(),
+            Some("api.example.com")
+        );
+        assert_eq!(
+            b.spec.endpoints[1].address.ip(),
+            Some("10.0.0.1".parse().unwrap())
+        );
+        let dns = b.spec.dns.as_ref().unwrap();
+        assert_eq!(
+            (
+                *dns.mode,
+                dns.refresh_rate.as_ref().map(|d| d.value),
+                dns.respect_ttl,
+                dns.lookup_family
+            ),
+            (
+                DnsMode::Strict,
+                Some(std::time::Duration::from_secs(2)),
+                true,
+                Some(LookupFamily::V4Preferred)
+            )
+        );
+        // IP-only Backends stay EDS Backends.
+        let ip_only = objects(
+            "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec:\n  endpoints: [{address: 10.0.0.1, port: 80}]\n",
+        );
+        let Object::Backend(b) = &ip_only[0] else {
+            panic!()
+        };
+        assert!(!b.spec.is_dns());
+    }
+
+    #[test]
+    fn backend_hostname_and_dns_errors_are_positioned() {
+        let text = "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec:\n  endpoints:\n  \
+            - {address: Web_Host, port: 80}\n  - {address: \"*.example.com\", port: 80}\n  \
+            - {address: a.example.com, port: 80}\n  - {address: a.example.com, port: 80}\n  \
+            dns: {mode: Logical, refreshRate: 0s}\n";
+        assert_eq!(
+            errors(text),
+            vec![
+                "f.yaml:6:15: Backend default/b: spec.endpoints[0].address: invalid hostname \"Web_Host\": expected lowercase DNS labels (a-z, 0-9, '-'), optionally prefixed by \"*.\"; an endpoint address is an IP address or a DNS name Envoy resolves",
+                "f.yaml:7:15: Backend default/b: spec.endpoints[1].address: \"*.example.com\" is a wildcard; an endpoint needs an IP address or a DNS name Envoy can resolve",
+                "f.yaml:9:15: Backend default/b: spec.endpoints[3].address: duplicate endpoint a.example.com:80 (also spec.endpoints[2])",
+                "f.yaml:10:15: Backend default/b: spec.dns.mode: mode Logical needs exactly one endpoint (Envoy LOGICAL_DNS), found 4; use Strict for several",
+                "f.yaml:10:37: Backend default/b: spec.dns.refreshRate: refreshRate must be at least 1ms",
+            ]
+        );
+        // Unknown fields and modes are parse errors with their position.
+        let e = one_error(
+            "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec:\n  endpoints: [{address: a.test, port: 80}]\n  dns: {mode: Lazy}\n",
+        );
+        assert!(e.starts_with("f.yaml:6:"), "{e}");
+        assert!(e.contains("Lazy"), "{e}");
     }
 
     const CERT: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";

@@ -133,6 +133,7 @@ pub struct ConfigSet {
     pub namespaces: BTreeMap<ObjectKey, Arc<Namespace>>,
     pub tls_routes: BTreeMap<ObjectKey, Arc<TlsRoute>>,
     pub tcp_routes: BTreeMap<ObjectKey, Arc<TcpRoute>>,
+    pub rate_limit_policies: BTreeMap<ObjectKey, Arc<RateLimitPolicy>>,
 }
 
 /// How one object differs between two sets.
@@ -472,6 +473,10 @@ impl ConfigSet {
             Object::Namespace(n) => self.namespaces.insert(key, n).map(Object::Namespace),
             Object::TlsRoute(r) => self.tls_routes.insert(key, r).map(Object::TlsRoute),
             Object::TcpRoute(r) => self.tcp_routes.insert(key, r).map(Object::TcpRoute),
+            Object::RateLimitPolicy(p) => self
+                .rate_limit_policies
+                .insert(key, p)
+                .map(Object::RateLimitPolicy),
         }
     }
 
@@ -560,6 +565,10 @@ impl ConfigSet {
             Kind::Namespace => self.namespaces.remove(key).map(Object::Namespace),
             Kind::TlsRoute => self.tls_routes.remove(key).map(Object::TlsRoute),
             Kind::TcpRoute => self.tcp_routes.remove(key).map(Object::TcpRoute),
+            Kind::RateLimitPolicy => self
+                .rate_limit_policies
+                .remove(key)
+                .map(Object::RateLimitPolicy),
         }
     }
 
@@ -600,6 +609,11 @@ impl ConfigSet {
             Kind::Namespace => self.namespaces.get(key).cloned().map(Object::Namespace),
             Kind::TlsRoute => self.tls_routes.get(key).cloned().map(Object::TlsRoute),
             Kind::TcpRoute => self.tcp_routes.get(key).cloned().map(Object::TcpRoute),
+            Kind::RateLimitPolicy => self
+                .rate_limit_policies
+                .get(key)
+                .cloned()
+                .map(Object::RateLimitPolicy),
         }
     }
 
@@ -649,6 +663,12 @@ impl ConfigSet {
             .chain(self.namespaces.values().cloned().map(Object::Namespace))
             .chain(self.tls_routes.values().cloned().map(Object::TlsRoute))
             .chain(self.tcp_routes.values().cloned().map(Object::TcpRoute))
+            .chain(
+                self.rate_limit_policies
+                    .values()
+                    .cloned()
+                    .map(Object::RateLimitPolicy),
+            )
     }
 
     pub fn len(&self) -> usize {
@@ -667,6 +687,7 @@ impl ConfigSet {
             + self.namespaces.len()
             + self.tls_routes.len()
             + self.tcp_routes.len()
+            + self.rate_limit_policies.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -732,6 +753,12 @@ impl ConfigSet {
         diff_map(Kind::Namespace, &self.namespaces, &new.namespaces, &mut out);
         diff_map(Kind::TlsRoute, &self.tls_routes, &new.tls_routes, &mut out);
         diff_map(Kind::TcpRoute, &self.tcp_routes, &new.tcp_routes, &mut out);
+        diff_map(
+            Kind::RateLimitPolicy,
+            &self.rate_limit_policies,
+            &new.rate_limit_policies,
+            &mut out,
+        );
         out.sort();
         out
     }
@@ -1232,7 +1259,29 @@ fn attach(
             format!("Gateway {} has no {what}", g.key()),
         ));
     }
-    let by_kind: Vec<&Listener> = candidates
+    // Conflicted listeners take no routes (Gateway API: indistinct listeners are not accepted).
+    let distinct: Vec<&Listener> = candidates
+        .iter()
+        .copied()
+        .filter(|l| !g.is_conflicted(&l.name))
+        .collect();
+    if distinct.is_empty() {
+        return Err((
+            NotAcceptedReason::NoMatchingParent,
+            format!(
+                "listener{} {} of Gateway {} {} Conflicted and not served",
+                if candidates.len() == 1 { "" } else { "s" },
+                candidates
+                    .iter()
+                    .map(|l| format!("{:?}", l.name.value))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                g.key(),
+                if candidates.len() == 1 { "is" } else { "are" },
+            ),
+        ));
+    }
+    let by_kind: Vec<&Listener> = distinct
         .into_iter()
         .filter(|l| l.allows_kind(GATEWAY_GROUP, kind))
         .collect();

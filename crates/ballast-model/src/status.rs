@@ -135,6 +135,8 @@ pub struct ConfigStatus {
     pub backend_tls_policies: Vec<PolicyStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub client_policies: Vec<PolicyStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rate_limit_policies: Vec<PolicyStatus>,
     /// GRPCRoutes, computed through their HTTPRoute equivalents (same attachment rules).
     pub grpc_routes: Vec<RouteStatus>,
     /// TLSRoutes and TCPRoutes, computed through their HTTPRoute equivalents with their own
@@ -190,7 +192,7 @@ impl PolicyStatus {
 }
 
 /// Status of every policy of one kind from its attachment resolution.
-fn policy_statuses(
+pub(crate) fn policy_statuses(
     kind: Kind,
     resolution: &crate::attach::Resolution,
     source: impl Fn(&ObjectKey) -> String,
@@ -287,6 +289,7 @@ impl ConfigStatus {
             .backend_policies
             .iter()
             .chain(&self.backend_tls_policies)
+            .chain(&self.rate_limit_policies)
         {
             for t in &p.targets {
                 for c in t.conditions.iter().filter(|c| !c.is_true()) {
@@ -466,6 +469,7 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
                 None => Ok(()),
             },
         ),
+        rate_limit_policies: crate::kinds::rate_limit::statuses(set),
         grpc_routes: set
             .grpc_routes
             .values()
@@ -565,7 +569,7 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
         }
     }
     let mut listeners = Vec::new();
-    for l in &g.spec.listeners {
+    for (index, l) in g.spec.listeners.iter().enumerate() {
         let mut bad = Vec::new();
         let mut bad_reason = None;
         let mut resolved = 0;
@@ -613,16 +617,24 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
             ));
         }
         let refs_ok = bad.is_empty();
-        // Listeners without certificates to serve are programmed as they are.
-        let programmed = matches!(*l.protocol, ListenerProtocol::Http | ListenerProtocol::Tcp)
-            || l.is_passthrough()
-            || resolved > 0;
+        // Listeners without certificates to serve are programmed as they are; conflicted
+        // listeners are not served at all.
+        let conflict = g.conflict(index);
+        let programmed = conflict.is_none()
+            && (matches!(*l.protocol, ListenerProtocol::Http | ListenerProtocol::Tcp)
+                || l.is_passthrough()
+                || resolved > 0);
         let attached = attachments.iter().filter(|a| a.listener == *l.name).count();
         listeners.push(ListenerStatus {
             name: l.name.value.clone(),
             attached_routes: u32::try_from(attached).unwrap_or(u32::MAX),
             conditions: vec![
-                Condition::new("Accepted", true, "Accepted", "listener is valid"),
+                match conflict {
+                    None => Condition::new("Accepted", true, "Accepted", "listener is valid"),
+                    Some(c) => {
+                        Condition::new("Accepted", false, c.reason.as_str(), c.message.clone())
+                    }
+                },
                 if refs_ok {
                     Condition::new(
                         "ResolvedRefs",
@@ -638,19 +650,46 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
                         bad.join("; "),
                     )
                 },
-                if programmed {
-                    Condition::new("Programmed", true, "Programmed", "listener is served")
-                } else {
-                    Condition::new(
+                match conflict {
+                    _ if programmed => {
+                        Condition::new("Programmed", true, "Programmed", "listener is served")
+                    }
+                    Some(c) => {
+                        Condition::new("Programmed", false, c.reason.as_str(), c.message.clone())
+                    }
+                    None => Condition::new(
                         "Programmed",
                         false,
                         "Invalid",
                         "no certificateRef resolves to a Secret; the listener is not served",
-                    )
+                    ),
                 },
             ],
         });
+        // `Conflicted` is a "negative polarity" condition (True is the problem); only set
+        // when true (Gateway API: unset means no conflicts), so every other condition keeps
+        // meaning "True is good" for `problems()` and `ballast get`.
+        if let Some(c) = conflict {
+            listeners
+                .last_mut()
+                .expect("just pushed")
+                .conditions
+                .push(Condition {
+                    type_: "Conflicted".to_owned(),
+                    status: ConditionStatus::True,
+                    reason: c.reason.as_str().to_owned(),
+                    message: c.message.clone(),
+                });
+        }
     }
+    let conflicted: Vec<&str> = g
+        .spec
+        .listeners
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| g.conflict(*i).is_some())
+        .map(|(_, l)| l.name.as_str())
+        .collect();
     let any_programmed = listeners.iter().any(|l| {
         l.conditions
             .iter()
@@ -661,7 +700,31 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
         name: g.metadata.name.clone(),
         source: g.source.to_string(),
         conditions: vec![
-            Condition::new("Accepted", true, "Accepted", "Gateway is valid"),
+            if conflicted.is_empty() {
+                Condition::new("Accepted", true, "Accepted", "Gateway is valid")
+            } else {
+                let all = conflicted.len() == g.spec.listeners.len();
+                Condition::new(
+                    "Accepted",
+                    !all,
+                    "ListenersNotValid",
+                    format!(
+                        "listeners {} are Conflicted and not served{}",
+                        conflicted.join(", "),
+                        if all {
+                            "; no listener is left".to_owned()
+                        } else {
+                            format!(
+                                "; serving {}",
+                                g.distinct_listeners()
+                                    .map(|l| l.name.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            )
+                        }
+                    ),
+                )
+            },
             if any_programmed {
                 Condition::new("Programmed", true, "Programmed", "Gateway is served")
             } else {
@@ -670,6 +733,24 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
         ],
         listeners,
     }
+}
+
+/// The distinct backends a rule sends traffic to (weight above zero): Envoy's stateful session
+/// only picks the remembered endpoint within the backend (cluster) the route chose.
+fn session_backends(rule: &HttpRouteRule) -> usize {
+    let mut seen = Vec::new();
+    for b in rule.backend_refs.iter().filter(|b| b.weight.value > 0) {
+        let k = (
+            b.group.as_ref().map(|g| g.as_str()),
+            b.kind.as_ref().map(|k| k.as_str()),
+            b.name.as_str(),
+            b.namespace.as_deref(),
+        );
+        if !seen.contains(&k) {
+            seen.push(k);
+        }
+    }
+    seen.len()
 }
 
 fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
@@ -718,9 +799,6 @@ fn route_status_of(set: &ConfigSet, r: &HttpRoute, kind: RouteKind) -> RouteStat
                         }
                         BackendTarget::Service(key, None) => format!("Service {key} not found"),
                         BackendTarget::Service(key, Some(port)) => match set.services.get(key) {
-                            Some(s) if s.is_external_name() => format!(
-                                "Service {key} is of type ExternalName, which Ballast does not serve yet"
-                            ),
                             Some(_) => format!("Service {key} has no port {port}"),
                             None => format!("Service {key} not found"),
                         },
@@ -761,7 +839,7 @@ fn route_status_of(set: &ConfigSet, r: &HttpRoute, kind: RouteKind) -> RouteStat
     }
     // Filters on a backendRef that Ballast does not apply: ignored (the route is otherwise
     // served), so the status must say so, naming each field.
-    let unsupported: Vec<String> = r
+    let mut unsupported: Vec<String> = r
         .spec
         .rules
         .iter()
@@ -777,6 +855,21 @@ fn route_status_of(set: &ConfigSet, r: &HttpRoute, kind: RouteKind) -> RouteStat
             })
         })
         .collect();
+    // Session persistence settings Envoy cannot honour: the session still persists, without
+    // them.
+    for (i, rule) in r.spec.rules.iter().enumerate() {
+        let Some(sp) = &rule.session_persistence else {
+            continue;
+        };
+        for (field, why) in sp.unsupported() {
+            unsupported.push(format!("rules[{i}].sessionPersistence.{field}: {why}"));
+        }
+        if session_backends(rule) > 1 {
+            unsupported.push(format!(
+                "rules[{i}].sessionPersistence: with several backendRefs a session sticks to an endpoint only while the weighted pick lands on its backend (use one backendRef)"
+            ));
+        }
+    }
     let resolved_refs = match reason {
         None => Condition::new(
             "ResolvedRefs",
@@ -1106,6 +1199,65 @@ spec: { endpoints: [{ address: 127.0.0.1, port: 8080 }] }
             got,
             vec![("o", "open", vec!["open.example.com".to_owned()])]
         );
+    }
+
+    /// Session persistence settings Envoy cannot honour (idle timeout, a Session cookie's or a
+    /// header session's absolute timeout, several backends) are `Accepted=False
+    /// UnsupportedValue` naming the field; the route stays attached and served.
+    #[test]
+    fn unsupported_session_persistence_is_unsupported_value() {
+        let web = "{ group: ballast.dev, kind: Backend, name: web }";
+        let r = |name: &str, backends: &str, sp: &str| {
+            route(
+                name,
+                "default",
+                "{ name: edge }",
+                "web.example.com",
+                backends,
+            ) + &format!("    sessionPersistence: {sp}\n")
+        };
+        let two = format!("{web}, {{ group: ballast.dev, kind: Backend, name: api }}");
+        let (_, s) = status_of(
+            &[
+                r("idle", web, "{ idleTimeout: 10m }"),
+                r("session", web, "{ absoluteTimeout: 1h }"),
+                r("header", web, "{ type: Header, absoluteTimeout: 1h }"),
+                r("split", &two, "{ sessionName: s }"),
+                r(
+                    "ok",
+                    web,
+                    "{ absoluteTimeout: 1h, cookieConfig: { lifetimeType: Permanent } }",
+                ),
+                r("header-ok", web, "{ type: Header, header: { name: x-s } }"),
+            ],
+            true,
+        );
+        let message = |name: &str| {
+            let st = route_status(&s, name);
+            assert_eq!(
+                st.parents[0].conditions[0].reason, "UnsupportedValue",
+                "{name}"
+            );
+            st.parents[0].conditions[0].message.clone()
+        };
+        assert!(
+            message("idle").starts_with("rules[0].sessionPersistence.idleTimeout: "),
+            "{}",
+            message("idle")
+        );
+        assert!(message("session").starts_with("rules[0].sessionPersistence.absoluteTimeout: "));
+        assert!(message("header").starts_with("rules[0].sessionPersistence.absoluteTimeout: "));
+        assert!(
+            message("split").starts_with("rules[0].sessionPersistence: with several backendRefs")
+        );
+        for ok in ["ok", "header-ok"] {
+            assert_eq!(
+                conds(route_status(&s, ok))[0][0],
+                c("Accepted", true, "Accepted")
+            );
+        }
+        // Still attached: the listener counts all six.
+        assert_eq!(s.gateways[0].listeners[0].attached_routes, 6);
     }
 
     #[test]

@@ -245,49 +245,8 @@ pub(crate) fn gateway(ctx: &mut Ctx, g: &Gateway) {
             }
         }
     }
-    // Two listeners on one port must be distinguishable by Envoy: same protocol, and (for the
-    // filter chain / virtual host choice) different hostnames.
-    let listeners = &g.spec.listeners;
-    for (i, a) in listeners.iter().enumerate() {
-        for (j, b) in listeners.iter().enumerate().skip(i + 1) {
-            if a.port.value != b.port.value {
-                continue;
-            }
-            let f = format!("spec.listeners[{j}].port");
-            if *a.protocol != *b.protocol {
-                ctx.err(
-                    b.port.pos,
-                    f,
-                    format!(
-                        "listeners {:?} and {:?} share port {} with different protocols",
-                        a.name.value, b.name.value, a.port.value
-                    ),
-                );
-            } else if *a.protocol == ListenerProtocol::Tcp {
-                // Nothing in a TCP connection tells listeners apart (hostname is ignored).
-                ctx.err(
-                    b.port.pos,
-                    f,
-                    format!(
-                        "listeners {:?} and {:?} are both TCP on port {}; a TCP port has one listener",
-                        a.name.value, b.name.value, a.port.value
-                    ),
-                );
-            } else if a.hostname() == b.hostname() {
-                ctx.err(
-                    b.port.pos,
-                    f,
-                    format!(
-                        "listeners {:?} and {:?} both serve hostname {} on port {}",
-                        a.name.value,
-                        b.name.value,
-                        a.hostname().unwrap_or("(any)"),
-                        a.port.value
-                    ),
-                );
-            }
-        }
-    }
+    // Listeners sharing a port that Envoy cannot tell apart are not an error: they are
+    // `Conflicted` in status and not served ([`crate::kinds::listener_conflicts`]).
 }
 
 pub(crate) fn http_route(ctx: &mut Ctx, r: &HttpRoute) {
@@ -491,6 +450,9 @@ fn route_rule(ctx: &mut Ctx, rule: &HttpRouteRule, f: &str) {
             format!("{f}.retry.backoff"),
             "backoff must be greater than 0",
         );
+    }
+    if let Some(sp) = &rule.session_persistence {
+        session_persistence(ctx, sp, &format!("{f}.sessionPersistence"));
     }
     if let Some(retry) = &rule.retry
         && let Some(list) = &retry.retry_on
@@ -793,6 +755,130 @@ fn header_name(ctx: &mut Ctx, n: &Spanned<String>, field: String) {
     }
 }
 
+/// Gateway API's CEL rules for `SessionPersistence` (each shape's settings only with its type,
+/// `Permanent` needs `absoluteTimeout`), plus what Envoy needs: a token as cookie or header
+/// name, a path starting with `/`, timeouts above zero.
+fn session_persistence(ctx: &mut Ctx, sp: &SessionPersistence, f: &str) {
+    let at = sp.type_.as_ref().map_or(Pos::UNKNOWN, |t| t.pos);
+    let cookie_type = sp.type_() == SessionPersistenceType::Cookie;
+    if sp.cookie.is_some() && sp.cookie_config.is_some() {
+        ctx.err(
+            at,
+            format!("{f}.cookie"),
+            "cookie and cookieConfig are two versions of one field; use one",
+        );
+    }
+    if !cookie_type {
+        for (name, set) in [
+            ("cookie", sp.cookie.is_some()),
+            ("cookieConfig", sp.cookie_config.is_some()),
+        ] {
+            if set {
+                ctx.err(
+                    at,
+                    format!("{f}.{name}"),
+                    format!("{name} is only allowed with type: Cookie"),
+                );
+            }
+        }
+    }
+    if cookie_type && let Some(h) = &sp.header {
+        ctx.err(
+            h.name.pos,
+            format!("{f}.header"),
+            "header is only allowed with type: Header (the default type is Cookie)",
+        );
+    }
+    let specific = match sp.type_() {
+        SessionPersistenceType::Cookie => sp.cookie_settings().and_then(|c| c.name.as_ref()),
+        SessionPersistenceType::Header => sp.header.as_ref().map(|h| &h.name),
+    };
+    if let (Some(a), Some(b)) = (&sp.session_name, specific)
+        && a.value != b.value
+    {
+        ctx.err(
+            b.pos,
+            format!("{f}.sessionName"),
+            format!(
+                "sessionName {:?} and the {} name {:?} disagree; give one",
+                a.value,
+                if cookie_type { "cookie" } else { "header" },
+                b.value
+            ),
+        );
+    }
+    let named = [
+        ("sessionName", sp.session_name.as_ref()),
+        (
+            "cookie.name",
+            sp.cookie.as_ref().and_then(|c| c.name.as_ref()),
+        ),
+        (
+            "cookieConfig.name",
+            sp.cookie_config.as_ref().and_then(|c| c.name.as_ref()),
+        ),
+        ("header.name", sp.header.as_ref().map(|h| &h.name)),
+    ];
+    for (field, n) in named {
+        let Some(n) = n else { continue };
+        let token = !n.is_empty()
+            && n.len() <= 128
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !token {
+            ctx.err(
+                n.pos,
+                format!("{f}.{field}"),
+                format!(
+                    "invalid {} name {:?}: 1 to 128 token characters (letters, digits, !#$%&'*+-.^_`|~)",
+                    if cookie_type { "cookie" } else { "header" },
+                    n.value
+                ),
+            );
+        }
+    }
+    if let Some(p) = sp.cookie_settings().and_then(|c| c.path.as_ref())
+        && (!p.starts_with('/') || p.len() > 1024 || p.bytes().any(|b| b == b';' || b < 0x20))
+    {
+        ctx.err(
+            p.pos,
+            format!("{f}.cookie.path"),
+            format!(
+                "invalid cookie path {:?}: must start with / (at most 1024 characters, no ;)",
+                p.value
+            ),
+        );
+    }
+    for (field, d) in [
+        ("absoluteTimeout", &sp.absolute_timeout),
+        ("idleTimeout", &sp.idle_timeout),
+    ] {
+        if let Some(d) = d
+            && d.is_zero()
+        {
+            ctx.err(
+                d.pos,
+                format!("{f}.{field}"),
+                format!("{field} must be greater than 0"),
+            );
+        }
+    }
+    if cookie_type
+        && sp.lifetime() == CookieLifetimeType::Permanent
+        && sp.absolute_timeout.is_none()
+    {
+        let pos = sp
+            .cookie_settings()
+            .and_then(|c| c.lifetime_type.as_ref())
+            .map_or(at, |l| l.pos);
+        ctx.err(
+            pos,
+            format!("{f}.absoluteTimeout"),
+            "absoluteTimeout is required when cookie lifetimeType is Permanent",
+        );
+    }
+}
+
 /// The methods Gateway API's `HTTPMethodWithWildcard` admits.
 const CORS_METHODS: [&str; 10] = [
     "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "*",
@@ -1092,7 +1178,12 @@ pub(crate) fn backend(ctx: &mut Ctx, b: &Backend) {
         {
             ctx.err(e.address.pos, format!("{f}.zone"), "zone must not be empty");
         }
-        if let Some(first) = seen.insert((e.address.value, e.port.value), i) {
+        if let Some(h) = e.address.hostname()
+            && let Err(why) = check_endpoint_hostname(h)
+        {
+            ctx.err(e.address.pos, format!("{f}.address"), why);
+        }
+        if let Some(first) = seen.insert((e.address.value.clone(), e.port.value), i) {
             ctx.err(
                 e.address.pos,
                 format!("{f}.address"),
@@ -1100,6 +1191,27 @@ pub(crate) fn backend(ctx: &mut Ctx, b: &Backend) {
                     "duplicate endpoint {}:{} (also spec.endpoints[{first}])",
                     e.address.value, e.port.value
                 ),
+            );
+        }
+    }
+    if let Some(dns) = &b.spec.dns {
+        if *dns.mode == DnsMode::Logical && b.spec.is_dns() && b.spec.endpoints.len() != 1 {
+            ctx.err(
+                dns.mode.pos,
+                "spec.dns.mode",
+                format!(
+                    "mode Logical needs exactly one endpoint (Envoy LOGICAL_DNS), found {}; use Strict for several",
+                    b.spec.endpoints.len()
+                ),
+            );
+        }
+        if let Some(r) = &dns.refresh_rate
+            && r.value < std::time::Duration::from_millis(1)
+        {
+            ctx.err(
+                r.pos,
+                "spec.dns.refreshRate",
+                "refreshRate must be at least 1ms",
             );
         }
     }
@@ -1156,6 +1268,26 @@ pub(crate) fn backend(ctx: &mut Ctx, b: &Backend) {
     }
 }
 
+/// A Backend endpoint hostname: a concrete DNS name (lowercase, no wildcard) that cannot be
+/// mistaken for a mistyped IP address (a numeric last label, as in `10.0.0.300`).
+fn check_endpoint_hostname(h: &str) -> Result<(), String> {
+    let numeric_tld = h
+        .rsplit('.')
+        .next()
+        .is_some_and(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()));
+    if numeric_tld || h.contains(':') {
+        return Err(format!("{h:?} is not a valid IP address"));
+    }
+    if h.starts_with('*') {
+        return Err(format!(
+            "{h:?} is a wildcard; an endpoint needs an IP address or a DNS name Envoy can resolve"
+        ));
+    }
+    validate_hostname(h).map_err(|e| {
+        format!("{e}; an endpoint address is an IP address or a DNS name Envoy resolves")
+    })
+}
+
 /// A Service: Kubernetes' own rules for what Ballast reads (ports, type, externalName).
 pub(crate) fn service(ctx: &mut Ctx, s: &Service) {
     metadata(ctx, &s.metadata);
@@ -1207,7 +1339,11 @@ pub(crate) fn service(ctx: &mut Ctx, s: &Service) {
         );
     }
     match (&s.spec.external_name, s.is_external_name()) {
-        (Some(n), true) => hostname(ctx, n, "spec.externalName".into(), false),
+        (Some(n), true) => {
+            // A trailing dot (absolute name) is valid in Kubernetes and means the same here.
+            let bare = Spanned::new(n.strip_suffix('.').unwrap_or(n).to_owned(), n.pos);
+            hostname(ctx, &bare, "spec.externalName".into(), false);
+        }
         (None, true) => ctx.err(
             s.spec.type_.as_ref().map_or(Pos::UNKNOWN, |t| t.pos),
             "spec.externalName",

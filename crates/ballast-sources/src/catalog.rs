@@ -64,7 +64,7 @@ pub struct Registration {
 impl Registration {
     fn endpoint(&self) -> Endpoint {
         Endpoint {
-            address: Spanned::new(self.address, Pos::UNKNOWN),
+            address: Spanned::new(self.address.into(), Pos::UNKNOWN),
             port: Spanned::new(u32::from(self.port), Pos::UNKNOWN),
             weight: self
                 .weight

@@ -32,6 +32,7 @@ pub fn kind_segment(kind: Kind) -> &'static str {
         Kind::Namespace => "namespaces",
         Kind::TlsRoute => "tlsroutes",
         Kind::TcpRoute => "tcproutes",
+        Kind::RateLimitPolicy => "ratelimitpolicies",
     }
 }
 

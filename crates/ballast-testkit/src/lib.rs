@@ -11,6 +11,8 @@
 //! * [`Traffic`] — concurrent keep-alive client loops counting every status, body and connection error.
 //! * [`TcpProxy`] — a round-robin TCP relay whose connections can be cut at will, to break Envoy's xDS
 //!   stream or fail it over between control-plane replicas.
+//! * [`DnsServer`] — a loopback UDP DNS server answering A/AAAA from a map the test edits, to point
+//!   Envoy's DNS clusters at (hostname Backends, ExternalName Services).
 //! * [`EtcdCluster`] — real etcd (one member or a cluster) to kill, restart and compact.
 //! * [`wait_for`] / [`wait_until`] — bounded polling, because tests must never hang.
 //!
@@ -47,11 +49,13 @@
 #![forbid(unsafe_code)]
 
 mod config_dump;
+mod dns;
 mod envoy;
 mod etcd;
 mod grpc;
 mod http;
 mod l4;
+mod rate_limit_service;
 mod tcp_proxy;
 mod traffic;
 mod upstream;
@@ -59,6 +63,7 @@ mod wait;
 mod websocket;
 
 pub use config_dump::ConfigSummary;
+pub use dns::DnsServer;
 pub use envoy::{
     AdsMode, Envoy, EnvoyConfig, EnvoyOptions, envoy_binary, pid_alive, static_http_bootstrap,
     try_envoy_binary, workspace_root,
@@ -67,6 +72,7 @@ pub use etcd::{EtcdCluster, EtcdTls, try_etcd_binary};
 pub use grpc::{GrpcOutcome, GrpcUpstream, grpc_calls, python};
 pub use http::{http_get, http_json, http_post_json};
 pub use l4::{EchoConn, EchoServer, tcp_hello, tcp_hello_with, tls_hello};
+pub use rate_limit_service::RateLimitServer;
 pub use tcp_proxy::TcpProxy;
 pub use traffic::{Traffic, TrafficConfig, TrafficReport};
 pub use upstream::Upstream;

@@ -51,10 +51,20 @@ impl Upstream {
         Self::start_with(name, true).await
     }
 
+    /// Like [`Upstream::start`], but on `addr` (a loopback address such as `127.0.0.2:0`): DNS
+    /// tests need upstreams that differ only by IP, since a DNS answer carries no port.
+    pub async fn start_on(name: &str, addr: SocketAddr) -> Result<Upstream> {
+        Self::bind(name, false, addr).await
+    }
+
     async fn start_with(name: &str, h2c: bool) -> Result<Upstream> {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        Self::bind(name, h2c, SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    async fn bind(name: &str, h2c: bool, addr: SocketAddr) -> Result<Upstream> {
+        let listener = TcpListener::bind(addr)
             .await
-            .context("bind upstream on 127.0.0.1:0")?;
+            .with_context(|| format!("bind upstream on {addr}"))?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             name: name.to_owned(),

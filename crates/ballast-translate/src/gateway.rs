@@ -25,8 +25,8 @@ use crate::index::{DependencyIndex, Deps, Orphans, names_gateway};
 use crate::listener::{ChainPlan, certificate_refs, envoy_listener, plan};
 use crate::policy::ClusterInputs;
 use crate::route::{
-    TranslatedRoute, backend_signature, contributions, encode_misdirected_host,
-    encode_virtual_host, fixed_hosts, translate_route,
+    RateLimitSignature, TranslatedRoute, backend_signature, contributions, encode_misdirected_host,
+    encode_virtual_host, fixed_hosts, rate_limit_signature, translate_route,
 };
 use crate::{
     ConfigSources, GatewayResources, Options, TranslateStats, cluster, encode, names, secret,
@@ -38,7 +38,8 @@ pub(crate) struct BackendEntry {
     /// The policies (and objects they name) the cluster was built with.
     pub inputs: ClusterInputs,
     pub cluster: Arc<Resource>,
-    pub load_assignment: Arc<Resource>,
+    /// `None` for a DNS Backend: its endpoints are inline in its cluster.
+    pub load_assignment: Option<Arc<Resource>>,
 }
 
 pub(crate) struct SecretEntry {
@@ -54,10 +55,20 @@ pub(crate) struct Caches {
     pub routes: BTreeMap<ObjectKey, Arc<TranslatedRoute>>,
     /// Where clusters fetch their endpoints (fixed for the translator's life).
     pub config_sources: ConfigSources,
+    /// The DNS servers of DNS clusters (fixed for the translator's life).
+    pub dns_resolvers: Vec<std::net::SocketAddr>,
 }
 
 fn same<T: PartialEq>(a: &Arc<T>, b: &Arc<T>) -> bool {
     Arc::ptr_eq(a, b) || **a == **b
+}
+
+fn same_rate_limit(a: &RateLimitSignature, b: &RateLimitSignature) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some((p, u)), Some((q, v))) => u == v && same(p, q),
+        _ => false,
+    }
 }
 
 impl Caches {
@@ -67,6 +78,7 @@ impl Caches {
             secrets: BTreeMap::new(),
             routes: BTreeMap::new(),
             config_sources: options.config_sources.clone(),
+            dns_resolvers: options.dns_resolvers.clone(),
         }
     }
 
@@ -80,6 +92,7 @@ impl Caches {
         if let Some(t) = self.routes.get(&key)
             && same(&t.route, route)
             && t.signature == backend_signature(config, route)
+            && same_rate_limit(&t.rate_limit, &rate_limit_signature(config, route))
         {
             stats.routes_reused += 1;
             return t.clone();
@@ -101,6 +114,10 @@ impl Caches {
         let key = backend.key();
         let inputs = ClusterInputs::compute(config, &key);
         let same_policy = |e: &BackendEntry| e.inputs == inputs;
+        let env = cluster::ClusterEnv {
+            sources: &self.config_sources,
+            dns_resolvers: &self.dns_resolvers,
+        };
         let entry = match self.backends.remove(&key) {
             Some(e) if same(&e.backend, backend) && same_policy(&e) => {
                 stats.resources_reused += 2;
@@ -112,14 +129,16 @@ impl Caches {
                     e.cluster
                 } else {
                     stats.resources_encoded += 1;
-                    encode(&cluster::cluster(backend, &inputs, &self.config_sources))
+                    encode(&cluster::cluster(backend, &inputs, &env))
                 };
+                // Same endpoints: same kind (EDS or DNS), so the same load assignment or none.
                 let load_assignment = if e.backend.spec.endpoints == backend.spec.endpoints {
-                    stats.resources_reused += 1;
+                    stats.resources_reused += usize::from(e.load_assignment.is_some());
                     e.load_assignment
                 } else {
-                    stats.resources_encoded += 1;
-                    encode(&cluster::load_assignment(backend))
+                    let la = cluster::load_assignment(backend).map(|la| encode(&la));
+                    stats.resources_encoded += usize::from(la.is_some());
+                    la
                 };
                 BackendEntry {
                     backend: backend.clone(),
@@ -129,12 +148,13 @@ impl Caches {
                 }
             }
             None => {
-                stats.resources_encoded += 2;
+                let load_assignment = cluster::load_assignment(backend).map(|la| encode(&la));
+                stats.resources_encoded += 1 + usize::from(load_assignment.is_some());
                 BackendEntry {
                     backend: backend.clone(),
-                    cluster: encode(&cluster::cluster(backend, &inputs, &self.config_sources)),
+                    cluster: encode(&cluster::cluster(backend, &inputs, &env)),
                     inputs,
-                    load_assignment: encode(&cluster::load_assignment(backend)),
+                    load_assignment,
                 }
             }
         };
@@ -367,6 +387,11 @@ pub(crate) fn build_gateway(
     for (b, n) in &l4.refs {
         *backend_refs.entry(b.clone()).or_default() += n;
     }
+    // The rate-limit service's cluster, used by the connection manager's global filter.
+    let rate_limit_service = crate::rate_limit::service_backend(config, gw);
+    if let Some(svc) = &rate_limit_service {
+        count_up(&mut backend_refs, &BTreeSet::from([svc.clone()]));
+    }
     deps.backends = backend_refs.keys().cloned().collect();
 
     let mut prev_chains: BTreeMap<String, ChainState> = BTreeMap::new();
@@ -476,12 +501,15 @@ pub(crate) fn build_gateway(
         let r = encode(&crate::l4::reject_cluster());
         resources.clusters.push(r);
     }
+    if let Some(svc) = rate_limit_service {
+        count_up(&mut used, &BTreeSet::from([svc]));
+    }
     for b in used.keys() {
         // Used backends resolved when their routes were translated against this config.
         if let Some(backend) = config.backend(b) {
             let e = caches.backend(config, backend, stats);
             resources.clusters.push(e.cluster.clone());
-            resources.load_assignments.push(e.load_assignment.clone());
+            resources.load_assignments.extend(e.load_assignment.clone());
         }
     }
     for s in &used_secrets {
@@ -635,21 +663,25 @@ pub(crate) fn patch_routes(
         match (at, state.used.contains_key(&b), backend) {
             (Err(ci), true, Some(backend)) => {
                 let e = caches.backend(config, backend, stats);
-                let li = res
-                    .load_assignments
-                    .binary_search_by(|r| r.name().cmp(&name))
-                    .expect_err("no load assignment without its cluster");
                 res.clusters.insert(ci, e.cluster.clone());
-                res.load_assignments.insert(li, e.load_assignment.clone());
+                if let Some(la) = &e.load_assignment {
+                    let li = res
+                        .load_assignments
+                        .binary_search_by(|r| r.name().cmp(&name))
+                        .expect_err("no load assignment without its cluster");
+                    res.load_assignments.insert(li, la.clone());
+                }
                 changed_any = true;
             }
             (Ok(ci), false, _) => {
-                let li = res
+                res.clusters.remove(ci);
+                // A DNS cluster has none.
+                if let Ok(li) = res
                     .load_assignments
                     .binary_search_by(|r| r.name().cmp(&name))
-                    .expect("every cluster has its load assignment");
-                res.clusters.remove(ci);
-                res.load_assignments.remove(li);
+                {
+                    res.load_assignments.remove(li);
+                }
                 changed_any = true;
             }
             _ => {}

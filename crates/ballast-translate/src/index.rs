@@ -58,6 +58,8 @@ impl Deps {
                 .refs
                 .into_keys(),
         );
+        // The rate-limit service the connection manager's global filter calls.
+        backends.extend(crate::rate_limit::service_backend(config, gw));
         Some(Deps {
             routes: routes_naming(config, gateway).collect(),
             backends,

@@ -134,7 +134,8 @@ pub(crate) fn plan(config: &ConfigSet, gw: &Gateway, options: &Options) -> L4Pla
     let key = gw.key();
     let mut out = L4Plan::default();
     let mut ports: BTreeMap<u32, Vec<&Listener>> = BTreeMap::new();
-    for l in &gw.spec.listeners {
+    // Conflicted listeners are not served (status `Conflicted=True`): no Envoy listener.
+    for l in gw.distinct_listeners() {
         if matches!(*l.protocol, ListenerProtocol::Tls | ListenerProtocol::Tcp) {
             ports.entry(l.port.value).or_default().push(l);
         }

@@ -392,3 +392,57 @@ fn client_policy_applies_to_tls_and_tcp_listeners() {
         "envoy.filters.network.connection_limit"
     );
 }
+
+/// Conflicted TLS/TCP listeners (two TCP listeners on one port, TLS beside HTTPS) get no Envoy
+/// listener and their routes no cluster use; the distinct TLS/TCP listeners are served.
+#[test]
+fn conflicted_tls_and_tcp_listeners_get_no_envoy_listener() {
+    let yaml = format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: edge }}
+spec:
+  gatewayClassName: ballast
+  listeners:
+  - {{ name: tls, port: 8443, protocol: TLS, tls: {{ mode: Passthrough }} }}
+  - {{ name: tcp, port: 9000, protocol: TCP }}
+  - {{ name: tcp-a, port: 9001, protocol: TCP }}
+  - {{ name: tcp-b, port: 9001, protocol: TCP }}
+  - {{ name: tls-x, port: 9443, protocol: TLS, hostname: x.example, tls: {{ mode: Passthrough }} }}
+  - {{ name: https-y, port: 9443, protocol: HTTPS, hostname: y.example, tls: {{ certificateRefs: [{{ name: s }}] }} }}
+---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: one }}
+spec: {{ endpoints: [{{ address: 127.0.0.1, port: 7001 }}] }}
+---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: two }}
+spec: {{ endpoints: [{{ address: 127.0.0.1, port: 7002 }}] }}
+{}{}",
+        tls("a", "a.example, x.example", &b("one", 1)),
+        tcp("t", &b("two", 1)),
+    );
+    let res = scratch(&yaml);
+    let names: Vec<&str> = res.listeners.iter().map(|r| r.name()).collect();
+    assert_eq!(names, ["default/edge/8443", "default/edge/9000"]);
+    assert_eq!(
+        chains(&listener(&res, "default/edge/8443")),
+        [chain(
+            "default/edge/8443/tls/default/a",
+            &["a.example", "x.example"],
+            "tcp_proxy",
+            "default/one"
+        )]
+    );
+    assert_eq!(
+        chains(&listener(&res, "default/edge/9000")),
+        [chain(
+            "default/edge/9000/tcp/default/t",
+            &[],
+            "tcp_proxy",
+            "default/two"
+        )]
+    );
+}

@@ -14,7 +14,7 @@
 //! | `RouteConfiguration` (HTTPS port) | `{ns}/{gateway}/{port}/{hostname}` (`*` for a listener without hostname): one per SNI filter chain, so a hostname's routes are only reachable through the chain (certificate) of its own Gateway listener |
 //! | `VirtualHost` | the hostname it serves (`*` for all hosts); domains are bare hostnames and the HCM strips any port from `Host` |
 //! | `Route` | `{ns}/{route}/{rule}/{match}` (indices; a named rule's name replaces its index, and its routes get the stat prefix `{ns}/{route}/{name}`; `{route}` is `grpc:{name}` for a GRPCRoute); the share of a rule sent to unresolvable backends is an extra route named `.../unresolved` |
-//! | `Cluster`, `ClusterLoadAssignment` | `{ns}/{backend}`; `{ns}/{backend}:h2c` for the HTTP/2 copy a GRPCRoute uses ([`grpc`]) |
+//! | `Cluster`, `ClusterLoadAssignment` | `{ns}/{backend}`; `{ns}/{backend}:h2c` for the HTTP/2 copy a GRPCRoute uses ([`grpc`]); a Backend with hostname endpoints is a DNS cluster with its endpoints inline and has no `ClusterLoadAssignment` |
 //! | `Secret` | `{ns}/{secret}` |
 //!
 //! # Translation choices (Gateway API mapping)
@@ -38,6 +38,10 @@
 //!   virtual host so its requests never fall through to a less specific listener's routes.
 //! - An HTTPS Gateway listener none of whose certificateRefs resolve is not served (status
 //!   `Programmed=False`), so no filter chain is generated for it.
+//! - Conflicted Gateway listeners (HTTP and HTTPS on one port; same port, protocol and hostname)
+//!   are not served at all; the distinct listeners of the Gateway are.
+//! - `sessionPersistence` → a per-route `StatefulSessionPerRoute` (cookie or header session
+//!   state) for the stateful session filter every connection manager carries (inactive).
 #![forbid(unsafe_code)]
 
 mod access_log;
@@ -49,13 +53,15 @@ pub mod index;
 mod l4;
 mod listener;
 mod policy;
+mod rate_limit;
 mod resources;
 mod route;
 mod secret;
+mod session;
 mod source;
 mod translator;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use ballast_model::ObjectKey;
@@ -79,6 +85,9 @@ pub struct Options {
     /// How EDS/RDS/SDS references are fetched (see [`source`]): by default
     /// `ads: {}`.
     pub config_sources: ConfigSources,
+    /// The DNS servers Envoy asks to resolve hostname Backends (c-ares `resolvers`); empty for
+    /// the Envoy host's own (`/etc/resolv.conf`).
+    pub dns_resolvers: Vec<SocketAddr>,
 }
 
 impl Default for Options {
@@ -87,6 +96,7 @@ impl Default for Options {
             default_address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             stat_prefix: String::new(),
             config_sources: ConfigSources::default(),
+            dns_resolvers: Vec::new(),
         }
     }
 }

@@ -14,6 +14,7 @@ use ballast_model::{
     ConfigSet, Gateway, Listener, ListenerProtocol, ObjectKey, hostname_matches,
 };
 use ballast_xds::simple::{rds_http_connection_manager, socket_address};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpFilter;
 use envoy_types::pb::envoy::config::core::v3::TransportSocket;
 use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType as TsConfig;
 use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType as FilterConfig;
@@ -57,19 +58,21 @@ pub(crate) struct PortPlan<'a> {
     pub chains: Vec<ChainPlan<'a>>,
 }
 
-/// The ports of a Gateway and their filter chains. HTTPS listeners without any resolvable
-/// certificate are left out (status `Programmed=False`), and so is a port with no chain left.
+/// The ports of a Gateway and their filter chains. Conflicted listeners and HTTPS listeners
+/// without any resolvable certificate are left out (status `Programmed=False`), and so is a
+/// port with no chain left.
 pub(crate) fn plan<'a>(config: &ConfigSet, gw: &'a Gateway) -> Vec<PortPlan<'a>> {
     let key = gw.key();
     let mut ports: BTreeMap<u32, Vec<&Listener>> = BTreeMap::new();
-    for l in &gw.spec.listeners {
-        // TLS and TCP ports are `crate::l4`'s (validation keeps protocols apart per port).
-        if matches!(
+    // Conflicted listeners are not served; the distinct ones on a port share one protocol.
+    // TLS and TCP ports are `crate::l4`'s.
+    for l in gw.distinct_listeners().filter(|l| {
+        matches!(
             *l.protocol,
             ListenerProtocol::Http | ListenerProtocol::Https
-        ) {
-            ports.entry(l.port.value).or_default().push(l);
-        }
+        )
+    }) {
+        ports.entry(l.port.value).or_default().push(l);
     }
     let mut out = Vec::new();
     for (port, listeners) in ports {
@@ -164,10 +167,20 @@ fn hcm_filter(
     route_config: &str,
     client: Option<&ClientSettings<'_>>,
     sources: &ConfigSources,
+    rate_limit: &[HttpFilter],
 ) -> Filter {
     let mut hcm = rds_http_connection_manager(stat_prefix, route_config);
     // CORS runs before the router; it acts only on routes with a CORS policy.
     hcm.http_filters.insert(0, crate::cors::http_filter());
+    // Rate limits before the router: CORS preflights are answered without counting.
+    let router = hcm.http_filters.len().saturating_sub(1);
+    hcm.http_filters
+        .splice(router..router, rate_limit.iter().cloned());
+    // Stateful sessions pick the upstream host, so they sit right before the router; inactive
+    // except on routes of a rule with sessionPersistence.
+    let router = hcm.http_filters.len() - 1;
+    hcm.http_filters
+        .insert(router, crate::session::http_filter());
     if let Some(RouteSpecifier::Rds(rds)) = &mut hcm.route_specifier {
         rds.config_source = Some(config_source(sources));
     }
@@ -269,6 +282,7 @@ pub(crate) fn envoy_listener(
     let p = u16::try_from(port.port).unwrap_or(0);
     let addrs = addresses(gw, options);
     let https = port.protocol == ListenerProtocol::Https;
+    let rate_limit = crate::rate_limit::http_filters(config, gw);
     EnvoyListener {
         name: names::listener(&key, port.port),
         address: Some(socket_address(&addrs[0].to_string(), p)),
@@ -303,6 +317,7 @@ pub(crate) fn envoy_listener(
                         &c.route_config,
                         client.as_ref(),
                         &options.config_sources,
+                        &rate_limit,
                     )])
                     .collect(),
                 transport_socket: https.then(|| {

@@ -86,6 +86,17 @@ fn u32v(v: &Option<ballast_model::Spanned<u32>>) -> Option<UInt32Value> {
     v.as_ref().map(|v| UInt32Value { value: v.value })
 }
 
+/// The Host an active HTTP health check of `policy` sends, if it names one.
+pub(crate) fn health_check_hostname(p: &BackendPolicy) -> Option<&str> {
+    let active = p.spec.health_check.as_ref()?.active.as_ref()?;
+    active
+        .http
+        .as_ref()?
+        .hostname
+        .as_deref()
+        .map(String::as_str)
+}
+
 /// Applies `policy` to the cluster of a Backend (built from the Backend alone).
 pub(crate) fn apply_backend_policy(c: &mut Cluster, policy: &BackendPolicy) {
     let s = &policy.spec;

@@ -81,7 +81,18 @@ impl RouteEntry {
     fn new(precedence: Precedence, routes: Vec<Route>) -> RouteEntry {
         let mut encoded = Vec::with_capacity(routes.iter().map(|r| r.encoded_len() + 4).sum());
         for r in &routes {
-            prost::encoding::message::encode(3, r, &mut encoded);
+            if r.typed_per_filter_config.len() < 2 {
+                prost::encoding::message::encode(3, r, &mut encoded);
+            } else {
+                let body = encode_sorted(r);
+                prost::encoding::encode_key(
+                    3,
+                    prost::encoding::WireType::LengthDelimited,
+                    &mut encoded,
+                );
+                prost::encoding::encode_varint(body.len() as u64, &mut encoded);
+                encoded.extend_from_slice(&body);
+            }
         }
         // The same references a route configuration holding these routes has.
         let holder = RouteConfiguration {
@@ -107,6 +118,28 @@ impl RouteEntry {
     }
 }
 
+/// `route` encoded with its `typed_per_filter_config` entries in key order. prost encodes the
+/// map (a `HashMap`) in iteration order, which differs between map instances: with two or
+/// more entries the same route would get different bytes, hence versions (invariant 5).
+fn encode_sorted(route: &Route) -> Vec<u8> {
+    let mut bare = route.clone();
+    let map: std::collections::BTreeMap<String, envoy_types::pb::google::protobuf::Any> =
+        std::mem::take(&mut bare.typed_per_filter_config)
+            .into_iter()
+            .collect();
+    let mut out = bare.encode_to_vec();
+    prost::encoding::btree_map::encode(
+        prost::encoding::string::encode,
+        prost::encoding::string::encoded_len,
+        prost::encoding::message::encode,
+        prost::encoding::message::encoded_len,
+        13,
+        &map,
+        &mut out,
+    );
+    out
+}
+
 /// An HTTPRoute translated to Envoy routes, valid while the route and the resolution of its
 /// backendRefs ([`backend_signature`]) are unchanged.
 #[derive(Debug)]
@@ -119,6 +152,19 @@ pub(crate) struct TranslatedRoute {
     /// Every Backend any backendRef names, resolvable or not: adding, removing or changing one
     /// of them may change these routes.
     pub backend_refs: BTreeSet<ObjectKey>,
+    /// The RateLimitPolicy of the route's own the routes carry ([`crate::rate_limit`]), and
+    /// whether its service was usable: these routes are valid while both are unchanged.
+    pub rate_limit: RateLimitSignature,
+}
+
+/// What the rate-limit part of a route's translation depends on.
+pub(crate) type RateLimitSignature = Option<(Arc<ballast_model::RateLimitPolicy>, bool)>;
+
+pub(crate) fn rate_limit_signature(config: &ConfigSet, route: &HttpRoute) -> RateLimitSignature {
+    crate::rate_limit::route_policy(config, route).map(|p| {
+        let usable = config.rate_limit_service_problem(&p).is_ok();
+        (p, usable)
+    })
 }
 
 /// What the Envoy routes of `route` depend on besides the route: per backendRef, the policy of
@@ -170,9 +216,15 @@ pub(crate) fn translate_route(config: &ConfigSet, route: &Arc<HttpRoute>) -> Tra
         entries: Vec::new(),
         clusters: BTreeSet::new(),
         backend_refs: backend_refs(route).collect(),
+        rate_limit: rate_limit_signature(config, route),
     };
+    let rate_limit = out
+        .rate_limit
+        .as_ref()
+        .map(|(p, _)| crate::rate_limit::route_filter_configs(config, p))
+        .unwrap_or_default();
     for (ri, rule) in route.spec.rules.iter().enumerate() {
-        let parts = RuleParts::new(config, route, rule);
+        let parts = RuleParts::new(config, route, ri, rule);
         if parts.redirect.is_none() {
             out.clusters
                 .extend(parts.clusters.iter().map(|c| c.key.clone()));
@@ -182,10 +234,12 @@ pub(crate) fn translate_route(config: &ConfigSet, route: &Arc<HttpRoute>) -> Tra
             }
         }
         for (mi, m) in rule.matches.iter().enumerate() {
-            out.entries.push(RouteEntry::new(
-                precedence(m, &key, ri, mi),
-                parts.routes(&key, ri, rule.name.as_ref().map(|n| n.as_str()), mi, m),
-            ));
+            let mut routes = parts.routes(&key, ri, rule.name.as_ref().map(|n| n.as_str()), mi, m);
+            for r in &mut routes {
+                r.typed_per_filter_config.extend(rate_limit.iter().cloned());
+            }
+            out.entries
+                .push(RouteEntry::new(precedence(m, &key, ri, mi), routes));
         }
     }
     out
@@ -238,6 +292,8 @@ struct RuleParts<'a> {
     request_headers: Option<&'a HeaderModifier>,
     response_headers: Option<&'a HeaderModifier>,
     cors: Option<&'a ballast_model::Cors>,
+    /// `sessionPersistence`, with the generated name filled in.
+    session: Option<ballast_model::SessionMode>,
     /// Resolvable backends with weight > 0, merged per Backend (and backendRef filters), in
     /// first-reference order.
     clusters: Vec<ClusterShare<'a>>,
@@ -250,7 +306,7 @@ struct RuleParts<'a> {
 }
 
 impl<'a> RuleParts<'a> {
-    fn new(config: &ConfigSet, route: &HttpRoute, rule: &'a HttpRouteRule) -> Self {
+    fn new(config: &ConfigSet, route: &HttpRoute, ri: usize, rule: &'a HttpRouteRule) -> Self {
         use ballast_model::FilterAction as F;
         let mut parts = RuleParts {
             rule,
@@ -259,12 +315,17 @@ impl<'a> RuleParts<'a> {
             request_headers: None,
             response_headers: None,
             cors: None,
+            session: None,
             clusters: Vec::new(),
             resolved_weight: 0,
             unresolved_weight: 0,
             hash: Vec::new(),
             mirrors: Vec::new(),
         };
+        parts.session = rule
+            .session_persistence
+            .as_ref()
+            .map(|sp| sp.mode(|| crate::session::default_name(&route.key(), ri)));
         for f in &rule.filters {
             match f.action() {
                 Some(F::RequestHeaderModifier(m)) => parts.request_headers = Some(m),
@@ -352,6 +413,12 @@ impl<'a> RuleParts<'a> {
             base.typed_per_filter_config.insert(
                 crate::cors::FILTER_NAME.into(),
                 crate::cors::route_policy(c),
+            );
+        }
+        if let Some(s) = &self.session {
+            base.typed_per_filter_config.insert(
+                crate::session::FILTER_NAME.into(),
+                crate::session::route_config(s),
             );
         }
         if let Some(r) = self.redirect {

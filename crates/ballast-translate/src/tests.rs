@@ -222,6 +222,8 @@ fn http_connection_manager_settings() {
     want.upgrade_configs = got.upgrade_configs.clone();
     // CORS before the router (a no-op for routes without a CORS policy).
     want.http_filters.insert(0, crate::cors::http_filter());
+    // Stateful sessions right before the router (inactive without sessionPersistence).
+    want.http_filters.insert(1, crate::session::http_filter());
     assert_eq!(got, want);
     // No routes: an empty route configuration, still referenced by the listener.
     let rc: RouteConfiguration = decode(&res.route_configs[0]);
@@ -1824,7 +1826,11 @@ fn cors_filter_becomes_a_per_route_policy() {
         .collect();
     assert_eq!(
         filters,
-        ["envoy.filters.http.cors", "envoy.filters.http.router"]
+        [
+            "envoy.filters.http.cors",
+            "envoy.filters.http.stateful_session",
+            "envoy.filters.http.router"
+        ]
     );
     let vh = only_vhost(&res);
     assert_eq!(vh.routes.len(), 2);
@@ -1859,4 +1865,479 @@ fn cors_filter_becomes_a_per_route_policy() {
         vh.routes[1].typed_per_filter_config.is_empty(),
         "a rule without CORS is unchanged"
     );
+}
+
+/// `sessionPersistence` → a per-route `StatefulSessionPerRoute` with the cookie (name, path,
+/// `Max-Age` only for `Permanent`) or header session state; rules without it get nothing (the
+/// connection manager's filter has no session state, so it is inactive there).
+#[test]
+fn session_persistence_becomes_per_route_stateful_sessions() {
+    use envoy_types::pb::envoy::extensions::filters::http::stateful_session::v3::StatefulSessionPerRoute;
+    use envoy_types::pb::envoy::extensions::filters::http::stateful_session::v3::stateful_session_per_route::Override;
+    use envoy_types::pb::envoy::extensions::http::stateful_session::cookie::v3::CookieBasedSessionState;
+    use envoy_types::pb::envoy::extensions::http::stateful_session::header::v3::HeaderBasedSessionState;
+    let route = route_yaml(
+        "web",
+        r#"  rules:
+  - matches: [{ path: { type: PathPrefix, value: /session } }]
+    sessionPersistence: { sessionName: sticky }
+    backendRefs: [{ name: web }]
+  - matches: [{ path: { type: PathPrefix, value: /permanent } }]
+    sessionPersistence:
+      type: Cookie
+      absoluteTimeout: 1h
+      cookie: { name: perm, path: /permanent, lifetimeType: Permanent }
+    backendRefs: [{ name: web }]
+  - matches: [{ path: { type: PathPrefix, value: /header } }]
+    sessionPersistence: { type: Header, header: { name: x-session } }
+    backendRefs: [{ name: web }]
+  - matches: [{ path: { type: PathPrefix, value: /generated } }]
+    sessionPersistence: {}
+    backendRefs: [{ name: web }]
+  - backendRefs: [{ name: web }]
+"#,
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &route]), "edge");
+    let vh = only_vhost(&res);
+    let state = |prefix: &str| {
+        let r = vh
+            .routes
+            .iter()
+            .find(|r| r.name.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no route {prefix}"));
+        let any = r
+            .typed_per_filter_config
+            .get("envoy.filters.http.stateful_session")?;
+        let per = StatefulSessionPerRoute::decode(any.value.as_slice()).unwrap();
+        let Some(Override::StatefulSession(s)) = per.r#override else {
+            panic!("not enabled")
+        };
+        assert!(!s.strict, "a gone endpoint falls back to load balancing");
+        s.session_state
+    };
+    let cookie = |prefix: &str| {
+        let st = state(prefix).unwrap();
+        assert_eq!(st.name, "envoy.http.stateful_session.cookie");
+        CookieBasedSessionState::decode(st.typed_config.unwrap().value.as_slice())
+            .unwrap()
+            .cookie
+            .unwrap()
+    };
+    let c = cookie("default/web/0/");
+    assert_eq!(
+        (c.name.as_str(), c.path.as_str(), c.ttl),
+        ("sticky", "/", None)
+    );
+    let c = cookie("default/web/1/");
+    assert_eq!((c.name.as_str(), c.path.as_str()), ("perm", "/permanent"));
+    assert_eq!(c.ttl.unwrap().seconds, 3600);
+    let h = state("default/web/2/").unwrap();
+    assert_eq!(h.name, "envoy.http.stateful_session.header");
+    let h = HeaderBasedSessionState::decode(h.typed_config.unwrap().value.as_slice()).unwrap();
+    assert_eq!(h.name, "x-session");
+    let c = cookie("default/web/3/");
+    assert_eq!(
+        c.name,
+        crate::session::default_name(&ObjectKey::new("default", "web"), 3)
+    );
+    assert!(
+        state("default/web/4/").is_none(),
+        "a rule without it is unchanged"
+    );
+}
+
+/// Conflicted listeners are not served: no Envoy listener for a port whose listeners all
+/// conflict (HTTP and HTTPS on 80), and a shared port (81) serves only its distinct listener's
+/// hostname; the other ports are unchanged.
+#[test]
+fn conflicted_listeners_get_no_envoy_config() {
+    let gateway = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: { name: edge }
+spec:
+  gatewayClassName: ballast
+  listeners:
+  - { name: http, port: 80, protocol: HTTP }
+  - { name: tls, port: 80, protocol: HTTPS, tls: { certificateRefs: [{ name: s }] } }
+  - { name: a, port: 81, protocol: HTTP, hostname: a.example.com }
+  - { name: a-again, port: 81, protocol: HTTP, hostname: a.example.com }
+  - { name: b, port: 81, protocol: HTTP, hostname: b.example.com }
+  - { name: other, port: 82, protocol: HTTP }
+"#;
+    let route = route_yaml(
+        "web",
+        "  hostnames: [a.example.com, b.example.com]\n  rules:\n  - backendRefs: [{ name: web }]\n",
+    );
+    let res = translate(&docs(&[gateway, BACKEND_WEB, &route]), "edge");
+    assert_eq!(
+        names(&res.listeners),
+        ["default/edge/81", "default/edge/82"],
+        "port 80 has no distinct listener"
+    );
+    let rc: RouteConfiguration = decode(find(&res.route_configs, "default/edge/81"));
+    let domains: Vec<&str> = rc
+        .virtual_hosts
+        .iter()
+        .flat_map(|v| v.domains.iter().map(String::as_str))
+        .collect();
+    assert_eq!(
+        domains,
+        ["b.example.com"],
+        "a.example.com's listeners conflict"
+    );
+    let rc: RouteConfiguration = decode(find(&res.route_configs, "default/edge/82"));
+    let mut domains: Vec<&str> = rc
+        .virtual_hosts
+        .iter()
+        .flat_map(|v| v.domains.iter().map(String::as_str))
+        .collect();
+    domains.sort();
+    assert_eq!(domains, ["a.example.com", "b.example.com"]);
+}
+
+/// GRPCRoute rules take `sessionPersistence` like HTTPRoute rules (header sessions suit gRPC
+/// clients); the generated name differs from a same-named HTTPRoute's.
+#[test]
+fn grpc_route_session_persistence() {
+    use envoy_types::pb::envoy::extensions::filters::http::stateful_session::v3::StatefulSessionPerRoute;
+    let grpc = grpc_yaml(
+        "web",
+        "  rules:\n  - matches: [{ method: { service: pkg.Echo } }]\n    sessionPersistence: { type: Header, header: { name: x-grpc-session } }\n    backendRefs: [{ name: web }]\n  - sessionPersistence: {}\n    backendRefs: [{ name: web }]\n",
+    );
+    let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &grpc]), "edge");
+    let vh = only_vhost(&res);
+    let per_route: Vec<(&str, StatefulSessionPerRoute)> = vh
+        .routes
+        .iter()
+        .map(|r| {
+            let any = &r.typed_per_filter_config["envoy.filters.http.stateful_session"];
+            (
+                r.name.as_str(),
+                StatefulSessionPerRoute::decode(any.value.as_slice()).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(per_route.len(), 2);
+    let dbg = format!("{per_route:?}");
+    assert!(dbg.contains("envoy.http.stateful_session.header"), "{dbg}");
+    let generated = crate::session::default_name(&ObjectKey::new("default", "grpc:web"), 1);
+    assert_ne!(
+        generated,
+        crate::session::default_name(&ObjectKey::new("default", "web"), 1)
+    );
+    let cookie = &per_route
+        .iter()
+        .find(|(n, _)| *n == "default/grpc:web/1/0")
+        .unwrap()
+        .1;
+    let Some(
+        envoy_types::pb::envoy::extensions::filters::http::stateful_session::v3::stateful_session_per_route::Override::StatefulSession(s),
+    ) = &cookie.r#override
+    else {
+        panic!()
+    };
+    let st = s.session_state.as_ref().unwrap();
+    assert_eq!(st.name, "envoy.http.stateful_session.cookie");
+    let c = envoy_types::pb::envoy::extensions::http::stateful_session::cookie::v3::CookieBasedSessionState::decode(
+        st.typed_config.as_ref().unwrap().value.as_slice(),
+    )
+    .unwrap();
+    assert_eq!(c.cookie.unwrap().name, generated);
+}
+
+/// RateLimitPolicy: a route policy becomes the route's per-filter configs (local buckets with
+/// descriptors; the other filter disabled), a Gateway policy the connection manager's filter
+/// configs with the service cluster; configs without policies keep their filters; the
+/// incremental translator agrees with from-scratch translation as policies and the service
+/// Backend come and go.
+#[test]
+fn rate_limit_policies_translate_incrementally() {
+    use envoy_types::pb::envoy::extensions::filters::http::local_ratelimit::v3::LocalRateLimit;
+    use envoy_types::pb::envoy::extensions::filters::http::ratelimit::v3::RateLimit as GlobalFilter;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_filter::ConfigType as HttpFilterConfig;
+    let limited = route_yaml(
+        "limited",
+        "  rules:\n  - matches: [{ path: { type: PathPrefix, value: /limited } }]\n    backendRefs: [{ group: ballast.dev, kind: Backend, name: web }]\n",
+    );
+    let free = route_yaml(
+        "free",
+        "  rules:\n  - matches: [{ path: { type: PathPrefix, value: /free } }]\n    backendRefs: [{ group: ballast.dev, kind: Backend, name: web }]\n",
+    );
+    let route_policy = "apiVersion: ballast.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: { name: per-user }\nspec:\n  targetRefs: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, name: limited }]\n  local:\n    rules:\n    - clientSelectors: [{ headers: [{ name: X-User, type: Distinct }] }]\n      limit: { requests: 10, unit: Hour }\n";
+    let gw_policy = "apiVersion: ballast.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: { name: edge-global }\nspec:\n  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]\n  global:\n    backendRef: { name: rls }\n    failureModeDeny: true\n    rules: [{ name: all, clientSelectors: [{ sourceCIDR: { type: Distinct } }] }]\n";
+    let rls = backend_yaml(
+        "rls",
+        "  protocol: grpc\n  endpoints: [{ address: 127.0.0.1, port: 8081 }]\n",
+    );
+    let mut t = Translator::new(Options::default());
+    let step = |t: &mut Translator, parts: &[&str]| {
+        let set = Arc::new(config(&docs(parts)));
+        t.update(&set);
+        let res = t.gateway(&gw("edge")).unwrap();
+        let scratch = translate_gateway(&set, &gw("edge"), &Options::default()).unwrap();
+        if *res != scratch {
+            let a: RouteConfiguration = decode(&res.route_configs[0]);
+            let b: RouteConfiguration = decode(&scratch.route_configs[0]);
+            panic!("incremental {a:#?}\nscratch {b:#?}");
+        }
+        res
+    };
+    let filters = |res: &GatewayResources| -> Vec<String> {
+        hcm(&decode(&res.listeners[0]), 0)
+            .http_filters
+            .iter()
+            .map(|f| f.name.clone())
+            .collect()
+    };
+    let per_filter = |res: &GatewayResources, route: &str| {
+        let rc: RouteConfiguration = decode(&res.route_configs[0]);
+        rc.virtual_hosts
+            .iter()
+            .flat_map(|v| &v.routes)
+            .find(|r| r.name.starts_with(route))
+            .unwrap()
+            .typed_per_filter_config
+            .clone()
+    };
+    let base = step(&mut t, &[GATEWAY_HTTP, BACKEND_WEB, &limited, &free]);
+    let plain = filters(&base);
+    assert!(!plain.iter().any(|f| f.contains("ratelimit")), "{plain:?}");
+
+    // Route policy: the local filter appears (inactive at this level); the limited route
+    // carries its buckets, the free route nothing.
+    let res = step(
+        &mut t,
+        &[GATEWAY_HTTP, BACKEND_WEB, &limited, &free, route_policy],
+    );
+    let f = filters(&res);
+    // Order: ..., rate limits, stateful sessions (they pick the host), router.
+    assert_eq!(f[f.len() - 3], "envoy.filters.http.local_ratelimit");
+    assert_eq!(f[f.len() - 2], "envoy.filters.http.stateful_session");
+    assert_eq!(f.last().unwrap(), "envoy.filters.http.router");
+    let cfg = per_filter(&res, "default/limited");
+    let local =
+        LocalRateLimit::decode(cfg["envoy.filters.http.local_ratelimit"].value.as_slice()).unwrap();
+    assert_eq!(local.descriptors.len(), 1);
+    let d = &local.descriptors[0];
+    assert_eq!(
+        d.entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+            .collect::<Vec<_>>(),
+        [("generic_key", "default/per-user/0"), ("x-user", "")]
+    );
+    assert_eq!(d.token_bucket.as_ref().unwrap().max_tokens, 10);
+    assert_eq!(
+        d.token_bucket
+            .as_ref()
+            .unwrap()
+            .fill_interval
+            .as_ref()
+            .unwrap()
+            .seconds,
+        3600
+    );
+    assert_eq!(local.enable_x_ratelimit_headers, 1);
+    assert!(
+        cfg.contains_key("envoy.filters.http.ratelimit"),
+        "disabled there"
+    );
+    assert!(per_filter(&res, "default/free").is_empty());
+
+    // Gateway policy with a global service that does not exist yet: no global filter.
+    let res = step(
+        &mut t,
+        &[
+            GATEWAY_HTTP,
+            BACKEND_WEB,
+            &limited,
+            &free,
+            route_policy,
+            gw_policy,
+        ],
+    );
+    assert!(!filters(&res).contains(&"envoy.filters.http.ratelimit".to_owned()));
+    assert_eq!(names(&res.clusters), ["default/web"]);
+    // The service appears: filter, cluster.
+    let res = step(
+        &mut t,
+        &[
+            GATEWAY_HTTP,
+            BACKEND_WEB,
+            &limited,
+            &free,
+            route_policy,
+            gw_policy,
+            &rls,
+        ],
+    );
+    assert_eq!(names(&res.clusters), ["default/rls", "default/web"]);
+    let l: Listener = decode(&res.listeners[0]);
+    let h = hcm(&l, 0);
+    let g = h
+        .http_filters
+        .iter()
+        .find(|f| f.name == "envoy.filters.http.ratelimit")
+        .expect("global filter");
+    let Some(HttpFilterConfig::TypedConfig(any)) = &g.config_type else {
+        panic!()
+    };
+    let g = GlobalFilter::decode(any.value.as_slice()).unwrap();
+    assert_eq!(g.domain, "ballast");
+    // A valid `:authority` (the cluster name's `/` makes HTTP/2 servers reset every call).
+    let svc = g.rate_limit_service.unwrap().grpc_service.unwrap();
+    assert!(
+        format!("{svc:?}").contains("authority: \"rls.default\""),
+        "{svc:?}"
+    );
+    assert!(g.failure_mode_deny);
+    assert_eq!(g.rate_limits.len(), 1);
+    assert_eq!(g.rate_limits[0].actions.len(), 2);
+    // The policies go: back to the plain translation.
+    let res = step(&mut t, &[GATEWAY_HTTP, BACKEND_WEB, &limited, &free, &rls]);
+    assert_eq!(filters(&res), plain);
+    assert_eq!(names(&res.clusters), ["default/web"]);
+}
+
+/// Hostname endpoints: the Backend is an `envoy.cluster.dns` cluster with its endpoints inline
+/// (hostname, health check Host), c-ares pointed at the configured resolvers, and no EDS
+/// resource; switching a Backend between IPs and hostnames incrementally equals a from-scratch
+/// translation; an ExternalName Service is the same kind of cluster on the route's port.
+#[test]
+fn dns_backends_and_external_name_services() {
+    use envoy_types::pb::envoy::config::cluster::v3::cluster::ClusterDiscoveryType;
+    use envoy_types::pb::envoy::config::core::v3::health_check::HealthChecker;
+    use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+    use envoy_types::pb::envoy::extensions::clusters::dns::v3::DnsCluster;
+    use envoy_types::pb::envoy::extensions::network::dns_resolver::cares::v3::CaresDnsResolverConfig;
+
+    let route = route_yaml(
+        "r",
+        "  rules:\n  - backendRefs: [{ group: ballast.dev, kind: Backend, name: api, port: 80 }]\n  - matches: [{ path: { type: PathPrefix, value: /ext } }]\n    backendRefs: [{ name: ext, port: 8443 }]\n",
+    );
+    let dns = backend_yaml(
+        "api",
+        "  endpoints: [{ address: api.test, port: 8080, zone: z1 }, { address: 10.0.0.1, port: 8081 }]\n  dns: { refreshRate: 2s, lookupFamily: V4Only }\n  healthCheck: { path: /healthz }\n",
+    );
+    let ip = backend_yaml("api", "  endpoints: [{ address: 10.0.0.1, port: 8081 }]\n");
+    let ext = "apiVersion: v1\nkind: Service\nmetadata: { name: ext }\nspec:\n  type: ExternalName\n  externalName: ext.test\n  ports: [{ port: 8443 }]\n";
+    let options = Options {
+        dns_resolvers: vec!["127.0.0.1:5353".parse().unwrap()],
+        ..Options::default()
+    };
+    let mut t = Translator::new(options.clone());
+    let step = |t: &mut Translator, yaml: String| {
+        let set = Arc::new(config(&yaml));
+        t.update(&set);
+        let res = t.gateway(&gw("edge")).unwrap();
+        assert_eq!(
+            *res,
+            translate_gateway(&set, &gw("edge"), &options).unwrap()
+        );
+        res.snapshot(None).expect("consistent snapshot");
+        res
+    };
+    let dns_cluster = |c: &Cluster| -> DnsCluster {
+        let Some(ClusterDiscoveryType::ClusterType(t)) = &c.cluster_discovery_type else {
+            panic!("not a custom cluster type: {c:?}");
+        };
+        assert_eq!(t.name, "envoy.cluster.dns");
+        let any = t.typed_config.as_ref().unwrap();
+        assert!(
+            any.type_url
+                .ends_with("envoy.extensions.clusters.dns.v3.DnsCluster")
+        );
+        DnsCluster::decode(any.value.as_slice()).unwrap()
+    };
+
+    let res = step(&mut t, docs(&[GATEWAY_HTTP, &route, &dns, ext]));
+    assert_eq!(
+        names(&res.clusters),
+        vec!["default/api", "default/ext:8443"]
+    );
+    assert!(
+        res.load_assignments.is_empty(),
+        "{:?}",
+        names(&res.load_assignments)
+    );
+    let c: Cluster = decode(find(&res.clusters, "default/api"));
+    assert!(c.eds_cluster_config.is_none());
+    let d = dns_cluster(&c);
+    assert_eq!(d.dns_refresh_rate.as_ref().map(|d| d.seconds), Some(2));
+    assert!(!d.respect_dns_ttl && !d.all_addresses_in_single_endpoint);
+    assert_eq!(d.dns_lookup_family, 2 /* V4_ONLY */);
+    let r = d.typed_dns_resolver_config.as_ref().unwrap();
+    assert_eq!(r.name, "envoy.network.dns_resolver.cares");
+    let cares =
+        CaresDnsResolverConfig::decode(r.typed_config.as_ref().unwrap().value.as_slice()).unwrap();
+    let a = cares.resolvers[0].address.as_ref().unwrap();
+    assert_eq!(format!("{a:?}").matches("127.0.0.1").count(), 1, "{a:?}");
+    assert!(format!("{a:?}").contains("5353"), "{a:?}");
+    assert!(cares.dns_resolver_options.unwrap().no_default_search_domain);
+    // Endpoints inline: the hostname endpoint carries its name, also as health check Host; the
+    // IP one keeps the cluster-level Host (the Backend's name).
+    let la = c.load_assignment.as_ref().unwrap();
+    assert_eq!(la.cluster_name, "default/api");
+    let ep = |i: usize, j: usize| match &la.endpoints[i].lb_endpoints[j].host_identifier {
+        Some(HostIdentifier::Endpoint(e)) => e.clone(),
+        other => panic!("{other:?}"),
+    };
+    let (named, by_ip) = (ep(1, 0), ep(0, 0));
+    assert_eq!(la.endpoints[1].locality.as_ref().unwrap().zone, "z1");
+    assert_eq!(named.hostname, "api.test");
+    assert!(format!("{:?}", named.address).contains("\"api.test\""));
+    assert_eq!(named.health_check_config.unwrap().hostname, "api.test");
+    assert!(by_ip.health_check_config.is_none() && by_ip.hostname.is_empty());
+    let Some(HealthChecker::HttpHealthCheck(hc)) = &c.health_checks[0].health_checker else {
+        panic!()
+    };
+    assert_eq!(hc.host, "api");
+    // The ExternalName Service: one strict DNS endpoint on the Service port, TTL-driven.
+    let c: Cluster = decode(find(&res.clusters, "default/ext:8443"));
+    let d = dns_cluster(&c);
+    assert!(d.respect_dns_ttl && !d.all_addresses_in_single_endpoint);
+    let la = c.load_assignment.unwrap();
+    let Some(HostIdentifier::Endpoint(e)) = &la.endpoints[0].lb_endpoints[0].host_identifier else {
+        panic!()
+    };
+    assert_eq!(e.hostname, "ext.test");
+    assert!(
+        format!("{:?}", e.address).contains("PortValue(8443)"),
+        "{e:?}"
+    );
+
+    // An explicit health check Host wins over the endpoint names.
+    let explicit = dns.replace(
+        "{ path: /healthz }",
+        "{ path: /healthz, host: api.example }",
+    );
+    let res = step(&mut t, docs(&[GATEWAY_HTTP, &route, &explicit, ext]));
+    let c: Cluster = decode(find(&res.clusters, "default/api"));
+    assert!(
+        c.load_assignment.unwrap().endpoints[1].lb_endpoints[0]
+            .host_identifier
+            .as_ref()
+            .is_some_and(|h| !format!("{h:?}").contains("HealthCheckConfig"))
+    );
+    // Switching to IPs only: an EDS cluster and its load assignment; and back.
+    let res = step(&mut t, docs(&[GATEWAY_HTTP, &route, &ip, ext]));
+    let c: Cluster = decode(find(&res.clusters, "default/api"));
+    assert!(c.eds_cluster_config.is_some() && c.load_assignment.is_none());
+    assert_eq!(names(&res.load_assignments), vec!["default/api"]);
+    let res = step(&mut t, docs(&[GATEWAY_HTTP, &route, &dns, ext]));
+    assert!(res.load_assignments.is_empty());
+    // Logical mode.
+    let logical = backend_yaml(
+        "api",
+        "  endpoints: [{ address: api.test, port: 8080 }]\n  dns: { mode: Logical, respectTtl: true }\n",
+    );
+    let res = step(&mut t, docs(&[GATEWAY_HTTP, &route, &logical, ext]));
+    let d = dns_cluster(&decode(find(&res.clusters, "default/api")));
+    assert!(d.all_addresses_in_single_endpoint && d.respect_dns_ttl);
+    // Without resolvers, Envoy's own resolver configuration is used.
+    let set = config(&docs(&[GATEWAY_HTTP, &route, &logical, ext]));
+    let res = translate_gateway(&set, &gw("edge"), &Options::default()).unwrap();
+    let d = dns_cluster(&decode(find(&res.clusters, "default/api")));
+    assert!(d.typed_dns_resolver_config.is_none());
 }

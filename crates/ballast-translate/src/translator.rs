@@ -122,8 +122,49 @@ impl Translator {
                                 .map(|p| ObjectKey::new(p.namespace_or(ns), p.name.as_str())),
                         );
                     }
+                    // A route with a RateLimitPolicy of its own decides which rate-limit
+                    // filters its Gateways' connection managers carry: rebuild them.
+                    if crate::rate_limit::targets_route(&old, &c.key)
+                        || crate::rate_limit::targets_route(config, &c.key)
+                    {
+                        rebuild.extend(affected);
+                        continue;
+                    }
                     for g in affected {
                         route_changes.entry(g).or_default().push(c.key.clone());
+                    }
+                }
+                Kind::RateLimitPolicy => {
+                    // Connection-manager filters and the targeted routes' per-filter configs:
+                    // rebuild every Gateway either version can reach.
+                    for p in [
+                        old.rate_limit_policies.get(&c.key),
+                        config.rate_limit_policies.get(&c.key),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    {
+                        rebuild.extend(crate::rate_limit::affected_gateways(&old, p));
+                        rebuild.extend(crate::rate_limit::affected_gateways(config, p));
+                    }
+                }
+                Kind::Backend
+                    if crate::rate_limit::is_service(&old, &c.key)
+                        || crate::rate_limit::is_service(config, &c.key) =>
+                {
+                    // Whether a rate-limit service is usable (exists, speaks gRPC) decides
+                    // the filters and routes of the Gateways its policies reach.
+                    rebuild.extend(self.index.gateways_of_backend(&c.key).cloned());
+                    for set in [&old, config] {
+                        for p in set.rate_limit_policies.values() {
+                            if p.spec
+                                .global
+                                .as_ref()
+                                .is_some_and(|g| g.backend_key(&p.metadata.namespace) == c.key)
+                            {
+                                rebuild.extend(crate::rate_limit::affected_gateways(set, p));
+                            }
+                        }
                     }
                 }
                 Kind::Backend => {
@@ -324,14 +365,27 @@ impl Translator {
                     continue;
                 };
                 let entry = self.caches.backend(config, backend, stats);
-                let li = res
-                    .load_assignments
-                    .binary_search_by(|r| r.name().cmp(&name))
-                    .expect("every cluster has its load assignment");
-                changed |= res.clusters[ci] != entry.cluster
-                    || res.load_assignments[li] != entry.load_assignment;
+                changed |= res.clusters[ci] != entry.cluster;
                 res.clusters[ci] = entry.cluster.clone();
-                res.load_assignments[li] = entry.load_assignment.clone();
+                // An EDS Backend has a load assignment, a DNS one none; an edit may switch.
+                let at = res
+                    .load_assignments
+                    .binary_search_by(|r| r.name().cmp(&name));
+                match (at, &entry.load_assignment) {
+                    (Ok(li), Some(la)) => {
+                        changed |= res.load_assignments[li] != *la;
+                        res.load_assignments[li] = la.clone();
+                    }
+                    (Err(li), Some(la)) => {
+                        res.load_assignments.insert(li, la.clone());
+                        changed = true;
+                    }
+                    (Ok(li), None) => {
+                        res.load_assignments.remove(li);
+                        changed = true;
+                    }
+                    (Err(_), None) => {}
+                }
             }
             stats.gateways_patched += 1;
             if changed {
@@ -360,6 +414,7 @@ impl Translator {
                 | Kind::Namespace
                 | Kind::TlsRoute
                 | Kind::TcpRoute => {}
+                Kind::RateLimitPolicy => {}
             }
         }
         for k in orphans.routes {
@@ -468,6 +523,12 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
     diff_map(Kind::Namespace, &old.namespaces, &new.namespaces, &mut out);
     diff_map(Kind::TlsRoute, &old.tls_routes, &new.tls_routes, &mut out);
     diff_map(Kind::TcpRoute, &old.tcp_routes, &new.tcp_routes, &mut out);
+    diff_map(
+        Kind::RateLimitPolicy,
+        &old.rate_limit_policies,
+        &new.rate_limit_policies,
+        &mut out,
+    );
     out
 }
 

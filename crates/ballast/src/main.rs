@@ -64,6 +64,16 @@ fn duration(s: &str) -> Result<Duration, String> {
     ballast_model::duration::parse_duration(s).map_err(|e| e.to_string())
 }
 
+/// A DNS server: `IP`, `IP:PORT` or `[IPv6]:PORT`; port 53 when omitted.
+fn dns_server(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    s.parse::<std::net::IpAddr>()
+        .map(|ip| SocketAddr::new(ip, 53))
+        .map_err(|_| format!("{s:?} is not an IP address or IP:PORT"))
+}
+
 fn share(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .trim_end_matches('%')
@@ -135,6 +145,11 @@ enum Command {
         /// over replicas added later. Off by default.
         #[arg(long, value_parser = duration, value_name = "DURATION")]
         max_connection_age: Option<Duration>,
+        /// DNS server Envoy asks to resolve Backends with hostname endpoints and
+        /// ExternalName Services (IP or IP:PORT, port 53 by default). Repeatable.
+        /// Default: the Envoy host's own resolver configuration.
+        #[arg(long = "dns-resolver", value_name = "ADDR", value_parser = dns_server)]
+        dns_resolvers: Vec<SocketAddr>,
         #[command(flatten)]
         security: Box<serve::security::SecurityFlags>,
         #[command(flatten)]
@@ -152,6 +167,9 @@ enum Command {
         /// `namespace/name` or `name` (namespace `default`).
         #[arg(long)]
         gateway: String,
+        /// As for `serve`: the DNS servers of DNS clusters.
+        #[arg(long = "dns-resolver", value_name = "ADDR", value_parser = dns_server)]
+        dns_resolvers: Vec<SocketAddr>,
     },
     /// Print an Envoy bootstrap that connects to this server.
     Bootstrap {
@@ -342,6 +360,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             limits,
             shutdown_grace,
             max_connection_age,
+            dns_resolvers,
             security,
             etcd,
         } => {
@@ -363,6 +382,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 limits: limits.limits(),
                 shutdown_grace,
                 max_connection_age,
+                dns_resolvers,
                 security: *security,
                 state_dir: state_dir.unwrap_or_else(state::default_dir),
                 etcd: *etcd,
@@ -431,7 +451,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 })
             }
         },
-        Command::Translate { paths, gateway } => {
+        Command::Translate {
+            paths,
+            gateway,
+            dns_resolvers,
+        } => {
             let config = match ballast_sources::load_paths(&paths) {
                 Ok(c) => c,
                 Err(errors) => {
@@ -448,7 +472,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let resources = ballast_translate::translate_gateway(
                 &config,
                 &key,
-                &ballast_translate::Options::default(),
+                &ballast_translate::Options {
+                    dns_resolvers,
+                    ..Default::default()
+                },
             )?;
             print!("{}", resources.to_yaml());
             Ok(ExitCode::SUCCESS)
@@ -625,5 +652,26 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_server_takes_ip_or_ip_port() {
+        assert_eq!(dns_server("10.0.0.53"), Ok("10.0.0.53:53".parse().unwrap()));
+        assert_eq!(
+            dns_server("127.0.0.1:5353"),
+            Ok("127.0.0.1:5353".parse().unwrap())
+        );
+        assert_eq!(dns_server("fd00::53"), Ok("[fd00::53]:53".parse().unwrap()));
+        assert_eq!(dns_server("[::1]:5353"), Ok("[::1]:5353".parse().unwrap()));
+        assert!(
+            dns_server("dns.example")
+                .unwrap_err()
+                .contains("dns.example")
+        );
     }
 }

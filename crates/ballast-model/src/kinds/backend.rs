@@ -1,5 +1,7 @@
-//! `ballast.dev/v1alpha1` `Backend`: a named upstream with static endpoints (served over EDS).
+//! `ballast.dev/v1alpha1` `Backend`: a named upstream with static endpoints (served over EDS),
+//! or with DNS-named endpoints (served as a DNS cluster Envoy resolves itself, see [`DnsSettings`]).
 
+use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -36,6 +38,104 @@ pub struct BackendSpec {
     /// Also accepted as `appProtocol` (Gateway API GEP-1911 spelling).
     #[serde(default, alias = "appProtocol")]
     pub protocol: Option<Spanned<String>>,
+    /// How Envoy resolves the endpoints that are hostnames; only used when at least one is.
+    #[serde(default)]
+    pub dns: Option<DnsSettings>,
+}
+
+/// DNS resolution of a Backend whose endpoints include hostnames. Such a Backend is one Envoy
+/// DNS cluster with its endpoints inline (not EDS): Envoy resolves the names itself, on its own
+/// timer, so a changed DNS answer moves traffic without a config push.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DnsSettings {
+    #[serde(default)]
+    pub mode: Spanned<DnsMode>,
+    /// How often Envoy re-resolves (Envoy's default 5s when omitted).
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub refresh_rate: Option<Spanned<Duration>>,
+    /// Re-resolve when the answer's TTL expires instead of every `refreshRate`.
+    #[serde(default, alias = "respectDnsTtl")]
+    pub respect_ttl: bool,
+    /// Which address families to ask for (Envoy's `AUTO` when omitted: IPv6, else IPv4).
+    #[serde(default)]
+    pub lookup_family: Option<LookupFamily>,
+}
+
+/// Envoy's two DNS cluster kinds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
+pub enum DnsMode {
+    /// Every address of every name is an endpoint (Envoy `STRICT_DNS`): load is balanced over
+    /// all of them and connections to addresses that leave the answer are closed.
+    #[default]
+    Strict,
+    /// One endpoint, connecting to the first address of the latest answer (Envoy
+    /// `LOGICAL_DNS`), for large services behind changing address sets; needs exactly one
+    /// endpoint.
+    Logical,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
+pub enum LookupFamily {
+    Auto,
+    V4Only,
+    V6Only,
+    V4Preferred,
+    All,
+}
+
+/// An endpoint address as written: an IP, or a DNS name Envoy resolves.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EndpointAddress {
+    Ip(IpAddr),
+    Hostname(String),
+}
+
+impl EndpointAddress {
+    pub fn ip(&self) -> Option<IpAddr> {
+        match self {
+            EndpointAddress::Ip(ip) => Some(*ip),
+            EndpointAddress::Hostname(_) => None,
+        }
+    }
+
+    pub fn hostname(&self) -> Option<&str> {
+        match self {
+            EndpointAddress::Ip(_) => None,
+            EndpointAddress::Hostname(h) => Some(h),
+        }
+    }
+
+    pub fn is_ipv6(&self) -> bool {
+        matches!(self, EndpointAddress::Ip(IpAddr::V6(_)))
+    }
+}
+
+impl From<IpAddr> for EndpointAddress {
+    fn from(ip: IpAddr) -> Self {
+        EndpointAddress::Ip(ip)
+    }
+}
+
+impl fmt::Display for EndpointAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EndpointAddress::Ip(ip) => ip.fmt(f),
+            EndpointAddress::Hostname(h) => f.write_str(h),
+        }
+    }
+}
+
+/// Any string: an IP when it parses as one, else a hostname (checked by validation, so a bad
+/// name gets a positioned error like every other semantic mistake).
+impl<'de> Deserialize<'de> for EndpointAddress {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(match s.parse::<IpAddr>() {
+            Ok(ip) => EndpointAddress::Ip(ip),
+            Err(_) => EndpointAddress::Hostname(s),
+        })
+    }
 }
 
 /// The HTTP version Envoy speaks to a Backend.
@@ -62,6 +162,13 @@ pub fn upstream_protocol(app_protocol: &str) -> Option<UpstreamProtocol> {
 }
 
 impl BackendSpec {
+    /// Whether any endpoint is a hostname: the Backend is then a DNS cluster, not EDS.
+    pub fn is_dns(&self) -> bool {
+        self.endpoints
+            .iter()
+            .any(|e| e.address.hostname().is_some())
+    }
+
     pub fn upstream_protocol(&self) -> UpstreamProtocol {
         self.protocol
             .as_ref()
@@ -73,8 +180,9 @@ impl BackendSpec {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Endpoint {
-    /// An IP address: EDS hands Envoy addresses, not names to resolve.
-    pub address: Spanned<IpAddr>,
+    /// An IP address, or a DNS name (then the whole Backend is a DNS cluster Envoy resolves;
+    /// IP endpoints in it resolve to themselves).
+    pub address: Spanned<EndpointAddress>,
     pub port: Spanned<u32>,
     /// Relative load-balancing weight, 1..=1000000 (default 1).
     #[serde(default)]

@@ -52,6 +52,9 @@ pub struct GrpcRouteRule {
     pub filters: Vec<GrpcRouteFilter>,
     #[serde(default)]
     pub backend_refs: Vec<HttpBackendRef>,
+    /// As on an HTTPRoute rule (validated, translated and reported through [`GrpcRoute::as_http`]).
+    #[serde(default)]
+    pub session_persistence: Option<super::SessionPersistence>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -171,6 +174,7 @@ impl GrpcRouteSpec {
                 backend_refs: r.backend_refs.clone(),
                 timeouts: None,
                 retry: None,
+                session_persistence: r.session_persistence.clone(),
             })
             .collect();
         if rules.is_empty() {
@@ -181,6 +185,7 @@ impl GrpcRouteSpec {
                 backend_refs: Vec::new(),
                 timeouts: None,
                 retry: None,
+                session_persistence: None,
             });
         }
         for rule in &mut rules {

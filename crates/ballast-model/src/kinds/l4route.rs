@@ -130,6 +130,7 @@ fn to_http(
                     backend_refs: r.backend_refs.iter().map(L4BackendRef::to_http).collect(),
                     timeouts: None,
                     retry: None,
+                    session_persistence: None,
                 })
                 .collect(),
         },
@@ -238,7 +239,8 @@ pub fn l4_claims(set: &crate::ConfigSet, gateway: &super::ObjectKey) -> Vec<L4Cl
         return Vec::new();
     };
     let mut ports: BTreeMap<u32, Vec<&super::Listener>> = BTreeMap::new();
-    for l in &gw.spec.listeners {
+    // Conflicted listeners are not served and claim nothing.
+    for l in gw.distinct_listeners() {
         if matches!(*l.protocol, ListenerProtocol::Tls | ListenerProtocol::Tcp) {
             ports.entry(l.port.value).or_default().push(l);
         }

@@ -165,32 +165,129 @@ fn tls_and_tcp_listener_errors() {
             "f.yaml:7:34: Gateway default/g: spec.listeners[0].tls.mode: an HTTPS listener terminates TLS; use protocol TLS for Passthrough"
         ]
     );
-    // TLS and HTTPS on one port: Envoy could not tell them apart by protocol.
-    assert_eq!(
-        gw(
-            "  - {name: a, port: 443, protocol: TLS, hostname: a.example, tls: {mode: Passthrough}}\n  - {name: b, port: 443, protocol: HTTPS, hostname: b.example, tls: {certificateRefs: [{name: s}]}}\n"
-        ),
-        [
-            "f.yaml:8:21: Gateway default/g: spec.listeners[1].port: listeners \"a\" and \"b\" share port 443 with different protocols"
-        ]
+}
+
+/// Listeners Envoy cannot tell apart are not an error but Gateway API `Conflicted` (all of
+/// them, no winner), not served and taking no routes: TLS with HTTPS on one port, two TCP
+/// listeners on one port (TCP has no hostname to tell them apart), two TLS listeners with
+/// the same hostname. The distinct listeners beside them are served.
+#[test]
+fn tls_and_tcp_port_conflicts_are_conflicted_listeners() {
+    let text = "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: { name: g }
+spec:
+  gatewayClassName: c
+  listeners:
+  - { name: tls-a, port: 443, protocol: TLS, hostname: a.example, tls: { mode: Passthrough } }
+  - { name: https-b, port: 443, protocol: HTTPS, hostname: b.example, tls: { certificateRefs: [{ name: s }] } }
+  - { name: tcp-a, port: 9, protocol: TCP, hostname: a.example }
+  - { name: tcp-b, port: 9, protocol: TCP, hostname: b.example }
+  - { name: tls-any, port: 10, protocol: TLS, tls: { mode: Passthrough } }
+  - { name: tls-any-again, port: 10, protocol: TLS, tls: { mode: Passthrough } }
+  - { name: tls-c, port: 10, protocol: TLS, hostname: c.example, tls: { mode: Passthrough } }
+  - { name: tcp, port: 11, protocol: TCP }
+---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: { name: one }
+spec: { endpoints: [{ address: 127.0.0.1, port: 7001 }] }
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TCPRoute
+metadata: { name: on-conflicted }
+spec:
+  parentRefs: [{ name: g, sectionName: tcp-a }]
+  rules: [{ backendRefs: [{ kind: Backend, group: ballast.dev, name: one }] }]
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TCPRoute
+metadata: { name: on-tcp }
+spec:
+  parentRefs: [{ name: g }]
+  rules: [{ backendRefs: [{ kind: Backend, group: ballast.dev, name: one }] }]
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TLSRoute
+metadata: { name: on-tls }
+spec:
+  parentRefs: [{ name: g }]
+  rules: [{ backendRefs: [{ kind: Backend, group: ballast.dev, name: one }] }]
+";
+    let set = ConfigSet::build([("g.yaml", text)]).expect("conflicts are status, not errors");
+    let s = compute(&set);
+    let g = &s.gateways[0];
+    let listener = |name: &str| g.listeners.iter().find(|l| l.name == name).unwrap();
+    let kinds = |name: &str| {
+        listener(name)
+            .conditions
+            .iter()
+            .map(|c| (c.type_.clone(), c.is_true(), c.reason.clone()))
+            .filter(|(t, _, _)| t != "ResolvedRefs")
+            .collect::<Vec<_>>()
+    };
+    for (name, reason) in [
+        ("tls-a", "ProtocolConflict"),
+        ("https-b", "ProtocolConflict"),
+        ("tcp-a", "ProtocolConflict"),
+        ("tcp-b", "ProtocolConflict"),
+        ("tls-any", "HostnameConflict"),
+        ("tls-any-again", "HostnameConflict"),
+    ] {
+        assert_eq!(
+            kinds(name),
+            [
+                c("Accepted", false, reason),
+                c("Programmed", false, reason),
+                c("Conflicted", true, reason),
+            ],
+            "{name}"
+        );
+        assert_eq!(listener(name).attached_routes, 0, "{name}");
+    }
+    let msg = |name: &str| listener(name).conditions.last().unwrap().message.clone();
+    assert!(
+        msg("tls-a").contains("\"https-b\" (HTTPS)"),
+        "{}",
+        msg("tls-a")
     );
-    assert_eq!(
-        gw(
-            "  - {name: a, port: 9, protocol: TCP, hostname: a.example}\n  - {name: b, port: 9, protocol: TCP, hostname: b.example}\n"
-        ),
-        [
-            "f.yaml:8:21: Gateway default/g: spec.listeners[1].port: listeners \"a\" and \"b\" are both TCP on port 9; a TCP port has one listener"
-        ]
+    assert!(
+        msg("tcp-a").contains("\"tcp-b\" (TCP)") && msg("tcp-a").contains("one listener"),
+        "{}",
+        msg("tcp-a")
     );
-    // Two TLS listeners on one port with the same hostname.
+    for (name, routes) in [("tls-c", 1), ("tcp", 1)] {
+        assert_eq!(
+            kinds(name),
+            [
+                c("Accepted", true, "Accepted"),
+                c("Programmed", true, "Programmed")
+            ],
+            "{name}"
+        );
+        assert_eq!(listener(name).attached_routes, routes, "{name}");
+    }
+    assert_eq!(g.conditions[0].reason, "ListenersNotValid");
+    assert!(g.conditions[0].is_true(), "some listeners are served");
+    // A route naming only a conflicted listener is not accepted; the others attach to the
+    // distinct listeners only.
+    let tcp = |n: &str| s.tcp_routes.iter().find(|r| r.name == n).unwrap();
     assert_eq!(
-        gw(
-            "  - {name: a, port: 9, protocol: TLS, tls: {mode: Passthrough}}\n  - {name: b, port: 9, protocol: TLS, tls: {mode: Passthrough}}\n"
-        ),
-        [
-            "f.yaml:8:21: Gateway default/g: spec.listeners[1].port: listeners \"a\" and \"b\" both serve hostname (any) on port 9"
-        ]
+        conds(tcp("on-conflicted"))[0][0],
+        c("Accepted", false, "NoMatchingParent")
     );
+    assert_eq!(conds(tcp("on-tcp"))[0][0], c("Accepted", true, "Accepted"));
+    assert_eq!(
+        conds(&s.tls_routes[0])[0][0],
+        c("Accepted", true, "Accepted")
+    );
+    // Nothing is claimed on a conflicted listener (so translation builds nothing there).
+    let claims = crate::l4_claims(&set, &crate::ObjectKey::new("default", "g"));
+    let served: Vec<(&str, u32)> = claims
+        .iter()
+        .map(|c| (c.listener.as_str(), c.port))
+        .collect();
+    assert_eq!(served, [("tls-c", 10), ("tcp", 11)]);
 }
 
 /// TLSRoutes attach only to TLS listeners (by protocol default kinds), with hostname

@@ -15,6 +15,7 @@ pub mod grpcroute;
 pub mod l4route;
 pub mod namespace;
 pub mod policy;
+pub mod rate_limit;
 pub mod reference_grant;
 pub mod route;
 pub mod secret;
@@ -36,6 +37,7 @@ pub use grpcroute::*;
 pub use l4route::*;
 pub use namespace::*;
 pub use policy::*;
+pub use rate_limit::*;
 pub use reference_grant::*;
 pub use route::*;
 pub use secret::*;
@@ -73,10 +75,11 @@ pub enum Kind {
     TlsRoute,
     #[serde(rename = "TCPRoute")]
     TcpRoute,
+    RateLimitPolicy,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 15] = [
+    pub const ALL: [Kind; 16] = [
         Kind::Gateway,
         Kind::HttpRoute,
         Kind::Backend,
@@ -92,6 +95,7 @@ impl Kind {
         Kind::Namespace,
         Kind::TlsRoute,
         Kind::TcpRoute,
+        Kind::RateLimitPolicy,
     ];
 
     /// The `kind:` string.
@@ -112,6 +116,7 @@ impl Kind {
             Kind::Namespace => "Namespace",
             Kind::TlsRoute => "TLSRoute",
             Kind::TcpRoute => "TCPRoute",
+            Kind::RateLimitPolicy => "RateLimitPolicy",
         }
     }
 
@@ -119,7 +124,9 @@ impl Kind {
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::Gateway | Kind::HttpRoute | Kind::GrpcRoute => "gateway.networking.k8s.io/v1",
-            Kind::Backend | Kind::BackendPolicy | Kind::ClientPolicy => "ballast.dev/v1alpha1",
+            Kind::Backend | Kind::BackendPolicy | Kind::ClientPolicy | Kind::RateLimitPolicy => {
+                "ballast.dev/v1alpha1"
+            }
             Kind::Secret | Kind::ConfigMap | Kind::Service | Kind::Namespace => "v1",
             Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1alpha3",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
@@ -301,6 +308,7 @@ pub enum Object {
     Namespace(Arc<Namespace>),
     TlsRoute(Arc<TlsRoute>),
     TcpRoute(Arc<TcpRoute>),
+    RateLimitPolicy(Arc<RateLimitPolicy>),
 }
 
 impl Object {
@@ -321,6 +329,7 @@ impl Object {
             Object::Namespace(_) => Kind::Namespace,
             Object::TlsRoute(_) => Kind::TlsRoute,
             Object::TcpRoute(_) => Kind::TcpRoute,
+            Object::RateLimitPolicy(_) => Kind::RateLimitPolicy,
         }
     }
 
@@ -341,6 +350,7 @@ impl Object {
             Object::Namespace(o) => &o.metadata,
             Object::TlsRoute(o) => &o.metadata,
             Object::TcpRoute(o) => &o.metadata,
+            Object::RateLimitPolicy(o) => &o.metadata,
         }
     }
 
@@ -365,6 +375,7 @@ impl Object {
             Object::Namespace(o) => &o.source,
             Object::TlsRoute(o) => &o.source,
             Object::TcpRoute(o) => &o.source,
+            Object::RateLimitPolicy(o) => &o.source,
         }
     }
 }

@@ -82,6 +82,166 @@ pub struct HttpRouteRule {
     /// `perTryTimeout`/`retryOn` extension fields.
     #[serde(default)]
     pub retry: Option<RetryPolicy>,
+    /// Gateway API `sessionPersistence`: requests of one session (a cookie or header Envoy
+    /// sets) keep going to the endpoint that served the first one.
+    #[serde(default)]
+    pub session_persistence: Option<SessionPersistence>,
+}
+
+/// Gateway API `SessionPersistence` (GEP-1619). Both published shapes load: v1.1–v1.4's
+/// `sessionName` / `idleTimeout` / `cookieConfig.lifetimeType`, and the later union with
+/// `cookie: {name, path, lifetimeType}` / `header: {name}`, so manifests of either carry over.
+/// Envoy's stateful session filter remembers the endpoint in the cookie or header; see
+/// [`SessionPersistence::mode`] and [`SessionPersistence::unsupported`] for what it can do.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SessionPersistence {
+    /// The cookie or header name (v1.1–v1.4); generated from the route and rule when unset.
+    #[serde(default)]
+    pub session_name: Option<Spanned<String>>,
+    /// Cookie `Permanent`: the cookie's `Max-Age` (required).
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub absolute_timeout: Option<Spanned<Duration>>,
+    /// Not supported by Envoy (status `UnsupportedValue`); removed from Gateway API later.
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub idle_timeout: Option<Spanned<Duration>>,
+    /// `Cookie` (the default) or `Header`.
+    #[serde(rename = "type", default)]
+    pub type_: Option<Spanned<SessionPersistenceType>>,
+    /// v1.1–v1.4 cookie settings (`lifetimeType`).
+    #[serde(default)]
+    pub cookie_config: Option<CookieConfig>,
+    /// Later Gateway API cookie settings (`name`, `path`, `lifetimeType`).
+    #[serde(default)]
+    pub cookie: Option<CookieConfig>,
+    /// Later Gateway API header settings (`name`).
+    #[serde(default)]
+    pub header: Option<SessionHeaderConfig>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
+pub enum SessionPersistenceType {
+    #[default]
+    Cookie,
+    Header,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CookieConfig {
+    #[serde(default)]
+    pub name: Option<Spanned<String>>,
+    /// The cookie's `Path`; `/` when unset (Gateway API's default).
+    #[serde(default)]
+    pub path: Option<Spanned<String>>,
+    #[serde(default)]
+    pub lifetime_type: Option<Spanned<CookieLifetimeType>>,
+}
+
+/// `Session` (the default): no `Max-Age`, the browser drops the cookie when it closes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
+pub enum CookieLifetimeType {
+    #[default]
+    Session,
+    Permanent,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionHeaderConfig {
+    pub name: Spanned<String>,
+}
+
+/// What a valid [`SessionPersistence`] asks Envoy for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionMode {
+    /// `ttl`: the cookie's `Max-Age` (`None`: a session cookie).
+    Cookie {
+        name: String,
+        path: String,
+        ttl: Option<Duration>,
+    },
+    Header {
+        name: String,
+    },
+}
+
+impl SessionPersistence {
+    pub fn type_(&self) -> SessionPersistenceType {
+        self.type_.as_ref().map(|t| t.value).unwrap_or_default()
+    }
+
+    /// The cookie settings, whichever shape gave them.
+    pub fn cookie_settings(&self) -> Option<&CookieConfig> {
+        self.cookie.as_ref().or(self.cookie_config.as_ref())
+    }
+
+    pub fn lifetime(&self) -> CookieLifetimeType {
+        self.cookie_settings()
+            .and_then(|c| c.lifetime_type.as_ref())
+            .map(|l| l.value)
+            .unwrap_or_default()
+    }
+
+    /// The explicit cookie/header name, if any.
+    pub fn explicit_name(&self) -> Option<&Spanned<String>> {
+        let specific = match self.type_() {
+            SessionPersistenceType::Cookie => self.cookie_settings().and_then(|c| c.name.as_ref()),
+            SessionPersistenceType::Header => self.header.as_ref().map(|h| &h.name),
+        };
+        specific.or(self.session_name.as_ref())
+    }
+
+    /// The Envoy session settings; `default_name` (unique per route rule) names the cookie or
+    /// header when the config does not.
+    pub fn mode(&self, default_name: impl FnOnce() -> String) -> SessionMode {
+        let name = self
+            .explicit_name()
+            .map_or_else(default_name, |n| n.value.clone());
+        match self.type_() {
+            SessionPersistenceType::Cookie => SessionMode::Cookie {
+                name,
+                path: self
+                    .cookie_settings()
+                    .and_then(|c| c.path.as_ref())
+                    .map_or_else(|| "/".to_owned(), |p| p.value.clone()),
+                ttl: match self.lifetime() {
+                    CookieLifetimeType::Permanent => {
+                        self.absolute_timeout.as_ref().map(|d| d.value)
+                    }
+                    CookieLifetimeType::Session => None,
+                },
+            },
+            SessionPersistenceType::Header => SessionMode::Header { name },
+        }
+    }
+
+    /// `(field, why)` for each setting Envoy cannot honour: the route is served without it and
+    /// the status says so (`Accepted=False UnsupportedValue`). `field` is relative to the
+    /// `sessionPersistence` object.
+    pub fn unsupported(&self) -> Vec<(&'static str, &'static str)> {
+        let mut out = Vec::new();
+        if self.idle_timeout.is_some() {
+            out.push((
+                "idleTimeout",
+                "Envoy's stateful sessions have no idle timeout (ignored)",
+            ));
+        }
+        if self.absolute_timeout.is_some() {
+            match (self.type_(), self.lifetime()) {
+                (SessionPersistenceType::Cookie, CookieLifetimeType::Permanent) => {}
+                (SessionPersistenceType::Cookie, CookieLifetimeType::Session) => out.push((
+                    "absoluteTimeout",
+                    "a Session cookie's lifetime is not tracked by Envoy (ignored; use lifetimeType: Permanent for a Max-Age)",
+                )),
+                (SessionPersistenceType::Header, _) => out.push((
+                    "absoluteTimeout",
+                    "Envoy does not expire header-based sessions (ignored)",
+                )),
+            }
+        }
+        out
+    }
 }
 
 /// All conditions of one match must hold (AND); the matches of a rule are alternatives (OR).

@@ -5,7 +5,8 @@
 //! `kubernetes.io/service-name`) list, so `kubectl get svc,endpointslices -o yaml` exports (and a
 //! future Kubernetes source) feed Ballast the same objects a cluster has. Each Service port
 //! becomes one derived [`Backend`] (see [`service_backends`]), which the translator serves like any
-//! other Backend: EDS cluster, endpoint changes are EDS-only updates.
+//! other Backend: EDS cluster, endpoint changes are EDS-only updates. An `ExternalName` Service
+//! becomes, per port, a DNS Backend resolving `externalName` (see [`external_name_backends`]).
 //!
 //! Export noise (`status`, and the Service spec fields that only kube-proxy uses) is accepted and
 //! ignored, field by field: an unknown field is still an error.
@@ -16,8 +17,8 @@ use std::net::IpAddr;
 use serde::Deserialize;
 
 use super::{
-    Backend, BackendSpec, Endpoint, HealthStatus, LoadBalancer, Metadata, ObjectKey, Source,
-    object_kind, upstream_protocol,
+    Backend, BackendSpec, DnsSettings, Endpoint, EndpointAddress, HealthStatus, LoadBalancer,
+    Metadata, ObjectKey, Source, object_kind, upstream_protocol,
 };
 use crate::spanned::{Pos, Spanned};
 
@@ -236,7 +237,7 @@ pub fn service_backends<'a>(
 ) -> Vec<Backend> {
     let mut out = Vec::new();
     if service.is_external_name() {
-        return out; // DNS backends are not served yet: its refs are BackendNotFound with why.
+        return external_name_backends(service);
     }
     for sp in &service.spec.ports {
         let mut endpoints: Vec<Endpoint> = Vec::new();
@@ -264,7 +265,7 @@ pub fn service_backends<'a>(
                         continue;
                     }
                     endpoints.push(Endpoint {
-                        address: Spanned::new(ip, a.pos),
+                        address: Spanned::new(ip.into(), a.pos),
                         port: Spanned::new(port, Pos::UNKNOWN),
                         weight: None,
                         zone: e.zone.clone().filter(|z| !z.is_empty()),
@@ -300,11 +301,60 @@ pub fn service_backends<'a>(
                             .map(|a| Spanned::new(a, Pos::UNKNOWN))
                     })
                     .filter(|a| upstream_protocol(a).is_some()),
+                dns: None,
             },
             source: service.source.clone(),
         });
     }
     out
+}
+
+/// An `ExternalName` Service: per port, a DNS Backend with the one endpoint
+/// `externalName:port` (what a pod reaching the Service's CNAME on that port connects to).
+/// Envoy re-resolves the name when its TTL expires, as a pod's resolver would.
+fn external_name_backends(service: &Service) -> Vec<Backend> {
+    let Some(name) = &service.spec.external_name else {
+        return Vec::new(); // invalid (validation says so): nothing to serve
+    };
+    // Kubernetes allows a trailing dot (an absolute name); Envoy resolves it the same without.
+    let host = name
+        .value
+        .strip_suffix('.')
+        .unwrap_or(&name.value)
+        .to_owned();
+    service
+        .spec
+        .ports
+        .iter()
+        .map(|sp| {
+            let mut metadata = service.metadata.clone();
+            metadata.name = service_backend_name(&service.metadata.name, sp.port.value);
+            Backend {
+                metadata,
+                spec: BackendSpec {
+                    endpoints: vec![Endpoint {
+                        address: Spanned::new(EndpointAddress::Hostname(host.clone()), name.pos),
+                        port: sp.port.clone(),
+                        weight: None,
+                        zone: None,
+                        health: HealthStatus::Healthy,
+                    }],
+                    load_balancer: LoadBalancer::default(),
+                    connect_timeout: None,
+                    health_check: None,
+                    protocol: sp
+                        .app_protocol
+                        .clone()
+                        .filter(|a| upstream_protocol(a).is_some()),
+                    dns: Some(DnsSettings {
+                        respect_ttl: true,
+                        ..DnsSettings::default()
+                    }),
+                },
+                source: service.source.clone(),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -477,22 +527,49 @@ mod tests {
     }
 
     #[test]
-    fn external_name_services_are_reported_not_served() {
+    fn external_name_services_become_dns_backends() {
         let set = ConfigSet::build([
             (
                 "svc.yaml",
-                "apiVersion: v1\nkind: Service\nmetadata: { name: ext, namespace: shop }\nspec:\n  type: ExternalName\n  externalName: api.example.com\n  ports: [{ port: 443 }]\n".to_owned(),
+                "apiVersion: v1\nkind: Service\nmetadata: { name: ext, namespace: shop }\nspec:\n  type: ExternalName\n  externalName: api.example.com.\n  ports: [{ name: https, port: 443 }, { name: h2, port: 8443, appProtocol: kubernetes.io/h2c }]\n".to_owned(),
             ),
             ("r.yaml", route("shop", "{ name: ext, port: 443 }")),
         ])
         .unwrap();
-        assert_eq!(resolve(&set), vec![BackendRefResolution::NotFound]);
-        let problems = crate::status::compute(&set).problems().join("\n");
-        assert!(
-            problems.contains(
-                "Service shop/ext is of type ExternalName, which Ballast does not serve yet"
+        let [BackendRefResolution::Resolved(b)] = &resolve(&set)[..] else {
+            panic!("{:?}", resolve(&set));
+        };
+        // One DNS endpoint, the name without its trailing dot, on the Service port; TTL-driven.
+        assert_eq!(b.metadata.name, "ext:443");
+        assert!(b.spec.is_dns());
+        assert_eq!(
+            (
+                b.spec.endpoints[0].address.to_string(),
+                b.spec.endpoints[0].port.value
             ),
-            "{problems}"
+            ("api.example.com".to_owned(), 443)
+        );
+        assert!(b.spec.dns.as_ref().unwrap().respect_ttl);
+        let h2 = &set.service_backends[&ObjectKey::new("shop", "ext:8443")];
+        assert_eq!(
+            h2.spec.upstream_protocol(),
+            super::super::UpstreamProtocol::Http2
+        );
+        let problems = crate::status::compute(&set).problems();
+        assert!(
+            problems.iter().all(|p| !p.contains("backendRefs")),
+            "{problems:?}"
+        );
+        // A bad name is a positioned error.
+        let e = ConfigSet::build([(
+            "svc.yaml",
+            "apiVersion: v1\nkind: Service\nmetadata: { name: ext }\nspec:\n  type: ExternalName\n  externalName: Bad_Name\n",
+        )])
+        .unwrap_err();
+        assert!(
+            e[0].to_string().starts_with("svc.yaml:6:17: ")
+                && e[0].to_string().contains("spec.externalName"),
+            "{e:?}"
         );
         // ExternalName needs externalName.
         let e = ConfigSet::build([(

@@ -66,6 +66,8 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
     /// Close xDS connections after this age (jittered), for rebalancing.
     pub max_connection_age: Option<Duration>,
+    /// The DNS servers of DNS clusters (`--dns-resolver`).
+    pub dns_resolvers: Vec<SocketAddr>,
     pub security: security::SecurityFlags,
     /// Where the guard keeps the last published inventories (issue 16).
     pub state_dir: PathBuf,
@@ -316,7 +318,10 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         cache: cache.clone(),
         metrics: metrics.clone(),
         guard: opts.guard,
-        options: ballast_translate::Options::default(),
+        options: ballast_translate::Options {
+            dns_resolvers: opts.dns_resolvers.clone(),
+            ..Default::default()
+        },
         status: status_tx,
         baseline: baseline_of(loaded),
         state: Some(state_tx),

@@ -296,11 +296,22 @@ pub async fn host_request(
     host: &str,
     headers: &[&str],
 ) -> Result<(u16, Vec<(String, String)>, String)> {
+    host_path_request(addr, method, host, "/", headers).await
+}
+
+/// Like [`host_request`], for any request `path` (e.g. `/v2/items?x=1`).
+pub async fn host_path_request(
+    addr: SocketAddr,
+    method: &str,
+    host: &str,
+    path: &str,
+    headers: &[&str],
+) -> Result<(u16, Vec<(String, String)>, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
     s.write_all(
-        format!("{method} / HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n")
+        format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n")
             .as_bytes(),
     )
     .await?;
@@ -316,4 +327,41 @@ pub async fn host_request(
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
         .collect();
     Ok((code, headers, body.to_owned()))
+}
+
+/// Every virtual host in an Envoy config dump, by its first domain.
+pub fn dump_virtual_hosts(
+    dump: &serde_json::Value,
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    fn walk(
+        v: &serde_json::Value,
+        out: &mut std::collections::BTreeMap<String, serde_json::Value>,
+    ) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(d) = m.get("domains").and_then(|d| d[0].as_str()) {
+                    out.insert(d.to_owned(), v.clone());
+                }
+                m.values().for_each(|c| walk(c, out));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|c| walk(c, out)),
+            _ => {}
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(dump, &mut out);
+    out
+}
+
+/// The section of an Envoy config dump whose `@type` is `envoy.admin.v3.{message}` (e.g.
+/// `ClustersConfigDump`), as its JSON text: equal text means Envoy holds the same resources,
+/// versions and update times.
+pub fn dump_section(dump: &serde_json::Value, message: &str) -> String {
+    dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["@type"].as_str().and_then(|t| t.rsplit('.').next()) == Some(message))
+        .map(|c| c.to_string())
+        .unwrap_or_default()
 }
