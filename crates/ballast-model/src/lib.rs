@@ -82,9 +82,11 @@ mod docs_tests {
                 set.services.len(),
                 set.endpoint_slices.len(),
                 set.reference_grants.len(),
-                set.namespaces.len()
+                set.namespaces.len(),
+                set.tls_routes.len(),
+                set.tcp_routes.len()
             ),
-            (3, 6, 2, 2, 2, 1, 1, 1)
+            (4, 6, 2, 2, 2, 1, 1, 1, 1, 1)
         );
         // No example uses the deprecated backendRef shorthand.
         let status = crate::status::compute(&set);

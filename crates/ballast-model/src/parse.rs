@@ -19,7 +19,7 @@ use crate::kinds::{
     GatewaySpec, GrpcRoute, GrpcRouteSpec, HttpRoute, HttpRouteSpec, Ignored, Kind, KindMatch,
     Metadata, Namespace, NamespaceSpec, Object, ObjectKey, RateLimitPolicy, RateLimitPolicySpec,
     ReferenceGrant, ReferenceGrantSpec, SecurityPolicy, SecurityPolicySpec, Service, ServiceSpec,
-    SliceEndpoint, SlicePort, Source,
+    SliceEndpoint, SlicePort, Source, TcpRoute, TcpRouteSpec, TlsRoute, TlsRouteSpec,
 };
 use crate::set::{FileParse, ObjectId, Skipped};
 use crate::spanned::{LineOffsetGuard, Pos, Spanned, pos_from_location};
@@ -409,6 +409,10 @@ fn parse_two_pass(file: &Arc<str>, doc: DocText<'_>) -> Result<Parsed, Vec<Confi
             .map(|d| Typed::Spec(d.metadata, TypedSpec::ReferenceGrant(d.spec))),
         Kind::Namespace => deserialize::<NamespaceDoc>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::Namespace(d.spec))),
+        Kind::TlsRoute => deserialize::<Doc<TlsRouteSpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::TlsRoute(d.spec))),
+        Kind::TcpRoute => deserialize::<Doc<TcpRouteSpec>>(doc.text)
+            .map(|d| Typed::Spec(d.metadata, TypedSpec::TcpRoute(d.spec))),
         Kind::RateLimitPolicy => deserialize::<Doc<RateLimitPolicySpec>>(doc.text)
             .map(|d| Typed::Spec(d.metadata, TypedSpec::RateLimitPolicy(Box::new(d.spec)))),
     }
@@ -437,6 +441,8 @@ enum TypedSpec {
     Service(ServiceSpec),
     ReferenceGrant(ReferenceGrantSpec),
     Namespace(NamespaceSpec),
+    TlsRoute(TlsRouteSpec),
+    TcpRoute(TcpRouteSpec),
     RateLimitPolicy(Box<RateLimitPolicySpec>),
 }
 
@@ -543,6 +549,16 @@ fn finish(
             let c = d.into_config_map(source);
             validate::config_map(&mut ctx, &c);
             Object::ConfigMap(Arc::new(c))
+        }
+        Typed::Spec(metadata, TypedSpec::TlsRoute(spec)) => {
+            let r = TlsRoute::new(metadata, spec, source);
+            validate::l4_route(&mut ctx, &r.as_http, r.spec.rules.len());
+            Object::TlsRoute(Arc::new(r))
+        }
+        Typed::Spec(metadata, TypedSpec::TcpRoute(spec)) => {
+            let r = TcpRoute::new(metadata, spec, source);
+            validate::l4_route(&mut ctx, &r.as_http, r.spec.rules.len());
+            Object::TcpRoute(Arc::new(r))
         }
         Typed::Spec(metadata, TypedSpec::GrpcRoute(spec)) => {
             let r = GrpcRoute::new(metadata, spec, source);
@@ -1277,10 +1293,10 @@ spec:
     fn bad_enum_value() {
         assert_eq!(
             one_error(&format!(
-                "{GW}  - name: a\n    port: 80\n    protocol: TCP\n"
+                "{GW}  - name: a\n    port: 80\n    protocol: UDP\n"
             )),
-            "f.yaml:9:15: Gateway default/edge: spec.listeners[0].protocol: unknown variant `TCP`, \
-             expected one of HTTP, HTTPS"
+            "f.yaml:9:15: Gateway default/edge: spec.listeners[0].protocol: unknown variant `UDP`, \
+             expected one of HTTP, HTTPS, TLS, TCP"
         );
     }
 
@@ -1345,7 +1361,7 @@ spec:
                 "f.yaml:8:36: Gateway default/edge: spec.listeners[1].tls: an HTTPS listener needs tls.certificateRefs",
                 "f.yaml:8:53: Gateway default/edge: spec.listeners[1].hostname: invalid hostname \"*.Ex.com\": expected lowercase DNS labels (a-z, 0-9, '-'), optionally prefixed by \"*.\"",
                 "f.yaml:9:13: Gateway default/edge: spec.listeners[2].name: listener name \"Bad_Name\" is not a valid DNS label (lowercase a-z, 0-9, '-', at most 63 characters)",
-                "f.yaml:9:43: Gateway default/edge: spec.listeners[2].tls: tls is only allowed on HTTPS listeners",
+                "f.yaml:9:43: Gateway default/edge: spec.listeners[2].tls: tls is only allowed on HTTPS and TLS listeners",
             ]
         );
     }

@@ -131,6 +131,8 @@ pub struct ConfigSet {
     slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
     pub reference_grants: BTreeMap<ObjectKey, Arc<ReferenceGrant>>,
     pub namespaces: BTreeMap<ObjectKey, Arc<Namespace>>,
+    pub tls_routes: BTreeMap<ObjectKey, Arc<TlsRoute>>,
+    pub tcp_routes: BTreeMap<ObjectKey, Arc<TcpRoute>>,
     pub rate_limit_policies: BTreeMap<ObjectKey, Arc<RateLimitPolicy>>,
     pub security_policies: BTreeMap<ObjectKey, Arc<SecurityPolicy>>,
 }
@@ -470,6 +472,8 @@ impl ConfigSet {
                 .insert(key, g)
                 .map(Object::ReferenceGrant),
             Object::Namespace(n) => self.namespaces.insert(key, n).map(Object::Namespace),
+            Object::TlsRoute(r) => self.tls_routes.insert(key, r).map(Object::TlsRoute),
+            Object::TcpRoute(r) => self.tcp_routes.insert(key, r).map(Object::TcpRoute),
             Object::RateLimitPolicy(p) => self
                 .rate_limit_policies
                 .insert(key, p)
@@ -564,6 +568,8 @@ impl ConfigSet {
                 .remove(key)
                 .map(Object::ReferenceGrant),
             Kind::Namespace => self.namespaces.remove(key).map(Object::Namespace),
+            Kind::TlsRoute => self.tls_routes.remove(key).map(Object::TlsRoute),
+            Kind::TcpRoute => self.tcp_routes.remove(key).map(Object::TcpRoute),
             Kind::RateLimitPolicy => self
                 .rate_limit_policies
                 .remove(key)
@@ -610,6 +616,8 @@ impl ConfigSet {
                 .cloned()
                 .map(Object::ReferenceGrant),
             Kind::Namespace => self.namespaces.get(key).cloned().map(Object::Namespace),
+            Kind::TlsRoute => self.tls_routes.get(key).cloned().map(Object::TlsRoute),
+            Kind::TcpRoute => self.tcp_routes.get(key).cloned().map(Object::TcpRoute),
             Kind::RateLimitPolicy => self
                 .rate_limit_policies
                 .get(key)
@@ -667,6 +675,8 @@ impl ConfigSet {
                     .map(Object::ReferenceGrant),
             )
             .chain(self.namespaces.values().cloned().map(Object::Namespace))
+            .chain(self.tls_routes.values().cloned().map(Object::TlsRoute))
+            .chain(self.tcp_routes.values().cloned().map(Object::TcpRoute))
             .chain(
                 self.rate_limit_policies
                     .values()
@@ -695,6 +705,8 @@ impl ConfigSet {
             + self.endpoint_slices.len()
             + self.reference_grants.len()
             + self.namespaces.len()
+            + self.tls_routes.len()
+            + self.tcp_routes.len()
             + self.rate_limit_policies.len()
             + self.security_policies.len()
     }
@@ -760,6 +772,8 @@ impl ConfigSet {
             &mut out,
         );
         diff_map(Kind::Namespace, &self.namespaces, &new.namespaces, &mut out);
+        diff_map(Kind::TlsRoute, &self.tls_routes, &new.tls_routes, &mut out);
+        diff_map(Kind::TcpRoute, &self.tcp_routes, &new.tcp_routes, &mut out);
         diff_map(
             Kind::RateLimitPolicy,
             &self.rate_limit_policies,
@@ -1138,12 +1152,24 @@ impl ConfigSet {
 
     /// Resolves a backendRef of `route` (its namespace defaults to the route's).
     pub fn resolve_backend(&self, route: &HttpRoute, r: &HttpBackendRef) -> BackendRefResolution {
+        self.resolve_backend_of(RouteKind::Http, route, r)
+    }
+
+    /// [`Self::resolve_backend`] for a route of `kind` (the `from` kind ReferenceGrants must
+    /// name for a cross-namespace ref).
+    pub fn resolve_backend_of(
+        &self,
+        kind: RouteKind,
+        route: &HttpRoute,
+        r: &HttpBackendRef,
+    ) -> BackendRefResolution {
+        let from = GroupKind::new(GATEWAY_GROUP, kind.grant_kind());
         let ns = &route.metadata.namespace;
         match self.backend_target(ns, r) {
             BackendTarget::Invalid => BackendRefResolution::InvalidKind,
             BackendTarget::Backend { key, .. } => {
                 let to = GroupKind::new(BALLAST_GROUP, "Backend");
-                if !self.ref_permitted(HTTP_ROUTE_GK, ns, to, &key.namespace, &key.name) {
+                if !self.ref_permitted(from, ns, to, &key.namespace, &key.name) {
                     return BackendRefResolution::NotPermitted;
                 }
                 match self.backends.get(&key) {
@@ -1153,7 +1179,7 @@ impl ConfigSet {
             }
             BackendTarget::Service(key, port) => {
                 let to = GroupKind::new("", "Service");
-                if !self.ref_permitted(HTTP_ROUTE_GK, ns, to, &key.namespace, &key.name) {
+                if !self.ref_permitted(from, ns, to, &key.namespace, &key.name) {
                     return BackendRefResolution::NotPermitted;
                 }
                 // Gateway API requires the port of a Service ref.
@@ -1201,6 +1227,11 @@ impl ConfigSet {
     /// `sectionName` and `port` narrow the listeners; each listener must allow the route's
     /// namespace and share a hostname with it.
     pub fn resolve_parents(&self, route: &HttpRoute) -> Vec<ParentResolution> {
+        self.resolve_parents_of(RouteKind::Http, route)
+    }
+
+    /// [`Self::resolve_parents`] for a route of `kind` (listeners must admit that kind).
+    pub fn resolve_parents_of(&self, kind: RouteKind, route: &HttpRoute) -> Vec<ParentResolution> {
         let route_ns = route.metadata.namespace.as_str();
         let hostnames: Vec<&str> = route.spec.hostnames.iter().map(|h| h.as_str()).collect();
         let mut out = Vec::new();
@@ -1217,7 +1248,14 @@ impl ConfigSet {
                     ),
                 )
             } else if let Some(g) = self.gateways.get(&gateway) {
-                attach(self.namespace_labels(route_ns), g, p, route_ns, &hostnames)
+                attach(
+                    self.namespace_labels(route_ns),
+                    g,
+                    p,
+                    route_ns,
+                    &hostnames,
+                    kind,
+                )
             } else {
                 fail(
                     NotAcceptedReason::NoMatchingParent,
@@ -1242,7 +1280,7 @@ impl ConfigSet {
         };
         let mut out: Vec<RouteAttachment> = Vec::new();
         for route in self.http_routes.values() {
-            for a in route_attachments(&self.namespaces, gateway, g, route) {
+            for a in route_attachments(&self.namespaces, gateway, g, route, RouteKind::Http) {
                 out.push(RouteAttachment {
                     route: route.clone(),
                     listener: a.listener,
@@ -1261,8 +1299,18 @@ impl ConfigSet {
         gateway: &ObjectKey,
         route: &HttpRoute,
     ) -> Vec<ListenerAttachment> {
+        self.route_attachments_of(RouteKind::Http, gateway, route)
+    }
+
+    /// [`Self::route_attachments`] for a route of `kind`.
+    pub fn route_attachments_of(
+        &self,
+        kind: RouteKind,
+        gateway: &ObjectKey,
+        route: &HttpRoute,
+    ) -> Vec<ListenerAttachment> {
         match self.gateways.get(gateway) {
-            Some(g) => route_attachments(&self.namespaces, gateway, g, route),
+            Some(g) => route_attachments(&self.namespaces, gateway, g, route, kind),
             None => Vec::new(),
         }
     }
@@ -1288,6 +1336,7 @@ fn route_attachments(
     gateway: &ObjectKey,
     g: &Gateway,
     route: &HttpRoute,
+    kind: RouteKind,
 ) -> Vec<ListenerAttachment> {
     // Cheap pre-filter: most routes in a large config name other gateways.
     let route_ns = route.metadata.namespace.as_str();
@@ -1310,7 +1359,7 @@ fn route_attachments(
         {
             continue;
         }
-        for a in attach(labels, g, p, route_ns, &hostnames)
+        for a in attach(labels, g, p, route_ns, &hostnames, kind)
             .into_iter()
             .flatten()
         {
@@ -1341,7 +1390,9 @@ fn attach(
     p: &ParentRef,
     route_ns: &str,
     hostnames: &[&str],
+    kind: RouteKind,
 ) -> Result<Vec<ListenerAttachment>, (NotAcceptedReason, String)> {
+    let kind = kind.attach_kind();
     let candidates: Vec<&Listener> = g
         .spec
         .listeners
@@ -1389,13 +1440,13 @@ fn attach(
     }
     let by_kind: Vec<&Listener> = distinct
         .into_iter()
-        .filter(|l| l.allows_kind(GATEWAY_GROUP, "HTTPRoute"))
+        .filter(|l| l.allows_kind(GATEWAY_GROUP, kind))
         .collect();
     if by_kind.is_empty() {
         return Err((
             NotAcceptedReason::NotAllowedByListeners,
             format!(
-                "no listener of Gateway {} allows kind HTTPRoute (allowedRoutes.kinds)",
+                "no listener of Gateway {} allows kind {kind} (allowedRoutes.kinds or its protocol)",
                 g.key()
             ),
         ));

@@ -140,6 +140,12 @@ pub struct ConfigStatus {
     pub security_policies: Vec<PolicyStatus>,
     /// GRPCRoutes, computed through their HTTPRoute equivalents (same attachment rules).
     pub grpc_routes: Vec<RouteStatus>,
+    /// TLSRoutes and TCPRoutes, computed through their HTTPRoute equivalents with their own
+    /// kind (only TLS / TCP listeners admit them; ReferenceGrants must name their kind).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tls_routes: Vec<RouteStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tcp_routes: Vec<RouteStatus>,
     pub backends: Vec<BackendStatus>,
 }
 
@@ -311,7 +317,9 @@ impl ConfigStatus {
         }
         let routes = self.http_routes.iter().map(|r| ("HTTPRoute", r));
         let grpc = self.grpc_routes.iter().map(|r| ("GRPCRoute", r));
-        for (kind, r) in routes.chain(grpc) {
+        let tls = self.tls_routes.iter().map(|r| ("TLSRoute", r));
+        let tcp = self.tcp_routes.iter().map(|r| ("TCPRoute", r));
+        for (kind, r) in routes.chain(grpc).chain(tls).chain(tcp) {
             for p in &r.parents {
                 for c in p.conditions.iter().filter(|c| !c.is_true()) {
                     out.push(format!(
@@ -334,7 +342,7 @@ impl ConfigStatus {
             }
             for w in &r.warnings {
                 out.push(format!(
-                    "{}: HTTPRoute {}/{}: {w}",
+                    "{}: {kind} {}/{}: {w}",
                     r.source, r.namespace, r.name
                 ));
             }
@@ -343,8 +351,63 @@ impl ConfigStatus {
     }
 }
 
+/// Warnings of L4 routes whose SNI names (or TCP listener) another route serves, by kind and
+/// route key ([`crate::kinds::l4_claims`], what translation builds from).
+fn l4_shadowed(set: &ConfigSet) -> std::collections::BTreeMap<(RouteKind, ObjectKey), Vec<String>> {
+    let mut out: std::collections::BTreeMap<(RouteKind, ObjectKey), Vec<String>> =
+        Default::default();
+    if set.tls_routes.is_empty() && set.tcp_routes.is_empty() {
+        return out;
+    }
+    for g in set.gateways.keys() {
+        for c in crate::kinds::l4_claims(set, g) {
+            if c.shadowed.is_empty() {
+                continue;
+            }
+            let mut by_winner: Vec<(&ObjectKey, Vec<&str>)> = Vec::new();
+            for (h, w) in &c.shadowed {
+                match by_winner.iter_mut().find(|(k, _)| *k == w) {
+                    Some((_, hs)) => hs.push(h),
+                    None => by_winner.push((w, vec![h])),
+                }
+            }
+            for (w, hs) in by_winner {
+                let what = if c.kind == RouteKind::Tcp {
+                    "its connections".to_owned()
+                } else {
+                    format!("SNI {}", hs.join(", "))
+                };
+                out.entry((c.kind, c.route.key())).or_default().push(format!(
+                    "Gateway {g} listener {} (port {}): {what} served by {} {w}, which comes first (namespace/name order); this route gets none of them",
+                    c.listener,
+                    c.port,
+                    c.kind.as_str()
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// Computes the status of every Gateway and HTTPRoute in `set`.
 pub fn compute(set: &ConfigSet) -> ConfigStatus {
+    let mut shadowed = l4_shadowed(set);
+    let mut l4_status = |kind: RouteKind, r: &HttpRoute| {
+        let mut st = route_status_of(set, r, kind);
+        st.warnings
+            .extend(shadowed.remove(&(kind, r.key())).unwrap_or_default());
+        st
+    };
+    let tls_routes = set
+        .tls_routes
+        .values()
+        .map(|r| l4_status(RouteKind::Tls, &r.as_http))
+        .collect();
+    let tcp_routes = set
+        .tcp_routes
+        .values()
+        .map(|r| l4_status(RouteKind::Tcp, &r.as_http))
+        .collect();
     ConfigStatus {
         gateways: set
             .gateways
@@ -428,15 +491,31 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
             .values()
             .map(|r| route_status(set, &r.as_http))
             .collect(),
+        tls_routes,
+        tcp_routes,
         backends: backend_statuses(set),
     }
 }
 
 fn backend_statuses(set: &ConfigSet) -> Vec<BackendStatus> {
     let mut users: std::collections::BTreeMap<ObjectKey, Vec<String>> = Default::default();
-    for r in set.http_routes.values() {
+    let l4 = set
+        .tls_routes
+        .values()
+        .map(|r| (RouteKind::Tls, &r.as_http))
+        .chain(
+            set.tcp_routes
+                .values()
+                .map(|r| (RouteKind::Tcp, &r.as_http)),
+        );
+    for (kind, r) in set
+        .http_routes
+        .values()
+        .map(|r| (RouteKind::Http, r))
+        .chain(l4)
+    {
         for b in r.spec.rules.iter().flat_map(|rule| &rule.backend_refs) {
-            if let BackendRefResolution::Resolved(b) = set.resolve_backend(r, b) {
+            if let BackendRefResolution::Resolved(b) = set.resolve_backend_of(kind, r, b) {
                 let list = users.entry(b.key()).or_default();
                 let name = r.key().to_string();
                 if !list.contains(&name) {
@@ -486,6 +565,25 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
             });
         }
     }
+    // TLSRoutes and TCPRoutes count on the listeners (TLS / TCP) that admit their kind.
+    for (kind, r) in set
+        .tls_routes
+        .values()
+        .map(|r| (RouteKind::Tls, &r.as_http))
+        .chain(
+            set.tcp_routes
+                .values()
+                .map(|r| (RouteKind::Tcp, &r.as_http)),
+        )
+    {
+        for a in set.route_attachments_of(kind, &g.key(), r) {
+            attachments.push(crate::set::RouteAttachment {
+                route: r.clone(),
+                listener: a.listener,
+                hostnames: a.hostnames,
+            });
+        }
+    }
     let mut listeners = Vec::new();
     for (index, l) in g.spec.listeners.iter().enumerate() {
         let mut bad = Vec::new();
@@ -519,22 +617,29 @@ fn gateway_status(set: &ConfigSet, g: &Gateway) -> GatewayStatus {
         if !invalid_kinds.is_empty() {
             bad_reason.get_or_insert("InvalidRouteKinds");
             bad.push(format!(
-                "allowedRoutes.kinds: {} not supported on a {} listener (supported: HTTPRoute)",
+                "allowedRoutes.kinds: {} not supported on a {} listener (supported: {})",
                 invalid_kinds
                     .iter()
                     .map(|k| format!("{}/{}", k.group(), k.kind.value))
                     .collect::<Vec<_>>()
                     .join(", "),
-                match *l.protocol {
-                    ListenerProtocol::Http => "HTTP",
-                    ListenerProtocol::Https => "HTTPS",
-                }
+                l.protocol.as_str(),
+                l.protocol
+                    .route_kinds()
+                    .iter()
+                    .map(|(_, k)| *k)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
         let refs_ok = bad.is_empty();
+        // Listeners without certificates to serve are programmed as they are; conflicted
+        // listeners are not served at all.
         let conflict = g.conflict(index);
-        let programmed =
-            conflict.is_none() && (*l.protocol == ListenerProtocol::Http || resolved > 0);
+        let programmed = conflict.is_none()
+            && (matches!(*l.protocol, ListenerProtocol::Http | ListenerProtocol::Tcp)
+                || l.is_passthrough()
+                || resolved > 0);
         let attached = attachments.iter().filter(|a| a.listener == *l.name).count();
         listeners.push(ListenerStatus {
             name: l.name.value.clone(),
@@ -665,6 +770,11 @@ fn session_backends(rule: &HttpRouteRule) -> usize {
 }
 
 fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
+    route_status_of(set, r, RouteKind::Http)
+}
+
+/// The status of `r`, a route of `kind` (or the HTTPRoute equivalent of one).
+fn route_status_of(set: &ConfigSet, r: &HttpRoute, kind: RouteKind) -> RouteStatus {
     let mut unresolved = Vec::new();
     let mut warnings = Vec::new();
     let mut messages = Vec::new();
@@ -696,7 +806,7 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
                 BackendTarget::Service(..) => "Service",
                 _ => "Backend",
             };
-            let why = match set.resolve_backend(r, b) {
+            let why = match set.resolve_backend_of(kind, r, b) {
                 BackendRefResolution::Resolved(_) => continue,
                 BackendRefResolution::NotFound => {
                     let what = match &target {
@@ -724,8 +834,11 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
                 }
                 BackendRefResolution::NotPermitted => {
                     messages.push(format!(
-                        "{at}: {target_kind} {ns}/{} is in another namespace and no ReferenceGrant in {ns} allows HTTPRoute {}/{} to use it",
-                        b.name.value, r.metadata.namespace, r.metadata.name
+                        "{at}: {target_kind} {ns}/{} is in another namespace and no ReferenceGrant in {ns} allows {} {}/{} to use it",
+                        b.name.value,
+                        kind.grant_kind(),
+                        r.metadata.namespace,
+                        r.metadata.name
                     ));
                     "RefNotPermitted"
                 }
@@ -785,13 +898,19 @@ fn route_status(set: &ConfigSet, r: &HttpRoute) -> RouteStatus {
             false,
             reason,
             format!(
-                "{} (requests for these backends get 500)",
-                messages.join("; ")
+                "{} ({})",
+                messages.join("; "),
+                match kind {
+                    RouteKind::Http | RouteKind::Grpc => "requests for these backends get 500",
+                    RouteKind::Tls | RouteKind::Tcp => {
+                        "connections for these backends are closed"
+                    }
+                }
             ),
         ),
     };
     let parents = set
-        .resolve_parents(r)
+        .resolve_parents_of(kind, r)
         .into_iter()
         .map(|p| {
             let pr = &r.spec.parent_refs[p.index];

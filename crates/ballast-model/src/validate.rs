@@ -188,21 +188,49 @@ pub(crate) fn gateway(ctx: &mut Ctx, g: &Gateway) {
             hostname(ctx, h, format!("{f}.hostname"), true);
         }
         match (*l.protocol, &l.tls) {
-            (ListenerProtocol::Http, Some(_)) => ctx.err(
+            (ListenerProtocol::Http | ListenerProtocol::Tcp, Some(_)) => ctx.err(
                 l.protocol.pos,
                 format!("{f}.tls"),
-                "tls is only allowed on HTTPS listeners",
+                "tls is only allowed on HTTPS and TLS listeners",
             ),
             (ListenerProtocol::Https, None) => ctx.err(
                 l.protocol.pos,
                 format!("{f}.tls"),
                 "an HTTPS listener needs tls.certificateRefs",
             ),
+            (ListenerProtocol::Https, Some(tls)) if tls.mode == TlsMode::Passthrough => ctx.err(
+                l.protocol.pos,
+                format!("{f}.tls.mode"),
+                "an HTTPS listener terminates TLS; use protocol TLS for Passthrough",
+            ),
             (ListenerProtocol::Https, Some(tls)) if tls.certificate_refs.is_empty() => ctx.err(
                 l.protocol.pos,
                 format!("{f}.tls.certificateRefs"),
                 "an HTTPS listener needs at least one certificateRef",
             ),
+            (ListenerProtocol::Tls, None) => ctx.err(
+                l.protocol.pos,
+                format!("{f}.tls"),
+                "a TLS listener needs tls.mode (Passthrough, or Terminate with certificateRefs)",
+            ),
+            (ListenerProtocol::Tls, Some(tls))
+                if tls.mode == TlsMode::Terminate && tls.certificate_refs.is_empty() =>
+            {
+                ctx.err(
+                    l.protocol.pos,
+                    format!("{f}.tls.certificateRefs"),
+                    "a TLS listener in mode Terminate needs at least one certificateRef",
+                )
+            }
+            (ListenerProtocol::Tls, Some(tls))
+                if tls.mode == TlsMode::Passthrough && !tls.certificate_refs.is_empty() =>
+            {
+                ctx.err(
+                    l.protocol.pos,
+                    format!("{f}.tls.certificateRefs"),
+                    "a TLS listener in mode Passthrough does not decrypt; certificateRefs are not allowed",
+                )
+            }
             _ => {}
         }
         if let Some(tls) = &l.tls {
@@ -253,6 +281,25 @@ pub(crate) fn http_route(ctx: &mut Ctx, r: &HttpRoute) {
             }
         }
     }
+}
+
+/// TLSRoute / TCPRoute through their HTTPRoute equivalents (same field paths for parentRefs,
+/// hostnames, rule names and backendRefs), plus what Gateway API requires of them: at least
+/// one rule, and backendRefs in every rule (a connection has no other place to go).
+pub(crate) fn l4_route(ctx: &mut Ctx, r: &HttpRoute, rules: usize) {
+    if rules == 0 {
+        ctx.err(Pos::UNKNOWN, "spec.rules", "at least one rule is required");
+    }
+    for (i, rule) in r.spec.rules.iter().enumerate() {
+        if rule.backend_refs.is_empty() {
+            ctx.err(
+                Pos::UNKNOWN,
+                format!("spec.rules[{i}].backendRefs"),
+                "at least one backendRef is required",
+            );
+        }
+    }
+    http_route(ctx, r);
 }
 
 /// GRPCRoute: the method matches here; everything else (parentRefs, hostnames, headers,

@@ -30,6 +30,8 @@ pub fn kind_segment(kind: Kind) -> &'static str {
         Kind::EndpointSlice => "endpointslices",
         Kind::ReferenceGrant => "referencegrants",
         Kind::Namespace => "namespaces",
+        Kind::TlsRoute => "tlsroutes",
+        Kind::TcpRoute => "tcproutes",
         Kind::RateLimitPolicy => "ratelimitpolicies",
         Kind::SecurityPolicy => "securitypolicies",
     }

@@ -388,6 +388,13 @@ pub(crate) fn build_gateway(
             },
         );
     }
+    // TLS and TCP ports: their routes' Backends count like an HTTPRoute's (one reference per
+    // route, one use per chain), so patching HTTPRoutes later never drops them. L4 route
+    // changes rebuild the Gateway (`Translator::update`), so their counts never need patching.
+    let l4 = crate::l4::plan(config, gw, options);
+    for (b, n) in &l4.refs {
+        *backend_refs.entry(b.clone()).or_default() += n;
+    }
     // The rate-limit service's cluster, used by the connection manager's global filter.
     let rate_limit_service = crate::rate_limit::service_backend(config, gw);
     if let Some(svc) = &rate_limit_service {
@@ -501,6 +508,18 @@ pub(crate) fn build_gateway(
         let l = envoy_listener(config, gw, &port, options, &security);
         let r = encode_reusing(prev_listeners.as_ref(), &mut listeners, l, stats);
         resources.listeners.push(r);
+    }
+    for l in l4.listeners {
+        let r = encode_reusing(prev_listeners.as_ref(), &mut listeners, l, stats);
+        resources.listeners.push(r);
+    }
+    for (b, n) in &l4.used {
+        *used.entry(b.clone()).or_default() += n;
+    }
+    used_secrets.extend(l4.secrets);
+    if l4.rejects {
+        let r = encode(&crate::l4::reject_cluster());
+        resources.clusters.push(r);
     }
     if let Some(svc) = rate_limit_service {
         count_up(&mut used, &BTreeSet::from([svc]));

@@ -52,6 +52,12 @@ impl Deps {
         for a in config.attached_routes(gateway) {
             backends.extend(backend_refs(&a.route));
         }
+        // TLSRoutes / TCPRoutes on its TLS and TCP listeners (no work without such listeners).
+        backends.extend(
+            crate::l4::plan(config, gw, &crate::Options::default())
+                .refs
+                .into_keys(),
+        );
         // The rate-limit service the connection manager's global filter calls.
         backends.extend(crate::rate_limit::service_backend(config, gw));
         backends.extend(crate::security::policy_backends(config, gateway));

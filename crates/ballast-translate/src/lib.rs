@@ -50,6 +50,7 @@ mod cors;
 mod gateway;
 pub mod grpc;
 pub mod index;
+mod l4;
 mod listener;
 mod policy;
 mod rate_limit;

@@ -65,7 +65,13 @@ pub(crate) fn plan<'a>(config: &ConfigSet, gw: &'a Gateway) -> Vec<PortPlan<'a>>
     let key = gw.key();
     let mut ports: BTreeMap<u32, Vec<&Listener>> = BTreeMap::new();
     // Conflicted listeners are not served; the distinct ones on a port share one protocol.
-    for l in gw.distinct_listeners() {
+    // TLS and TCP ports are `crate::l4`'s.
+    for l in gw.distinct_listeners().filter(|l| {
+        matches!(
+            *l.protocol,
+            ListenerProtocol::Http | ListenerProtocol::Https
+        )
+    }) {
         ports.entry(l.port.value).or_default().push(l);
     }
     let mut out = Vec::new();
@@ -79,6 +85,7 @@ pub(crate) fn plan<'a>(config: &ConfigSet, gw: &'a Gateway) -> Vec<PortPlan<'a>>
                 certificates: Vec::new(),
                 siblings: Vec::new(),
             }],
+            ListenerProtocol::Tls | ListenerProtocol::Tcp => continue,
             ListenerProtocol::Https => {
                 let mut chains: Vec<ChainPlan> = listeners
                     .into_iter()
@@ -207,7 +214,20 @@ fn tls_transport_socket(
     client: Option<&ClientSettings<'_>>,
     sources: &ConfigSources,
 ) -> TransportSocket {
-    let mut ctx = DownstreamTlsContext {
+    let mut ctx = downstream_tls_context(certificates, &["h2", "http/1.1"], sources);
+    if let Some(c) = client {
+        crate::policy::apply_client_tls(&mut ctx, c);
+    }
+    transport_socket(ctx)
+}
+
+/// Downstream TLS with `certificates` (SDS) offering `alpn`.
+pub(crate) fn downstream_tls_context(
+    certificates: &[ObjectKey],
+    alpn: &[&str],
+    sources: &ConfigSources,
+) -> DownstreamTlsContext {
+    DownstreamTlsContext {
         common_tls_context: Some(CommonTlsContext {
             tls_certificate_sds_secret_configs: certificates
                 .iter()
@@ -216,21 +236,21 @@ fn tls_transport_socket(
                     sds_config: Some(config_source(sources)),
                 })
                 .collect(),
-            alpn_protocols: vec!["h2".into(), "http/1.1".into()],
+            alpn_protocols: alpn.iter().map(|a| (*a).to_owned()).collect(),
             ..Default::default()
         }),
         ..Default::default()
-    };
-    if let Some(c) = client {
-        crate::policy::apply_client_tls(&mut ctx, c);
     }
+}
+
+pub(crate) fn transport_socket(ctx: DownstreamTlsContext) -> TransportSocket {
     TransportSocket {
         name: "envoy.transport_sockets.tls".into(),
         config_type: Some(TsConfig::TypedConfig(pack_any(ctx))),
     }
 }
 
-fn addresses(gw: &Gateway, options: &Options) -> Vec<IpAddr> {
+pub(crate) fn addresses(gw: &Gateway, options: &Options) -> Vec<IpAddr> {
     let mut out: Vec<IpAddr> = gw.spec.addresses.iter().map(|a| a.value.value).collect();
     if out.is_empty() {
         out.push(options.default_address);

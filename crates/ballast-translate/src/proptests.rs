@@ -97,6 +97,12 @@ fn render(
                 "  - { name: tls-any, port: 443, protocol: HTTPS, tls: { certificateRefs: [{ name: s1 }] } }\n",
             );
         }
+        // TLS passthrough and TCP ports for the TLSRoutes / TCPRoutes below.
+        if host % 2 == 0 {
+            listeners.push_str(
+                "  - { name: pass, port: 8443, protocol: TLS, tls: { mode: Passthrough } }\n  - { name: raw, port: 9000, protocol: TCP }\n",
+            );
+        }
         docs.push(format!(
             "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{ name: g{i} }}\nspec:\n  gatewayClassName: ballast\n  listeners:\n{listeners}"
         ));
@@ -132,6 +138,21 @@ fn render(
             hostnames.join(", "),
             backend_refs.join(", ")
         ));
+        // Odd routes also exist as a TLSRoute (same parents, hostnames, backendRefs) and, from
+        // the last backendRef, a TCPRoute, so route edits cover L4 rebuilds next to HTTPRoute
+        // patches (even routes).
+        if i % 2 == 1 && !refs.is_empty() {
+            let l4_parents = parent_refs.join(", ").replace(", sectionName: tls", "");
+            docs.push(format!(
+                "apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TLSRoute\nmetadata: {{ name: t{i} }}\nspec:\n  parentRefs: [{l4_parents}]\n  hostnames: [{}]\n  rules:\n  - backendRefs: [{}]\n",
+                hostnames.join(", "),
+                backend_refs.join(", ")
+            ));
+            docs.push(format!(
+                "apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: {{ name: t{i} }}\nspec:\n  parentRefs: [{l4_parents}]\n  rules:\n  - backendRefs: [{}]\n",
+                backend_refs[backend_refs.len() - 1]
+            ));
+        }
     }
     for (i, (present, endpoints, ring, zone)) in backends.iter().enumerate() {
         if !present {

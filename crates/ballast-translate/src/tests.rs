@@ -1028,7 +1028,7 @@ fn lb_policies_and_hash_policy() {
 const CERT: &str = "-----BEGIN CERTIFICATE-----\\nMIIB\\n-----END CERTIFICATE-----\\n";
 const KEY: &str = "-----BEGIN PRIVATE KEY-----\\nMIGH\\n-----END PRIVATE KEY-----\\n";
 
-fn secret_yaml(name: &str) -> String {
+pub(crate) fn secret_yaml(name: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Secret\nmetadata: {{ name: {name} }}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: \"{CERT}\"\n  tls.key: \"{KEY}\"\n"
     )

@@ -272,6 +272,26 @@ impl Translator {
                 }
                 // The view holds GRPCRoutes as HTTPRoutes (`crate::grpc`).
                 Kind::GrpcRoute => {}
+                // TLS/TCP routes are few and shape listeners, not virtual hosts: rebuild the
+                // Gateways either version names.
+                Kind::TlsRoute | Kind::TcpRoute => {
+                    for set in [&old, config] {
+                        let route = match c.kind {
+                            Kind::TlsRoute => set.tls_routes.get(&c.key).map(|r| &r.as_http),
+                            _ => set.tcp_routes.get(&c.key).map(|r| &r.as_http),
+                        };
+                        if let Some(r) = route {
+                            let ns = r.metadata.namespace.as_str();
+                            rebuild.extend(
+                                r.spec
+                                    .parent_refs
+                                    .iter()
+                                    .filter(|p| p.is_gateway())
+                                    .map(|p| ObjectKey::new(p.namespace_or(ns), p.name.as_str())),
+                            );
+                        }
+                    }
+                }
                 // A Service appearing or going changes what bare backendRefs of its name mean
                 // (Service or the Backend shorthand); those refs depend on the Backend key of
                 // the same name. Its ports and endpoints reach the translation as the derived
@@ -411,7 +431,9 @@ impl Translator {
                 | Kind::EndpointSlice
                 | Kind::ReferenceGrant
                 | Kind::Namespace
-                | Kind::RateLimitPolicy => {}
+                | Kind::TlsRoute
+                | Kind::TcpRoute => {}
+                Kind::RateLimitPolicy => {}
             }
         }
         for k in orphans.routes {
@@ -518,6 +540,8 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
         &mut out,
     );
     diff_map(Kind::Namespace, &old.namespaces, &new.namespaces, &mut out);
+    diff_map(Kind::TlsRoute, &old.tls_routes, &new.tls_routes, &mut out);
+    diff_map(Kind::TcpRoute, &old.tcp_routes, &new.tcp_routes, &mut out);
     diff_map(
         Kind::RateLimitPolicy,
         &old.rate_limit_policies,

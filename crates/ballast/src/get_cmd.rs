@@ -1,4 +1,4 @@
-//! `ballast get gateways|routes|backends`: Gateway API status (conditions and reasons) as a
+//! `ballast get gateways|routes|backends|tlsroutes|tcproutes`: Gateway API status (conditions and reasons) as a
 //! kubectl-like table, or YAML/JSON. From the admin API of a running `ballast serve` (its
 //! `/debug/sources` status: what is served, last known good included) or, with paths, from
 //! config files (what that config would give).
@@ -14,6 +14,10 @@ pub enum Resource {
     Routes,
     #[value(alias = "backend")]
     Backends,
+    #[value(alias = "tlsroute")]
+    Tlsroutes,
+    #[value(alias = "tcproute")]
+    Tcproutes,
 }
 
 impl Resource {
@@ -23,6 +27,8 @@ impl Resource {
             Resource::Gateways => "gateways",
             Resource::Routes => "httpRoutes",
             Resource::Backends => "backends",
+            Resource::Tlsroutes => "tlsRoutes",
+            Resource::Tcproutes => "tcpRoutes",
         }
     }
 }
@@ -119,7 +125,7 @@ fn table(list: &Value, what: Resource) -> String {
                 ]);
             }
         }
-        Resource::Routes => {
+        Resource::Routes | Resource::Tlsroutes | Resource::Tcproutes => {
             rows.push(
                 ["NAMESPACE", "NAME", "PARENTS", "ACCEPTED", "RESOLVEDREFS"]
                     .map(String::from)
@@ -275,6 +281,50 @@ spec: { endpoints: [{ address: 127.0.0.1, port: 80 }, { address: 127.0.0.2, port
             "backends   web   2          True      False (NotReferenced)  -",
             "{backends}"
         );
+    }
+
+    /// TLSRoutes and TCPRoutes have their own lists (`ballast get tlsroutes|tcproutes`).
+    #[test]
+    fn tls_and_tcp_routes_have_their_own_tables() {
+        let config = "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: { name: edge }
+spec:
+  gatewayClassName: ballast
+  listeners:
+  - { name: tls, port: 8443, protocol: TLS, tls: { mode: Passthrough } }
+  - { name: tcp, port: 9000, protocol: TCP }
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TLSRoute
+metadata: { name: sni }
+spec:
+  parentRefs: [{ name: edge }]
+  hostnames: [a.example]
+  rules: [{ backendRefs: [{ name: db, port: 5432 }] }]
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TCPRoute
+metadata: { name: raw }
+spec:
+  parentRefs: [{ name: edge, sectionName: tls }]
+  rules: [{ backendRefs: [{ name: db, port: 5432 }] }]
+";
+        let v = status(&[("c.yaml", config)]);
+        let tls = render(&v, Resource::Tlsroutes, Output::Table).unwrap();
+        assert_eq!(
+            tls.lines().nth(1).unwrap(),
+            "default    sni   default/edge  True      False (BackendNotFound)",
+            "{tls}"
+        );
+        let tcp = render(&v, Resource::Tcproutes, Output::Table).unwrap();
+        assert_eq!(
+            tcp.lines().nth(1).unwrap(),
+            "default    raw   default/edge  False (NotAllowedByListeners)  False (BackendNotFound)",
+            "{tcp}"
+        );
+        let gws = render(&v, Resource::Gateways, Output::Table).unwrap();
+        assert!(gws.lines().nth(1).unwrap().ends_with("        1"), "{gws}");
     }
 
     #[test]

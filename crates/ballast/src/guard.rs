@@ -37,7 +37,10 @@ impl Default for GuardConfig {
 pub struct Inventory {
     pub listeners: BTreeSet<String>,
     pub clusters: BTreeSet<String>,
-    /// Routes by (route configuration, virtual host, route name or encoded match).
+    /// Routes by (route configuration, virtual host, route name or encoded match), and the
+    /// routes of TLS/TCP listeners (their `tcp_proxy` filter chains) by (`listener:{name}`,
+    /// filter chain name, empty): removing every TLSRoute of a listener is as much a mass
+    /// deletion as removing every HTTPRoute.
     pub routes: BTreeSet<(String, String, Vec<u8>)>,
 }
 
@@ -65,6 +68,16 @@ impl Inventory {
                         r.name.into_bytes()
                     };
                     routes.insert((name.to_string(), vh.name.clone(), id));
+                }
+            }
+        }
+        for (name, res) in snapshot.resources(ResourceType::Listener).iter() {
+            let Ok(l) = ListenerIds::decode(res.value_bytes()) else {
+                continue;
+            };
+            for chain in l.filter_chains {
+                if chain.filters.iter().any(|f| f.name == TCP_PROXY) {
+                    routes.insert((format!("listener:{name}"), chain.name, Vec::new()));
                 }
             }
         }
@@ -99,6 +112,29 @@ struct RouteId {
     #[prost(bytes = "vec", tag = "1")]
     r#match: Vec<u8>,
     #[prost(string, tag = "14")]
+    name: String,
+}
+
+const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
+
+/// The fields of a `Listener` the guard counts: filter chain names and filter names.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ListenerIds {
+    #[prost(message, repeated, tag = "3")]
+    filter_chains: Vec<ChainIds>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct ChainIds {
+    #[prost(message, repeated, tag = "3")]
+    filters: Vec<FilterName>,
+    #[prost(string, tag = "7")]
+    name: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct FilterName {
+    #[prost(string, tag = "1")]
     name: String,
 }
 
@@ -323,5 +359,52 @@ mod inventory_tests {
         // Deleting the only route is held.
         let before = Inventory::of(&snap(&[("r1", "/a"), ("r2", "/b")]));
         assert!(judge(&cfg, Some(&before), &Inventory::of(&snap(&[("r3", "/c")]))).is_some());
+    }
+}
+
+#[cfg(test)]
+mod l4_tests {
+    use super::*;
+
+    /// A TLS passthrough listener with `n` TLSRoutes, translated and snapshotted.
+    fn snapshot(n: usize) -> Snapshot {
+        let mut yaml = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: edge }\nspec:\n  gatewayClassName: c\n  listeners:\n  - { name: tls, port: 8443, protocol: TLS, tls: { mode: Passthrough } }\n---\napiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: { name: b }\nspec: { endpoints: [{ address: 127.0.0.1, port: 7001 }] }\n".to_owned();
+        for i in 0..n {
+            yaml.push_str(&format!(
+                "---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TLSRoute\nmetadata: {{ name: r{i} }}\nspec:\n  parentRefs: [{{ name: edge }}]\n  hostnames: [h{i}.example]\n  rules: [{{ backendRefs: [{{ group: ballast.dev, kind: Backend, name: b }}] }}]\n"
+            ));
+        }
+        let set = ballast_model::ConfigSet::build([("c.yaml", yaml)]).unwrap();
+        ballast_translate::translate_gateway(
+            &set,
+            &ballast_model::ObjectKey::new("default", "edge"),
+            &ballast_translate::Options::default(),
+        )
+        .unwrap()
+        .snapshot(None)
+        .unwrap()
+    }
+
+    /// TLS/TCP routes live in listener filter chains, not route configurations: the guard
+    /// counts each `tcp_proxy` chain as a route, so removing most TLSRoutes of a listener
+    /// (its listener stays) is held like removing most HTTPRoutes.
+    #[test]
+    fn tcp_proxy_filter_chains_count_as_routes() {
+        let cfg = GuardConfig::default();
+        let four = Inventory::of(&snapshot(4));
+        assert_eq!(four.listeners.len(), 1);
+        assert_eq!(four.routes.len(), 4, "{:?}", four.routes);
+        assert!(four.routes.contains(&(
+            "listener:default/edge/8443".into(),
+            "default/edge/8443/tls/default/r0".into(),
+            vec![]
+        )));
+        let held = judge(&cfg, Some(&four), &Inventory::of(&snapshot(1))).unwrap();
+        assert!(held.contains("3 of 4 routes"), "{held}");
+        let held = judge(&cfg, Some(&four), &Inventory::of(&snapshot(0))).unwrap();
+        assert!(held.contains("4 of 4 routes"), "{held}");
+        assert_eq!(judge(&cfg, Some(&four), &Inventory::of(&snapshot(2))), None);
+        // The closing chain of a listener without routes is not a route.
+        assert!(Inventory::of(&snapshot(0)).routes.is_empty());
     }
 }

@@ -436,7 +436,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!(
                     "{} gateway(s), {} route(s), {} backend(s), {} secret(s): {}",
                     config.gateways.len(),
-                    config.http_routes.len() + config.grpc_routes.len(),
+                    config.http_routes.len()
+                        + config.grpc_routes.len()
+                        + config.tls_routes.len()
+                        + config.tcp_routes.len(),
                     config.backends.len(),
                     config.secrets.len(),
                     if failed { "translation failed" } else { "ok" }

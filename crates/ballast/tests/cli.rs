@@ -168,7 +168,7 @@ fn validate_warns_about_skipped_kinds_and_still_fails_on_errors() {
     .unwrap();
     std::fs::write(
         dir.path().join("grant.yaml"),
-        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: g, namespace: backends }\nspec: { podSelector: {} }\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TLSRoute\nmetadata: { name: tls }\nspec: {}\n",
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: { name: g, namespace: backends }\nspec: { podSelector: {} }\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: UDPRoute\nmetadata: { name: udp }\nspec: {}\n",
     )
     .unwrap();
     let d = path(dir.path());
@@ -180,7 +180,7 @@ fn validate_warns_about_skipped_kinds_and_still_fails_on_errors() {
             "warning: {d}/grant.yaml:1:1: skipped NetworkPolicy backends/g (networking.k8s.io/v1): kind not implemented by Ballast"
         ),
         format!(
-            "warning: {d}/grant.yaml:6:1: skipped TLSRoute default/tls (gateway.networking.k8s.io/v1alpha2): kind not implemented by Ballast"
+            "warning: {d}/grant.yaml:6:1: skipped UDPRoute default/udp (gateway.networking.k8s.io/v1alpha2): kind not implemented by Ballast"
         ),
         "1 gateway(s), 2 route(s), 2 backend(s), 0 secret(s): ok".to_owned(),
     ] {
@@ -200,7 +200,7 @@ fn validate_warns_about_skipped_kinds_and_still_fails_on_errors() {
     assert!(text.contains(&format!("{d}/bad.yaml:4:")), "{text}");
     assert!(text.contains(&format!("{d}/bad.yaml:6:")), "{text}");
     assert!(
-        text.contains("warning: ") && text.contains("skipped TLSRoute"),
+        text.contains("warning: ") && text.contains("skipped UDPRoute"),
         "{text}"
     );
     assert!(text.contains("2 error(s)"), "{text}");

@@ -85,18 +85,12 @@ pub struct ListenerConflict {
 }
 
 /// Whether listeners of protocol `p` can share a port, told apart by hostname (HTTP by `Host`,
-/// HTTPS by SNI). Gateway API: for TCP and UDP only the port distinguishes listeners, so such
-/// a protocol gets one listener per port.
+/// HTTPS and TLS by SNI). Gateway API: for TCP and UDP only the port distinguishes listeners,
+/// so such a protocol gets one listener per port.
 fn distinct_by_hostname(p: ListenerProtocol) -> bool {
     match p {
-        ListenerProtocol::Http | ListenerProtocol::Https => true,
-    }
-}
-
-fn protocol_name(p: ListenerProtocol) -> &'static str {
-    match p {
-        ListenerProtocol::Http => "HTTP",
-        ListenerProtocol::Https => "HTTPS",
+        ListenerProtocol::Http | ListenerProtocol::Https | ListenerProtocol::Tls => true,
+        ListenerProtocol::Tcp => false,
     }
 }
 
@@ -106,7 +100,7 @@ fn protocol_name(p: ListenerProtocol) -> &'static str {
 /// Listeners that are not distinct are *all* Conflicted (the spec forbids picking a winner);
 /// the others are served. A protocol conflict outranks a hostname conflict.
 pub fn listener_conflicts(listeners: &[Listener]) -> Vec<Option<ListenerConflict>> {
-    let protocol = |l: &Listener| protocol_name(*l.protocol);
+    let protocol = |l: &Listener| l.protocol.as_str();
     listeners
         .iter()
         .enumerate()
@@ -212,6 +206,15 @@ impl Listener {
     pub fn hostname(&self) -> Option<&str> {
         self.hostname.as_ref().map(|h| h.value.as_str())
     }
+
+    /// Whether this is a TLS listener passing connections through undecrypted.
+    pub fn is_passthrough(&self) -> bool {
+        *self.protocol == ListenerProtocol::Tls
+            && self
+                .tls
+                .as_ref()
+                .is_some_and(|t| t.mode == TlsMode::Passthrough)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
@@ -220,6 +223,33 @@ pub enum ListenerProtocol {
     Http,
     #[serde(rename = "HTTPS")]
     Https,
+    /// TLS connections routed by SNI (TLSRoute); `tls.mode` says whether Envoy passes the
+    /// bytes through or terminates TLS first.
+    #[serde(rename = "TLS")]
+    Tls,
+    /// Plain TCP connections (TCPRoute).
+    #[serde(rename = "TCP")]
+    Tcp,
+}
+
+impl ListenerProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ListenerProtocol::Http => "HTTP",
+            ListenerProtocol::Https => "HTTPS",
+            ListenerProtocol::Tls => "TLS",
+            ListenerProtocol::Tcp => "TCP",
+        }
+    }
+
+    /// The route kinds (group, kind) a listener of this protocol serves.
+    pub fn route_kinds(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            ListenerProtocol::Http | ListenerProtocol::Https => HTTP_ROUTE_KINDS,
+            ListenerProtocol::Tls => TLS_ROUTE_KINDS,
+            ListenerProtocol::Tcp => TCP_ROUTE_KINDS,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -231,11 +261,13 @@ pub struct ListenerTls {
     pub certificate_refs: Vec<SecretObjectRef>,
 }
 
-/// Only termination: Envoy decrypts with certificates served over SDS.
+/// `Terminate`: Envoy decrypts with certificates served over SDS (HTTPS, TLS listeners).
+/// `Passthrough` (TLS listeners only): Envoy reads the SNI and forwards the encrypted bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 pub enum TlsMode {
     #[default]
     Terminate,
+    Passthrough,
 }
 
 /// A reference to a TLS `Secret` (Gateway API `SecretObjectReference`).
@@ -293,12 +325,16 @@ impl RouteGroupKind {
 
 /// The route kinds (group, kind) HTTP and HTTPS listeners serve.
 pub const HTTP_ROUTE_KINDS: &[(&str, &str)] = &[(super::GATEWAY_GROUP, "HTTPRoute")];
+/// The route kinds TLS listeners serve.
+pub const TLS_ROUTE_KINDS: &[(&str, &str)] = &[(super::GATEWAY_GROUP, "TLSRoute")];
+/// The route kinds TCP listeners serve.
+pub const TCP_ROUTE_KINDS: &[(&str, &str)] = &[(super::GATEWAY_GROUP, "TCPRoute")];
 
 impl Listener {
     /// Whether routes of `group`/`kind` may attach (`allowedRoutes.kinds`, or the protocol's
     /// kinds when it lists none).
     pub fn allows_kind(&self, group: &str, kind: &str) -> bool {
-        let supported = HTTP_ROUTE_KINDS.contains(&(group, kind));
+        let supported = self.protocol.route_kinds().contains(&(group, kind));
         if self.allowed_routes.kinds.is_empty() {
             supported
         } else {
@@ -316,7 +352,12 @@ impl Listener {
         self.allowed_routes
             .kinds
             .iter()
-            .filter(|k| !HTTP_ROUTE_KINDS.contains(&(k.group(), k.kind.as_str())))
+            .filter(|k| {
+                !self
+                    .protocol
+                    .route_kinds()
+                    .contains(&(k.group(), k.kind.as_str()))
+            })
             .collect()
     }
 }

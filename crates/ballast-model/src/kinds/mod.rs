@@ -12,6 +12,7 @@ pub mod client_policy;
 pub mod configmap;
 pub mod gateway;
 pub mod grpcroute;
+pub mod l4route;
 pub mod namespace;
 pub mod policy;
 pub mod rate_limit;
@@ -34,6 +35,7 @@ pub use client_policy::*;
 pub use configmap::*;
 pub use gateway::*;
 pub use grpcroute::*;
+pub use l4route::*;
 pub use namespace::*;
 pub use policy::*;
 pub use rate_limit::*;
@@ -71,12 +73,16 @@ pub enum Kind {
     EndpointSlice,
     ReferenceGrant,
     Namespace,
+    #[serde(rename = "TLSRoute")]
+    TlsRoute,
+    #[serde(rename = "TCPRoute")]
+    TcpRoute,
     RateLimitPolicy,
     SecurityPolicy,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 15] = [
+    pub const ALL: [Kind; 17] = [
         Kind::Gateway,
         Kind::HttpRoute,
         Kind::Backend,
@@ -90,6 +96,8 @@ impl Kind {
         Kind::EndpointSlice,
         Kind::ReferenceGrant,
         Kind::Namespace,
+        Kind::TlsRoute,
+        Kind::TcpRoute,
         Kind::RateLimitPolicy,
         Kind::SecurityPolicy,
     ];
@@ -110,6 +118,8 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::ReferenceGrant => "ReferenceGrant",
             Kind::Namespace => "Namespace",
+            Kind::TlsRoute => "TLSRoute",
+            Kind::TcpRoute => "TCPRoute",
             Kind::RateLimitPolicy => "RateLimitPolicy",
             Kind::SecurityPolicy => "SecurityPolicy",
         }
@@ -128,16 +138,22 @@ impl Kind {
             Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1alpha3",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::ReferenceGrant => "gateway.networking.k8s.io/v1beta1",
+            Kind::TlsRoute | Kind::TcpRoute => "gateway.networking.k8s.io/v1alpha2",
         }
     }
 
     /// Whether `api_version` is served for this kind: [`Self::api_version`], plus `v1` for
     /// BackendTLSPolicy (same schema, promoted in Gateway API 1.4) and ReferenceGrant (the
-    /// version newer Gateway API releases serve it as).
+    /// version newer Gateway API releases serve it as), and `v1alpha3`/`v1` for TLSRoute (the
+    /// experimental channel's newer version and its promotion to the standard channel, same
+    /// fields).
     pub fn accepts(self, api_version: &str) -> bool {
         api_version == self.api_version()
-            || (matches!(self, Kind::BackendTlsPolicy | Kind::ReferenceGrant)
-                && api_version == "gateway.networking.k8s.io/v1")
+            || (matches!(
+                self,
+                Kind::BackendTlsPolicy | Kind::ReferenceGrant | Kind::TlsRoute
+            ) && api_version == "gateway.networking.k8s.io/v1")
+            || (self == Kind::TlsRoute && api_version == "gateway.networking.k8s.io/v1alpha3")
     }
 
     pub fn from_kind_str(kind: &str) -> Option<Kind> {
@@ -297,6 +313,8 @@ pub enum Object {
     EndpointSlice(Arc<EndpointSlice>),
     ReferenceGrant(Arc<ReferenceGrant>),
     Namespace(Arc<Namespace>),
+    TlsRoute(Arc<TlsRoute>),
+    TcpRoute(Arc<TcpRoute>),
     RateLimitPolicy(Arc<RateLimitPolicy>),
     SecurityPolicy(Arc<SecurityPolicy>),
 }
@@ -317,6 +335,8 @@ impl Object {
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::ReferenceGrant(_) => Kind::ReferenceGrant,
             Object::Namespace(_) => Kind::Namespace,
+            Object::TlsRoute(_) => Kind::TlsRoute,
+            Object::TcpRoute(_) => Kind::TcpRoute,
             Object::RateLimitPolicy(_) => Kind::RateLimitPolicy,
             Object::SecurityPolicy(_) => Kind::SecurityPolicy,
         }
@@ -337,6 +357,8 @@ impl Object {
             Object::EndpointSlice(o) => &o.metadata,
             Object::ReferenceGrant(o) => &o.metadata,
             Object::Namespace(o) => &o.metadata,
+            Object::TlsRoute(o) => &o.metadata,
+            Object::TcpRoute(o) => &o.metadata,
             Object::RateLimitPolicy(o) => &o.metadata,
             Object::SecurityPolicy(o) => &o.metadata,
         }
@@ -361,6 +383,8 @@ impl Object {
             Object::EndpointSlice(o) => &o.source,
             Object::ReferenceGrant(o) => &o.source,
             Object::Namespace(o) => &o.source,
+            Object::TlsRoute(o) => &o.source,
+            Object::TcpRoute(o) => &o.source,
             Object::RateLimitPolicy(o) => &o.source,
             Object::SecurityPolicy(o) => &o.source,
         }
