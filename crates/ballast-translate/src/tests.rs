@@ -1860,3 +1860,95 @@ fn cors_filter_becomes_a_per_route_policy() {
         "a rule without CORS is unchanged"
     );
 }
+
+/// Every `@type` any translation in this test binary emitted (see [`assert_served_json`]).
+static EMITTED_ANY_TYPES: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+fn collect_any_types(v: &serde_json::Value, out: &mut std::collections::BTreeSet<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            if let Some(serde_json::Value::String(t)) = m.get("@type") {
+                out.insert(t.clone());
+            }
+            m.values().for_each(|v| collect_any_types(v, out));
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| collect_any_types(v, out)),
+        _ => {}
+    }
+}
+
+/// Prints every resource of `res` as proto-JSON with the *served* descriptor
+/// pool alone (no fallback to the full one): an `Any` whose type is not in
+/// `ballast-xds/descriptors/served-types.txt` fails here. Called by
+/// `translate_gateway` in every test of this crate, so each feature's tests
+/// (and the property tests' random configs) walk the types they emit.
+pub(crate) fn assert_served_json(res: &GatewayResources) {
+    let pool = ballast_xds::json::served_pool();
+    let mut seen = std::collections::BTreeSet::new();
+    for r in res.iter() {
+        let url = r.ty().type_url();
+        let name = url.rsplit('/').next().unwrap();
+        let desc = pool
+            .get_message_by_name(name)
+            .unwrap_or_else(|| panic!("{name} is not in the served pool"));
+        let msg = prost_reflect::DynamicMessage::decode(desc, r.value_bytes()).unwrap();
+        let v = serde_json::to_value(&msg).unwrap_or_else(|e| {
+            panic!(
+                "{} {:?} does not print with the served descriptor pool (add its typed_config \
+                 type to crates/ballast-xds/descriptors/served-types.txt): {e}",
+                r.ty(),
+                r.name()
+            )
+        });
+        collect_any_types(&v, &mut seen);
+    }
+    EMITTED_ANY_TYPES.lock().unwrap().extend(seen);
+}
+
+/// The typed_config types a rich configuration (every documentation example
+/// plus HTTPS, CORS, connection limits, access logs and upstream protocols)
+/// emits all print with the served pool; the list below is the floor, so a
+/// walk that silently found nothing fails too.
+#[test]
+fn every_emitted_any_type_is_in_the_served_pool() {
+    const DOCS: &str = include_str!("../../../docs/configuration.md");
+    let mut files = Vec::new();
+    let mut rest = DOCS;
+    while let Some(start) = rest.find("```yaml\n") {
+        let body = &rest[start + 8..];
+        let end = body.find("```").unwrap();
+        files.push((format!("doc{}.yaml", files.len()), body[..end].to_owned()));
+        rest = &body[end..];
+    }
+    let set = ConfigSet::build(files).unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for key in set.gateways.keys() {
+        let res = translate_gateway(&set, key, &Options::default()).unwrap();
+        for r in res.iter() {
+            let name = r.ty().type_url().rsplit('/').next().unwrap();
+            let v = ballast_xds::json::bytes_to_json(name, &r.value_bytes()).unwrap();
+            collect_any_types(&v, &mut seen);
+        }
+    }
+    for expected in [
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "envoy.extensions.filters.http.router.v3.Router",
+        "envoy.extensions.filters.http.cors.v3.Cors",
+        "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        "envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector",
+    ] {
+        assert!(
+            seen.contains(&format!("type.googleapis.com/{expected}")),
+            "{expected} not emitted by the documentation examples: {seen:?}"
+        );
+    }
+    let served = ballast_xds::json::served_pool();
+    for url in EMITTED_ANY_TYPES.lock().unwrap().iter().chain(&seen) {
+        let name = url.rsplit('/').next().unwrap();
+        assert!(
+            served.get_message_by_name(name).is_some(),
+            "{name} is emitted but not served"
+        );
+    }
+}
