@@ -51,6 +51,7 @@ mod envoy;
 mod etcd;
 mod grpc;
 mod http;
+mod otlp;
 mod tcp_proxy;
 mod traffic;
 mod upstream;
@@ -65,6 +66,7 @@ pub use envoy::{
 pub use etcd::{EtcdCluster, EtcdTls, try_etcd_binary};
 pub use grpc::{GrpcOutcome, GrpcUpstream, grpc_calls, python};
 pub use http::{http_get, http_json, http_post_json};
+pub use otlp::{OTLP_GRPC_EXPORT, OtlpReceiver, ReceivedSpan};
 pub use tcp_proxy::TcpProxy;
 pub use traffic::{Traffic, TrafficConfig, TrafficReport};
 pub use upstream::Upstream;

@@ -457,6 +457,12 @@ pub(crate) fn build_gateway(
         let r = encode_reusing(prev_listeners.as_ref(), &mut listeners, l, stats);
         resources.listeners.push(r);
     }
+    // Collector Backends of the connection managers' tracers are clusters of the Gateway and
+    // dependencies like a route's backends (counted once each, so route patches never drop them).
+    let collectors = crate::otel::tracing_backends(config, key);
+    count_up(&mut used, &collectors);
+    count_up(&mut backend_refs, &collectors);
+    deps.backends.extend(collectors);
     for b in used.keys() {
         // Used backends resolved when their routes were translated against this config.
         if let Some(backend) = config.backend(b) {

@@ -47,6 +47,7 @@ mod gateway;
 pub mod grpc;
 pub mod index;
 mod listener;
+mod otel;
 mod policy;
 mod resources;
 mod route;

@@ -1952,3 +1952,109 @@ fn every_emitted_any_type_is_in_the_served_pool() {
         );
     }
 }
+
+/// ClientPolicy `tracing`: the connection manager gets `envoy.tracers.opentelemetry` with the
+/// sampling rate, exporting (gRPC by default, or OTLP/HTTP) to the collector Backend's cluster,
+/// which the Gateway serves although no route uses it. A missing collector means no tracer
+/// (and no cluster); adding it, editing its endpoints and routes, and removing the policy
+/// translate incrementally exactly as from scratch.
+#[test]
+fn tracing_exports_to_the_collector_backend_cluster() {
+    use envoy_types::pb::envoy::config::core::v3::grpc_service::TargetSpecifier;
+    use envoy_types::pb::envoy::config::core::v3::http_uri::HttpUpstreamType;
+    use envoy_types::pb::envoy::config::trace::v3::OpenTelemetryConfig;
+    use envoy_types::pb::envoy::config::trace::v3::tracing::http::ConfigType;
+    let policy = |body: &str| {
+        format!(
+            "apiVersion: ballast.dev/v1alpha1\nkind: ClientPolicy\nmetadata: {{ name: p }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }}]\n  tracing:\n{body}"
+        )
+    };
+    let otel = |l: &Listener| {
+        let t = hcm(l, 0).tracing.expect("tracing");
+        let p = t.provider.unwrap();
+        assert_eq!(p.name, "envoy.tracers.opentelemetry");
+        let Some(ConfigType::TypedConfig(any)) = p.config_type else {
+            panic!("no typed config")
+        };
+        (
+            t.random_sampling.unwrap().value,
+            OpenTelemetryConfig::decode(any.value.as_slice()).unwrap(),
+        )
+    };
+    let route = route_yaml("r", "  rules:\n  - backendRefs: [{ name: web }]\n");
+    let web = backend_yaml("web", WEB);
+    let collector = backend_yaml(
+        "otel",
+        "  protocol: grpc\n  endpoints: [{ address: 10.0.0.9, port: 4317 }]\n",
+    );
+    let grpc = policy("    backendRef: { name: otel }\n    samplingRate: 25\n");
+    let res = translate(
+        &docs(&[GATEWAY_HTTP, &route, &web, &collector, &grpc]),
+        "edge",
+    );
+    assert_eq!(names(&res.clusters), vec!["default/otel", "default/web"]);
+    let (rate, cfg) = otel(&decode(&res.listeners[0]));
+    assert_eq!(rate, 25.0);
+    assert_eq!(cfg.service_name, "edge");
+    let Some(TargetSpecifier::EnvoyGrpc(g)) = cfg.grpc_service.unwrap().target_specifier else {
+        panic!("no envoy_grpc")
+    };
+    assert_eq!(g.cluster_name, "default/otel");
+    assert_eq!(g.authority, "otel");
+
+    let http = policy(
+        "    backendRef: { name: otel }\n    protocol: HTTP\n    samplingRate: 0\n    serviceName: front\n",
+    );
+    let res = translate(
+        &docs(&[GATEWAY_HTTP, &route, &web, &collector, &http]),
+        "edge",
+    );
+    let (rate, cfg) = otel(&decode(&res.listeners[0]));
+    assert_eq!(rate, 0.0);
+    assert_eq!(cfg.service_name, "front");
+    let uri = cfg.http_service.unwrap().http_uri.unwrap();
+    assert_eq!(uri.uri, "http://otel/v1/traces");
+    assert_eq!(
+        uri.http_upstream_type,
+        Some(HttpUpstreamType::Cluster("default/otel".into()))
+    );
+
+    // No collector: no tracer, no cluster.
+    let res = translate(&docs(&[GATEWAY_HTTP, &route, &web, &grpc]), "edge");
+    assert!(hcm(&decode(&res.listeners[0]), 0).tracing.is_none());
+    assert_eq!(names(&res.clusters), vec!["default/web"]);
+
+    // Incrementally: each step equals a from-scratch translation.
+    let mut t = Translator::new(Options::default());
+    let mut step = |yaml: String| {
+        let set = Arc::new(config(&yaml));
+        t.update(&set);
+        let res = t.gateway(&gw("edge")).unwrap();
+        assert_eq!(
+            *res,
+            translate_gateway(&set, &gw("edge"), &Options::default()).unwrap()
+        );
+        res
+    };
+    let res = step(docs(&[GATEWAY_HTTP, &route, &web, &grpc]));
+    assert_eq!(names(&res.clusters), vec!["default/web"]);
+    // The collector appears: the Gateway (which depends on it) gets tracer and cluster.
+    let res = step(docs(&[GATEWAY_HTTP, &route, &web, &collector, &grpc]));
+    assert_eq!(names(&res.clusters), vec!["default/otel", "default/web"]);
+    assert!(hcm(&decode(&res.listeners[0]), 0).tracing.is_some());
+    // Its endpoints change (a patch), and a route starts and stops using it.
+    let moved = backend_yaml(
+        "otel",
+        "  protocol: grpc\n  endpoints: [{ address: 10.0.0.8, port: 4317 }]\n",
+    );
+    step(docs(&[GATEWAY_HTTP, &route, &web, &moved, &grpc]));
+    let to_otel = route_yaml("r", "  rules:\n  - backendRefs: [{ name: otel }]\n");
+    let res = step(docs(&[GATEWAY_HTTP, &to_otel, &web, &moved, &grpc]));
+    assert_eq!(names(&res.clusters), vec!["default/otel"]);
+    let res = step(docs(&[GATEWAY_HTTP, &route, &web, &moved, &grpc]));
+    assert_eq!(names(&res.clusters), vec!["default/otel", "default/web"]);
+    // The policy goes: so do tracer and collector cluster.
+    let res = step(docs(&[GATEWAY_HTTP, &route, &web, &moved]));
+    assert_eq!(names(&res.clusters), vec!["default/web"]);
+    assert!(hcm(&decode(&res.listeners[0]), 0).tracing.is_none());
+}
