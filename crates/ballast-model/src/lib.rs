@@ -134,7 +134,7 @@ mod policy_docs_tests {
                 set.client_policies.len(),
                 set.config_maps.len()
             ),
-            (5, 1, 2, 1)
+            (5, 1, 3, 1)
         );
     }
 }
