@@ -4,7 +4,8 @@
 //! `--polls` current ones (304: the served version held). Per kind it reports
 //! the client-observed latency (p50/p99) and the server's CPU per request
 //! (CPU-seconds of the child over the batch / polls), which is the "server
-//! time" the encode-once and 304 work targets. `--server-exe` points at
+//! time" the encode-once and 304 work targets, and the child's RSS before and after the
+//! first poll (the descriptor pool and JSON it builds). `--server-exe` points at
 //! another build's `ballast-bench` (its `serve-snapshot`), so an older commit
 //! is measured with this same client.
 
@@ -20,7 +21,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
 
-use super::library_report;
+use super::{MB, library_report};
 use crate::measure::{self, percentiles_us};
 use crate::report::Report;
 use crate::row;
@@ -91,6 +92,7 @@ pub async fn run(server: &ServerOptions, args: &RestPollArgs) -> Result<Report> 
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
         let conn = tokio::spawn(conn);
         let host = bench.addr.to_string();
+        let rss_start = bench.memory().rss;
         // The first answer encodes (and, after encode-once, caches) the JSON.
         let (status, body, cold_us) = poll(&mut sender, &host, "").await?;
         if status != 200 {
@@ -98,6 +100,7 @@ pub async fn run(server: &ServerOptions, args: &RestPollArgs) -> Result<Report> 
         }
         let v: serde_json::Value = serde_json::from_slice(&body).context("response JSON")?;
         let version = v["versionInfo"].as_str().unwrap_or_default().to_string();
+        let rss_first = bench.memory().rss;
         for (i, (kind, held, want)) in [("200", "", 200), ("304", version.as_str(), 304)]
             .into_iter()
             .enumerate()
@@ -124,6 +127,8 @@ pub async fn run(server: &ServerOptions, args: &RestPollArgs) -> Result<Report> 
                 "p50_ms" => p.p50_ms,
                 "p99_ms" => p.p99_ms,
                 "server_cpu_us_per_poll" => cpu_us,
+                "rss_before_first_mb" => rss_start as f64 / MB,
+                "rss_after_first_mb" => rss_first as f64 / MB,
             ));
         }
         drop(sender);
@@ -144,6 +149,8 @@ pub async fn run(server: &ServerOptions, args: &RestPollArgs) -> Result<Report> 
             "p50_ms" => col(|s| s.0),
             "p99_ms" => col(|s| s.1),
             "server_cpu_us_per_poll" => col(|s| s.2),
+            "rss_before_first_mb" => "",
+            "rss_after_first_mb" => "",
         ));
     }
     report.notes.push(format!(
