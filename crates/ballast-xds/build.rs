@@ -1,6 +1,6 @@
 //! Builds the compact ("served") descriptor set: only the files that the
 //! message types in `descriptors/served-types.txt` need, out of the full
-//! Envoy API set. Decoding the full set costs ~50 MiB of resident memory;
+//! Envoy API set. Decoding the full set costs ~35 MiB of resident memory;
 //! every resource needs a descriptor (canonical versions) and REST needs
 //! proto-JSON, so the common path uses this subset and the full set is only
 //! decoded when a lookup misses (see `src/descriptors.rs`).

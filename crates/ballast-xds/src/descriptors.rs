@@ -5,7 +5,7 @@
 //! `HashMap` order (see `crate::version`); the `rest` feature also uses it for
 //! proto-JSON.
 //!
-//! Two pools, because decoding the whole API costs ~50 MiB resident (issue
+//! Two pools, because decoding the whole API costs ~35 MiB resident (issue
 //! 15): the *served* pool holds only the files the served resource types and
 //! the typed_config payloads Ballast emits need (`descriptors/served-types.txt`,
 //! cut by `build.rs`), and is what every lookup tries first. The *full* pool is
