@@ -11,6 +11,7 @@
 //! ballast-bench delta-vs-sotw                  # W7
 //! ballast-bench idle-memory --proxies 1000,5000,10000  # W8
 //! ballast-bench burst                          # W10 (real `ballast` binary)
+//! ballast-bench rest-poll                    # REST 200/304 server time (issue 15)
 //! ballast-bench compare-sovereign              # side by side with sovereign (REST)
 //! ballast-bench envoy-lane                     # real Envoys
 //! ballast-bench scaling                       # scaling curves + SVG plots
@@ -29,7 +30,7 @@ use ballast_bench::scenarios::{
     compare_sovereign::CompareSovereignArgs, delta_vs_sotw::DeltaVsSotwArgs,
     envoy_lane::EnvoyLaneArgs, etcd_lane::EtcdLaneArgs, global_push::GlobalPushArgs,
     idle_memory::IdleMemoryArgs, large_cold::LargeColdArgs, reconnect::ReconnectArgs,
-    route_edit::RouteEditArgs, scaling::ScalingArgs,
+    rest_poll::RestPollArgs, route_edit::RouteEditArgs, scaling::ScalingArgs,
 };
 use ballast_bench::server::{ServerMode, ServerOptions, serve_snapshot};
 use ballast_bench::workload::WorkloadSpec;
@@ -81,6 +82,8 @@ enum Command {
     IdleMemory(IdleMemoryArgs),
     /// W10: 1,000 config events in 1 s against the `ballast` binary.
     Burst(BurstArgs),
+    /// REST-JSON 200 and 304 latency and server CPU per poll (issue 15).
+    RestPoll(RestPollArgs),
     /// Ballast vs sovereign over REST polling (ratios).
     CompareSovereign(CompareSovereignArgs),
     /// Real Envoys: config change → every Envoy reports the new CDS version.
@@ -161,6 +164,7 @@ fn main() -> Result<()> {
             Some(Command::DeltaVsSotw(a)) => {
                 scenarios::delta_vs_sotw::run(&server, &cli.out, a).await?
             }
+            Some(Command::RestPoll(a)) => scenarios::rest_poll::run(&server, a).await?,
             Some(Command::Burst(a)) => scenarios::burst::run(&cli.out, a).await?,
             Some(Command::CompareSovereign(a)) => {
                 scenarios::compare_sovereign::run(&cli.out, a).await?

@@ -524,6 +524,12 @@ pub(crate) fn build_gateway(
     if let Some(svc) = rate_limit_service {
         count_up(&mut used, &BTreeSet::from([svc]));
     }
+    // Collector Backends of the connection managers' tracers are clusters of the Gateway and
+    // dependencies like a route's backends (counted once each, so route patches never drop them).
+    let collectors = crate::otel::tracing_backends(config, key);
+    count_up(&mut used, &collectors);
+    count_up(&mut backend_refs, &collectors);
+    deps.backends.extend(collectors);
     for b in used.keys() {
         // Used backends resolved when their routes were translated against this config.
         if let Some(backend) = config.backend(b) {

@@ -52,6 +52,7 @@ pub mod grpc;
 pub mod index;
 mod l4;
 mod listener;
+mod otel;
 mod policy;
 mod rate_limit;
 mod resources;
@@ -119,9 +120,16 @@ pub fn translate_gateway(
     let mut caches = gateway::Caches::new(options);
     let mut stats = TranslateStats::default();
     let config = &grpc::translation_view(&Arc::new(config.clone()));
-    gateway::build_gateway(config, gateway, options, &mut caches, None, &mut stats)
+    let out = gateway::build_gateway(config, gateway, options, &mut caches, None, &mut stats)
         .map(|b| Arc::unwrap_or_clone(b.state.resources))
-        .ok_or_else(|| TranslateError::GatewayNotFound(gateway.clone()))
+        .ok_or_else(|| TranslateError::GatewayNotFound(gateway.clone()));
+    // Every translation in this crate's tests (unit and property) proves its
+    // typed_config types print with the served descriptor pool alone.
+    #[cfg(test)]
+    if let Ok(res) = &out {
+        tests::assert_served_json(res);
+    }
+    out
 }
 
 /// Resource names (see the crate docs for the scheme).

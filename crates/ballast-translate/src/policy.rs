@@ -417,6 +417,8 @@ pub(crate) struct ClientSettings<'a> {
     /// PEM bundle for client validation (`None`: no validation configured; `Err`: unresolved,
     /// then every client certificate is rejected: fail closed).
     pub client_ca: Option<Result<String, String>>,
+    /// The connection manager's tracing (`None`: no `tracing`, or its Backend is missing).
+    pub tracing: Option<envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::Tracing>,
 }
 
 impl<'a> ClientSettings<'a> {
@@ -432,7 +434,12 @@ impl<'a> ClientSettings<'a> {
             .as_ref()
             .and_then(|t| t.client_validation.as_ref())
             .map(|v| config.ca_bundle(&policy.metadata.namespace, &v.ca_certificate_refs));
-        Some(ClientSettings { policy, client_ca })
+        let tracing = crate::otel::hcm_tracing(config, gateway, policy);
+        Some(ClientSettings {
+            policy,
+            client_ca,
+            tracing,
+        })
     }
 }
 
@@ -492,6 +499,7 @@ pub(crate) fn apply_client_hcm(hcm: &mut HttpConnectionManager, s: &ClientSettin
         }
     }
     hcm.max_request_headers_kb = u32v(&spec.max_request_headers_kb);
+    hcm.tracing = s.tracing.clone();
     if let Some(h) = &spec.http2 {
         // Validation bounds the values to Envoy's ranges (below u32::MAX).
         let u32_of = |v: u64| UInt32Value {

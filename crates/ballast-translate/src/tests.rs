@@ -2385,3 +2385,201 @@ fn dns_backends_and_external_name_services() {
     let d = dns_cluster(&decode(find(&res.clusters, "default/api")));
     assert!(d.typed_dns_resolver_config.is_none());
 }
+
+/// Every `@type` any translation in this test binary emitted (see [`assert_served_json`]).
+static EMITTED_ANY_TYPES: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+fn collect_any_types(v: &serde_json::Value, out: &mut std::collections::BTreeSet<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            if let Some(serde_json::Value::String(t)) = m.get("@type") {
+                out.insert(t.clone());
+            }
+            m.values().for_each(|v| collect_any_types(v, out));
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| collect_any_types(v, out)),
+        _ => {}
+    }
+}
+
+/// Prints every resource of `res` as proto-JSON with the *served* descriptor
+/// pool alone (no fallback to the full one): an `Any` whose type is not in
+/// `ballast-xds/descriptors/served-types.txt` fails here. Called by
+/// `translate_gateway` in every test of this crate, so each feature's tests
+/// (and the property tests' random configs) walk the types they emit.
+pub(crate) fn assert_served_json(res: &GatewayResources) {
+    let pool = ballast_xds::json::served_pool();
+    let mut seen = std::collections::BTreeSet::new();
+    for r in res.iter() {
+        let url = r.ty().type_url();
+        let name = url.rsplit('/').next().unwrap();
+        let desc = pool
+            .get_message_by_name(name)
+            .unwrap_or_else(|| panic!("{name} is not in the served pool"));
+        let msg = prost_reflect::DynamicMessage::decode(desc, r.value_bytes()).unwrap();
+        let v = serde_json::to_value(&msg).unwrap_or_else(|e| {
+            panic!(
+                "{} {:?} does not print with the served descriptor pool (add its typed_config \
+                 type to crates/ballast-xds/descriptors/served-types.txt): {e}",
+                r.ty(),
+                r.name()
+            )
+        });
+        collect_any_types(&v, &mut seen);
+    }
+    EMITTED_ANY_TYPES.lock().unwrap().extend(seen);
+}
+
+/// The typed_config types a rich configuration (every documentation example
+/// plus HTTPS, CORS, connection limits, access logs and upstream protocols)
+/// emits all print with the served pool; the list below is the floor, so a
+/// walk that silently found nothing fails too.
+#[test]
+fn every_emitted_any_type_is_in_the_served_pool() {
+    const DOCS: &str = include_str!("../../../docs/configuration.md");
+    let mut files = Vec::new();
+    let mut rest = DOCS;
+    while let Some(start) = rest.find("```yaml\n") {
+        let body = &rest[start + 8..];
+        let end = body.find("```").unwrap();
+        files.push((format!("doc{}.yaml", files.len()), body[..end].to_owned()));
+        rest = &body[end..];
+    }
+    let set = ConfigSet::build(files).unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for key in set.gateways.keys() {
+        let res = translate_gateway(&set, key, &Options::default()).unwrap();
+        for r in res.iter() {
+            let name = r.ty().type_url().rsplit('/').next().unwrap();
+            let v = ballast_xds::json::bytes_to_json(name, &r.value_bytes()).unwrap();
+            collect_any_types(&v, &mut seen);
+        }
+    }
+    for expected in [
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "envoy.extensions.filters.http.router.v3.Router",
+        "envoy.extensions.filters.http.cors.v3.Cors",
+        "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        "envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector",
+    ] {
+        assert!(
+            seen.contains(&format!("type.googleapis.com/{expected}")),
+            "{expected} not emitted by the documentation examples: {seen:?}"
+        );
+    }
+    let served = ballast_xds::json::served_pool();
+    for url in EMITTED_ANY_TYPES.lock().unwrap().iter().chain(&seen) {
+        let name = url.rsplit('/').next().unwrap();
+        assert!(
+            served.get_message_by_name(name).is_some(),
+            "{name} is emitted but not served"
+        );
+    }
+}
+
+/// ClientPolicy `tracing`: the connection manager gets `envoy.tracers.opentelemetry` with the
+/// sampling rate, exporting (gRPC by default, or OTLP/HTTP) to the collector Backend's cluster,
+/// which the Gateway serves although no route uses it. A missing collector means no tracer
+/// (and no cluster); adding it, editing its endpoints and routes, and removing the policy
+/// translate incrementally exactly as from scratch.
+#[test]
+fn tracing_exports_to_the_collector_backend_cluster() {
+    use envoy_types::pb::envoy::config::core::v3::grpc_service::TargetSpecifier;
+    use envoy_types::pb::envoy::config::core::v3::http_uri::HttpUpstreamType;
+    use envoy_types::pb::envoy::config::trace::v3::OpenTelemetryConfig;
+    use envoy_types::pb::envoy::config::trace::v3::tracing::http::ConfigType;
+    let policy = |body: &str| {
+        format!(
+            "apiVersion: ballast.dev/v1alpha1\nkind: ClientPolicy\nmetadata: {{ name: p }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }}]\n  tracing:\n{body}"
+        )
+    };
+    let otel = |l: &Listener| {
+        let t = hcm(l, 0).tracing.expect("tracing");
+        let p = t.provider.unwrap();
+        assert_eq!(p.name, "envoy.tracers.opentelemetry");
+        let Some(ConfigType::TypedConfig(any)) = p.config_type else {
+            panic!("no typed config")
+        };
+        (
+            t.random_sampling.unwrap().value,
+            OpenTelemetryConfig::decode(any.value.as_slice()).unwrap(),
+        )
+    };
+    let route = route_yaml("r", "  rules:\n  - backendRefs: [{ name: web }]\n");
+    let web = backend_yaml("web", WEB);
+    let collector = backend_yaml(
+        "otel",
+        "  protocol: grpc\n  endpoints: [{ address: 10.0.0.9, port: 4317 }]\n",
+    );
+    let grpc = policy("    backendRef: { name: otel }\n    samplingRate: 25\n");
+    let res = translate(
+        &docs(&[GATEWAY_HTTP, &route, &web, &collector, &grpc]),
+        "edge",
+    );
+    assert_eq!(names(&res.clusters), vec!["default/otel", "default/web"]);
+    let (rate, cfg) = otel(&decode(&res.listeners[0]));
+    assert_eq!(rate, 25.0);
+    assert_eq!(cfg.service_name, "edge");
+    let Some(TargetSpecifier::EnvoyGrpc(g)) = cfg.grpc_service.unwrap().target_specifier else {
+        panic!("no envoy_grpc")
+    };
+    assert_eq!(g.cluster_name, "default/otel");
+    assert_eq!(g.authority, "otel");
+
+    let http = policy(
+        "    backendRef: { name: otel }\n    protocol: HTTP\n    samplingRate: 0\n    serviceName: front\n",
+    );
+    let res = translate(
+        &docs(&[GATEWAY_HTTP, &route, &web, &collector, &http]),
+        "edge",
+    );
+    let (rate, cfg) = otel(&decode(&res.listeners[0]));
+    assert_eq!(rate, 0.0);
+    assert_eq!(cfg.service_name, "front");
+    let uri = cfg.http_service.unwrap().http_uri.unwrap();
+    assert_eq!(uri.uri, "http://otel/v1/traces");
+    assert_eq!(
+        uri.http_upstream_type,
+        Some(HttpUpstreamType::Cluster("default/otel".into()))
+    );
+
+    // No collector: no tracer, no cluster.
+    let res = translate(&docs(&[GATEWAY_HTTP, &route, &web, &grpc]), "edge");
+    assert!(hcm(&decode(&res.listeners[0]), 0).tracing.is_none());
+    assert_eq!(names(&res.clusters), vec!["default/web"]);
+
+    // Incrementally: each step equals a from-scratch translation.
+    let mut t = Translator::new(Options::default());
+    let mut step = |yaml: String| {
+        let set = Arc::new(config(&yaml));
+        t.update(&set);
+        let res = t.gateway(&gw("edge")).unwrap();
+        assert_eq!(
+            *res,
+            translate_gateway(&set, &gw("edge"), &Options::default()).unwrap()
+        );
+        res
+    };
+    let res = step(docs(&[GATEWAY_HTTP, &route, &web, &grpc]));
+    assert_eq!(names(&res.clusters), vec!["default/web"]);
+    // The collector appears: the Gateway (which depends on it) gets tracer and cluster.
+    let res = step(docs(&[GATEWAY_HTTP, &route, &web, &collector, &grpc]));
+    assert_eq!(names(&res.clusters), vec!["default/otel", "default/web"]);
+    assert!(hcm(&decode(&res.listeners[0]), 0).tracing.is_some());
+    // Its endpoints change (a patch), and a route starts and stops using it.
+    let moved = backend_yaml(
+        "otel",
+        "  protocol: grpc\n  endpoints: [{ address: 10.0.0.8, port: 4317 }]\n",
+    );
+    step(docs(&[GATEWAY_HTTP, &route, &web, &moved, &grpc]));
+    let to_otel = route_yaml("r", "  rules:\n  - backendRefs: [{ name: otel }]\n");
+    let res = step(docs(&[GATEWAY_HTTP, &to_otel, &web, &moved, &grpc]));
+    assert_eq!(names(&res.clusters), vec!["default/otel"]);
+    let res = step(docs(&[GATEWAY_HTTP, &route, &web, &moved, &grpc]));
+    assert_eq!(names(&res.clusters), vec!["default/otel", "default/web"]);
+    // The policy goes: so do tracer and collector cluster.
+    let res = step(docs(&[GATEWAY_HTTP, &route, &web, &moved]));
+    assert_eq!(names(&res.clusters), vec!["default/web"]);
+    assert!(hcm(&decode(&res.listeners[0]), 0).tracing.is_none());
+}

@@ -344,9 +344,9 @@ fn descriptor(ty: ResourceType) -> &'static prost_reflect::MessageDescriptor {
                 .iter()
                 .map(|t| {
                     let name = t.type_url().rsplit('/').next().unwrap_or_default();
-                    crate::descriptors::pool()
+                    crate::descriptors::served()
                         .get_message_by_name(name)
-                        .expect("every resource type is in the bundled descriptors")
+                        .expect("every resource type is in the served descriptors")
                 })
                 .collect()
         });

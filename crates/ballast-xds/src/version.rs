@@ -105,10 +105,7 @@ fn any_content(any: &[u8]) -> Option<(MessageDescriptor, &[u8])> {
     }
     let url = std::str::from_utf8(url?).ok()?;
     let name = url.rsplit('/').next()?;
-    Some((
-        crate::descriptors::pool().get_message_by_name(name)?,
-        value?,
-    ))
+    Some((crate::descriptors::message(name)?, value?))
 }
 
 const ANY: &str = "google.protobuf.Any";

@@ -16,6 +16,7 @@ pub mod global_push;
 pub mod idle_memory;
 pub mod large_cold;
 pub mod reconnect;
+pub mod rest_poll;
 pub mod route_edit;
 pub mod scaling;
 pub mod smoke;

@@ -2,7 +2,7 @@
 //! (or single listeners, via `sectionName`) it targets: client IP detection, PROXY protocol,
 //! timeouts, header size limits, TLS versions, ciphers and ALPN, client certificate validation
 //! (frontend mTLS) with certificate details forwarded to backends, path normalisation,
-//! connection limits and HTTP/2 settings. Named after Envoy Gateway's
+//! connection limits, HTTP/2 settings and OpenTelemetry tracing. Named after Envoy Gateway's
 //! `ClientTrafficPolicy`, whose field names it follows where features match.
 
 use std::time::Duration;
@@ -52,6 +52,54 @@ pub struct ClientPolicySpec {
     /// HTTP/2 settings for downstream connections (HTTPS with ALPN `h2`, or h2c).
     #[serde(default)]
     pub http2: Option<ClientHttp2>,
+    /// OpenTelemetry tracing of the requests to an OTLP collector Backend.
+    #[serde(default)]
+    pub tracing: Option<ClientTracing>,
+}
+
+/// Envoy's `envoy.tracers.opentelemetry` on the connection manager: spans of a sampled share
+/// of requests, exported over OTLP to a Backend (in the policy's namespace) that becomes one of
+/// the Gateway's clusters. Envoy Gateway puts this in its `EnvoyProxy.telemetry.tracing`;
+/// Ballast's per-Gateway (or per-listener) knob is the ClientPolicy.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientTracing {
+    /// The collector: a `Backend` (group `ballast.dev`) in the policy's namespace.
+    pub backend_ref: TracingBackendRef,
+    /// `GRPC` (OTLP `TraceService/Export`; the Backend must speak HTTP/2: `protocol: grpc`)
+    /// or `HTTP` (OTLP/HTTP protobuf `POST` to `path`). Default `GRPC`.
+    #[serde(default)]
+    pub protocol: Option<Spanned<OtlpProtocol>>,
+    /// OTLP/HTTP path (default `/v1/traces`); `HTTP` only.
+    #[serde(default)]
+    pub path: Option<Spanned<String>>,
+    /// Percent of requests traced, 0..=100 (default 100). Requests arriving with a sampled
+    /// trace context are traced regardless (Envoy honours the caller's decision).
+    #[serde(default)]
+    pub sampling_rate: Option<Spanned<u32>>,
+    /// The spans' `service.name` (default: the Gateway's name).
+    #[serde(default)]
+    pub service_name: Option<Spanned<String>>,
+}
+
+/// A Backend in the policy's namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingBackendRef {
+    #[serde(default)]
+    pub group: Option<Spanned<String>>,
+    #[serde(default)]
+    pub kind: Option<Spanned<String>>,
+    pub name: Spanned<String>,
+}
+
+/// How spans reach the collector.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum OtlpProtocol {
+    #[default]
+    Grpc,
+    Http,
 }
 
 /// Envoy Gateway's `ClientTrafficPolicy.http2` (window sizes in bytes, or `64Ki`/`1Mi`).
@@ -288,6 +336,9 @@ pub(crate) fn validate_client_policy(ctx: &mut Ctx, p: &ClientPolicy) {
             }
         }
     }
+    if let Some(t) = &s.tracing {
+        validate_tracing(ctx, t);
+    }
     if let Some(tls) = &s.tls {
         for (i, a) in tls.alpn_protocols.iter().enumerate() {
             if !matches!(a.as_str(), "h2" | "http/1.1") {
@@ -345,6 +396,60 @@ pub(crate) fn validate_client_policy(ctx: &mut Ctx, p: &ClientPolicy) {
                 }
             }
         }
+    }
+}
+
+fn validate_tracing(ctx: &mut Ctx, t: &ClientTracing) {
+    let r = &t.backend_ref;
+    if let Some(g) = &r.group
+        && !matches!(g.as_str(), "" | "ballast.dev")
+    {
+        ctx.err(
+            g.pos,
+            "spec.tracing.backendRef.group",
+            format!("unsupported group {:?}; expected ballast.dev", g.value),
+        );
+    }
+    if let Some(k) = &r.kind
+        && k.as_str() != "Backend"
+    {
+        ctx.err(
+            k.pos,
+            "spec.tracing.backendRef.kind",
+            format!("unsupported kind {:?}; expected Backend", k.value),
+        );
+    }
+    if r.name.is_empty() {
+        ctx.err(
+            r.name.pos,
+            "spec.tracing.backendRef.name",
+            "must not be empty",
+        );
+    }
+    if let Some(rate) = &t.sampling_rate
+        && rate.value > 100
+    {
+        ctx.err(
+            rate.pos,
+            "spec.tracing.samplingRate",
+            format!("{} is out of range 0..=100 (percent)", rate.value),
+        );
+    }
+    if let Some(p) = &t.path {
+        if t.protocol.as_ref().map(|p| p.value).unwrap_or_default() != OtlpProtocol::Http {
+            ctx.err(
+                p.pos,
+                "spec.tracing.path",
+                "path is for protocol: HTTP only",
+            );
+        } else if !p.starts_with('/') {
+            ctx.err(p.pos, "spec.tracing.path", "must start with /");
+        }
+    }
+    if let Some(n) = &t.service_name
+        && n.is_empty()
+    {
+        ctx.err(n.pos, "spec.tracing.serviceName", "must not be empty");
     }
 }
 
@@ -451,6 +556,46 @@ mod tests {
         let bad =
             GW.to_owned() + &policy("p", None) + "  http2: { initialStreamWindowSize: 1Ti }\n";
         assert!(ConfigSet::build([("c.yaml", bad)]).is_err());
+    }
+
+    #[test]
+    fn tracing_parses_and_validates_with_positions() {
+        let ok = GW.to_owned()
+            + &policy("p", None)
+            + "  tracing:\n    backendRef: { name: otel }\n    protocol: HTTP\n    path: /v1/traces\n    samplingRate: 25\n    serviceName: edge-gw\n";
+        let set = ConfigSet::build([("c.yaml", ok)]).unwrap();
+        let p = set
+            .client_policy_for(&ObjectKey::new("default", "edge"), "a")
+            .unwrap();
+        let t = p.spec.tracing.as_ref().unwrap();
+        assert_eq!(t.backend_ref.name.as_str(), "otel");
+        assert_eq!(
+            t.protocol.as_ref().map(|p| p.value),
+            Some(OtlpProtocol::Http)
+        );
+        assert_eq!(t.sampling_rate.as_ref().map(|r| r.value), Some(25));
+        assert_eq!(t.service_name.as_ref().map(|n| n.as_str()), Some("edge-gw"));
+        let bad = GW.to_owned()
+            + &policy("p", None)
+            + "  tracing:\n    backendRef: { kind: Service, name: otel }\n    samplingRate: 101\n    path: /v1/traces\n";
+        let errs = ConfigSet::build([("c.yaml", bad)]).unwrap_err();
+        let all = errs
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
+        for want in [
+            "c.yaml:17:",
+            "spec.tracing.backendRef.kind",
+            "spec.tracing.samplingRate",
+            "spec.tracing.path",
+        ] {
+            assert!(all.contains(want), "{want} missing in {all}");
+        }
+        let unknown = GW.to_owned()
+            + &policy("p", None)
+            + "  tracing: { backendRef: { name: otel }, protocol: ZIPKIN }\n";
+        assert!(ConfigSet::build([("c.yaml", unknown)]).is_err());
     }
 
     proptest! {
