@@ -45,6 +45,29 @@ pub(crate) struct Subscription {
     /// Wildcard came from an empty first request: empty lists keep it on.
     legacy: bool,
     names: Names,
+    /// A name also covers the resources in its namespace (VHDS, see
+    /// [`ResourceType::is_namespaced`]).
+    namespaced: bool,
+}
+
+/// The namespace of a namespaced resource name: everything before the last
+/// `/` (Envoy's `namespaceFromName`), if there is one.
+pub(crate) fn namespace_of(name: &str) -> Option<&str> {
+    name.rfind('/').map(|i| &name[..i])
+}
+
+/// The resources of `map` in namespace `ns` (named `ns/<no further '/'>`), in
+/// name order: one range walk of the sorted map.
+pub(crate) fn namespace_members<'a, V>(
+    map: &'a std::collections::BTreeMap<Arc<str>, V>,
+    ns: &'a str,
+) -> impl Iterator<Item = (&'a Arc<str>, &'a V)> + 'a {
+    use std::ops::Bound;
+    let prefix = format!("{ns}/");
+    let start = map.range::<str, _>((Bound::Included(prefix.as_str()), Bound::Unbounded));
+    start
+        .take_while(move |(k, _)| k.starts_with(prefix.as_str()))
+        .filter(move |(k, _)| !k[ns.len() + 1..].contains('/'))
 }
 
 impl PartialEq for Subscription {
@@ -91,7 +114,16 @@ impl Subscription {
         }
     }
     pub(crate) fn covers(&self, name: &str) -> bool {
-        self.wildcard || self.contains(name)
+        self.wildcard
+            || self.contains(name)
+            || (self.namespaced && namespace_of(name).is_some_and(|ns| self.contains(ns)))
+    }
+    /// Names of this type are namespaces too (set once, at the first request).
+    pub(crate) fn set_namespaced(&mut self, on: bool) {
+        self.namespaced = on;
+    }
+    pub(crate) fn is_namespaced(&self) -> bool {
+        self.namespaced
     }
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
