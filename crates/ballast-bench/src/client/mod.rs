@@ -29,7 +29,7 @@ use ballast_xds::envoy_types::pb::envoy::config::core::v3::Node;
 use ballast_xds::envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use ballast_xds::envoy_types::pb::envoy::config::listener::v3::Listener;
 use ballast_xds::envoy_types::pb::envoy::config::listener::v3::filter::ConfigType;
-use ballast_xds::envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use ballast_xds::envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
 use ballast_xds::envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
 use ballast_xds::envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::RouteSpecifier;
 use ballast_xds::envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
@@ -475,6 +475,10 @@ pub(crate) fn decode(ty: ResourceType, type_url: &str, value: &[u8]) -> Result<D
         ResourceType::Secret => {
             let s = Secret::decode(value).map_err(err)?;
             (s.name, None, Vec::new())
+        }
+        ResourceType::VirtualHost => {
+            let v = VirtualHost::decode(value).map_err(err)?;
+            (v.name, None, Vec::new())
         }
     };
     if name.is_empty() {

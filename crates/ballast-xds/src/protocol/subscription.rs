@@ -19,8 +19,17 @@ pub(crate) const WILDCARD: &str = "*";
 /// wildcard). Only LDS and CDS: answering an empty EDS request with every
 /// load assignment would make the server believe the client holds what it
 /// ignored, and a later request naming them would get nothing.
+///
+/// VHDS too: Envoy 1.40's VirtualHost subscription (namespace matching) opens
+/// with an empty request and never names its route configuration (seen on
+/// the wire, `tests/route_split.rs`); it takes the virtual hosts of the route
+/// configurations it watches and ignores the rest. Every virtual host of a
+/// group belongs to a route configuration its listeners use.
 pub(crate) fn empty_first_request_is_wildcard(ty: ResourceType) -> bool {
-    matches!(ty, ResourceType::Listener | ResourceType::Cluster)
+    matches!(
+        ty,
+        ResourceType::Listener | ResourceType::Cluster | ResourceType::VirtualHost
+    )
 }
 
 /// Explicitly subscribed names. When they are exactly the names of a snapshot
@@ -513,12 +522,12 @@ mod tests {
     }
 
     #[test]
-    fn empty_first_request_is_wildcard_only_for_listeners_and_clusters() {
+    fn empty_first_request_is_wildcard_only_for_listeners_clusters_and_vhds() {
         use ResourceType::*;
         for ty in ResourceType::ALL {
             let mut sub = Subscription::default();
             let added = sub.apply_sotw(&[], empty_first_request_is_wildcard(ty));
-            let wildcard = matches!(ty, Listener | Cluster);
+            let wildcard = matches!(ty, Listener | Cluster | VirtualHost);
             assert_eq!(sub.is_wildcard(), wildcard, "{ty}");
             assert_eq!(!added.is_empty(), wildcard, "{ty}");
             assert!(!sub.covers("a") || wildcard, "{ty}");
