@@ -462,7 +462,6 @@ pub(crate) fn build_gateway(
             let mut old = prev_chains.remove(&chain.route_config);
             let vhds = caches
                 .config_sources
-                .transport
                 .splits_routes()
                 .then(|| crate::config_source(&caches.config_sources));
             let vhds_of = vhds.as_ref().map(|_| chain.route_config.as_str());

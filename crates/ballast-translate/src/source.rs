@@ -79,6 +79,17 @@ pub struct ConfigSources {
     pub xds_cluster: String,
     /// How often a REST Envoy polls for referenced resources.
     pub rest_refresh: Duration,
+    /// Split route configurations into VHDS virtual hosts on the transports
+    /// that can ([`XdsTransport::splits_routes`]); `ballast serve --no-vhds`
+    /// turns it off.
+    pub vhds: bool,
+}
+
+impl ConfigSources {
+    /// Whether route configurations are served split (VHDS).
+    pub fn splits_routes(&self) -> bool {
+        self.vhds && self.transport.splits_routes()
+    }
 }
 
 /// The xDS cluster name `ballast bootstrap` writes.
@@ -90,6 +101,7 @@ impl Default for ConfigSources {
             transport: XdsTransport::Ads,
             xds_cluster: DEFAULT_XDS_CLUSTER.into(),
             rest_refresh: Duration::from_secs(1),
+            vhds: true,
         }
     }
 }

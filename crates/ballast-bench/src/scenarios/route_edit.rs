@@ -1,7 +1,8 @@
 //! W3 one route edit among R routes / C clusters with P gateway proxies, served
 //! by the real `ballast` binary from a config directory: each edit rewrites the
 //! file holding one HTTPRoute; convergence per proxy is from the write to its
-//! ACK of the new route configuration (including the file watch and debounce),
+//! ACK of the new route configuration — for Delta proxies, of the new VHDS
+//! virtual host — (including the file watch and debounce),
 //! with server CPU per edit from `/proc/<pid>`.
 
 use std::path::Path;
@@ -69,10 +70,17 @@ pub async fn run(out: &Path, args: &RouteEditArgs) -> Result<Report> {
                 ));
             }
             let mut rng = Rng::new(run as u64 + 1);
+            // Delta proxies get route configurations split into VHDS virtual
+            // hosts: an edit reaches them as a new virtual host.
+            let edited_type = if protocol == Protocol::Delta {
+                ResourceType::VirtualHost
+            } else {
+                ResourceType::RouteConfiguration
+            };
             let e = external::edits(
                 server,
                 &f,
-                ResourceType::RouteConfiguration,
+                edited_type,
                 args.edits,
                 Duration::from_millis(args.pause_ms),
                 timeout,
