@@ -78,6 +78,17 @@ pub async fn run(out: &Path, args: &RouteEditArgs) -> Result<Report> {
                     args.proxies
                 ));
             }
+            if protocol == Protocol::Delta && !args.no_vhds {
+                // The cold start counts CDS/EDS/LDS/RDS; VHDS proxies also
+                // wait for every virtual host, or the first edit would be
+                // charged with them.
+                let vh = ResourceType::VirtualHost.index();
+                f.fleet
+                    .wait_each(timeout, |_, c| {
+                        (c.view[vh].len() >= args.routes).then(std::time::Instant::now)
+                    })
+                    .await;
+            }
             let mut rng = Rng::new(run as u64 + 1);
             // Delta proxies get route configurations split into VHDS virtual
             // hosts: an edit reaches them as a new virtual host.
