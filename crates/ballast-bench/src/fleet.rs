@@ -186,7 +186,7 @@ pub struct FleetTotals {
     pub clients: usize,
     pub responses: u64,
     /// Responses per type (SDS, CDS, EDS, LDS, RDS).
-    pub responses_by_type: [u64; 5],
+    pub responses_by_type: [u64; crate::client::N_TYPES],
     pub acks: u64,
     pub nacks: u64,
     pub bytes: u64,

@@ -17,8 +17,9 @@ use ballast_model::hostname::ANY_HOST;
 use ballast_model::set::ListenerAttachment;
 use ballast_model::{Backend, ConfigSet, Gateway, HttpRoute, ObjectKey, Secret};
 use ballast_xds::{Ref, Resource, ResourceType, XdsResource};
+use envoy_types::pb::envoy::config::core::v3::ConfigSource;
 use envoy_types::pb::envoy::config::listener::v3::Listener as EnvoyListener;
-use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, Vhds, VirtualHost};
 use prost::encoding::{WireType, encode_key, encode_varint};
 
 use crate::index::{DependencyIndex, Deps, Orphans, names_gateway};
@@ -206,22 +207,57 @@ struct HostState {
     encoded: Vec<u8>,
     /// The clusters its routes reference.
     clusters: Vec<Arc<str>>,
+    /// With VHDS (`vhds_of` set): the virtual host as its own resource, named
+    /// `{route configuration}/{host}` (also its message name: Envoy removes
+    /// VHDS virtual hosts by that name), sharing `encoded`'s message bytes.
+    vhds: Option<Arc<Resource>>,
+}
+
+/// The VHDS resource name of `host` in route configuration `rc`. Envoy takes
+/// the namespace as everything before the last `/`, and hostnames have none.
+pub(crate) fn vhds_name(rc: &str, host: &str) -> String {
+    format!("{rc}/{host}")
 }
 
 impl HostState {
-    fn encode(&mut self, host: &str) {
+    /// Encodes the virtual host; `vhds_of` is its route configuration's name
+    /// when virtual hosts are served by VHDS.
+    fn encode(&mut self, host: &str, vhds_of: Option<&str>) {
         self.encoded.clear();
+        let name = vhds_of.map(|rc| vhds_name(rc, host));
         if self.misdirected {
             self.clusters = Vec::new();
-            encode_misdirected_host(host, &mut self.encoded);
-            return;
+            encode_misdirected_host(host, name.as_deref(), &mut self.encoded);
+        } else {
+            let extra = self
+                .security
+                .as_ref()
+                .map(|p| crate::security::per_filter_config(p, 15))
+                .unwrap_or_default();
+            self.clusters = encode_virtual_host(
+                host,
+                name.as_deref(),
+                self.routes.values(),
+                &extra,
+                &mut self.encoded,
+            );
         }
-        let extra = self
-            .security
-            .as_ref()
-            .map(|p| crate::security::per_filter_config(p, 15))
-            .unwrap_or_default();
-        self.clusters = encode_virtual_host(host, self.routes.values(), &extra, &mut self.encoded);
+        self.vhds = name.map(|name| {
+            // `encoded` is the `virtual_hosts` field: key (1 byte), length, message.
+            let mut rest = &self.encoded[1..];
+            prost::encoding::decode_varint(&mut rest).expect("we just encoded the length");
+            let refs = self
+                .clusters
+                .iter()
+                .map(|c| Ref {
+                    ty: ResourceType::Cluster,
+                    name: c.clone(),
+                    hard: true,
+                })
+                .collect();
+            Resource::from_encoded::<VirtualHost>(&name, rest, refs)
+                .expect("virtual host names are never empty")
+        });
     }
 }
 
@@ -232,6 +268,9 @@ struct ChainState {
     /// Cluster name → number of virtual hosts referencing it.
     refs: BTreeMap<Arc<str>, u32>,
     resource: Arc<Resource>,
+    /// Virtual hosts are served by VHDS (`Some`: the route configuration's
+    /// `vhds.config_source`).
+    vhds: Option<ConfigSource>,
 }
 
 impl ChainState {
@@ -253,18 +292,34 @@ impl ChainState {
     }
 
     fn encode(&self) -> Arc<Resource> {
-        encode_route_config(&self.name, &self.hosts, &self.refs)
+        encode_route_config(&self.name, &self.hosts, &self.refs, self.vhds.as_ref())
+    }
+    fn vhds_of(&self) -> Option<&str> {
+        self.vhds.as_ref().map(|_| self.name.as_str())
     }
 }
 
 /// The route configuration `name` with `hosts` (whose clusters are the keys of `refs`): its
 /// name, then every virtual host in hostname order, exactly as prost encodes
 /// `RouteConfiguration { name, virtual_hosts, ..Default::default() }`.
+///
+/// With VHDS it is only the name and where to fetch the virtual hosts: a
+/// route edit changes one `VirtualHost` resource and never this one.
 fn encode_route_config(
     name: &str,
     hosts: &BTreeMap<String, HostState>,
     refs: &BTreeMap<Arc<str>, u32>,
+    vhds: Option<&ConfigSource>,
 ) -> Arc<Resource> {
+    if let Some(source) = vhds {
+        return encode(&RouteConfiguration {
+            name: name.to_owned(),
+            vhds: Some(Vhds {
+                config_source: Some(source.clone()),
+            }),
+            ..Default::default()
+        });
+    }
     let len: usize = hosts.values().map(|h| h.encoded.len()).sum();
     let mut buf = Vec::with_capacity(len + name.len() + 8);
     encode_key(1, WireType::LengthDelimited, &mut buf);
@@ -457,6 +512,11 @@ pub(crate) fn build_gateway(
                 }
             }
             let mut old = prev_chains.remove(&chain.route_config);
+            let vhds = caches
+                .config_sources
+                .splits_routes()
+                .then(|| crate::config_source(&caches.config_sources));
+            let vhds_of = vhds.as_ref().map(|_| chain.route_config.as_str());
             let mut reused_all = old.as_ref().is_some_and(|o| o.hosts.len() == hosts.len());
             for (h, state) in hosts.iter_mut() {
                 let same = old.as_mut().and_then(|o| o.hosts.get_mut(h)).filter(|o| {
@@ -472,10 +532,11 @@ pub(crate) fn build_gateway(
                     Some(o) => {
                         state.encoded = std::mem::take(&mut o.encoded);
                         state.clusters = std::mem::take(&mut o.clusters);
+                        state.vhds = o.vhds.take();
                     }
                     None => {
                         reused_all = false;
-                        state.encode(h);
+                        state.encode(h, vhds_of);
                     }
                 }
             }
@@ -492,14 +553,18 @@ pub(crate) fn build_gateway(
                 }
                 _ => {
                     stats.resources_encoded += 1;
-                    encode_route_config(&chain.route_config, &hosts, &refs)
+                    encode_route_config(&chain.route_config, &hosts, &refs, vhds.as_ref())
                 }
             };
+            resources
+                .virtual_hosts
+                .extend(hosts.values().filter_map(|h| h.vhds.clone()));
             let state = ChainState {
                 name: chain.route_config.clone(),
                 hosts,
                 refs,
                 resource,
+                vhds,
             };
             resources.route_configs.push(state.resource.clone());
             used_secrets.extend(chain.certificates.iter().cloned());
@@ -656,11 +721,14 @@ pub(crate) fn patch_routes(
         if hosts.is_empty() {
             continue;
         }
+        let vhds_of = cs.vhds_of().map(str::to_owned);
         for h in hosts {
             let Some(hs) = cs.hosts.get_mut(&h) else {
                 continue;
             };
             let old_clusters = std::mem::take(&mut hs.clusters);
+            let old_vhds = hs.vhds.take();
+            let mut new_vhds = None;
             if hs.routes.is_empty() && !hs.fixed {
                 cs.hosts.remove(&h);
             } else {
@@ -668,11 +736,35 @@ pub(crate) fn patch_routes(
                     hs.security =
                         crate::security::host_policy(config, key, &chains[i].listeners, &h);
                 }
-                hs.encode(&h);
+                hs.encode(&h, vhds_of.as_deref());
+                new_vhds = hs.vhds.clone();
                 let new_clusters = hs.clusters.clone();
                 cs.add_refs(&new_clusters);
             }
             cs.remove_refs(&old_clusters);
+            if let Some(rc) = &vhds_of {
+                // One virtual host changed: only its resource is replaced.
+                let name = vhds_name(rc, &h);
+                let at = res.virtual_hosts.binary_search_by(|r| r.name().cmp(&name));
+                match (at, new_vhds) {
+                    (Ok(i), Some(n)) => {
+                        if *n != *res.virtual_hosts[i] {
+                            changed_any = true;
+                        }
+                        res.virtual_hosts[i] = n;
+                    }
+                    (Ok(i), None) => {
+                        res.virtual_hosts.remove(i);
+                        changed_any = true;
+                    }
+                    (Err(i), Some(n)) => {
+                        res.virtual_hosts.insert(i, n);
+                        changed_any = true;
+                    }
+                    (Err(_), None) => {}
+                }
+                let _ = old_vhds;
+            }
         }
         stats.resources_encoded += 1;
         let resource = cs.encode();

@@ -16,6 +16,10 @@ pub struct GatewayResources {
     pub load_assignments: Vec<Arc<Resource>>,
     pub listeners: Vec<Arc<Resource>>,
     pub route_configs: Vec<Arc<Resource>>,
+    /// VHDS virtual hosts (`{route configuration}/{host}`), for transports that
+    /// split route configurations ([`crate::XdsTransport::splits_routes`]);
+    /// empty otherwise.
+    pub virtual_hosts: Vec<Arc<Resource>>,
 }
 
 impl GatewayResources {
@@ -28,17 +32,19 @@ impl GatewayResources {
             load_assignments: Vec::new(),
             listeners: Vec::new(),
             route_configs: Vec::new(),
+            virtual_hosts: Vec::new(),
         }
     }
 
-    /// Every list, in make-before-break type order (SDS, CDS, EDS, LDS, RDS).
-    pub fn by_type(&self) -> [(ResourceType, &[Arc<Resource>]); 5] {
+    /// Every list, in make-before-break type order (SDS, CDS, EDS, LDS, RDS, VHDS).
+    pub fn by_type(&self) -> [(ResourceType, &[Arc<Resource>]); 6] {
         [
             (ResourceType::Secret, &self.secrets),
             (ResourceType::Cluster, &self.clusters),
             (ResourceType::ClusterLoadAssignment, &self.load_assignments),
             (ResourceType::Listener, &self.listeners),
             (ResourceType::RouteConfiguration, &self.route_configs),
+            (ResourceType::VirtualHost, &self.virtual_hosts),
         ]
     }
 
@@ -50,6 +56,7 @@ impl GatewayResources {
             .chain(&self.load_assignments)
             .chain(&self.listeners)
             .chain(&self.route_configs)
+            .chain(&self.virtual_hosts)
     }
 
     pub fn len(&self) -> usize {
@@ -67,6 +74,7 @@ impl GatewayResources {
             &mut self.load_assignments,
             &mut self.listeners,
             &mut self.route_configs,
+            &mut self.virtual_hosts,
         ] {
             list.sort_by(|a, b| a.name().cmp(b.name()));
         }

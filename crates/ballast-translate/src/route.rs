@@ -854,8 +854,11 @@ pub(crate) const MISDIRECTED_VHOST: &str = "misdirected";
 /// Encoded as a `RouteConfiguration.virtual_hosts` entry, like [`encode_virtual_host`].
 /// `host` is `*` (named `misdirected`) or a more specific sibling listener's hostname (named
 /// `misdirected/{host}`).
-pub(crate) fn encode_misdirected_host(host: &str, out: &mut Vec<u8>) {
-    let name = if host == ballast_model::hostname::ANY_HOST {
+/// `vhds_name` replaces the name when the virtual host is served by VHDS.
+pub(crate) fn encode_misdirected_host(host: &str, vhds_name: Option<&str>, out: &mut Vec<u8>) {
+    let name = if let Some(n) = vhds_name {
+        n.to_owned()
+    } else if host == ballast_model::hostname::ANY_HOST {
         MISDIRECTED_VHOST.to_owned()
     } else {
         format!("{MISDIRECTED_VHOST}/{host}")
@@ -887,8 +890,10 @@ pub(crate) fn encode_misdirected_host(host: &str, out: &mut Vec<u8>) {
 /// [host], routes, ..Default::default() }` — and returns the clusters its routes send to, sorted.
 /// `extra`: fields after the routes (the `typed_per_filter_config` of a listener's
 /// SecurityPolicy, [`crate::security`]).
+/// `vhds_name` replaces the name when the virtual host is served by VHDS.
 pub(crate) fn encode_virtual_host<'a>(
     host: &str,
+    vhds_name: Option<&str>,
     routes: impl Iterator<Item = &'a Arc<TranslatedRoute>>,
     extra: &[u8],
     out: &mut Vec<u8>,
@@ -897,7 +902,7 @@ pub(crate) fn encode_virtual_host<'a>(
     entries.sort_by(|a, b| a.precedence.cmp(&b.precedence));
     // Fields 1 (name) and 2 (domains) come before 3 (routes).
     let head = VirtualHost {
-        name: host.to_owned(),
+        name: vhds_name.unwrap_or(host).to_owned(),
         domains: vec![host.to_owned()],
         ..Default::default()
     };

@@ -30,6 +30,11 @@ pub enum XdsTransport {
     /// `ads: {}`: the Envoy's ADS stream (SotW or Delta, whichever it opened).
     #[default]
     Ads,
+    /// `ads: {}` too, for Envoys whose ADS stream is Delta: their route
+    /// configurations carry `vhds` and each virtual host is its own resource
+    /// ([`XdsTransport::splits_routes`]), which a SotW ADS Envoy would reject
+    /// (Envoy's `vhds.cc`: "ADS must use DELTA_GRPC api_type").
+    DeltaAds,
     /// A State-of-the-World gRPC stream per type to the xDS cluster.
     Grpc,
     /// A Delta gRPC stream per type to the xDS cluster.
@@ -39,11 +44,25 @@ pub enum XdsTransport {
 }
 
 impl XdsTransport {
-    pub const ALL: [XdsTransport; 4] = [Self::Ads, Self::Grpc, Self::DeltaGrpc, Self::Rest];
+    pub const ALL: [XdsTransport; 5] = [
+        Self::Ads,
+        Self::DeltaAds,
+        Self::Grpc,
+        Self::DeltaGrpc,
+        Self::Rest,
+    ];
+
+    /// Route configurations are served split (VHDS): one `VirtualHost`
+    /// resource per host, so a route edit re-sends one virtual host instead
+    /// of the whole route configuration. Envoy's VHDS is Delta only.
+    pub fn splits_routes(self) -> bool {
+        matches!(self, Self::DeltaAds | Self::DeltaGrpc)
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Ads => "ads",
+            Self::DeltaAds => "delta-ads",
             Self::Grpc => "grpc",
             Self::DeltaGrpc => "delta-grpc",
             Self::Rest => "rest",
@@ -60,6 +79,17 @@ pub struct ConfigSources {
     pub xds_cluster: String,
     /// How often a REST Envoy polls for referenced resources.
     pub rest_refresh: Duration,
+    /// Split route configurations into VHDS virtual hosts on the transports
+    /// that can ([`XdsTransport::splits_routes`]); `ballast serve --no-vhds`
+    /// turns it off.
+    pub vhds: bool,
+}
+
+impl ConfigSources {
+    /// Whether route configurations are served split (VHDS).
+    pub fn splits_routes(&self) -> bool {
+        self.vhds && self.transport.splits_routes()
+    }
 }
 
 /// The xDS cluster name `ballast bootstrap` writes.
@@ -71,6 +101,7 @@ impl Default for ConfigSources {
             transport: XdsTransport::Ads,
             xds_cluster: DEFAULT_XDS_CLUSTER.into(),
             rest_refresh: Duration::from_secs(1),
+            vhds: true,
         }
     }
 }
@@ -94,7 +125,9 @@ pub fn config_source(c: &ConfigSources) -> ConfigSource {
         ..api(api_type)
     };
     let specifier = match c.transport {
-        XdsTransport::Ads => ConfigSourceSpecifier::Ads(AggregatedConfigSource {}),
+        XdsTransport::Ads | XdsTransport::DeltaAds => {
+            ConfigSourceSpecifier::Ads(AggregatedConfigSource {})
+        }
         XdsTransport::Grpc => ConfigSourceSpecifier::ApiConfigSource(grpc(ApiType::Grpc)),
         XdsTransport::DeltaGrpc => ConfigSourceSpecifier::ApiConfigSource(grpc(ApiType::DeltaGrpc)),
         XdsTransport::Rest => ConfigSourceSpecifier::ApiConfigSource(ApiConfigSource {

@@ -16,7 +16,7 @@ use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType as Ts
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType as FilterConfigType;
-use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
 use envoy_types::pb::envoy::config::route::v3::route::Action;
 use envoy_types::pb::envoy::config::route::v3::route_action::ClusterSpecifier;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
@@ -49,16 +49,27 @@ pub enum ResourceType {
     Listener = 3,
     /// RDS: `envoy.config.route.v3.RouteConfiguration`.
     RouteConfiguration = 4,
+    /// VHDS: `envoy.config.route.v3.VirtualHost`, named
+    /// `<route configuration>/<host>`. Delta only: Envoy subscribes to the
+    /// route configuration's name and takes every virtual host in that
+    /// namespace (`vhds.cc`, `use_namespace_matching_`). Last, because Envoy
+    /// asks for a route configuration's virtual hosts only once it has the
+    /// route configuration.
+    VirtualHost = 5,
 }
+
+/// How many resource types there are (per-type arrays).
+pub(crate) const TYPE_COUNT: usize = ResourceType::ALL.len();
 
 impl ResourceType {
     /// All types in make-before-break (addition) order.
-    pub const ALL: [ResourceType; 5] = [
+    pub const ALL: [ResourceType; 6] = [
         ResourceType::Secret,
         ResourceType::Cluster,
         ResourceType::ClusterLoadAssignment,
         ResourceType::Listener,
         ResourceType::RouteConfiguration,
+        ResourceType::VirtualHost,
     ];
 
     /// Position in [`ResourceType::ALL`], for per-type arrays.
@@ -80,6 +91,7 @@ impl ResourceType {
             ResourceType::RouteConfiguration => {
                 "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
             }
+            ResourceType::VirtualHost => "type.googleapis.com/envoy.config.route.v3.VirtualHost",
         }
     }
 
@@ -96,6 +108,7 @@ impl ResourceType {
             ResourceType::ClusterLoadAssignment => "EDS",
             ResourceType::Listener => "LDS",
             ResourceType::RouteConfiguration => "RDS",
+            ResourceType::VirtualHost => "VHDS",
         }
     }
 
@@ -103,6 +116,13 @@ impl ResourceType {
     /// a resource missing from it is removed by the client.
     pub fn is_full_state_in_sotw(self) -> bool {
         matches!(self, ResourceType::Cluster | ResourceType::Listener)
+    }
+
+    /// A subscription to name `N` of this type covers every resource named
+    /// `N/<anything without '/'>` (VHDS: the virtual hosts of route
+    /// configuration `N`), as Envoy's namespace matching does.
+    pub fn is_namespaced(self) -> bool {
+        matches!(self, ResourceType::VirtualHost)
     }
 }
 
@@ -247,6 +267,7 @@ impl Resource {
             ResourceType::ClusterLoadAssignment => decode::<ClusterLoadAssignment>(&any.value),
             ResourceType::Listener => decode::<Listener>(&any.value),
             ResourceType::RouteConfiguration => decode::<RouteConfiguration>(&any.value),
+            ResourceType::VirtualHost => decode::<VirtualHost>(&any.value),
         }
     }
 
@@ -435,6 +456,12 @@ fn transport_socket_refs(ts: Option<&TransportSocket>, upstream: bool, refs: &mu
 
 fn route_config_refs(rc: &RouteConfiguration, refs: &mut Vec<Ref>) {
     for vh in &rc.virtual_hosts {
+        virtual_host_refs(vh, refs);
+    }
+}
+
+fn virtual_host_refs(vh: &VirtualHost, refs: &mut Vec<Ref>) {
+    {
         for route in &vh.routes {
             if let Some(Action::Route(action)) = &route.action {
                 match &action.cluster_specifier {
@@ -577,6 +604,20 @@ impl XdsResource for RouteConfiguration {
     fn refs(&self) -> Vec<Ref> {
         let mut refs = Vec::new();
         route_config_refs(self, &mut refs);
+        refs
+    }
+}
+
+/// A VHDS virtual host: named `<route configuration>/<host>` by the server
+/// (the message's own `name` is what Envoy's VHDS resource name must be).
+impl XdsResource for VirtualHost {
+    const TYPE: ResourceType = ResourceType::VirtualHost;
+    fn resource_name(&self) -> &str {
+        &self.name
+    }
+    fn refs(&self) -> Vec<Ref> {
+        let mut refs = Vec::new();
+        virtual_host_refs(self, &mut refs);
         refs
     }
 }

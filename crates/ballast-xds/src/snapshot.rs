@@ -56,11 +56,11 @@ const MAX_CHAIN: usize = 64;
 /// An immutable set of resources for one group, shared by every stream of that group.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
-    types: [TypeResources; 5],
+    types: [TypeResources; crate::resource::TYPE_COUNT],
     /// What changed since the snapshot this one replaced, recorded once when it
     /// is published ([`crate::SnapshotCache::set_snapshot`]), so every stream
     /// planned against the predecessor only looks at what changed.
-    changes: OnceLock<Arc<[TypeChanges; 5]>>,
+    changes: OnceLock<Arc<[TypeChanges; crate::resource::TYPE_COUNT]>>,
     /// The snapshot this one replaced, while something (the cache's bounded
     /// history) keeps it: a stream several publishes behind follows the chain
     /// of recorded changes instead of walking whole maps.
@@ -351,7 +351,7 @@ impl Snapshot {
 /// Collects resources and checks the result is consistent before it can be published.
 #[derive(Default)]
 pub struct SnapshotBuilder {
-    maps: [ResourceMap; 5],
+    maps: [ResourceMap; crate::resource::TYPE_COUNT],
     problems: Vec<Inconsistency>,
     reuse: Option<Arc<Snapshot>>,
 }
@@ -400,7 +400,8 @@ impl SnapshotBuilder {
     /// secrets are allowed.
     pub fn build(mut self) -> Result<Snapshot, SnapshotError> {
         let mut problems = std::mem::take(&mut self.problems);
-        let mut referenced: [std::collections::BTreeSet<Arc<str>>; 5] = Default::default();
+        let mut referenced: [std::collections::BTreeSet<Arc<str>>; crate::resource::TYPE_COUNT] =
+            Default::default();
         for map in &self.maps {
             for res in map.values() {
                 for r in res.refs() {
@@ -447,9 +448,8 @@ impl SnapshotBuilder {
     }
 
     fn build_unchecked_inner(self) -> Snapshot {
-        let [a, b, c, d, e] = self.maps;
         Snapshot {
-            types: [a, b, c, d, e].map(TypeResources::new),
+            types: self.maps.map(TypeResources::new),
             changes: OnceLock::new(),
             prev: OnceLock::new(),
         }

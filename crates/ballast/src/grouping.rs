@@ -5,8 +5,10 @@
 //! Envoys of one gateway on different transports get different resources
 //! (their EDS/RDS/SDS references name the transport, see
 //! `ballast_translate::config_source`), so the group is the gateway plus,
-//! for anything but ADS, `@transport`: `default/edge` (ADS SotW and Delta),
-//! `default/edge@grpc`, `default/edge@delta-grpc`, `default/edge@rest`.
+//! for anything but SotW ADS, `@transport`: `default/edge` (ADS SotW),
+//! `default/edge@delta-ads` (ADS Delta: route configurations split into VHDS
+//! virtual hosts), `default/edge@grpc`, `default/edge@delta-grpc` (VHDS too),
+//! `default/edge@rest`.
 //! Each reference names the transport the referencing resource came over,
 //! so an Envoy mixing transports (CDS by REST, LDS over ADS) gets consistent
 //! config per type.
@@ -24,7 +26,10 @@ use ballast_xds::Transport;
 /// Fetch (no Envoy uses it) gets per-type gRPC references.
 pub fn config_transport(t: Transport) -> XdsTransport {
     match t {
-        Transport::Ads | Transport::DeltaAds => XdsTransport::Ads,
+        Transport::Ads => XdsTransport::Ads,
+        // Delta ADS Envoys get split route configurations (VHDS), which a
+        // SotW ADS Envoy would reject: a group of their own.
+        Transport::DeltaAds => XdsTransport::DeltaAds,
         Transport::Grpc | Transport::Fetch => XdsTransport::Grpc,
         Transport::DeltaGrpc => XdsTransport::DeltaGrpc,
         Transport::Rest => XdsTransport::Rest,
@@ -111,7 +116,7 @@ mod tests {
     fn groups_per_transport() {
         let g = |t| group_name("default/edge", config_transport(t));
         assert_eq!(g(Transport::Ads), "default/edge");
-        assert_eq!(g(Transport::DeltaAds), "default/edge");
+        assert_eq!(g(Transport::DeltaAds), "default/edge@delta-ads");
         assert_eq!(g(Transport::Grpc), "default/edge@grpc");
         assert_eq!(g(Transport::Fetch), "default/edge@grpc");
         assert_eq!(g(Transport::DeltaGrpc), "default/edge@delta-grpc");

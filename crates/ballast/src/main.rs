@@ -113,6 +113,12 @@ enum Command {
         /// (state file) and the baseline reported by reconnecting proxies.
         #[arg(long)]
         no_guard: bool,
+        /// Serve Delta Envoys whole route configurations instead of splitting
+        /// them into VHDS virtual hosts (one resource per host, so a route
+        /// edit re-sends one virtual host). SotW and REST Envoys always get
+        /// whole route configurations.
+        #[arg(long)]
+        no_vhds: bool,
         /// Where the guard keeps the last published inventory of each gateway
         /// (names only), so a restart into a shrunken source is held too.
         /// Default: $STATE_DIRECTORY, else $XDG_STATE_HOME/ballast, else
@@ -351,6 +357,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             guard_max_removal,
             guard_settle,
             no_guard,
+            no_vhds,
             state_dir,
             node_grace,
             debounce_quiet,
@@ -386,6 +393,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 security: *security,
                 state_dir: state_dir.unwrap_or_else(state::default_dir),
                 etcd: *etcd,
+                vhds: !no_vhds,
             }));
             // The grace already bounded the stop: do not wait for blocking
             // tasks (file reads, watchers) on the way out.

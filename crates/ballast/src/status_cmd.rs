@@ -47,14 +47,17 @@ pub fn render(proxies: &Value) -> String {
                 "no (grace)".into()
             },
         ];
-        for t in types {
+        // VHDS (Delta Envoys' virtual hosts) has no column, but its NACKs are listed.
+        for t in types.iter().copied().chain(["VHDS"]) {
             let st = p["types"]
                 .as_array()
                 .and_then(|a| a.iter().find(|x| x["type"] == t));
-            row.push(match st {
-                Some(x) => x["state"].as_str().unwrap_or("?").to_string(),
-                None => "-".to_string(),
-            });
+            if t != "VHDS" {
+                row.push(match st {
+                    Some(x) => x["state"].as_str().unwrap_or("?").to_string(),
+                    None => "-".to_string(),
+                });
+            }
             if let Some(nack) = st.and_then(|x| x.get("nack")).filter(|n| !n.is_null()) {
                 notes.push(format!(
                     "{node} {t} NACK of {}: {}",

@@ -26,19 +26,29 @@ spec:
     .to_string()
 }
 
-async fn rds_state(ballast: &Ballast) -> Value {
+/// The type that carries routes: RDS, or VHDS for a Delta Envoy (route
+/// configurations split into virtual hosts, docs/architecture.md §5.10).
+fn routes_type(mode: AdsMode) -> &'static str {
+    match mode {
+        AdsMode::Grpc => "RDS",
+        AdsMode::DeltaGrpc => "VHDS",
+    }
+}
+
+async fn rds_state(ballast: &Ballast, ty: &str) -> Value {
     let (_, body) = ballast.get("/debug/proxies").await.unwrap();
     let v: Value = serde_json::from_str(&body).unwrap();
     v["proxies"][0]["types"]
         .as_array()
         .into_iter()
         .flatten()
-        .find(|t| t["type"] == "RDS")
+        .find(|t| t["type"] == ty)
         .cloned()
         .unwrap_or(Value::Null)
 }
 
 async fn scenario(mode: AdsMode) {
+    let routes = routes_type(mode);
     let up = Upstream::start("web").await.unwrap();
     let gw_port = ballast_testkit::free_port();
     let dir = tempfile::tempdir().unwrap();
@@ -104,7 +114,7 @@ async fn scenario(mode: AdsMode) {
         ballast.metric("ballast_xds_nacks_total").await.unwrap(),
         0.0
     );
-    assert_eq!(rds_state(&ballast).await["state"], "SYNCED");
+    assert_eq!(rds_state(&ballast, routes).await["state"], "SYNCED");
 
     // A route Envoy rejects. Ballast's validation accepts it (RE2's program
     // size limit is Envoy's), so it is published and NACKed.
@@ -126,10 +136,10 @@ async fn scenario(mode: AdsMode) {
     .unwrap();
     let (_, text) = ballast.get("/metrics").await.unwrap();
     assert!(
-        text.contains("ballast_xds_nacks_total{type=\"RDS\"} 1"),
+        text.contains(&format!("ballast_xds_nacks_total{{type=\"{routes}\"}} 1")),
         "{text}"
     );
-    let rds = rds_state(&ballast).await;
+    let rds = rds_state(&ballast, routes).await;
     assert_eq!(rds["state"], "ERROR", "{rds}");
     let message = rds["nack"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("program size"), "{rds}");
@@ -138,7 +148,10 @@ async fn scenario(mode: AdsMode) {
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&status.stdout);
-    assert!(table.contains("envoy-metrics RDS NACK of"), "{table}");
+    assert!(
+        table.contains(&format!("envoy-metrics {routes} NACK of")),
+        "{table}"
+    );
     // Envoy keeps its last accepted config.
     assert_eq!(host_status(gw, "web.example.com").await.unwrap(), 200);
 
@@ -150,7 +163,7 @@ async fn scenario(mode: AdsMode) {
         &oversized_regex_route().replace("/x{900}", "/x+"),
     );
     let rds = wait_for(T, POLL, || async {
-        let rds = rds_state(&ballast).await;
+        let rds = rds_state(&ballast, routes).await;
         anyhow::ensure!(rds["state"] == "SYNCED", "still {rds}");
         Ok(rds)
     })

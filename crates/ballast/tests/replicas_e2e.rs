@@ -199,7 +199,7 @@ async fn three_replicas_fail_over_with_zero_errors_and_equal_versions() {
     .await
     .unwrap();
     assert!(rev > 0);
-    assert_eq!(want.len(), 10, "5 types × 2 gateways: {want:?}");
+    assert_eq!(want.len(), 12, "6 types (VHDS too) × 2 gateways: {want:?}");
 
     let mut total = 0;
     for t in traffic {

@@ -29,7 +29,7 @@ use ballast_xds::envoy_types::pb::envoy::config::core::v3::Node;
 use ballast_xds::envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use ballast_xds::envoy_types::pb::envoy::config::listener::v3::Listener;
 use ballast_xds::envoy_types::pb::envoy::config::listener::v3::filter::ConfigType;
-use ballast_xds::envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use ballast_xds::envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
 use ballast_xds::envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
 use ballast_xds::envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::RouteSpecifier;
 use ballast_xds::envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
@@ -98,7 +98,11 @@ impl ClientConfig {
     }
 }
 
-/// The types a proxy follows, in the order Envoy asks for them.
+/// How many resource types there are (per-type arrays).
+pub const N_TYPES: usize = ResourceType::ALL.len();
+
+/// The types a proxy follows, in the order Envoy asks for them (and, once
+/// it holds a VHDS route configuration, `VirtualHost`).
 pub const TYPES: [ResourceType; 4] = [
     ResourceType::Cluster,
     ResourceType::ClusterLoadAssignment,
@@ -204,16 +208,16 @@ pub struct ClientStats {
     pub connected_at: Option<Instant>,
     pub first_response_at: Option<Instant>,
     pub last_ack_at: Option<Instant>,
-    pub responses: [u64; 5],
-    pub acks: [u64; 5],
-    pub nacks: [u64; 5],
+    pub responses: [u64; N_TYPES],
+    pub acks: [u64; N_TYPES],
+    pub nacks: [u64; N_TYPES],
     /// Encoded bytes of the responses (protobuf size; JSON body size for REST).
-    pub bytes: [u64; 5],
+    pub bytes: [u64; N_TYPES],
     /// Type version (`version_info` / `system_version_info`) last acknowledged.
-    pub type_version: [String; 5],
-    pub ack_at: [Option<Instant>; 5],
+    pub type_version: [String; N_TYPES],
+    pub ack_at: [Option<Instant>; N_TYPES],
     /// When the type version last changed to a different value (ACK time).
-    pub type_changed_at: [Option<Instant>; 5],
+    pub type_changed_at: [Option<Instant>; N_TYPES],
     pub reconnects: u64,
     /// Delta resources whose `version` is not the content hash of their bytes.
     pub version_mismatches: u64,
@@ -226,7 +230,7 @@ pub struct ClientStats {
 #[derive(Debug, Default)]
 pub struct ClientState {
     /// The acknowledged config: per type, name → version.
-    pub view: [View; 5],
+    pub view: [View; N_TYPES],
     pub stats: ClientStats,
     pub events: Vec<Event>,
     /// Convergence samples (µs from publish to ACK), one per published change.
@@ -418,7 +422,8 @@ pub(crate) struct Decoded {
     pub version: u64,
     /// Cluster → the load assignment it needs (EDS service name or its name).
     pub eds: Option<String>,
-    /// Listener → route configurations it needs.
+    /// Listener → route configurations it needs; VHDS route configuration →
+    /// the namespace of its virtual hosts (its name).
     pub rds: Vec<String>,
 }
 
@@ -470,11 +475,21 @@ pub(crate) fn decode(ty: ResourceType, type_url: &str, value: &[u8]) -> Result<D
         }
         ResourceType::RouteConfiguration => {
             let r = RouteConfiguration::decode(value).map_err(err)?;
-            (r.name, None, Vec::new())
+            // VHDS: the virtual hosts come in the route configuration's namespace.
+            let vhds = if r.vhds.is_some() {
+                vec![r.name.clone()]
+            } else {
+                Vec::new()
+            };
+            (r.name, None, vhds)
         }
         ResourceType::Secret => {
             let s = Secret::decode(value).map_err(err)?;
             (s.name, None, Vec::new())
+        }
+        ResourceType::VirtualHost => {
+            let v = VirtualHost::decode(value).map_err(err)?;
+            (v.name, None, Vec::new())
         }
     };
     if name.is_empty() {
@@ -493,6 +508,7 @@ pub(crate) fn decode(ty: ResourceType, type_url: &str, value: &[u8]) -> Result<D
 pub(crate) struct Refs {
     cluster_eds: HashMap<Arc<str>, String>,
     listener_rds: HashMap<Arc<str>, Vec<String>>,
+    route_vhds: HashMap<Arc<str>, Vec<String>>,
 }
 
 impl Refs {
@@ -508,6 +524,9 @@ impl Refs {
             ResourceType::Listener => {
                 self.listener_rds.insert(d.name.clone(), d.rds.clone());
             }
+            ResourceType::RouteConfiguration => {
+                self.route_vhds.insert(d.name.clone(), d.rds.clone());
+            }
             _ => {}
         }
     }
@@ -519,6 +538,9 @@ impl Refs {
             ResourceType::Listener => {
                 self.listener_rds.remove(name);
             }
+            ResourceType::RouteConfiguration => {
+                self.route_vhds.remove(name);
+            }
             _ => {}
         }
     }
@@ -526,6 +548,7 @@ impl Refs {
         match ty {
             ResourceType::Cluster => self.cluster_eds.clear(),
             ResourceType::Listener => self.listener_rds.clear(),
+            ResourceType::RouteConfiguration => self.route_vhds.clear(),
             _ => {}
         }
     }
@@ -536,6 +559,7 @@ impl Refs {
             ResourceType::RouteConfiguration => {
                 self.listener_rds.values().flatten().cloned().collect()
             }
+            ResourceType::VirtualHost => self.route_vhds.values().flatten().cloned().collect(),
             _ => BTreeSet::new(),
         }
     }
@@ -556,6 +580,7 @@ fn dependent(ty: ResourceType) -> Option<ResourceType> {
     match ty {
         ResourceType::Cluster => Some(ResourceType::ClusterLoadAssignment),
         ResourceType::Listener => Some(ResourceType::RouteConfiguration),
+        ResourceType::RouteConfiguration => Some(ResourceType::VirtualHost),
         _ => None,
     }
 }
@@ -581,9 +606,9 @@ pub(crate) enum Outcome {
 #[derive(Debug, Default)]
 pub(crate) struct Subscriptions {
     /// Subscribed names per type (EDS/RDS); empty for the wildcard types.
-    pub names: [BTreeSet<String>; 5],
+    pub names: [BTreeSet<String>; N_TYPES],
     /// Whether the type was requested on the current stream.
-    pub requested: [bool; 5],
+    pub requested: [bool; N_TYPES],
     refs: Refs,
     /// LDS waits for warm clusters on a first start (see `clusters_warm`).
     lds_deferred: bool,
@@ -596,8 +621,8 @@ impl Subscriptions {
     pub fn open(&mut self, state: &ClientState) -> Vec<ResourceType> {
         let fresh = state.stats.acks[ResourceType::Listener.index()] == 0;
         self.lds_deferred = fresh;
-        let mut out = Vec::with_capacity(TYPES.len());
-        for ty in TYPES {
+        let mut out = Vec::with_capacity(TYPES.len() + 1);
+        for ty in TYPES.into_iter().chain([ResourceType::VirtualHost]) {
             let deferred = fresh && ty == ResourceType::Listener;
             let idle = deferred || (is_named(ty) && self.names[ty.index()].is_empty());
             self.requested[ty.index()] = !idle;
@@ -660,8 +685,16 @@ impl Subscriptions {
         let subscribed = &self.names[ty.index()];
         let mut upserts = Vec::with_capacity(decoded.len());
         for (d, version) in &decoded {
-            // Envoy ignores resources it did not ask for on named types.
-            if is_named(ty) && !subscribed.contains(&*d.name) {
+            // Envoy ignores resources it did not ask for on named types
+            // (VHDS: by namespace, everything before the last '/').
+            let wanted = if ty.is_namespaced() {
+                d.name
+                    .rsplit_once('/')
+                    .is_some_and(|(ns, _)| subscribed.contains(ns))
+            } else {
+                subscribed.contains(&*d.name)
+            };
+            if is_named(ty) && !wanted {
                 continue;
             }
             self.refs.add(ty, d);

@@ -27,6 +27,8 @@ fn path(ty: ResourceType) -> &'static str {
         ResourceType::Listener => "/v3/discovery:listeners",
         ResourceType::RouteConfiguration => "/v3/discovery:routes",
         ResourceType::Secret => "/v3/discovery:secrets",
+        // Never requested over REST (VHDS is Delta only).
+        ResourceType::VirtualHost => "/v3/discovery:virtualhosts",
     }
 }
 

@@ -37,8 +37,8 @@ pub(crate) struct Applied {
 pub(crate) struct SotwClient {
     pub subs: Subscriptions,
     /// Per type: the version last acknowledged, and the last nonce received.
-    acked_version: [String; 5],
-    last_nonce: [String; 5],
+    acked_version: [String; super::N_TYPES],
+    last_nonce: [String; super::N_TYPES],
 }
 
 impl SotwClient {

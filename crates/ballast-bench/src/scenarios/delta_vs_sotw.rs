@@ -65,6 +65,7 @@ pub async fn run(server: &ServerOptions, out: &Path, args: &DeltaVsSotwArgs) -> 
             runs: args.runs,
             rest_poll_ms: 1000,
             timeout_s: 120,
+            no_vhds: false,
         },
     )
     .await?;

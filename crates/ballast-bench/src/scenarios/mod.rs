@@ -92,9 +92,19 @@ pub struct BinaryRun {
 impl BinaryRun {
     /// Writes the config and starts the binary on it; returns once it is ready.
     pub async fn start(out: &Path, name: &str, spec: &GwSpec) -> Result<BinaryRun> {
+        Self::start_with(out, name, spec, &[]).await
+    }
+
+    /// [`BinaryRun::start`] with extra `ballast serve` flags.
+    pub async fn start_with(
+        out: &Path,
+        name: &str,
+        spec: &GwSpec,
+        extra: &[String],
+    ) -> Result<BinaryRun> {
         let dir = external::run_dir(out, name)?;
         let cfg = GwConfig::write(spec.clone(), &dir.join("config"))?;
-        let server = External::ballast(&cfg.dir, &[], &dir.join("ballast.log")).await?;
+        let server = External::ballast(&cfg.dir, extra, &dir.join("ballast.log")).await?;
         Ok(BinaryRun { dir, cfg, server })
     }
 

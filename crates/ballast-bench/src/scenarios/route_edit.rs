@@ -1,7 +1,8 @@
 //! W3 one route edit among R routes / C clusters with P gateway proxies, served
 //! by the real `ballast` binary from a config directory: each edit rewrites the
 //! file holding one HTTPRoute; convergence per proxy is from the write to its
-//! ACK of the new route configuration (including the file watch and debounce),
+//! ACK of the new route configuration — for Delta proxies, of the new VHDS
+//! virtual host — (including the file watch and debounce),
 //! with server CPU per edit from `/proc/<pid>`.
 
 use std::path::Path;
@@ -43,6 +44,10 @@ pub struct RouteEditArgs {
     pub rest_poll_ms: u64,
     #[arg(long, default_value_t = 120)]
     pub timeout_s: u64,
+    /// Run `ballast serve --no-vhds`: Delta proxies get whole route
+    /// configurations (what every proxy got before VHDS).
+    #[arg(long)]
+    pub no_vhds: bool,
 }
 
 pub async fn run(out: &Path, args: &RouteEditArgs) -> Result<Report> {
@@ -56,7 +61,12 @@ pub async fn run(out: &Path, args: &RouteEditArgs) -> Result<Report> {
     let timeout = Duration::from_secs(args.timeout_s);
     for &protocol in &args.protocols {
         for run in 0..args.runs.max(1) {
-            let mut b = BinaryRun::start(out, "w3", &spec).await?;
+            let extra: Vec<String> = if args.no_vhds {
+                vec!["--no-vhds".into()]
+            } else {
+                Vec::new()
+            };
+            let mut b = BinaryRun::start_with(out, "w3", &spec, &extra).await?;
             let poll = Duration::from_millis(args.rest_poll_ms);
             let (f, cold) = b.cold(args.proxies, protocol, poll, timeout).await;
             let (server, cfg) = (&b.server, &mut b.cfg);
@@ -68,11 +78,29 @@ pub async fn run(out: &Path, args: &RouteEditArgs) -> Result<Report> {
                     args.proxies
                 ));
             }
+            if protocol == Protocol::Delta && !args.no_vhds {
+                // The cold start counts CDS/EDS/LDS/RDS; VHDS proxies also
+                // wait for every virtual host, or the first edit would be
+                // charged with them.
+                let vh = ResourceType::VirtualHost.index();
+                f.fleet
+                    .wait_each(timeout, |_, c| {
+                        (c.view[vh].len() >= args.routes).then(std::time::Instant::now)
+                    })
+                    .await;
+            }
             let mut rng = Rng::new(run as u64 + 1);
+            // Delta proxies get route configurations split into VHDS virtual
+            // hosts: an edit reaches them as a new virtual host.
+            let edited_type = if protocol == Protocol::Delta && !args.no_vhds {
+                ResourceType::VirtualHost
+            } else {
+                ResourceType::RouteConfiguration
+            };
             let e = external::edits(
                 server,
                 &f,
-                ResourceType::RouteConfiguration,
+                edited_type,
                 args.edits,
                 Duration::from_millis(args.pause_ms),
                 timeout,
@@ -87,6 +115,7 @@ pub async fn run(out: &Path, args: &RouteEditArgs) -> Result<Report> {
             };
             report.rows.push(row!(
                 "protocol" => protocol.to_string(),
+                "vhds" => protocol == Protocol::Delta && !args.no_vhds,
                 "run" => run + 1,
                 "proxies" => args.proxies,
                 "routes" => args.routes,

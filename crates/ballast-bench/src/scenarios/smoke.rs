@@ -193,6 +193,7 @@ async fn binary_checks(
             runs: 1,
             rest_poll_ms: 100,
             timeout_s,
+            no_vhds: false,
         },
     )
     .await?;

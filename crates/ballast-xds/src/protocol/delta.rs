@@ -14,7 +14,9 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 
-use super::subscription::{Subscription, WILDCARD, empty_first_request_is_wildcard};
+use super::subscription::{
+    Subscription, WILDCARD, empty_first_request_is_wildcard, namespace_members, namespace_of,
+};
 use super::{
     ClientViews, DeltaResponse, Nonces, RequestOutcome, Seeker, TypeView, find_version,
     hard_refs_ready, referenced_by_client, resume_holds_removals, share_if_whole, without_names,
@@ -160,6 +162,22 @@ impl DeltaType {
                 }
             }
         }
+        if self.sub.is_namespaced() {
+            // A namespace subscribed again (Envoy re-created its VHDS
+            // subscription): every virtual host in it is sent again.
+            let members: Vec<Arc<str>> = names
+                .iter()
+                .flat_map(|n| namespace_members(&self.acked, n).map(|(k, _)| k.clone()))
+                .collect();
+            if !members.is_empty() {
+                let acked = Arc::make_mut(&mut self.acked);
+                for n in &members {
+                    if let Some((_, r)) = acked.remove_entry(n) {
+                        put(&mut self.older, &mut self.asked, r);
+                    }
+                }
+            }
+        }
         for n in &names {
             self.told_absent.remove(*n);
             self.rejected.remove(*n);
@@ -302,7 +320,7 @@ fn split(
 #[derive(Debug)]
 pub struct DeltaMachine {
     only: Option<ResourceType>,
-    types: [Option<DeltaType>; 5],
+    types: [Option<DeltaType>; crate::resource::TYPE_COUNT],
     nonces: Nonces,
     snapshot: Option<Arc<Snapshot>>,
     /// The client reported resources it holds (`initial_resource_versions`):
@@ -384,6 +402,9 @@ impl DeltaMachine {
         let first = self.types[ty.index()].is_none();
         let known = self.snapshot.as_ref().map(|s| s.resources(ty).clone());
         let st = self.types[ty.index()].get_or_insert_with(DeltaType::default);
+        if first {
+            st.sub.set_namespaced(ty.is_namespaced());
+        }
         let mut outcome = RequestOutcome::Subscribed { ty };
         if first && !req.initial_resource_versions.is_empty() {
             self.resumed = true;
@@ -690,6 +711,11 @@ impl DeltaMachine {
                     .chain(&absent)
                 {
                     st.answer.remove(n);
+                    if st.sub.is_namespaced()
+                        && let Some(ns) = namespace_of(n)
+                    {
+                        st.answer.remove(ns);
+                    }
                 }
             }
             st.told_absent.extend(absent.iter().cloned());
@@ -851,11 +877,24 @@ impl DeltaMachine {
                 && !st.older.contains_key(n)
                 && !st.told_absent.contains(n)
         };
+        // A subscribed namespace with members is answered by them.
+        let has_members =
+            |n: &str| st.sub.is_namespaced() && namespace_members(whole, n).next().is_some();
         let mut gone: Vec<&Arc<str>> = Vec::new();
         match scope {
             Scope::All => {
                 if st.sub.is_wildcard() {
                     whole.values().for_each(|r| consider(r, &mut plan));
+                } else if st.sub.is_namespaced() {
+                    // Names and their namespaces' members, in name order.
+                    let mut cands: BTreeMap<&Arc<str>, &Arc<Resource>> = BTreeMap::new();
+                    for name in st.sub.iter() {
+                        if let Some((k, r)) = whole.get_key_value(name) {
+                            cands.insert(k, r);
+                        }
+                        cands.extend(namespace_members(whole, name));
+                    }
+                    cands.values().for_each(|r| consider(r, &mut plan));
                 } else {
                     let mut known = Seeker::new(&**whole);
                     for name in st.sub.iter() {
@@ -884,7 +923,12 @@ impl DeltaMachine {
                 plan.absent = st
                     .sub
                     .iter()
-                    .filter(|n| !known.contains_key(n) && !held.contains_key(n) && is_absent(n))
+                    .filter(|n| {
+                        !known.contains_key(n)
+                            && !held.contains_key(n)
+                            && is_absent(n)
+                            && !has_members(n)
+                    })
                     .cloned()
                     .collect();
                 // Unsubscribed names the wildcard covers that do not exist.
@@ -916,13 +960,28 @@ impl DeltaMachine {
                             {
                                 gone.push(name);
                             }
-                            if st.sub.contains(name) && is_absent(name) {
+                            if st.sub.contains(name) && is_absent(name) && !has_members(name) {
                                 plan.absent.push(name.clone());
+                            }
+                            // The last member of a namespace went: the
+                            // namespace is answered as absent, as in full.
+                            if let Some(ns) = namespace_of(name)
+                                && st.sub.is_namespaced()
+                                && let Some(ns) = st.sub.iter().find(|n| ***n == *ns)
+                                && !whole.contains_key(ns)
+                                && is_absent(ns)
+                                && !has_members(ns)
+                            {
+                                plan.absent.push(ns.clone());
                             }
                         }
                     }
                 }
             }
+        }
+        if st.sub.is_namespaced() {
+            plan.absent.sort();
+            plan.absent.dedup();
         }
         if !plan.absent.is_empty() {
             // A name the client subscribed to again (answered as removed)
@@ -1078,6 +1137,168 @@ mod tests {
             response_nonce: r.nonce.to_string(),
             ..Default::default()
         });
+    }
+
+    /// A VHDS snapshot: clusters `c0..c2`, route configurations `rc` and
+    /// `rc2` (no routes of their own) and virtual hosts `rc/h{i}` routing to
+    /// `c{i % 3}` (`edit` changes `rc/h0`'s domain), plus `rc2/x`.
+    fn vhds_snapshot(hosts: usize, edit: &str) -> Arc<Snapshot> {
+        use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+        use envoy_types::pb::envoy::config::route::v3::route::Action;
+        use envoy_types::pb::envoy::config::route::v3::route_action::ClusterSpecifier;
+        use envoy_types::pb::envoy::config::route::v3::{
+            Route, RouteAction, RouteConfiguration, VirtualHost,
+        };
+        let vh = |name: String, domain: String, cluster: String| VirtualHost {
+            name,
+            domains: vec![domain],
+            routes: vec![Route {
+                action: Some(Action::Route(RouteAction {
+                    cluster_specifier: Some(ClusterSpecifier::Cluster(cluster)),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut b = Snapshot::builder();
+        for i in 0..3 {
+            b.add(
+                Resource::new(&Cluster {
+                    name: format!("c{i}"),
+                    ..Default::default()
+                })
+                .unwrap(),
+            );
+        }
+        for rc in ["rc", "rc2"] {
+            b.add(
+                Resource::new(&RouteConfiguration {
+                    name: rc.into(),
+                    ..Default::default()
+                })
+                .unwrap(),
+            );
+        }
+        for i in 0..hosts {
+            let domain = if i == 0 {
+                format!("h0{edit}")
+            } else {
+                format!("h{i}")
+            };
+            b.add(Resource::new(&vh(format!("rc/h{i}"), domain, format!("c{}", i % 3))).unwrap());
+        }
+        b.add(Resource::new(&vh("rc2/x".into(), "x".into(), "c0".into())).unwrap());
+        // Route configurations are referenced by no listener here.
+        Arc::new(b.build_unchecked().unwrap())
+    }
+
+    /// VHDS: a subscription to `rc` is answered with every virtual host named
+    /// `rc/...` (and nothing of `rc2`), never with `rc` as removed; an edit
+    /// of one virtual host sends that one alone; unsubscribing drops them.
+    #[test]
+    fn vhds_namespace_subscription_gets_its_members_and_edits_alone() {
+        let cds = ResourceType::Cluster;
+        let vhds = ResourceType::VirtualHost;
+        let mut m = DeltaMachine::new(None);
+        m.set_snapshot(Some(vhds_snapshot(50, "")));
+        m.handle_request(&DeltaDiscoveryRequest {
+            type_url: cds.type_url().into(),
+            ..Default::default()
+        });
+        let r = m.next_response().expect("clusters");
+        assert_eq!(r.resources.len(), 3);
+        ack(&mut m, &r);
+        m.handle_request(&DeltaDiscoveryRequest {
+            type_url: vhds.type_url().into(),
+            resource_names_subscribe: vec!["rc".into()],
+            ..Default::default()
+        });
+        let r = m.next_response().expect("virtual hosts");
+        assert_eq!(r.ty, vhds);
+        assert_eq!(r.resources.len(), 50, "every member of rc");
+        assert!(r.resources.iter().all(|v| v.name().starts_with("rc/")));
+        assert!(
+            r.removed.is_empty(),
+            "rc is answered by its members: {:?}",
+            r.removed
+        );
+        ack(&mut m, &r);
+        assert!(m.next_response().is_none());
+
+        let edited = vhds_snapshot(50, "-new");
+        edited.record_changes_from(m.snapshot.as_ref().unwrap());
+        m.set_snapshot(Some(edited));
+        let r = m.next_response().expect("the edit");
+        let names: Vec<&str> = r.resources.iter().map(|v| v.name()).collect();
+        assert_eq!(names, ["rc/h0"]);
+        assert!(r.removed.is_empty());
+        ack(&mut m, &r);
+
+        // Fewer hosts: the ones gone are removed by name.
+        let fewer = vhds_snapshot(48, "-new");
+        fewer.record_changes_from(m.snapshot.as_ref().unwrap());
+        m.set_snapshot(Some(fewer));
+        let r = m.next_response().expect("removals");
+        assert!(r.resources.is_empty());
+        assert_eq!(&*r.removed, [Arc::from("rc/h48"), Arc::from("rc/h49")]);
+        ack(&mut m, &r);
+
+        // Subscribed again (Envoy re-created the subscription): all re-sent.
+        m.handle_request(&DeltaDiscoveryRequest {
+            type_url: vhds.type_url().into(),
+            resource_names_unsubscribe: vec!["rc".into()],
+            ..Default::default()
+        });
+        m.handle_request(&DeltaDiscoveryRequest {
+            type_url: vhds.type_url().into(),
+            resource_names_subscribe: vec!["rc".into()],
+            ..Default::default()
+        });
+        let r = m.next_response().expect("re-sent");
+        assert_eq!(r.resources.len(), 48);
+    }
+
+    /// A namespace with no members is answered as removed (Envoy's VHDS
+    /// waits for a first answer), and a cluster a virtual host routes to is
+    /// delivered before it (make before break).
+    #[test]
+    fn vhds_empty_namespace_is_answered_and_clusters_come_first() {
+        let vhds = ResourceType::VirtualHost;
+        let mut m = DeltaMachine::new(None);
+        m.set_snapshot(Some(vhds_snapshot(3, "")));
+        m.handle_request(&DeltaDiscoveryRequest {
+            type_url: vhds.type_url().into(),
+            resource_names_subscribe: vec!["nothing".into(), "rc2".into()],
+            ..Default::default()
+        });
+        m.handle_request(&DeltaDiscoveryRequest {
+            type_url: ResourceType::Cluster.type_url().into(),
+            ..Default::default()
+        });
+        let first = m.next_response().expect("clusters first");
+        assert_eq!(first.ty, ResourceType::Cluster);
+        let second = m.next_response();
+        assert!(
+            second.as_ref().is_none_or(|r| r.resources.is_empty()),
+            "no virtual host before its cluster is acked: {second:?}"
+        );
+        ack(&mut m, &first);
+        if let Some(r) = &second {
+            ack(&mut m, r);
+        }
+        let mut got = Vec::new();
+        let mut removed = Vec::new();
+        while let Some(r) = m.next_response() {
+            got.extend(r.resources.iter().map(|v| v.name().to_string()));
+            removed.extend(r.removed.iter().map(|n| n.to_string()));
+            ack(&mut m, &r);
+        }
+        if let Some(r) = &second {
+            removed.extend(r.removed.iter().map(|n| n.to_string()));
+        }
+        assert_eq!(got, ["rc2/x"]);
+        assert_eq!(removed, ["nothing"]);
     }
 
     /// Issue #8: one request that subscribes and unsubscribes the same

@@ -240,11 +240,13 @@ pub(crate) fn referenced_by_client(views: &impl ClientViews) -> HashSet<(Resourc
 fn referrers(ty: ResourceType) -> &'static [ResourceType] {
     use ResourceType::*;
     match ty {
-        Cluster => &[Listener, RouteConfiguration],
+        Cluster => &[Listener, RouteConfiguration, VirtualHost],
         ClusterLoadAssignment => &[Cluster],
         RouteConfiguration => &[Listener],
         Secret => &[Cluster, Listener],
-        Listener => &[],
+        // A VHDS route configuration names no virtual host: it is the
+        // namespace Envoy subscribes to.
+        Listener | VirtualHost => &[],
     }
 }
 
@@ -273,6 +275,17 @@ pub(crate) fn resume_holds_removals(
                                 .any(|x| x.ty == ResourceType::RouteConfiguration);
                     });
                     rds
+                }
+                // Only an Envoy holding a VHDS route configuration (one with
+                // no routes of its own, so no references) asks for virtual
+                // hosts; a SotW or REST Envoy never does.
+                ResourceType::VirtualHost => {
+                    let mut vhds = false;
+                    views.for_each_held(&mut |res| {
+                        vhds |=
+                            res.ty() == ResourceType::RouteConfiguration && res.refs().is_empty();
+                    });
+                    vhds
                 }
                 _ => true,
             }

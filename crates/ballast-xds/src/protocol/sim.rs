@@ -162,14 +162,14 @@ type View = BTreeMap<String, Arc<Resource>>;
 /// What a simulated Envoy holds and wants.
 #[derive(Default)]
 struct Client {
-    views: [View; 5],
-    nack_next: [bool; 5],
+    views: [View; crate::resource::TYPE_COUNT],
+    nack_next: [bool; crate::resource::TYPE_COUNT],
     rejected: BTreeSet<(ResourceType, String, String)>,
     /// Highest named subscriptions sent, per type (EDS, RDS follow references).
-    subs: [BTreeSet<String>; 5],
+    subs: [BTreeSet<String>; crate::resource::TYPE_COUNT],
     /// After a reconnect, types not requested again yet on the new stream
     /// (their first request reports what the client holds).
-    not_resumed: [bool; 5],
+    not_resumed: [bool; crate::resource::TYPE_COUNT],
     /// Reconnected, then rejected a response. A server that could not tell
     /// what the client held (a SotW version no recent snapshot explains) may
     /// wait for the next change after such a NACK: convergence is not asserted.
@@ -277,7 +277,7 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
     );
     m.set_snapshot(Some(snap.clone()));
     let mut history = vec![snap.clone()];
-    let mut last: [Option<(String, String)>; 5] = Default::default();
+    let mut last: [Option<(String, String)>; crate::resource::TYPE_COUNT] = Default::default();
     let req = |ty: ResourceType, names: Vec<String>, last: &Option<(String, String)>, err: bool| {
         DiscoveryRequest {
             type_url: ty.type_url().into(),
@@ -304,7 +304,7 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
     );
     let step = |m: &mut SotwMachine,
                 c: &mut Client,
-                last: &mut [Option<(String, String)>; 5]|
+                last: &mut [Option<(String, String)>; crate::resource::TYPE_COUNT]|
      -> Result<bool, String> {
         let Some(resp) = m.next_response() else {
             // Follow references like Envoy does.
@@ -395,7 +395,7 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
                 for l in last.iter_mut().flatten() {
                     l.1.clear();
                 }
-                c.not_resumed = [true; 5];
+                c.not_resumed = [true; crate::resource::TYPE_COUNT];
                 c.reconnected = true;
                 for (ty, n) in reconnect_plan(*seed) {
                     let i = ty.index();
@@ -535,7 +535,7 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
                 }
                 m = DeltaMachine::new(None);
                 m.set_snapshot(Some(snap.clone()));
-                c.not_resumed = [true; 5];
+                c.not_resumed = [true; crate::resource::TYPE_COUNT];
                 c.reconnected = true;
                 for (ty, n) in reconnect_plan(*seed) {
                     let i = ty.index();
@@ -655,7 +655,7 @@ struct Hostile {
     /// Delta: subscribed names not answered yet.
     awaiting: BTreeSet<(ResourceType, String)>,
     /// Nonces of responses already handled on the current stream.
-    old_nonces: [Vec<String>; 5],
+    old_nonces: [Vec<String>; crate::resource::TYPE_COUNT],
 }
 
 impl Hostile {
@@ -925,7 +925,7 @@ impl DeltaWorld {
         // Subscriptions are stated anew (what it holds, with versions).
         self.h.awaiting.clear();
         let c = &mut self.h.c;
-        c.not_resumed = [true; 5];
+        c.not_resumed = [true; crate::resource::TYPE_COUNT];
         c.reconnected = true;
         for (ty, n) in reconnect_plan(seed) {
             let c = &mut self.h.c;
@@ -1071,8 +1071,8 @@ struct SotwWorld {
     history: Vec<Arc<Snapshot>>,
     inbox: std::collections::VecDeque<super::SotwResponse>,
     /// Per type: the last accepted version, and the last nonce received.
-    version: [String; 5],
-    nonce: [String; 5],
+    version: [String; crate::resource::TYPE_COUNT],
+    nonce: [String; crate::resource::TYPE_COUNT],
 }
 
 impl SotwWorld {

@@ -134,7 +134,7 @@ fn same_version(a: &Arc<Resource>, b: &Arc<Resource>) -> bool {
 #[derive(Debug)]
 pub struct SotwMachine {
     only: Option<ResourceType>,
-    types: [Option<SotwType>; 5],
+    types: [Option<SotwType>; crate::resource::TYPE_COUNT],
     nonces: Nonces,
     snapshot: Option<Arc<Snapshot>>,
     /// The client reported a version it holds on a first request: it resumes

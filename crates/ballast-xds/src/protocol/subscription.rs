@@ -19,8 +19,17 @@ pub(crate) const WILDCARD: &str = "*";
 /// wildcard). Only LDS and CDS: answering an empty EDS request with every
 /// load assignment would make the server believe the client holds what it
 /// ignored, and a later request naming them would get nothing.
+///
+/// VHDS too: Envoy 1.40's VirtualHost subscription (namespace matching) opens
+/// with an empty request and never names its route configuration (seen on
+/// the wire, `tests/route_split.rs`); it takes the virtual hosts of the route
+/// configurations it watches and ignores the rest. Every virtual host of a
+/// group belongs to a route configuration its listeners use.
 pub(crate) fn empty_first_request_is_wildcard(ty: ResourceType) -> bool {
-    matches!(ty, ResourceType::Listener | ResourceType::Cluster)
+    matches!(
+        ty,
+        ResourceType::Listener | ResourceType::Cluster | ResourceType::VirtualHost
+    )
 }
 
 /// Explicitly subscribed names. When they are exactly the names of a snapshot
@@ -45,6 +54,29 @@ pub(crate) struct Subscription {
     /// Wildcard came from an empty first request: empty lists keep it on.
     legacy: bool,
     names: Names,
+    /// A name also covers the resources in its namespace (VHDS, see
+    /// [`ResourceType::is_namespaced`]).
+    namespaced: bool,
+}
+
+/// The namespace of a namespaced resource name: everything before the last
+/// `/` (Envoy's `namespaceFromName`), if there is one.
+pub(crate) fn namespace_of(name: &str) -> Option<&str> {
+    name.rfind('/').map(|i| &name[..i])
+}
+
+/// The resources of `map` in namespace `ns` (named `ns/<no further '/'>`), in
+/// name order: one range walk of the sorted map.
+pub(crate) fn namespace_members<'a, V>(
+    map: &'a std::collections::BTreeMap<Arc<str>, V>,
+    ns: &'a str,
+) -> impl Iterator<Item = (&'a Arc<str>, &'a V)> + 'a {
+    use std::ops::Bound;
+    let prefix = format!("{ns}/");
+    let start = map.range::<str, _>((Bound::Included(prefix.as_str()), Bound::Unbounded));
+    start
+        .take_while(move |(k, _)| k.starts_with(prefix.as_str()))
+        .filter(move |(k, _)| !k[ns.len() + 1..].contains('/'))
 }
 
 impl PartialEq for Subscription {
@@ -91,7 +123,16 @@ impl Subscription {
         }
     }
     pub(crate) fn covers(&self, name: &str) -> bool {
-        self.wildcard || self.contains(name)
+        self.wildcard
+            || self.contains(name)
+            || (self.namespaced && namespace_of(name).is_some_and(|ns| self.contains(ns)))
+    }
+    /// Names of this type are namespaces too (set once, at the first request).
+    pub(crate) fn set_namespaced(&mut self, on: bool) {
+        self.namespaced = on;
+    }
+    pub(crate) fn is_namespaced(&self) -> bool {
+        self.namespaced
     }
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
@@ -481,12 +522,12 @@ mod tests {
     }
 
     #[test]
-    fn empty_first_request_is_wildcard_only_for_listeners_and_clusters() {
+    fn empty_first_request_is_wildcard_only_for_listeners_clusters_and_vhds() {
         use ResourceType::*;
         for ty in ResourceType::ALL {
             let mut sub = Subscription::default();
             let added = sub.apply_sotw(&[], empty_first_request_is_wildcard(ty));
-            let wildcard = matches!(ty, Listener | Cluster);
+            let wildcard = matches!(ty, Listener | Cluster | VirtualHost);
             assert_eq!(sub.is_wildcard(), wildcard, "{ty}");
             assert_eq!(!added.is_empty(), wildcard, "{ty}");
             assert!(!sub.covers("a") || wildcard, "{ty}");

@@ -64,6 +64,11 @@ spec!(
     Some(ResourceType::RouteConfiguration)
 );
 spec!(
+    Vhds,
+    "envoy.service.route.v3.VirtualHostDiscoveryService",
+    Some(ResourceType::VirtualHost)
+);
+spec!(
     Sds,
     "envoy.service.secret.v3.SecretDiscoveryService",
     Some(ResourceType::Secret)

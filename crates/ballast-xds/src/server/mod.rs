@@ -397,7 +397,7 @@ impl XdsServer {
         self.shared.tls.as_ref()
     }
 
-    /// Every gRPC service (ADS, CDS, EDS, LDS, RDS, SDS, CSDS) and the REST-JSON
+    /// Every gRPC service (ADS, CDS, EDS, LDS, RDS, VHDS, SDS, CSDS) and the REST-JSON
     /// endpoints, as one router for a tonic server with HTTP/1 enabled.
     pub fn routes(&self) -> tonic::service::Routes {
         use grpc::*;
@@ -408,6 +408,7 @@ impl XdsServer {
             .add_service(XdsService::<Eds>::new(self.clone()))
             .add_service(XdsService::<Lds>::new(self.clone()))
             .add_service(XdsService::<Rds>::new(self.clone()))
+            .add_service(XdsService::<Vhds>::new(self.clone()))
             .add_service(XdsService::<Sds>::new(self.clone()));
         #[cfg(feature = "csds")]
         routes.add_service(csds::csds_service(self.clone()));

@@ -170,8 +170,8 @@ pub(crate) struct ResumeGuard {
     cfg: Option<ResumeGuardConfig>,
     /// Types whose first request is expected before judging.
     expected: Vec<ResourceType>,
-    seen: [bool; 5],
-    reported: [Option<Reported>; 5],
+    seen: [bool; crate::resource::TYPE_COUNT],
+    reported: [Option<Reported>; crate::resource::TYPE_COUNT],
     started: Option<Instant>,
     /// Gathering is over (every expected type seen, or [`GATHER`] passed).
     gathered: bool,
@@ -198,7 +198,7 @@ impl ResumeGuard {
         ResumeGuard {
             cfg,
             expected,
-            seen: [false; 5],
+            seen: [false; crate::resource::TYPE_COUNT],
             reported: Default::default(),
             started: None,
             gathered: false,

@@ -207,7 +207,8 @@ async fn run<M: Machine>(
     let mut ready_rx = shared.cache.watch_ready();
     // Frees the group's cache slot when the stream ends, if then unused.
     let mut snap_rx = shared.cache.watch_group(&group);
-    let mut sent_at: [Option<(Arc<str>, Instant)>; 5] = Default::default();
+    let mut sent_at: [Option<(Arc<str>, Instant)>; crate::resource::TYPE_COUNT] =
+        Default::default();
 
     // Status pages and CSDS read the machine when asked (the lock is never
     // held across an await or while taking the registry's).
@@ -316,7 +317,7 @@ fn record(
     node: &Arc<str>,
     group: &Arc<str>,
     outcome: &RequestOutcome,
-    sent_at: &mut [Option<(Arc<str>, Instant)>; 5],
+    sent_at: &mut [Option<(Arc<str>, Instant)>; crate::resource::TYPE_COUNT],
 ) {
     match outcome {
         RequestOutcome::Subscribed { ty } => observer.on_event(&XdsEvent::Request {

@@ -52,6 +52,8 @@ pub fn quickstart(admin_addr: SocketAddr, listen_port: u16) -> String {
 }
 
 pub struct ServeOptions {
+    /// Split route configurations into VHDS virtual hosts for Delta Envoys.
+    pub vhds: bool,
     pub configs: Vec<PathBuf>,
     pub xds_addr: SocketAddr,
     pub admin_addr: SocketAddr,
@@ -235,9 +237,14 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     // Transports (other than ADS) Envoys have asked over: the pipeline
     // translates a gateway once per transport in use (crate::grouping).
     let (demand_tx, demand) = tokio::sync::watch::channel(std::collections::BTreeSet::new());
+    let vhds = opts.vhds;
     let grouper: ballast_xds::TransportGrouper = Arc::new(move |node, transport| {
         let gateway = crate::grouping::gateway_of(node)?;
-        let t = crate::grouping::config_transport(transport);
+        let mut t = crate::grouping::config_transport(transport);
+        if !vhds && t == ballast_translate::XdsTransport::DeltaAds {
+            // Without VHDS, Delta ADS Envoys get what SotW ADS ones get.
+            t = ballast_translate::XdsTransport::Ads;
+        }
         if t != ballast_translate::XdsTransport::Ads {
             demand_tx.send_if_modified(|d| d.insert(t));
         }
@@ -337,6 +344,10 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         guard: opts.guard,
         options: ballast_translate::Options {
             dns_resolvers: opts.dns_resolvers.clone(),
+            config_sources: ballast_translate::ConfigSources {
+                vhds: opts.vhds,
+                ..Default::default()
+            },
             ..Default::default()
         },
         status: status_tx,
