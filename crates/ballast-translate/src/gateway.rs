@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use ballast_model::hostname::ANY_HOST;
 use ballast_model::set::ListenerAttachment;
-use ballast_model::{Backend, ConfigSet, Gateway, HttpRoute, ObjectKey, Secret};
+use ballast_model::{Backend, ConfigSet, Gateway, HttpRoute, ListenerProtocol, ObjectKey, Secret};
 use ballast_xds::{Ref, Resource, ResourceType, XdsResource};
 use envoy_types::pb::envoy::config::core::v3::ConfigSource;
 use envoy_types::pb::envoy::config::listener::v3::Listener as EnvoyListener;
@@ -222,7 +222,8 @@ pub(crate) fn vhds_name(rc: &str, host: &str) -> String {
 impl HostState {
     /// Encodes the virtual host; `vhds_of` is its route configuration's name
     /// when virtual hosts are served by VHDS.
-    fn encode(&mut self, host: &str, vhds_of: Option<&str>) {
+    /// `redirect_port`: see [`encode_virtual_host`].
+    fn encode(&mut self, host: &str, vhds_of: Option<&str>, redirect_port: u32) {
         self.encoded.clear();
         let name = vhds_of.map(|rc| vhds_name(rc, host));
         if self.misdirected {
@@ -239,6 +240,7 @@ impl HostState {
                 name.as_deref(),
                 self.routes.values(),
                 &extra,
+                redirect_port,
                 &mut self.encoded,
             );
         }
@@ -271,6 +273,17 @@ struct ChainState {
     /// Virtual hosts are served by VHDS (`Some`: the route configuration's
     /// `vhds.config_source`).
     vhds: Option<ConfigSource>,
+    /// The listener port redirects keep ([`redirect_port`]).
+    redirect_port: u32,
+}
+
+/// The port a redirect without scheme and port keeps: the listener's, or 0 (none in the
+/// `Location`) for the protocol's well-known port, as Gateway API asks.
+fn redirect_port(port: &crate::listener::PortPlan<'_>) -> u32 {
+    match (port.protocol, port.port) {
+        (ListenerProtocol::Http, 80) | (ListenerProtocol::Https, 443) => 0,
+        (_, p) => p,
+    }
 }
 
 impl ChainState {
@@ -536,7 +549,7 @@ pub(crate) fn build_gateway(
                     }
                     None => {
                         reused_all = false;
-                        state.encode(h, vhds_of);
+                        state.encode(h, vhds_of, redirect_port(&port));
                     }
                 }
             }
@@ -565,6 +578,7 @@ pub(crate) fn build_gateway(
                 refs,
                 resource,
                 vhds,
+                redirect_port: redirect_port(&port),
             };
             resources.route_configs.push(state.resource.clone());
             used_secrets.extend(chain.certificates.iter().cloned());
@@ -722,6 +736,7 @@ pub(crate) fn patch_routes(
             continue;
         }
         let vhds_of = cs.vhds_of().map(str::to_owned);
+        let redirect_port = cs.redirect_port;
         for h in hosts {
             let Some(hs) = cs.hosts.get_mut(&h) else {
                 continue;
@@ -736,7 +751,7 @@ pub(crate) fn patch_routes(
                     hs.security =
                         crate::security::host_policy(config, key, &chains[i].listeners, &h);
                 }
-                hs.encode(&h, vhds_of.as_deref());
+                hs.encode(&h, vhds_of.as_deref(), redirect_port);
                 new_vhds = hs.vhds.clone();
                 let new_clusters = hs.clusters.clone();
                 cs.add_refs(&new_clusters);

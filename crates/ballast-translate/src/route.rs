@@ -75,6 +75,11 @@ pub(crate) struct RouteEntry {
     pub encoded: Box<[u8]>,
     /// The clusters these routes send traffic to, sorted.
     pub clusters: Box<[Arc<str>]>,
+    /// A redirect with neither scheme nor port must keep the listener's port (Gateway API
+    /// `requestRedirect.port`), which Envoy cannot: the HTTP connection manager strips the
+    /// port from `Host` before routing. Such an entry keeps its route (and `extra`) to be
+    /// re-encoded with `port_redirect` set per listener port ([`encode_virtual_host`]).
+    pub keeps_listener_port: Option<Box<(Route, Box<[u8]>)>>,
 }
 
 impl RouteEntry {
@@ -130,10 +135,39 @@ impl RouteEntry {
             .collect();
         clusters.sort();
         clusters.dedup();
+        let keeps_listener_port = match holder.virtual_hosts[0].routes.as_slice() {
+            [
+                r @ Route {
+                    action: Some(Action::Redirect(a)),
+                    ..
+                },
+            ] if a.scheme_rewrite_specifier.is_none() && a.port_redirect == 0 => {
+                Some(Box::new((r.clone(), extra.into())))
+            }
+            _ => None,
+        };
         RouteEntry {
             precedence,
             encoded: encoded.into_boxed_slice(),
             clusters: clusters.into_boxed_slice(),
+            keeps_listener_port,
+        }
+    }
+
+    /// The encoded routes for a listener on `redirect_port` (0: the protocol's well-known
+    /// port, which a `Location` leaves out).
+    fn encoded_for(&self, redirect_port: u32) -> std::borrow::Cow<'_, [u8]> {
+        match &self.keeps_listener_port {
+            Some(kept) if redirect_port != 0 => {
+                let (route, extra) = &**kept;
+                let mut route = route.clone();
+                if let Some(Action::Redirect(a)) = &mut route.action {
+                    a.port_redirect = redirect_port;
+                }
+                let entry = RouteEntry::new(self.precedence.clone(), vec![route], extra);
+                std::borrow::Cow::Owned(entry.encoded.into_vec())
+            }
+            _ => std::borrow::Cow::Borrowed(&self.encoded),
         }
     }
 }
@@ -891,29 +925,35 @@ pub(crate) fn encode_misdirected_host(host: &str, vhds_name: Option<&str>, out: 
 /// `extra`: fields after the routes (the `typed_per_filter_config` of a listener's
 /// SecurityPolicy, [`crate::security`]).
 /// `vhds_name` replaces the name when the virtual host is served by VHDS.
+/// `redirect_port`: the listener port redirects without scheme and port keep (0 when it is
+/// the protocol's well-known port).
 pub(crate) fn encode_virtual_host<'a>(
     host: &str,
     vhds_name: Option<&str>,
     routes: impl Iterator<Item = &'a Arc<TranslatedRoute>>,
     extra: &[u8],
+    redirect_port: u32,
     out: &mut Vec<u8>,
 ) -> Vec<Arc<str>> {
     let mut entries: Vec<&RouteEntry> = routes.flat_map(|t| &t.entries).collect();
     entries.sort_by(|a, b| a.precedence.cmp(&b.precedence));
+    let bytes: Vec<std::borrow::Cow<'_, [u8]>> = entries
+        .iter()
+        .map(|e| e.encoded_for(redirect_port))
+        .collect();
     // Fields 1 (name) and 2 (domains) come before 3 (routes).
     let head = VirtualHost {
         name: vhds_name.unwrap_or(host).to_owned(),
         domains: vec![host.to_owned()],
         ..Default::default()
     };
-    let len =
-        head.encoded_len() + entries.iter().map(|e| e.encoded.len()).sum::<usize>() + extra.len();
+    let len = head.encoded_len() + bytes.iter().map(|b| b.len()).sum::<usize>() + extra.len();
     out.reserve(len + 8);
     prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, out);
     prost::encoding::encode_varint(len as u64, out);
     head.encode_raw(out);
-    for e in &entries {
-        out.extend_from_slice(&e.encoded);
+    for b in &bytes {
+        out.extend_from_slice(b);
     }
     out.extend_from_slice(extra);
     let mut clusters: Vec<Arc<str>> = entries

@@ -696,6 +696,80 @@ fn redirects() {
     );
 }
 
+/// Gateway API: a redirect without scheme and port keeps the listener's port (conformance
+/// `HTTPRouteRedirectPortAndScheme`), left out of the `Location` for the well-known port 80.
+/// Envoy strips the port from `Host`, so Ballast sets `port_redirect` per listener port; an
+/// explicit scheme or port is left as written. The incremental translator agrees.
+#[test]
+fn redirects_keep_a_non_default_listener_port() {
+    let gateway = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: { name: edge }
+spec:
+  gatewayClassName: ballast
+  listeners:
+  - { name: std, port: 80, protocol: HTTP }
+  - { name: alt, port: 8080, protocol: HTTP }
+"#;
+    let route = |host: &str| {
+        route_yaml(
+            "web",
+            &format!(
+                r#"  hostnames: [{host}]
+  rules:
+  - matches: [{{ path: {{ value: /keep }} }}]
+    filters: [{{ type: RequestRedirect, requestRedirect: {{ hostname: example.org }} }}]
+  - matches: [{{ path: {{ value: /https }} }}]
+    filters: [{{ type: RequestRedirect, requestRedirect: {{ scheme: https }} }}]
+  - matches: [{{ path: {{ value: /port }} }}]
+    filters: [{{ type: RequestRedirect, requestRedirect: {{ port: 9000 }} }}]
+"#
+            ),
+        )
+    };
+    let ports = |res: &GatewayResources| -> std::collections::BTreeMap<String, Vec<(String, u32)>> {
+        res.route_configs
+            .iter()
+            .map(|rc| {
+                let rc: RouteConfiguration = decode(rc);
+                let got = rc.virtual_hosts[0]
+                    .routes
+                    .iter()
+                    .map(|r| match &r.action {
+                        Some(Action::Redirect(a)) => (r.name.clone(), a.port_redirect),
+                        other => panic!("not a redirect: {other:?}"),
+                    })
+                    .collect();
+                (rc.name, got)
+            })
+            .collect()
+    };
+    let yaml = docs(&[gateway, &route("a.example.com")]);
+    let res = translate(&yaml, "edge");
+    let want = |keep: u32| {
+        vec![
+            ("default/web/1/0".to_owned(), 0),
+            ("default/web/0/0".to_owned(), keep),
+            ("default/web/2/0".to_owned(), 9000),
+        ]
+    };
+    assert_eq!(
+        ports(&res),
+        std::collections::BTreeMap::from([
+            ("default/edge/80".to_owned(), want(0)),
+            ("default/edge/8080".to_owned(), want(8080)),
+        ])
+    );
+    // Incremental: the route edited in place is re-encoded per port like from scratch.
+    let mut t = Translator::new(Options::default());
+    t.update(&Arc::new(config(&yaml)));
+    let edited = docs(&[gateway, &route("b.example.com")]);
+    let out = t.update(&Arc::new(config(&edited)));
+    assert_eq!(*out.changed[&gw("edge")], translate(&edited, "edge"));
+    assert_eq!(ports(&out.changed[&gw("edge")]), ports(&res));
+}
+
 #[test]
 fn url_rewrites() {
     let route = route_yaml(

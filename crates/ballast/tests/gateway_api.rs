@@ -599,30 +599,10 @@ fn split_location(loc: &str) -> (String, String, Option<u16>, String) {
 /// and `HTTPRoute303Redirect` / `307` / `308`: each request gets the upstream suite's expected
 /// status and `Location` from real Envoy, and no request reaches the backend. A well-known port
 /// (80 for http, 443 for https) may be omitted; without scheme and port the listener's own port
-/// must be kept — except that Ballast does not keep it yet (see
-/// [`redirects_keep_the_listener_port_when_neither_scheme_nor_port_is_set`]), so here a
-/// listener-derived port may be absent.
+/// must be kept (Envoy strips the port from `Host`, so Ballast sets it per listener port:
+/// without that, every case below with the listener's port fails).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_redirects_set_scheme_host_port_path_and_status() {
-    redirect_cases(false).await;
-}
-
-/// Conformance `HTTPRouteRedirectPortAndScheme`, case "scheme-nil-and-port-nil" on a listener
-/// port other than 80 (and the same rule for every redirect without scheme and port): the
-/// `Location` must carry the listener's port. Known gap: the HTTP connection manager strips
-/// the port from `Host` (`strip_any_host_port`, so virtual hosts match `host:port`) and route
-/// entries are encoded once for all listener ports, so Envoy's redirect has no port to keep.
-/// Fix: set `port_redirect` to the listener port for such redirects when encoding a port's
-/// virtual hosts.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known gap: redirects without scheme/port drop a non-default listener port"]
-async fn redirects_keep_the_listener_port_when_neither_scheme_nor_port_is_set() {
-    redirect_cases(true).await;
-}
-
-/// Runs the redirect cases; `strict_listener_port`: a port derived from the listener must be
-/// in the `Location` (otherwise it may also be absent).
-async fn redirect_cases(strict_listener_port: bool) {
     let up = Upstream::start("redirect-web").await.unwrap();
     let port = ballast_testkit::free_port();
     let dir = tempfile::tempdir().unwrap();
@@ -786,9 +766,7 @@ spec:
             "http" => 80,
             _ => 443,
         };
-        let port_ok = p == want_port
-            || (want_port.is_none() && p == Some(well_known))
-            || (!strict_listener_port && want_port == Some(port) && p.is_none());
+        let port_ok = p == want_port || (want_port.is_none() && p == Some(well_known));
         if code != status || s != scheme || h != want_host || !port_ok || pa != want_path {
             failures.push(format!(
                 "{path}: got {code} {loc:?}, want {status} {scheme}://{want_host}{}{want_path}",
