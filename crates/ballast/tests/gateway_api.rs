@@ -777,3 +777,181 @@ spec:
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert_eq!(up.hits(), hits, "a redirect must not reach the backend");
 }
+
+/// Conformance `HTTPRouteNoBackendRefs`, `HTTPRoutePartiallyInvalidViaInvalidReferenceGrant`,
+/// `HTTPRouteTimeoutRequest` and `HTTPRouteTimeoutBackendRequest`, one route each on one
+/// Gateway:
+/// - a rule without `backendRefs` (omitted or `[]`) answers 500 while its sibling serves;
+/// - a grant naming only `app-v1`: the rule to `app-v2` answers 500 (`RefNotPermitted`), the
+///   rule to `app-v1` 200, and `app-v2`'s upstream receives nothing;
+/// - `timeouts.request` / `backendRequest` of 500ms against a backend answering after 1.5s:
+///   504; the same backend behind `0s` (timeout disabled) and the fast backend behind 500ms: 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn omitted_backends_partial_grants_and_timeouts() {
+    let fast = Upstream::start("fast").await.unwrap();
+    let slow = Upstream::start("slow").await.unwrap();
+    slow.set_delay(std::time::Duration::from_millis(1500));
+    let app_v1 = Upstream::start("app-v1").await.unwrap();
+    let app_v2 = Upstream::start("app-v2").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let backend = |name: &str, ns: &str, up: &Upstream| {
+        format!(
+            "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: {name}, namespace: {ns} }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+            up.addr().ip(),
+            up.addr().port()
+        )
+    };
+    let config = format!(
+        "{gateway}---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: omitted, namespace: infra }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [omitted.example.com]
+  rules:
+  - matches: [{{ path: {{ type: PathPrefix, value: /omitted-no-forward }} }}]
+  - matches: [{{ path: {{ type: PathPrefix, value: /empty-no-forward }} }}]
+    backendRefs: []
+  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: fast }}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: partial, namespace: infra }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [partial.example.com]
+  rules:
+  - matches: [{{ path: {{ type: PathPrefix, value: /v2 }} }}]
+    backendRefs: [{{ group: ballast.dev, kind: Backend, name: app-v2, namespace: app-backend }}]
+  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: app-v1, namespace: app-backend }}]
+---
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {{ name: only-v1, namespace: app-backend }}
+spec:
+  from: [{{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: infra }}]
+  to: [{{ group: ballast.dev, kind: Backend, name: app-v1 }}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: timeouts, namespace: infra }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [timeout.example.com]
+  rules:
+  - matches: [{{ path: {{ type: PathPrefix, value: /request-timeout }} }}]
+    timeouts: {{ request: 500ms }}
+    backendRefs: [{{ group: ballast.dev, kind: Backend, name: slow }}]
+  - matches: [{{ path: {{ type: PathPrefix, value: /disable-request-timeout }} }}]
+    timeouts: {{ request: 0s }}
+    backendRefs: [{{ group: ballast.dev, kind: Backend, name: slow }}]
+  - matches: [{{ path: {{ type: PathPrefix, value: /backend-timeout }} }}]
+    timeouts: {{ backendRequest: 500ms }}
+    backendRefs: [{{ group: ballast.dev, kind: Backend, name: slow }}]
+  - matches: [{{ path: {{ type: PathPrefix, value: /disable-backend-timeout }} }}]
+    timeouts: {{ backendRequest: 0s }}
+    backendRefs: [{{ group: ballast.dev, kind: Backend, name: slow }}]
+  - matches: [{{ path: {{ type: PathPrefix, value: /fast }} }}]
+    timeouts: {{ request: 500ms, backendRequest: 500ms }}
+    backendRefs: [{{ group: ballast.dev, kind: Backend, name: fast }}]
+{}{}{}{}",
+        backend("fast", "infra", &fast),
+        backend("slow", "infra", &slow),
+        backend("app-v1", "app-backend", &app_v1),
+        backend("app-v2", "app-backend", &app_v2),
+        gateway = infra_gateway(port),
+    );
+    std::fs::write(dir.path().join("routes.yaml"), &config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-partial",
+        "infra/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    let get = |host: &'static str, path: &'static str| async move {
+        host_path_request(gw, "GET", host, path, &[])
+            .await
+            .map(|(code, _, body)| (code, body))
+    };
+    wait_until(T, POLL, || async {
+        matches!(get("omitted.example.com", "/").await, Ok((200, b)) if b == "fast")
+    })
+    .await
+    .unwrap();
+    let cases: [(&str, &str, u16, Option<&str>); 11] = [
+        ("omitted.example.com", "/omitted-no-forward", 500, None),
+        ("omitted.example.com", "/empty-no-forward", 500, None),
+        ("omitted.example.com", "/", 200, Some("fast")),
+        ("partial.example.com", "/v2", 500, None),
+        ("partial.example.com", "/", 200, Some("app-v1")),
+        ("timeout.example.com", "/request-timeout", 504, None),
+        (
+            "timeout.example.com",
+            "/disable-request-timeout",
+            200,
+            Some("slow"),
+        ),
+        ("timeout.example.com", "/backend-timeout", 504, None),
+        (
+            "timeout.example.com",
+            "/disable-backend-timeout",
+            200,
+            Some("slow"),
+        ),
+        ("timeout.example.com", "/fast", 200, Some("fast")),
+        ("partial.example.com", "/v2/x", 500, None),
+    ];
+    let mut failures = Vec::new();
+    for (host, path, status, body) in cases {
+        let (code, got) = get(host, path).await.unwrap();
+        if code != status || body.is_some_and(|b| b != got) {
+            failures.push(format!(
+                "{host}{path}: got {code} {got:?}, want {status} {body:?}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(app_v2.hits(), 0, "the ungranted backend must get nothing");
+    // Status: the omitted route resolves its refs; the partial one is RefNotPermitted.
+    let (_, body) = ballast.get("/debug/sources").await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let resolved = |name: &str| {
+        let r = v["status"]["httpRoutes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("no status for {name}: {body}"));
+        r["parents"][0]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "ResolvedRefs")
+            .cloned()
+            .unwrap()
+    };
+    let c = resolved("omitted");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("True"), Some("ResolvedRefs")),
+        "{c}"
+    );
+    let c = resolved("partial");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("RefNotPermitted")),
+        "{c}"
+    );
+}
