@@ -955,3 +955,162 @@ spec:
         "{c}"
     );
 }
+
+/// Conformance `HTTPRouteListenerPortMatching` and
+/// `HTTPRouteInvalidParentRefSectionNameNotMatchingPort`: five listeners on three ports
+/// (`foo.com` on each, `bar.com` on the second and third); routes choose them by parentRef
+/// `port` (and `sectionName`). `foo.com` reaches v1, v2 and v3 on its three ports, `bar.com`
+/// reaches v2 on the second port and gets 404 on the third (no route attached there). A
+/// parentRef whose `sectionName` names a listener on another `port` is `Accepted=False
+/// NoMatchingParent` and attaches nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parent_ref_port_selects_listeners() {
+    let v1 = Upstream::start("v1").await.unwrap();
+    let v2 = Upstream::start("v2").await.unwrap();
+    let v3 = Upstream::start("v3").await.unwrap();
+    let stray = Upstream::start("stray").await.unwrap();
+    let ports = [
+        ballast_testkit::free_port(),
+        ballast_testkit::free_port(),
+        ballast_testkit::free_port(),
+    ];
+    let [p1, p2, p3] = ports;
+    let dir = tempfile::tempdir().unwrap();
+    let route = |name: &str, parent: &str, backend: &str| {
+        format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: {name}, namespace: infra }}
+spec:
+  parentRefs: [{parent}]
+  rules: [{{ backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}] }}]
+"
+        )
+    };
+    let backend = |name: &str, up: &Upstream| {
+        format!(
+            "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: {name}, namespace: infra }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+            up.addr().ip(),
+            up.addr().port()
+        )
+    };
+    let config = [
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: ports, namespace: infra }}
+spec:
+  gatewayClassName: ballast
+  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
+  listeners:
+  - {{ name: listener-1, port: {p1}, protocol: HTTP, hostname: foo.com }}
+  - {{ name: listener-2, port: {p2}, protocol: HTTP, hostname: foo.com }}
+  - {{ name: listener-3, port: {p2}, protocol: HTTP, hostname: bar.com }}
+  - {{ name: listener-4, port: {p3}, protocol: HTTP, hostname: foo.com }}
+  - {{ name: listener-5, port: {p3}, protocol: HTTP, hostname: bar.com }}
+"
+        ),
+        route(
+            "backend-v1",
+            &format!("{{ name: ports, port: {p1} }}"),
+            "v1",
+        ),
+        route(
+            "backend-v2",
+            &format!("{{ name: ports, port: {p2} }}"),
+            "v2",
+        ),
+        route(
+            "backend-v3",
+            &format!("{{ name: ports, port: {p3}, sectionName: listener-4 }}"),
+            "v3",
+        ),
+        route(
+            "mismatch",
+            &format!("{{ name: ports, port: {p2}, sectionName: listener-1 }}"),
+            "stray",
+        ),
+        backend("v1", &v1),
+        backend("v2", &v2),
+        backend("v3", &v3),
+        backend("stray", &stray),
+    ]
+    .concat();
+    std::fs::write(dir.path().join("ports.yaml"), &config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-ports",
+        "infra/ports",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    wait_until(T, POLL, || async {
+        matches!(host_get(loopback(p3), &format!("foo.com:{p3}")).await, Ok((200, b)) if b == "v3")
+    })
+    .await
+    .unwrap();
+    let cases = [
+        (p1, "foo.com", 200, "v1"),
+        (p2, "foo.com", 200, "v2"),
+        (p2, "bar.com", 200, "v2"),
+        (p3, "foo.com", 200, "v3"),
+        (p3, "bar.com", 404, ""),
+    ];
+    let mut failures = Vec::new();
+    for _ in 0..3 {
+        for (port, host, status, body) in cases {
+            let got = host_get(loopback(port), &format!("{host}:{port}"))
+                .await
+                .unwrap();
+            if got.0 != status || (status == 200 && got.1 != body) {
+                failures.push(format!("{host}:{port}: got {got:?}, want {status} {body}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(stray.hits(), 0, "the unattached route must get no traffic");
+    let (_, body) = ballast.get("/debug/sources").await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let r = v["status"]["httpRoutes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "mismatch")
+        .unwrap();
+    let c = &r["parents"][0]["conditions"][0];
+    assert_eq!(
+        (
+            c["type"].as_str(),
+            c["status"].as_str(),
+            c["reason"].as_str()
+        ),
+        (Some("Accepted"), Some("False"), Some("NoMatchingParent")),
+        "{r}"
+    );
+    let attached: Vec<(String, u64)> = v["status"]["gateways"][0]["listeners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["name"].as_str().unwrap().to_owned(),
+                l["attachedRoutes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, u64)> = [1, 1, 1, 1, 0]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (format!("listener-{}", i + 1), *n))
+        .collect();
+    assert_eq!(attached, want, "{body}");
+}
