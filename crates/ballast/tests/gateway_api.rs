@@ -1114,3 +1114,130 @@ spec:
         .collect();
     assert_eq!(attached, want, "{body}");
 }
+
+/// Conformance `HTTPRouteMultipleGateways`: one route with parentRefs on two Gateways (each
+/// served by its own Envoy) answers `/shared` from v1 through both, while each Gateway's
+/// dedicated `/` route answers from its own backend (v2, v3) and only there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_shared_by_two_gateways_serves_through_both() {
+    let ups = [
+        Upstream::start("v1").await.unwrap(),
+        Upstream::start("v2").await.unwrap(),
+        Upstream::start("v3").await.unwrap(),
+    ];
+    let (pa, pb) = (ballast_testkit::free_port(), ballast_testkit::free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = |name: &str, port: u16| {
+        format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: {name}, namespace: infra }}
+spec:
+  gatewayClassName: ballast
+  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
+  listeners: [{{ name: http, port: {port}, protocol: HTTP }}]
+"
+        )
+    };
+    let route = |name: &str, parents: &str, prefix: &str, backend: &str| {
+        format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: {name}, namespace: infra }}
+spec:
+  parentRefs: [{parents}]
+  rules:
+  - matches: [{{ path: {{ type: PathPrefix, value: {prefix} }} }}]
+    backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}]
+"
+        )
+    };
+    let mut config = [
+        gateway("same-namespace", pa),
+        gateway("all-namespaces", pb),
+        route(
+            "shared",
+            "{ name: same-namespace }, { name: all-namespaces }",
+            "/shared",
+            "v1",
+        ),
+        route("dedicated-a", "{ name: same-namespace }", "/", "v2"),
+        route("dedicated-b", "{ name: all-namespaces }", "/", "v3"),
+    ]
+    .concat();
+    for up in &ups {
+        config.push_str(&format!(
+            "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: {}, namespace: infra }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+            up.name(),
+            up.addr().ip(),
+            up.addr().port()
+        ));
+    }
+    std::fs::write(dir.path().join("gateways.yaml"), &config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _a = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-gw-a",
+        "infra/same-namespace",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let _b = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-gw-b",
+        "infra/all-namespaces",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let get = |port: u16, path: &'static str| async move {
+        host_path_request(loopback(port), "GET", "example.com", path, &[])
+            .await
+            .map(|(code, _, body)| (code, body))
+    };
+    for port in [pa, pb] {
+        wait_until(T, POLL, || async {
+            matches!(get(port, "/shared").await, Ok((200, b)) if b == "v1")
+        })
+        .await
+        .unwrap();
+    }
+    let cases = [
+        (pa, "/shared", "v1"),
+        (pa, "/", "v2"),
+        (pb, "/shared", "v1"),
+        (pb, "/", "v3"),
+    ];
+    let mut failures = Vec::new();
+    for _ in 0..5 {
+        for (port, path, want) in cases {
+            let got = get(port, path).await.unwrap();
+            if got != (200, want.to_owned()) {
+                failures.push(format!("{port}{path}: got {got:?}, want 200 {want}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let (_, body) = ballast.get("/debug/sources").await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let shared = v["status"]["httpRoutes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "shared")
+        .unwrap();
+    let parents = shared["parents"].as_array().unwrap();
+    assert_eq!(parents.len(), 2, "{shared}");
+    for p in parents {
+        assert_eq!(p["conditions"][0]["status"], "True", "{shared}");
+    }
+}
