@@ -375,3 +375,72 @@ spec:
         .sum();
     assert!(found >= 11, "PROXY v1 headers read: {found}");
 }
+
+/// Conformance `TCPRouteReferenceGrant`: a TCPRoute's backendRef into another namespace
+/// connects once a ReferenceGrant there names TCPRoutes from the route's namespace and that
+/// Backend; the same route shape to a Backend the grant does not name gets every connection
+/// closed, and that backend accepts none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_route_cross_namespace_backend_needs_a_grant() {
+    let echo = EchoServer::tcp("granted").await.unwrap();
+    let hidden = EchoServer::tcp("hidden").await.unwrap();
+    let (p_ok, p_denied) = (ballast_testkit::free_port(), ballast_testkit::free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let backend = |name: &str, s: &EchoServer| {
+        format!(
+            "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: {name}, namespace: other }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+            s.addr().ip(),
+            s.addr().port()
+        )
+    };
+    let config = gateway(&format!(
+        "  - {{ name: ok, port: {p_ok}, protocol: TCP }}\n  - {{ name: denied, port: {p_denied}, protocol: TCP }}\n"
+    )) + &tcp_route("to-echo", "ok", "echo")
+        .replace("name: echo }", "name: echo, namespace: other }")
+        + &tcp_route("to-hidden", "denied", "hidden")
+            .replace("name: hidden }", "name: hidden, namespace: other }")
+        + "---
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: { name: tcp-echo, namespace: other }
+spec:
+  from: [{ group: gateway.networking.k8s.io, kind: TCPRoute, namespace: default }]
+  to: [{ group: ballast.dev, kind: Backend, name: echo }]
+" + &backend("echo", &echo)
+        + &backend("hidden", &hidden);
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = start_envoy(&ballast, "envoy-tcp-grant").await;
+    let ok = loopback(p_ok);
+    wait_for(T, POLL, || async {
+        let mut conn = tcp_hello(ok).await?;
+        anyhow::ensure!(conn.server == "granted", "reached {}", conn.server);
+        conn.roundtrip("hello").await
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\nenvoy log:\n{}", envoy.log_tail(30)));
+    for i in 0..10 {
+        let mut conn = tcp_hello(ok).await.unwrap();
+        assert_eq!(conn.server, "granted");
+        conn.roundtrip(&format!("m{i}")).await.unwrap();
+    }
+    // Envoy listens on the denied port too (the route is there, its ref is not permitted).
+    let denied = loopback(p_denied);
+    for _ in 0..10 {
+        assert!(
+            tcp_hello(denied).await.is_err(),
+            "an ungranted backendRef must not connect"
+        );
+    }
+    assert_eq!(
+        hidden.accepted(),
+        0,
+        "the ungranted backend accepted a connection"
+    );
+}
