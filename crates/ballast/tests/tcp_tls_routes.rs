@@ -444,3 +444,90 @@ spec:
         "the ungranted backend accepted a connection"
     );
 }
+
+/// Conformance `TLSRouteMixedTerminationSameNamespace`: a Passthrough and a Terminate TLS
+/// listener on one port, told apart by SNI. `pass.example.com` reaches a TLS backend that
+/// presents its own certificate (Envoy only forwards bytes); `term.example.com` is decrypted
+/// with the Gateway's certificate and reaches a plain TCP backend. Both listeners are
+/// `Accepted`, each with one route attached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passthrough_and_terminate_listeners_share_a_port() {
+    let pass = EchoServer::tls("pass", "pass.example.com").await.unwrap();
+    let plain = EchoServer::tcp("plain").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["term.example.com".to_owned()]).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let term_cert = params.self_signed(&key).unwrap().pem();
+    let indent = |pem: &str| {
+        pem.lines()
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+    };
+    let config = gateway(&format!(
+        "  - {{ name: pass, port: {port}, protocol: TLS, hostname: pass.example.com, tls: {{ mode: Passthrough }} }}\n  \
+         - {{ name: term, port: {port}, protocol: TLS, hostname: term.example.com, tls: {{ mode: Terminate, certificateRefs: [{{ name: term-tls }}] }} }}\n"
+    )) + &tls_route("pass", "pass.example.com", "pass")
+        + &tls_route("term", "term.example.com", "plain")
+        + &backend("pass", &[pass.addr()])
+        + &backend("plain", &[plain.addr()])
+        + &format!(
+            "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: term-tls }}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}",
+            indent(&term_cert),
+            indent(&key.serialize_pem())
+        );
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = start_envoy(&ballast, "envoy-mixed").await;
+    let gw = loopback(port);
+    wait_for(T, POLL, || async {
+        let mut c = tls_hello(gw, "term.example.com", &term_cert).await?;
+        anyhow::ensure!(c.server == "plain", "term reached {}", c.server);
+        c.roundtrip("warm").await?;
+        let mut c = tls_hello(gw, "pass.example.com", pass.cert_pem().unwrap()).await?;
+        anyhow::ensure!(c.server == "pass", "pass reached {}", c.server);
+        c.roundtrip("warm").await
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\nenvoy log:\n{}", envoy.log_tail(30)));
+    let mut failures = Vec::new();
+    for i in 0..20 {
+        let (sni, cert, want) = if i % 2 == 0 {
+            ("pass.example.com", pass.cert_pem().unwrap(), "pass")
+        } else {
+            ("term.example.com", term_cert.as_str(), "plain")
+        };
+        match tls_hello(gw, sni, cert).await {
+            Ok(mut c) if c.server == want => {
+                if let Err(e) = c.roundtrip(&format!("m{i}")).await {
+                    failures.push(format!("{sni} #{i}: {e:#}"));
+                }
+            }
+            Ok(c) => failures.push(format!("{sni} #{i}: answered by {}", c.server)),
+            Err(e) => failures.push(format!("{sni} #{i}: {e:#}")),
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+    // Each name gets its own listener's treatment: the passthrough name is not terminated
+    // with the Gateway's certificate, the terminated name is not the backend's certificate.
+    assert!(tls_hello(gw, "pass.example.com", &term_cert).await.is_err());
+    assert!(
+        tls_hello(gw, "term.example.com", pass.cert_pem().unwrap())
+            .await
+            .is_err()
+    );
+    let (_, body) = ballast.get("/debug/sources").await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let listeners = &v["status"]["gateways"][0]["listeners"];
+    for i in 0..2 {
+        assert_eq!(listeners[i]["attachedRoutes"], 1, "{listeners}");
+        assert_eq!(
+            listeners[i]["conditions"][0]["type"], "Accepted",
+            "{listeners}"
+        );
+        assert_eq!(
+            listeners[i]["conditions"][0]["status"], "True",
+            "{listeners}"
+        );
+    }
+}
