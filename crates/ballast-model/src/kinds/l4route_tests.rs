@@ -515,3 +515,21 @@ fn shadowed_names_and_tcp_listeners_are_warnings() {
         s.problems()
     );
 }
+
+/// Conformance `TLSRouteInvalidBackendRefUnknownKind`: a backendRef to a kind Ballast does not
+/// serve is `ResolvedRefs=False InvalidKind`, the route stays `Accepted`.
+#[test]
+fn unknown_backend_kind_is_invalid_kind() {
+    let route = tls_route(
+        "a",
+        "{ name: edge }",
+        "a.example",
+        "{ kind: UnknownKind, group: example.com, name: svc }",
+    );
+    let s = status(&route);
+    let r = &s.tls_routes[0];
+    assert_eq!(conds(r)[0][0], c("Accepted", true, "Accepted"));
+    assert_eq!(conds(r)[0][1], c("ResolvedRefs", false, "InvalidKind"));
+    assert_eq!(r.unresolved_backend_refs.len(), 1);
+    assert_eq!(r.unresolved_backend_refs[0].reason, "InvalidKind");
+}
