@@ -38,7 +38,7 @@ spec:
     );
     let routes = format!(
         "---
-# GRPCExactMethodMatching
+# GRPCExactMethodMatching; GRPCRouteNamedRule (its manifest: the same rules, the first named)
 apiVersion: gateway.networking.k8s.io/v1
 kind: GRPCRoute
 metadata: {{ name: exact-matching }}
@@ -46,7 +46,8 @@ spec:
   parentRefs: [{{ name: edge, sectionName: http }}]
   hostnames: [exact.example.com]
   rules:
-  - matches: [{{ method: {{ service: {SVC}, method: Echo }} }}]
+  - name: named-rule
+    matches: [{{ method: {{ service: {SVC}, method: Echo }} }}]
     backendRefs: [{{ name: v1, port: 8080 }}]
   - matches: [{{ method: {{ service: {SVC}, method: EchoTwo }} }}]
     backendRefs: [{{ name: v2, port: 8080 }}]
