@@ -531,3 +531,83 @@ async fn passthrough_and_terminate_listeners_share_a_port() {
         );
     }
 }
+
+/// Conformance `BackendTLSPolicyTLSRouteTerminate`: a Terminate TLS listener whose TLSRoute
+/// backend has a BackendTLSPolicy re-encrypts towards it. The backend is a TLS echo server
+/// with a self-signed certificate for `backend.example.com` (the policy's CA and hostname):
+/// every connection through the listener echoes, which plain TCP to that server cannot.
+/// Without the policy the same route fails (checked first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminate_listener_re_encrypts_with_backend_tls_policy() {
+    let secure = EchoServer::tls("secure", "backend.example.com")
+        .await
+        .unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["term.example.com".to_owned()]).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let term_cert = params.self_signed(&key).unwrap().pem();
+    let indent = |pem: &str| {
+        pem.lines()
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+    };
+    let base = gateway(&format!(
+        "  - {{ name: term, port: {port}, protocol: TLS, hostname: term.example.com, tls: {{ mode: Terminate, certificateRefs: [{{ name: term-tls }}] }} }}\n"
+    )) + &tls_route("term", "term.example.com", "secure")
+        + &backend("secure", &[secure.addr()])
+        + &format!(
+            "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: term-tls }}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}",
+            indent(&term_cert),
+            indent(&key.serialize_pem())
+        );
+    let policy = format!(
+        "---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{ name: backend-ca }}
+data:
+  ca.crt: |
+{}---
+apiVersion: gateway.networking.k8s.io/v1alpha3
+kind: BackendTLSPolicy
+metadata: {{ name: secure-tls }}
+spec:
+  targetRefs: [{{ group: ballast.dev, kind: Backend, name: secure }}]
+  validation:
+    caCertificateRefs: [{{ group: \"\", kind: ConfigMap, name: backend-ca }}]
+    hostname: backend.example.com
+",
+        indent(secure.cert_pem().unwrap())
+    );
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, &base).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = start_envoy(&ballast, "envoy-term-btls").await;
+    let gw = loopback(port);
+    // Without the policy Envoy speaks plain TCP to a TLS server: the echo never comes back.
+    wait_for(T, POLL, || async {
+        let c = tokio::net::TcpStream::connect(gw).await;
+        anyhow::ensure!(c.is_ok(), "listener not up yet");
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert!(
+        tls_hello(gw, "term.example.com", &term_cert).await.is_err(),
+        "a TLS backend cannot echo plain bytes"
+    );
+    write_atomic(&file, &(base.clone() + &policy));
+    wait_for(T, POLL, || async {
+        let mut c = tls_hello(gw, "term.example.com", &term_cert).await?;
+        anyhow::ensure!(c.server == "secure", "reached {}", c.server);
+        c.roundtrip("warm").await
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\nenvoy log:\n{}", envoy.log_tail(30)));
+    for i in 0..10 {
+        let mut c = tls_hello(gw, "term.example.com", &term_cert).await.unwrap();
+        assert_eq!(c.server, "secure");
+        c.roundtrip(&format!("s{i}")).await.unwrap();
+    }
+}
