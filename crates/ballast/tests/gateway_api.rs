@@ -1241,3 +1241,101 @@ spec:
         assert_eq!(p["conditions"][0]["status"], "True", "{shared}");
     }
 }
+
+/// Conformance `HTTPRouteMatchingAcrossRoutes`: two routes sharing `example.com` (the first
+/// also on `example.net`), each with a path match and a header match; the most specific match
+/// across both routes wins per request (the upstream suite's 8 requests, 3 rounds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matches_are_ordered_across_routes() {
+    let v1 = Upstream::start("v1").await.unwrap();
+    let v2 = Upstream::start("v2").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let backend = |up: &Upstream| {
+        format!(
+            "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: {}, namespace: infra }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+            up.name(),
+            up.addr().ip(),
+            up.addr().port()
+        )
+    };
+    let config = format!(
+        "{}---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: matching-part1, namespace: infra }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [example.com, example.net]
+  rules:
+  - matches:
+    - path: {{ type: PathPrefix, value: / }}
+    - headers: [{{ name: version, value: one }}]
+    backendRefs: [{{ group: ballast.dev, kind: Backend, name: v1 }}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: matching-part2, namespace: infra }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [example.com]
+  rules:
+  - matches:
+    - path: {{ type: PathPrefix, value: /v2 }}
+    - headers: [{{ name: version, value: two }}]
+    backendRefs: [{{ group: ballast.dev, kind: Backend, name: v2 }}]
+{}{}",
+        infra_gateway(port),
+        backend(&v1),
+        backend(&v2)
+    );
+    std::fs::write(dir.path().join("matching.yaml"), &config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-matching",
+        "infra/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    let get = |host: &'static str, path: &'static str, headers: &'static [&'static str]| async move {
+        host_path_request(gw, "GET", host, path, headers)
+            .await
+            .map(|(code, _, body)| (code, body))
+    };
+    wait_until(T, POLL, || async {
+        matches!(get("example.com", "/v2", &[]).await, Ok((200, b)) if b == "v2")
+    })
+    .await
+    .unwrap();
+    let cases: [(&str, &str, &[&str], &str); 8] = [
+        ("example.com", "/", &[], "v1"),
+        ("example.com", "/example", &[], "v1"),
+        ("example.net", "/example", &[], "v1"),
+        ("example.com", "/example", &["Version: one"], "v1"),
+        ("example.com", "/v2", &[], "v2"),
+        ("example.net", "/v2", &[], "v1"),
+        ("example.com", "/v2/example", &[], "v2"),
+        ("example.com", "/", &["Version: two"], "v2"),
+    ];
+    let mut failures = Vec::new();
+    for _ in 0..3 {
+        for (host, path, headers, want) in cases {
+            let got = get(host, path, headers).await.unwrap();
+            if got != (200, want.to_owned()) {
+                failures.push(format!(
+                    "{host}{path} {headers:?}: got {got:?}, want 200 {want}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
