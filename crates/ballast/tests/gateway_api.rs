@@ -1339,3 +1339,209 @@ spec:
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Conformance `HTTPRouteExactPathMatching`, `HTTPRouteHeaderMatching` and
+/// `HTTPRouteMethodMatching`: the upstream manifests (one hostname each here) and every
+/// request of their tables, expected backend or 404, 2 rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_path_header_and_method_matches() {
+    let ups = [
+        Upstream::start("v1").await.unwrap(),
+        Upstream::start("v2").await.unwrap(),
+        Upstream::start("v3").await.unwrap(),
+    ];
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let route = |name: &str, host: &str, rules: &[(&str, &str)]| {
+        let rules: String = rules
+            .iter()
+            .map(|(matches, backend)| {
+                format!(
+                    "  - matches: {matches}\n    backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}]\n"
+                )
+            })
+            .collect();
+        format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: {name}, namespace: infra }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [{host}]
+  rules:
+{rules}"
+        )
+    };
+    let mut config = infra_gateway(port)
+        + &route(
+            "exact",
+            "exact.example.com",
+            &[
+                ("[{ path: { type: Exact, value: /one } }]", "v1"),
+                ("[{ path: { type: Exact, value: /two } }]", "v2"),
+            ],
+        )
+        + &route(
+            "headers",
+            "headers.example.com",
+            &[
+                ("[{ headers: [{ name: version, value: one }] }]", "v1"),
+                ("[{ headers: [{ name: version, value: two }] }]", "v2"),
+                (
+                    "[{ headers: [{ name: version, value: two }, { name: color, value: orange }] }]",
+                    "v1",
+                ),
+                (
+                    "[{ headers: [{ name: color, value: blue }] }, { headers: [{ name: color, value: green }] }]",
+                    "v1",
+                ),
+                (
+                    "[{ headers: [{ name: color, value: red }] }, { headers: [{ name: color, value: yellow }] }]",
+                    "v2",
+                ),
+            ],
+        )
+        + &route(
+            "methods",
+            "method.example.com",
+            &[
+                ("[{ method: POST }]", "v1"),
+                ("[{ method: GET }]", "v2"),
+                (
+                    "[{ path: { type: PathPrefix, value: /path1 }, method: GET }]",
+                    "v1",
+                ),
+                (
+                    "[{ headers: [{ name: version, value: one }], method: PUT }]",
+                    "v2",
+                ),
+                (
+                    "[{ path: { type: PathPrefix, value: /path2 }, headers: [{ name: version, value: two }], method: POST }]",
+                    "v3",
+                ),
+                (
+                    "[{ path: { type: PathPrefix, value: /path3 }, method: PATCH }, { path: { type: PathPrefix, value: /path4 }, headers: [{ name: version, value: three }], method: DELETE }]",
+                    "v1",
+                ),
+                ("[{ path: { type: PathPrefix, value: /path5 } }]", "v1"),
+                ("[{ method: PATCH }]", "v2"),
+                ("[{ headers: [{ name: version, value: four }] }]", "v3"),
+            ],
+        );
+    for up in &ups {
+        config.push_str(&format!(
+            "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: {}, namespace: infra }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+            up.name(),
+            up.addr().ip(),
+            up.addr().port()
+        ));
+    }
+    std::fs::write(dir.path().join("matches.yaml"), &config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-matches",
+        "infra/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_path_request(gw, "GET", "exact.example.com", "/one", &[]).await, Ok((200, _, b)) if b == "v1")
+    })
+    .await
+    .unwrap();
+    // (method, host, path, headers, backend or "" for 404)
+    let cases: &[(&str, &str, &str, &[&str], &str)] = &[
+        ("GET", "exact.example.com", "/one", &[], "v1"),
+        ("GET", "exact.example.com", "/two", &[], "v2"),
+        ("GET", "exact.example.com", "/", &[], ""),
+        ("GET", "exact.example.com", "/one/example", &[], ""),
+        ("GET", "exact.example.com", "/two/", &[], ""),
+        ("GET", "exact.example.com", "/Two", &[], ""),
+        ("GET", "headers.example.com", "/", &["Version: one"], "v1"),
+        ("GET", "headers.example.com", "/", &["Version: two"], "v2"),
+        (
+            "GET",
+            "headers.example.com",
+            "/",
+            &["Version: two", "Color: orange"],
+            "v1",
+        ),
+        (
+            "GET",
+            "headers.example.com",
+            "/",
+            &["Version: two", "Color: blue"],
+            "v2",
+        ),
+        ("GET", "headers.example.com", "/", &["Color: orange"], ""),
+        (
+            "GET",
+            "headers.example.com",
+            "/",
+            &["Some-Other-Header: one"],
+            "",
+        ),
+        ("GET", "headers.example.com", "/", &["Color: blue"], "v1"),
+        ("GET", "headers.example.com", "/", &["Color: green"], "v1"),
+        ("GET", "headers.example.com", "/", &["Color: red"], "v2"),
+        ("GET", "headers.example.com", "/", &["Color: yellow"], "v2"),
+        ("GET", "headers.example.com", "/", &["Color: purple"], ""),
+        ("POST", "method.example.com", "/", &[], "v1"),
+        ("GET", "method.example.com", "/", &[], "v2"),
+        ("HEAD", "method.example.com", "/", &[], ""),
+        ("GET", "method.example.com", "/path1", &[], "v1"),
+        ("PUT", "method.example.com", "/", &["version: one"], "v2"),
+        (
+            "POST",
+            "method.example.com",
+            "/path2",
+            &["version: two"],
+            "v3",
+        ),
+        ("PATCH", "method.example.com", "/path3", &[], "v1"),
+        (
+            "DELETE",
+            "method.example.com",
+            "/path4",
+            &["version: three"],
+            "v1",
+        ),
+        ("PUT", "method.example.com", "/", &[], ""),
+        ("DELETE", "method.example.com", "/path4", &[], ""),
+        ("PATCH", "method.example.com", "/path5", &[], "v1"),
+        ("PATCH", "method.example.com", "/", &["version: four"], "v2"),
+    ];
+    let mut failures = Vec::new();
+    for _ in 0..2 {
+        for (method, host, path, headers, want) in cases {
+            let mut hs = headers.to_vec();
+            if *method != "GET" && *method != "HEAD" {
+                hs.push("Content-Length: 0");
+            }
+            let (code, _, body) = host_path_request(gw, method, host, path, &hs)
+                .await
+                .unwrap();
+            let ok = if want.is_empty() {
+                code == 404
+            } else {
+                code == 200 && body == *want
+            };
+            if !ok {
+                failures.push(format!(
+                    "{method} {host}{path} {headers:?}: got {code} {body:?}, want {want:?}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
