@@ -103,7 +103,8 @@ impl Upstream {
         self.shared.status.store(status, Ordering::SeqCst);
     }
 
-    /// The value of header `name` in the last request received, if it had one.
+    /// The value of header `name` in the last request received, if it had one; `:path` is the
+    /// request target (path and query) as received.
     pub fn last_header(&self, name: &str) -> Option<String> {
         let h = self.shared.last_headers.lock().expect("not poisoned");
         h.iter()
@@ -164,12 +165,12 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, h2c: bool) {
                 conns.spawn(async move {
                     let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                         let shared = shared.clone();
-                        let headers: Vec<(String, String)> = req
-                            .headers()
-                            .iter()
-                            .map(|(k, v)| {
+                        // The request target as `:path` (as HTTP/2 names it), for rewrite tests.
+                        let target = req.uri().path_and_query().map_or("", |p| p.as_str()).to_owned();
+                        let headers: Vec<(String, String)> = std::iter::once((":path".to_owned(), target))
+                            .chain(req.headers().iter().map(|(k, v)| {
                                 (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned())
-                            })
+                            }))
                             .collect();
                         async move {
                             *shared.last_headers.lock().expect("not poisoned") = headers;

@@ -1545,3 +1545,224 @@ spec:
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Conformance `HTTPRouteRewritePath` and `HTTPRouteRewriteHost`: the upstream manifests (the
+/// path route on its own hostname here); for each request the backend receives the rewritten
+/// path / Host, and with a RequestHeaderModifier beside the rewrite the modified headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_rewrites_reach_the_backend_rewritten() {
+    let v1 = Upstream::start("v1").await.unwrap();
+    let v2 = Upstream::start("v2").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let headers = "{ type: RequestHeaderModifier, requestHeaderModifier: { set: [{ name: X-Header-Set, value: set-overwrites-values }], add: [{ name: X-Header-Add, value: header-val-1 }], remove: [X-Header-Remove] } }";
+    let rewrite = |prefix: &str, rewrite: &str, backend: &str, extra: &str| {
+        let matches = if prefix.is_empty() {
+            String::new()
+        } else {
+            format!("  - matches: [{{ path: {{ type: PathPrefix, value: {prefix} }} }}]\n    ")
+        };
+        let lead = if prefix.is_empty() { "  - " } else { "" };
+        format!(
+            "{matches}{lead}filters: [{{ type: URLRewrite, urlRewrite: {rewrite} }}{extra}]\n    backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}]\n"
+        )
+    };
+    let with_headers = format!(", {headers}");
+    let config = format!(
+        "{}---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: rewrite-path, namespace: infra }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [path.example]
+  rules:
+{}{}{}{}{}---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: rewrite-host, namespace: infra }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [rewrite.example]
+  rules:
+{}{}{}{}{}",
+        infra_gateway(port),
+        rewrite(
+            "/prefix/one",
+            "{ path: { type: ReplacePrefixMatch, replacePrefixMatch: /one } }",
+            "v1",
+            ""
+        ),
+        rewrite(
+            "/strip-prefix",
+            "{ path: { type: ReplacePrefixMatch, replacePrefixMatch: / } }",
+            "v1",
+            ""
+        ),
+        rewrite(
+            "/full/one",
+            "{ path: { type: ReplaceFullPath, replaceFullPath: /one } }",
+            "v1",
+            ""
+        ),
+        rewrite(
+            "/full/rewrite-path-and-modify-headers",
+            "{ path: { type: ReplaceFullPath, replaceFullPath: /test } }",
+            "v1",
+            &with_headers
+        ),
+        rewrite(
+            "/prefix/rewrite-path-and-modify-headers",
+            "{ path: { type: ReplacePrefixMatch, replacePrefixMatch: /prefix } }",
+            "v1",
+            &with_headers
+        ),
+        rewrite("/one", "{ hostname: one.example.org }", "v1", ""),
+        rewrite("", "{ hostname: example.org }", "v2", ""),
+        rewrite(
+            "/rewrite-host-and-modify-headers",
+            "{ hostname: test.example.org }",
+            "v2",
+            &with_headers
+        ),
+        format!(
+            "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: v1, namespace: infra }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+            v1.addr().ip(),
+            v1.addr().port()
+        ),
+        format!(
+            "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: v2, namespace: infra }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+            v2.addr().ip(),
+            v2.addr().port()
+        ),
+    );
+    std::fs::write(dir.path().join("rewrites.yaml"), &config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-rewrites",
+        "infra/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_path_request(gw, "GET", "rewrite.example", "/two", &[]).await, Ok((200, _, b)) if b == "v2")
+    })
+    .await
+    .unwrap();
+    // (host, path, backend, path at the backend, Host at the backend, headers modified)
+    let cases = [
+        (
+            "path.example",
+            "/prefix/one/two",
+            &v1,
+            "/one/two",
+            "path.example",
+            false,
+        ),
+        (
+            "path.example",
+            "/strip-prefix/three",
+            &v1,
+            "/three",
+            "path.example",
+            false,
+        ),
+        (
+            "path.example",
+            "/strip-prefix",
+            &v1,
+            "/",
+            "path.example",
+            false,
+        ),
+        (
+            "path.example",
+            "/full/one/two",
+            &v1,
+            "/one",
+            "path.example",
+            false,
+        ),
+        (
+            "path.example",
+            "/full/rewrite-path-and-modify-headers/test",
+            &v1,
+            "/test",
+            "path.example",
+            true,
+        ),
+        (
+            "path.example",
+            "/prefix/rewrite-path-and-modify-headers/one",
+            &v1,
+            "/prefix/one",
+            "path.example",
+            true,
+        ),
+        (
+            "rewrite.example",
+            "/one",
+            &v1,
+            "/one",
+            "one.example.org",
+            false,
+        ),
+        ("rewrite.example", "/two", &v2, "/two", "example.org", false),
+        (
+            "rewrite.example",
+            "/rewrite-host-and-modify-headers",
+            &v2,
+            "/rewrite-host-and-modify-headers",
+            "test.example.org",
+            true,
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (host, path, up, want_path, want_host, modified) in cases {
+        let sent = ["X-Header-Set: some-other-value", "X-Header-Remove: gone"];
+        let (code, _, body) = host_path_request(gw, "GET", host, path, &sent)
+            .await
+            .unwrap();
+        let got = (
+            code,
+            body,
+            up.last_header(":path"),
+            up.last_host(),
+            up.last_header("x-header-set"),
+            up.last_header("x-header-add"),
+            up.last_header("x-header-remove"),
+        );
+        let want = if modified {
+            (Some("set-overwrites-values"), Some("header-val-1"), None)
+        } else {
+            (Some("some-other-value"), None, Some("gone"))
+        };
+        let ok = got.0 == 200
+            && got.1 == up.name()
+            && got.2.as_deref() == Some(want_path)
+            && got.3.as_deref() == Some(want_host)
+            && (got.4.as_deref(), got.5.as_deref(), got.6.as_deref()) == want;
+        if !ok {
+            failures.push(format!(
+                "{host}{path}: got {got:?}, want {} {want_path} {want_host} {want:?}",
+                up.name()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
