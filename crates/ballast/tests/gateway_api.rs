@@ -1766,3 +1766,192 @@ spec:
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Conformance `HTTPRouteMatching` and `HTTPRouteQueryParamMatching`: the upstream manifests
+/// (one hostname each here) and every request of their tables: expected backend or 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_and_query_param_matches() {
+    let ups = [
+        Upstream::start("v1").await.unwrap(),
+        Upstream::start("v2").await.unwrap(),
+        Upstream::start("v3").await.unwrap(),
+    ];
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let route = |name: &str, host: &str, rules: &[(&str, &str)]| {
+        let rules: String = rules
+            .iter()
+            .map(|(matches, backend)| {
+                format!(
+                    "  - matches: {matches}\n    backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}]\n"
+                )
+            })
+            .collect();
+        format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: {name}, namespace: infra }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [{host}]
+  rules:
+{rules}"
+        )
+    };
+    let mut config = infra_gateway(port)
+        + &route(
+            "matching",
+            "match.example.com",
+            &[
+                (
+                    "[{ path: { type: PathPrefix, value: / } }, { headers: [{ name: version, value: one }] }]",
+                    "v1",
+                ),
+                (
+                    "[{ path: { type: PathPrefix, value: /v2 } }, { headers: [{ name: version, value: two }] }]",
+                    "v2",
+                ),
+            ],
+        )
+        + &route(
+            "query",
+            "query.example.com",
+            &[
+                ("[{ queryParams: [{ name: animal, value: whale }] }]", "v1"),
+                (
+                    "[{ queryParams: [{ name: animal, value: dolphin }] }]",
+                    "v2",
+                ),
+                (
+                    "[{ queryParams: [{ name: animal, value: dolphin }, { name: color, value: blue }] }, { queryParams: [{ name: ANIMAL, value: Whale }] }]",
+                    "v3",
+                ),
+                (
+                    "[{ path: { type: PathPrefix, value: /path1 }, queryParams: [{ name: animal, value: whale }] }]",
+                    "v1",
+                ),
+                (
+                    "[{ headers: [{ name: version, value: one }], queryParams: [{ name: animal, value: whale }] }]",
+                    "v2",
+                ),
+                (
+                    "[{ path: { type: PathPrefix, value: /path2 }, headers: [{ name: version, value: two }], queryParams: [{ name: animal, value: whale }] }]",
+                    "v3",
+                ),
+                (
+                    "[{ path: { type: PathPrefix, value: /path3 }, queryParams: [{ name: animal, value: shark }] }, { path: { type: PathPrefix, value: /path4 }, headers: [{ name: version, value: three }], queryParams: [{ name: animal, value: kraken }] }]",
+                    "v1",
+                ),
+                ("[{ path: { type: PathPrefix, value: /path5 } }]", "v1"),
+                ("[{ queryParams: [{ name: animal, value: hydra }] }]", "v2"),
+                ("[{ headers: [{ name: version, value: four }] }]", "v3"),
+            ],
+        );
+    for up in &ups {
+        config.push_str(&format!(
+            "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: {}, namespace: infra }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+            up.name(),
+            up.addr().ip(),
+            up.addr().port()
+        ));
+    }
+    std::fs::write(dir.path().join("matches.yaml"), &config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-query",
+        "infra/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_path_request(gw, "GET", "match.example.com", "/", &[]).await, Ok((200, _, b)) if b == "v1")
+    })
+    .await
+    .unwrap();
+    // (host, path, headers, backend or "" for 404)
+    let cases: &[(&str, &str, &[&str], &str)] = &[
+        ("match.example.com", "/", &[], "v1"),
+        ("match.example.com", "/example", &[], "v1"),
+        ("match.example.com", "/", &["Version: one"], "v1"),
+        ("match.example.com", "/v2", &[], "v2"),
+        ("match.example.com", "/v2/example", &[], "v2"),
+        ("match.example.com", "/", &["Version: two"], "v2"),
+        ("match.example.com", "/v2/", &[], "v2"),
+        ("match.example.com", "/v2example", &[], "v1"),
+        ("match.example.com", "/foo/v2/example", &[], "v1"),
+        ("query.example.com", "/?animal=whale", &[], "v1"),
+        ("query.example.com", "/?animal=dolphin", &[], "v2"),
+        (
+            "query.example.com",
+            "/?animal=dolphin&color=blue",
+            &[],
+            "v3",
+        ),
+        ("query.example.com", "/?ANIMAL=Whale", &[], "v3"),
+        (
+            "query.example.com",
+            "/?animal=whale&otherparam=irrelevant",
+            &[],
+            "v1",
+        ),
+        (
+            "query.example.com",
+            "/?animal=dolphin&color=yellow",
+            &[],
+            "v2",
+        ),
+        ("query.example.com", "/?color=blue", &[], ""),
+        ("query.example.com", "/?animal=dog", &[], ""),
+        ("query.example.com", "/?animal=whaledolphin", &[], ""),
+        ("query.example.com", "/", &[], ""),
+        ("query.example.com", "/path1?animal=whale", &[], "v1"),
+        (
+            "query.example.com",
+            "/?animal=whale",
+            &["version: one"],
+            "v2",
+        ),
+        (
+            "query.example.com",
+            "/path2?animal=whale",
+            &["version: two"],
+            "v3",
+        ),
+        ("query.example.com", "/path3?animal=shark", &[], "v1"),
+        (
+            "query.example.com",
+            "/path4?animal=kraken",
+            &["version: three"],
+            "v1",
+        ),
+        ("query.example.com", "/?animal=shark", &[], ""),
+        ("query.example.com", "/path4?animal=kraken", &[], ""),
+    ];
+    let mut failures = Vec::new();
+    for (host, path, headers, want) in cases {
+        let (code, _, body) = host_path_request(gw, "GET", host, path, headers)
+            .await
+            .unwrap();
+        let ok = if want.is_empty() {
+            code == 404
+        } else {
+            code == 200 && body == *want
+        };
+        if !ok {
+            failures.push(format!(
+                "{host}{path} {headers:?}: got {code} {body:?}, want {want:?}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
