@@ -1955,3 +1955,109 @@ spec:
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Conformance `HTTPRouteResponseHeaderModifier` (its operations on our upstream, which answers
+/// with `x-upstream: NAME`): `set` replaces a backend's header and adds new ones, `add`
+/// appends a value beside the backend's, `remove` drops it; a rule without the filter passes
+/// the backend's headers unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_header_modifier_sets_adds_and_removes() {
+    let up = Upstream::start("v1").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let rule = |prefix: &str, modifier: &str| {
+        format!(
+            "  - matches: [{{ path: {{ type: PathPrefix, value: {prefix} }} }}]
+    filters: [{{ type: ResponseHeaderModifier, responseHeaderModifier: {modifier} }}]
+    backendRefs: [{{ group: ballast.dev, kind: Backend, name: v1 }}]
+"
+        )
+    };
+    let config = format!(
+        "{}---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: response-headers, namespace: infra }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [response.example]
+  rules:
+{}{}{}{}  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: v1 }}]
+---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: v1, namespace: infra }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+        infra_gateway(port),
+        rule(
+            "/set",
+            "{ set: [{ name: X-Upstream, value: replaced }, { name: X-Header-Set, value: set-value }] }",
+        ),
+        rule(
+            "/add",
+            "{ add: [{ name: X-Upstream, value: appended }, { name: X-Header-Add, value: add-value }] }",
+        ),
+        rule("/remove", "{ remove: [X-Upstream] }"),
+        rule(
+            "/multiple",
+            "{ set: [{ name: X-Header-Set, value: set-value }], add: [{ name: X-Header-Add, value: add-value }], remove: [X-Upstream] }",
+        ),
+        up.addr().ip(),
+        up.addr().port()
+    );
+    std::fs::write(dir.path().join("response.yaml"), &config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-response-headers",
+        "infra/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_path_request(gw, "GET", "response.example", "/", &[]).await, Ok((200, _, b)) if b == "v1")
+    })
+    .await
+    .unwrap();
+    let values = |headers: &[(String, String)], name: &str| -> Vec<String> {
+        headers
+            .iter()
+            .filter(|(k, _)| k == name)
+            .flat_map(|(_, v)| v.split(',').map(|s| s.trim().to_owned()))
+            .collect()
+    };
+    // (path, x-upstream values, x-header-set, x-header-add)
+    let cases: [(&str, &[&str], &[&str], &[&str]); 5] = [
+        ("/", &["v1"], &[], &[]),
+        ("/set", &["replaced"], &["set-value"], &[]),
+        ("/add", &["v1", "appended"], &[], &["add-value"]),
+        ("/remove", &[], &[], &[]),
+        ("/multiple", &[], &["set-value"], &["add-value"]),
+    ];
+    let mut failures = Vec::new();
+    for (path, upstream, set, add) in cases {
+        let (code, headers, _) = host_path_request(gw, "GET", "response.example", path, &[])
+            .await
+            .unwrap();
+        let got = (
+            code,
+            values(&headers, "x-upstream"),
+            values(&headers, "x-header-set"),
+            values(&headers, "x-header-add"),
+        );
+        let want = (
+            200,
+            upstream.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            set.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            add.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        );
+        if got != want {
+            failures.push(format!("{path}: got {got:?}, want {want:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
