@@ -2061,3 +2061,111 @@ spec:
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Conformance `HTTPRouteListenerHostnameMatching`: four HTTP listeners on one port
+/// (`bar.com`, `foo.bar.com`, `*.bar.com`, `*.foo.com`), one route per listener by
+/// `sectionName` (v3 on both wildcards): each host reaches its most specific listener's route,
+/// wildcards match several labels, hosts no listener names get 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listener_hostnames_pick_the_most_specific_listener() {
+    let ups = [
+        Upstream::start("v1").await.unwrap(),
+        Upstream::start("v2").await.unwrap(),
+        Upstream::start("v3").await.unwrap(),
+    ];
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let route = |name: &str, parents: &str, backend: &str| {
+        format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: {name}, namespace: infra }}
+spec:
+  parentRefs: [{parents}]
+  rules: [{{ backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}] }}]
+"
+        )
+    };
+    let mut config = format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: hosts, namespace: infra }}
+spec:
+  gatewayClassName: ballast
+  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
+  listeners:
+  - {{ name: listener-1, port: {port}, protocol: HTTP, hostname: bar.com }}
+  - {{ name: listener-2, port: {port}, protocol: HTTP, hostname: foo.bar.com }}
+  - {{ name: listener-3, port: {port}, protocol: HTTP, hostname: \"*.bar.com\" }}
+  - {{ name: listener-4, port: {port}, protocol: HTTP, hostname: \"*.foo.com\" }}
+"
+    ) + &route(
+        "backend-v1",
+        "{ name: hosts, sectionName: listener-1 }",
+        "v1",
+    ) + &route(
+        "backend-v2",
+        "{ name: hosts, sectionName: listener-2 }",
+        "v2",
+    ) + &route(
+        "backend-v3",
+        "{ name: hosts, sectionName: listener-3 }, { name: hosts, sectionName: listener-4 }",
+        "v3",
+    );
+    for up in &ups {
+        config.push_str(&format!(
+            "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: {}, namespace: infra }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+            up.name(),
+            up.addr().ip(),
+            up.addr().port()
+        ));
+    }
+    std::fs::write(dir.path().join("hosts.yaml"), &config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-hosts",
+        "infra/hosts",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_get(gw, "bar.com").await, Ok((200, b)) if b == "v1")
+    })
+    .await
+    .unwrap();
+    let cases = [
+        ("bar.com", "v1"),
+        ("foo.bar.com", "v2"),
+        ("baz.bar.com", "v3"),
+        ("boo.bar.com", "v3"),
+        ("multiple.prefixes.bar.com", "v3"),
+        ("multiple.prefixes.foo.com", "v3"),
+        ("foo.com", ""),
+        ("no.matching.host", ""),
+    ];
+    let mut failures = Vec::new();
+    for _ in 0..3 {
+        for (host, want) in cases {
+            let (code, body) = host_get(gw, host).await.unwrap();
+            let ok = if want.is_empty() {
+                code == 404
+            } else {
+                code == 200 && body == want
+            };
+            if !ok {
+                failures.push(format!("{host}: got {code} {body:?}, want {want:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
