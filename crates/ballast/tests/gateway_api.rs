@@ -2274,3 +2274,90 @@ spec:
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Conformance `HTTPRouteInvalidCrossNamespaceParentRef`: a route in another namespace than a
+/// Gateway whose listener allows only its own namespace is `Accepted=False
+/// NotAllowedByListeners` and serves nothing (404, its backend gets no request), while a
+/// same-namespace route on the listener serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_namespace_parent_ref_is_not_allowed_by_a_same_namespace_listener() {
+    let own = Upstream::start("own").await.unwrap();
+    let foreign = Upstream::start("foreign").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let part = |ns: &str, host: &str, up: &Upstream| {
+        format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: route, namespace: {ns} }}
+spec:
+  parentRefs: [{{ name: same, namespace: infra }}]
+  hostnames: [{host}]
+  rules: [{{ backendRefs: [{{ group: ballast.dev, kind: Backend, name: web }}] }}]
+---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: web, namespace: {ns} }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+            up.addr().ip(),
+            up.addr().port()
+        )
+    };
+    let config = format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: same, namespace: infra }}
+spec:
+  gatewayClassName: ballast
+  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
+  listeners:
+  - {{ name: http, port: {port}, protocol: HTTP, allowedRoutes: {{ namespaces: {{ from: Same }} }} }}
+"
+    ) + &part("infra", "own.example.com", &own)
+        + &part("web-backend", "foreign.example.com", &foreign);
+    std::fs::write(dir.path().join("parent.yaml"), &config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-same-ns",
+        "infra/same",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_get(gw, "own.example.com").await, Ok((200, b)) if b == "own")
+    })
+    .await
+    .unwrap();
+    for _ in 0..10 {
+        assert_eq!(host_status(gw, "foreign.example.com").await.unwrap(), 404);
+    }
+    assert_eq!(foreign.hits(), 0);
+    let (_, body) = ballast.get("/debug/sources").await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let r = v["status"]["httpRoutes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["namespace"] == "web-backend")
+        .unwrap();
+    let c = &r["parents"][0]["conditions"][0];
+    assert_eq!(
+        (
+            c["type"].as_str(),
+            c["status"].as_str(),
+            c["reason"].as_str()
+        ),
+        (
+            Some("Accepted"),
+            Some("False"),
+            Some("NotAllowedByListeners")
+        ),
+        "{r}"
+    );
+}
