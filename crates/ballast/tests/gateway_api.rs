@@ -1568,6 +1568,20 @@ async fn url_rewrites_reach_the_backend_rewritten() {
         )
     };
     let with_headers = format!(", {headers}");
+    let backend = |up: &Upstream| {
+        format!(
+            "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: {}, namespace: infra }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+            up.name(),
+            up.addr().ip(),
+            up.addr().port()
+        )
+    };
     let config = format!(
         "{}---
 apiVersion: gateway.networking.k8s.io/v1
@@ -1625,28 +1639,8 @@ spec:
             "v2",
             &with_headers
         ),
-        format!(
-            "---
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: v1, namespace: infra }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-            v1.addr().ip(),
-            v1.addr().port()
-        ),
-        format!(
-            "---
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: v2, namespace: infra }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-            v2.addr().ip(),
-            v2.addr().port()
-        ),
+        backend(&v1),
+        backend(&v2),
     );
     std::fs::write(dir.path().join("rewrites.yaml"), &config).unwrap();
     let ballast = Ballast::serve_ready(dir.path()).await;
@@ -2031,7 +2025,8 @@ spec:
             .collect()
     };
     // (path, x-upstream values, x-header-set, x-header-add)
-    let cases: [(&str, &[&str], &[&str], &[&str]); 5] = [
+    type Case<'a> = (&'a str, &'a [&'a str], &'a [&'a str], &'a [&'a str]);
+    let cases: [Case; 5] = [
         ("/", &["v1"], &[], &[]),
         ("/set", &["replaced"], &["set-value"], &[]),
         ("/add", &["v1", "appended"], &[], &["add-value"]),
