@@ -2356,3 +2356,143 @@ spec:
         "{r}"
     );
 }
+
+/// Conformance `HTTPRouteHostnameIntersection` (the cases of its first Gateway): listeners for
+/// `very.specific.com`, `*.wildcard.io` and `*.anotherwildcard.io`; routes whose hostnames
+/// intersect them specifically or by wildcard, plus a route intersecting none. Each of the
+/// upstream suite's 27 requests gets its expected backend or 404 (`Host` with a port too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_hostnames_intersect_listener_hostnames() {
+    let ups = [
+        Upstream::start("v1").await.unwrap(),
+        Upstream::start("v2").await.unwrap(),
+        Upstream::start("v3").await.unwrap(),
+    ];
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let route = |name: &str, hostnames: &str, prefix: &str, backend: &str| {
+        format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: {name}, namespace: infra }}
+spec:
+  parentRefs: [{{ name: intersection }}]
+  hostnames: [{hostnames}]
+  rules:
+  - matches: [{{ path: {{ type: PathPrefix, value: {prefix} }} }}]
+    backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}]
+"
+        )
+    };
+    let mut config = format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: intersection, namespace: infra }}
+spec:
+  gatewayClassName: ballast
+  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
+  listeners:
+  - {{ name: listener-1, port: {port}, protocol: HTTP, hostname: very.specific.com }}
+  - {{ name: listener-2, port: {port}, protocol: HTTP, hostname: \"*.wildcard.io\" }}
+  - {{ name: listener-3, port: {port}, protocol: HTTP, hostname: \"*.anotherwildcard.io\" }}
+"
+    ) + &route(
+        "specific-host-matches-listener-specific-host",
+        "non.matching.com, \"*.nonmatchingwildcard.io\", very.specific.com",
+        "/s1",
+        "v1",
+    ) + &route(
+        "specific-host-matches-listener-wildcard-host",
+        "non.matching.com, wildcard.io, foo.wildcard.io, bar.wildcard.io, foo.bar.wildcard.io",
+        "/s2",
+        "v2",
+    ) + &route(
+        "wildcard-host-matches-listener-specific-host",
+        "non.matching.com, \"*.specific.com\"",
+        "/s3",
+        "v3",
+    ) + &route(
+        "wildcard-host-matches-listener-wildcard-host",
+        "\"*.anotherwildcard.io\"",
+        "/s4",
+        "v1",
+    ) + &route(
+        "no-intersecting-hosts",
+        "specific.but.wrong.com, wildcard.io",
+        "/s5",
+        "v2",
+    );
+    for up in &ups {
+        config.push_str(&format!(
+            "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: {}, namespace: infra }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+            up.name(),
+            up.addr().ip(),
+            up.addr().port()
+        ));
+    }
+    std::fs::write(dir.path().join("intersection.yaml"), &config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-intersection",
+        "infra/intersection",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_path_request(gw, "GET", "very.specific.com", "/s1", &[]).await, Ok((200, _, b)) if b == "v1")
+    })
+    .await
+    .unwrap();
+    let cases = [
+        ("very.specific.com", "/s1", "v1"),
+        ("very.specific.com:1234", "/s1", "v1"),
+        ("non.matching.com", "/s1", ""),
+        ("foo.nonmatchingwildcard.io", "/s1", ""),
+        ("foo.wildcard.io", "/s1", ""),
+        ("very.specific.com", "/non-matching-prefix", ""),
+        ("foo.wildcard.io", "/s2", "v2"),
+        ("bar.wildcard.io", "/s2", "v2"),
+        ("foo.bar.wildcard.io", "/s2", "v2"),
+        ("non.matching.com", "/s2", ""),
+        ("wildcard.io", "/s2", ""),
+        ("very.specific.com", "/s2", ""),
+        ("foo.wildcard.io", "/non-matching-prefix", ""),
+        ("very.specific.com", "/s3", "v3"),
+        ("non.matching.com", "/s3", ""),
+        ("foo.specific.com", "/s3", ""),
+        ("foo.wildcard.io", "/s3", ""),
+        ("very.specific.com", "/non-matching-prefix", ""),
+        ("foo.anotherwildcard.io", "/s4", "v1"),
+        ("bar.anotherwildcard.io", "/s4", "v1"),
+        ("foo.bar.anotherwildcard.io", "/s4", "v1"),
+        ("anotherwildcard.io", "/s4", ""),
+        ("foo.wildcard.io", "/s4", ""),
+        ("very.specific.com", "/s4", ""),
+        ("foo.anotherwildcard.io", "/non-matching-prefix", ""),
+        ("specific.but.wrong.com", "/s5", ""),
+        ("wildcard.io", "/s5", ""),
+    ];
+    let mut failures = Vec::new();
+    for (host, path, want) in cases {
+        let (code, _, body) = host_path_request(gw, "GET", host, path, &[]).await.unwrap();
+        let ok = if want.is_empty() {
+            code == 404
+        } else {
+            code == 200 && body == want
+        };
+        if !ok {
+            failures.push(format!("{host}{path}: got {code} {body:?}, want {want:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
