@@ -2496,3 +2496,98 @@ spec:
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Conformance `HTTPRouteInvalidParentRefNotMatchingSectionName` and
+/// `HTTPRouteInvalidParentRefNotMatchingListenerPort`: parentRefs naming a listener the Gateway
+/// does not have, or a port none of its listeners uses, are `Accepted=False NoMatchingParent`;
+/// the listener counts no attached route and their hosts get 404 while a valid route serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parent_refs_to_missing_sections_or_ports_attach_nowhere() {
+    let good = Upstream::start("good").await.unwrap();
+    let bad = Upstream::start("bad").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let other_port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let route = |name: &str, parent: &str, backend: &str| {
+        format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: {name}, namespace: infra }}
+spec:
+  parentRefs: [{parent}]
+  hostnames: [{name}.example.com]
+  rules: [{{ backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}] }}]
+"
+        )
+    };
+    let backend = |up: &Upstream| {
+        format!(
+            "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: {}, namespace: infra }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+            up.name(),
+            up.addr().ip(),
+            up.addr().port()
+        )
+    };
+    let config = infra_gateway(port)
+        + &route("valid", "{ name: edge, sectionName: http }", "good")
+        + &route("section", "{ name: edge, sectionName: nonexistent }", "bad")
+        + &route(
+            "port",
+            &format!("{{ name: edge, port: {other_port} }}"),
+            "bad",
+        )
+        + &backend(&good)
+        + &backend(&bad);
+    std::fs::write(dir.path().join("parents.yaml"), &config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-parents",
+        "infra/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_get(gw, "valid.example.com").await, Ok((200, b)) if b == "good")
+    })
+    .await
+    .unwrap();
+    for _ in 0..5 {
+        assert_eq!(host_status(gw, "section.example.com").await.unwrap(), 404);
+        assert_eq!(host_status(gw, "port.example.com").await.unwrap(), 404);
+    }
+    assert_eq!(bad.hits(), 0);
+    let (_, body) = ballast.get("/debug/sources").await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    for name in ["section", "port"] {
+        let r = v["status"]["httpRoutes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap();
+        let c = &r["parents"][0]["conditions"][0];
+        assert_eq!(
+            (
+                c["type"].as_str(),
+                c["status"].as_str(),
+                c["reason"].as_str()
+            ),
+            (Some("Accepted"), Some("False"), Some("NoMatchingParent")),
+            "{r}"
+        );
+    }
+    assert_eq!(
+        v["status"]["gateways"][0]["listeners"][0]["attachedRoutes"], 1,
+        "{body}"
+    );
+}
