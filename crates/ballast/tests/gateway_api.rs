@@ -2591,3 +2591,81 @@ spec:
         "{body}"
     );
 }
+
+/// Conformance `HTTPRouteInvalidNonExistentBackendRef` and
+/// `HTTPRouteInvalidBackendRefUnknownKind`: a backendRef to a Backend that does not exist is
+/// `ResolvedRefs=False BackendNotFound`, one to an unknown kind `InvalidKind`; both routes stay
+/// `Accepted` and answer 500 (every request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unresolvable_backend_refs_answer_500() {
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let route = |name: &str, backend_ref: &str| {
+        format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: {name}, namespace: infra }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [{name}.example.com]
+  rules: [{{ backendRefs: [{backend_ref}] }}]
+"
+        )
+    };
+    let config = infra_gateway(port)
+        + &route(
+            "nonexistent",
+            "{ group: ballast.dev, kind: Backend, name: does-not-exist }",
+        )
+        + &route(
+            "unknown-kind",
+            "{ group: unknownkind.example.com, kind: NonExistent, name: web }",
+        );
+    std::fs::write(dir.path().join("refs.yaml"), &config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-refs",
+        "infra/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_status(gw, "nonexistent.example.com").await, Ok(500))
+    })
+    .await
+    .unwrap();
+    for _ in 0..5 {
+        for host in ["nonexistent.example.com", "unknown-kind.example.com"] {
+            assert_eq!(host_status(gw, host).await.unwrap(), 500, "{host}");
+        }
+    }
+    let (_, body) = ballast.get("/debug/sources").await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    for (name, reason) in [
+        ("nonexistent", "BackendNotFound"),
+        ("unknown-kind", "InvalidKind"),
+    ] {
+        let r = v["status"]["httpRoutes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap();
+        let conds = &r["parents"][0]["conditions"];
+        assert_eq!(conds[0]["status"], "True", "{r}");
+        let c = &conds[1];
+        assert_eq!(
+            (
+                c["type"].as_str(),
+                c["status"].as_str(),
+                c["reason"].as_str()
+            ),
+            (Some("ResolvedRefs"), Some("False"), Some(reason)),
+            "{r}"
+        );
+    }
+}
