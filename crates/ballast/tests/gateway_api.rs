@@ -2669,3 +2669,121 @@ spec:
         );
     }
 }
+
+/// Conformance `HTTPRouteInvalidReferenceGrant`: a cross-namespace backendRef with only
+/// ReferenceGrants that do not cover it (in the wrong namespace; wrong `from` group, kind or
+/// namespace; wrong `to` group, kind or name) is `ResolvedRefs=False RefNotPermitted`, answers
+/// 500 and never reaches the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reference_grants_that_do_not_cover_the_ref_permit_nothing() {
+    let up = Upstream::start("web").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let grant = |name: &str, ns: &str, from: &str, to: &str| {
+        format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {{ name: {name}, namespace: {ns} }}
+spec:
+  from: [{from}]
+  to: [{to}]
+"
+        )
+    };
+    let from_ok = "{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: infra }";
+    let to_ok = "{ group: ballast.dev, kind: Backend, name: web }";
+    let config = infra_gateway(port)
+        + &format!(
+            "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: invalid-grant, namespace: infra }}
+spec:
+  parentRefs: [{{ name: edge }}]
+  hostnames: [grant.example.com]
+  rules: [{{ backendRefs: [{{ group: ballast.dev, kind: Backend, name: web, namespace: web-backend }}] }}]
+---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: web, namespace: web-backend }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+            up.addr().ip(),
+            up.addr().port()
+        )
+        + &grant("wrong-namespace", "infra", from_ok, to_ok)
+        + &grant(
+            "wrong-from-group",
+            "web-backend",
+            "{ group: not-the-group.example.com, kind: HTTPRoute, namespace: infra }",
+            to_ok,
+        )
+        + &grant(
+            "wrong-from-kind",
+            "web-backend",
+            "{ group: gateway.networking.k8s.io, kind: Gateway, namespace: infra }",
+            to_ok,
+        )
+        + &grant(
+            "wrong-from-namespace",
+            "web-backend",
+            "{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: not-infra }",
+            to_ok,
+        )
+        + &grant(
+            "wrong-to-group",
+            "web-backend",
+            from_ok,
+            "{ group: not-the-group.example.com, kind: Backend, name: web }",
+        )
+        + &grant(
+            "wrong-to-kind",
+            "web-backend",
+            from_ok,
+            "{ group: ballast.dev, kind: Service, name: web }",
+        )
+        + &grant(
+            "wrong-to-name",
+            "web-backend",
+            from_ok,
+            "{ group: ballast.dev, kind: Backend, name: not-web }",
+        );
+    std::fs::write(dir.path().join("grants.yaml"), &config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let _envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-invalid-grant",
+        "infra/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let gw = loopback(port);
+    wait_until(T, POLL, || async {
+        matches!(host_status(gw, "grant.example.com").await, Ok(500))
+    })
+    .await
+    .unwrap();
+    for _ in 0..10 {
+        assert_eq!(host_status(gw, "grant.example.com").await.unwrap(), 500);
+    }
+    assert_eq!(
+        up.hits(),
+        0,
+        "no grant covers the ref: nothing may reach the backend"
+    );
+    let (_, body) = ballast.get("/debug/sources").await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let c = &v["status"]["httpRoutes"][0]["parents"][0]["conditions"][1];
+    assert_eq!(
+        (
+            c["type"].as_str(),
+            c["status"].as_str(),
+            c["reason"].as_str()
+        ),
+        (Some("ResolvedRefs"), Some("False"), Some("RefNotPermitted")),
+        "{body}"
+    );
+}
