@@ -1,11 +1,18 @@
 //! Gateway API conformance cases ported to files and real Envoy (see docs/gateway-api.md):
 //! the upstream suite's manifests adapted to Ballast's kinds, the same request → expected
 //! backend/response assertions.
+//!
+//! A case is a manifest, the Envoy serving it and a table of requests with the answer each must
+//! get; the steps every case shares (serve, start Envoy, wait for the config, send the table,
+//! read route status) are the helpers below, so that a case shows only what it checks.
 
 mod common;
 
+use std::net::SocketAddr;
+
 use ballast_testkit::{AdsMode, Envoy, EnvoyConfig, Upstream, wait_until};
 use common::*;
+use serde_json::Value;
 
 /// A gateway in `infra` whose listener admits routes from all namespaces.
 fn infra_gateway(port: u16) -> String {
@@ -23,6 +30,242 @@ spec:
     allowedRoutes: {{ namespaces: {{ from: All }} }}
 "
     )
+}
+
+/// A Gateway `infra/{name}` on 127.0.0.1 with `listeners` (the YAML list items under
+/// `listeners:`).
+fn infra_gateway_with(name: &str, listeners: &str) -> String {
+    format!(
+        "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: {name}, namespace: infra }}
+spec:
+  gatewayClassName: ballast
+  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
+  listeners:
+{listeners}"
+    )
+}
+
+/// The parentRef of most routes here: [`infra_gateway`].
+const EDGE: &str = "{ name: edge }";
+
+/// An HTTPRoute `infra/{name}` on `parents` (parentRef items), for `hostnames` (items; none when
+/// empty), with `rules` (the YAML list items under `rules:`, see [`rule`]).
+fn infra_route(name: &str, parents: &str, hostnames: &str, rules: &str) -> String {
+    let hostnames = if hostnames.is_empty() {
+        String::new()
+    } else {
+        format!("  hostnames: [{hostnames}]\n")
+    };
+    format!(
+        "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{ name: {name}, namespace: infra }}
+spec:
+  parentRefs: [{parents}]
+{hostnames}  rules:
+{rules}"
+    )
+}
+
+/// A rule sending requests that meet `matches` (a YAML flow list; every request when empty) to
+/// the Backend `backend`.
+fn rule(matches: &str, backend: &str) -> String {
+    let matches = if matches.is_empty() {
+        String::new()
+    } else {
+        format!("matches: {matches}\n    ")
+    };
+    format!(
+        "  - {matches}backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}]\n"
+    )
+}
+
+/// [`rule`] for each `(matches, backend)`.
+fn rules(rules: &[(&str, &str)]) -> String {
+    rules.iter().map(|(m, b)| rule(m, b)).collect()
+}
+
+/// A `matches` list of one PathPrefix match.
+fn prefix(path: &str) -> String {
+    format!("[{{ path: {{ type: PathPrefix, value: {path} }} }}]")
+}
+
+/// A Backend `{ns}/{name}` whose one endpoint is `up`.
+fn backend_in(ns: &str, name: &str, up: &Upstream) -> String {
+    format!(
+        "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: {name}, namespace: {ns} }}
+spec:
+  endpoints: [{{ address: {}, port: {} }}]
+",
+        up.addr().ip(),
+        up.addr().port()
+    )
+}
+
+/// A Backend in `infra` named like `up` (whose answers are its name): the one a table's
+/// `Backend(name)` expects.
+fn infra_backend(up: &Upstream) -> String {
+    backend_in("infra", up.name(), up)
+}
+
+/// A config directory served by `ballast serve`, with a real Envoy for one Gateway (fields drop
+/// in order: Envoy, then Ballast, then the directory).
+struct Served {
+    envoy: Envoy,
+    ballast: Ballast,
+    dir: tempfile::TempDir,
+}
+
+impl Served {
+    /// Writes `config` into a fresh directory, serves it once ready and starts Envoy `node` for
+    /// `gateway` (`namespace/name`) over ADS.
+    async fn start(config: &str, node: &str, gateway: &str) -> Served {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+        let ballast = Ballast::serve_ready(dir.path()).await;
+        let envoy = start_envoy(&ballast, node, gateway).await;
+        Served {
+            envoy,
+            ballast,
+            dir,
+        }
+    }
+
+    /// `/debug/sources` (config and status) as JSON.
+    async fn sources(&self) -> Value {
+        let (_, body) = self.ballast.get("/debug/sources").await.unwrap();
+        serde_json::from_str(&body).unwrap()
+    }
+}
+
+/// Envoy `node` for `gateway` (`namespace/name`), fetching from `ballast` over gRPC ADS.
+async fn start_envoy(ballast: &Ballast, node: &str, gateway: &str) -> Envoy {
+    Envoy::start(&EnvoyConfig::new(ballast.xds, node, gateway, AdsMode::Grpc))
+        .await
+        .unwrap()
+}
+
+/// The status of HTTPRoute `name` in `/debug/sources` JSON.
+fn route_named<'a>(sources: &'a Value, name: &str) -> &'a Value {
+    sources["status"]["httpRoutes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("no status for {name}: {sources}"))
+}
+
+/// A status condition as `(type, status, reason)`; a missing field is "" (never expected).
+fn condition(c: &Value) -> (&str, &str, &str) {
+    fn field<'a>(c: &'a Value, key: &str) -> &'a str {
+        c[key].as_str().unwrap_or("")
+    }
+    (field(c, "type"), field(c, "status"), field(c, "reason"))
+}
+
+/// What a request must get: 200 with a backend's body (our upstreams answer with their name),
+/// or only a status.
+#[derive(Clone, Copy, Debug)]
+enum Want {
+    Backend(&'static str),
+    Status(u16),
+}
+use Want::{Backend, Status};
+
+impl Want {
+    fn met_by(self, code: u16, body: &str) -> bool {
+        match self {
+            Backend(name) => code == 200 && body == name,
+            Status(status) => code == status,
+        }
+    }
+}
+
+/// One request of a conformance table and the answer it must get.
+struct Req {
+    /// `None`: the address [`check`] is given.
+    addr: Option<SocketAddr>,
+    method: &'static str,
+    host: String,
+    path: String,
+    headers: Vec<&'static str>,
+    want: Want,
+}
+
+/// `method path` with `Host: host`.
+fn req(method: &'static str, host: impl Into<String>, path: impl Into<String>, want: Want) -> Req {
+    Req {
+        addr: None,
+        method,
+        host: host.into(),
+        path: path.into(),
+        headers: Vec::new(),
+        want,
+    }
+}
+
+/// `GET path` with `Host: host`.
+fn get(host: impl Into<String>, path: impl Into<String>, want: Want) -> Req {
+    req("GET", host, path, want)
+}
+
+impl Req {
+    /// With these header lines (`Name: value`).
+    fn headers(mut self, headers: &[&'static str]) -> Req {
+        self.headers.extend_from_slice(headers);
+        self
+    }
+
+    /// Sent to `addr` instead of the table's address.
+    fn via(mut self, addr: SocketAddr) -> Req {
+        self.addr = Some(addr);
+        self
+    }
+}
+
+/// Sends the whole `table` `rounds` times (each request on a fresh connection, to `gw` unless it
+/// names its own address) and fails listing every answer that missed its want, not only the
+/// first.
+async fn check(gw: SocketAddr, rounds: usize, table: &[Req]) {
+    let mut failures = Vec::new();
+    for _ in 0..rounds {
+        for r in table {
+            let addr = r.addr.unwrap_or(gw);
+            let mut headers = r.headers.clone();
+            // A method that may carry a body says it has none (else Envoy waits for one).
+            if r.method != "GET" && r.method != "HEAD" {
+                headers.push("Content-Length: 0");
+            }
+            let (code, _, body) = host_path_request(addr, r.method, &r.host, &r.path, &headers)
+                .await
+                .unwrap();
+            if !r.want.met_by(code, &body) {
+                failures.push(format!(
+                    "{addr} {} {}{} {:?}: got {code} {body:?}, want {:?}",
+                    r.method, r.host, r.path, r.headers, r.want
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Waits (bounded) until `GET path` with `Host: host` through `addr` gets `want`: the config
+/// under test has reached Envoy.
+async fn wait_answer(addr: SocketAddr, host: &str, path: &str, want: Want) {
+    wait_until(T, POLL, || async {
+        matches!(host_path_request(addr, "GET", host, path, &[]).await,
+            Ok((code, _, body)) if want.met_by(code, &body))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{host}{path} never got {want:?}: {e:#}"));
 }
 
 /// Runs `ballast get ARGS` and returns its stdout (asserting success).
@@ -57,56 +300,32 @@ spec:
 async fn cross_namespace_backend_ref_needs_reference_grant() {
     let up = Upstream::start("backends-web").await.unwrap();
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
-    let base = format!(
-        "{}---
+    let config = infra_gateway(port)
+        + "---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
-metadata: {{ name: cross, namespace: apps }}
+metadata: { name: cross, namespace: apps }
 spec:
-  parentRefs: [{{ name: edge, namespace: infra }}]
+  parentRefs: [{ name: edge, namespace: infra }]
   hostnames: [cross.example.com]
   rules:
-  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: web, namespace: backends }}]
----
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: web, namespace: backends }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-        infra_gateway(port),
-        up.addr().ip(),
-        up.addr().port()
-    );
-    std::fs::write(dir.path().join("base.yaml"), &base).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-grant",
-        "infra/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+  - backendRefs: [{ group: ballast.dev, kind: Backend, name: web, namespace: backends }]
+" + &backend_in("backends", "web", &up);
+    let served = Served::start(&config, "envoy-grant", "infra/edge").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_status(gw, "cross.example.com").await, Ok(500))
-    })
-    .await
-    .unwrap();
+    wait_answer(gw, "cross.example.com", "/", Status(500)).await;
     let route_status = || async {
-        let (_, body) = ballast.get("/debug/sources").await.unwrap();
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        v["status"]["httpRoutes"][0]["parents"][0]["conditions"][1].clone()
+        served.sources().await["status"]["httpRoutes"][0]["parents"][0]["conditions"][1].clone()
     };
     let c = route_status().await;
-    assert_eq!(c["type"], "ResolvedRefs", "{c}");
-    assert_eq!(c["status"], "False", "{c}");
-    assert_eq!(c["reason"], "RefNotPermitted", "{c}");
+    assert_eq!(
+        condition(&c),
+        ("ResolvedRefs", "False", "RefNotPermitted"),
+        "{c}"
+    );
     assert_eq!(up.hits(), 0, "no request may reach the ungranted backend");
     // `ballast get` shows the same, from the running server and from the files.
-    let admin = ballast.admin.to_string();
+    let admin = served.ballast.admin.to_string();
     let from_server = ballast_get(&["routes", "--admin-addr", &admin]);
     assert!(
         from_server
@@ -122,18 +341,14 @@ spec:
                 ]),
         "{from_server}"
     );
-    let from_files = ballast_get(&["routes", dir.path().to_str().unwrap()]);
+    let from_files = ballast_get(&["routes", served.dir.path().to_str().unwrap()]);
     assert_eq!(from_files, from_server);
     let yaml = ballast_get(&["backends", "-o", "yaml", "--admin-addr", &admin]);
     assert!(yaml.contains("reason: NotReferenced"), "{yaml}");
 
-    let grant = dir.path().join("grant.yaml");
+    let grant = served.dir.path().join("grant.yaml");
     write_atomic(&grant, GRANT);
-    wait_until(T, POLL, || async {
-        matches!(host_get(gw, "cross.example.com").await, Ok((200, body)) if body == "backends-web")
-    })
-    .await
-    .unwrap();
+    wait_answer(gw, "cross.example.com", "/", Backend("backends-web")).await;
     assert_eq!(route_status().await["reason"], "ResolvedRefs");
     let table = ballast_get(&["routes", "--admin-addr", &admin]);
     assert!(
@@ -146,11 +361,7 @@ spec:
         &grant,
         &GRANT.replace("namespace: apps }", "namespace: other }"),
     );
-    wait_until(T, POLL, || async {
-        matches!(host_status(gw, "cross.example.com").await, Ok(500))
-    })
-    .await
-    .unwrap();
+    wait_answer(gw, "cross.example.com", "/", Status(500)).await;
     assert_eq!(route_status().await["reason"], "RefNotPermitted");
 }
 
@@ -163,7 +374,6 @@ async fn standard_retry_retries_listed_codes() {
     bad.set_status(503);
     let good = Upstream::start("good").await.unwrap();
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
     let rule = |name: &str, host: &str, retry: &str| {
         format!(
             "---
@@ -179,33 +389,17 @@ spec:
 {retry}"
         )
     };
-    std::fs::write(
-        dir.path().join("all.yaml"),
-        gateway(port)
-            + &rule(
-                "retried",
-                "retry.example.com",
-                "    retry: { codes: [503], attempts: 2, backoff: 10ms }\n",
-            )
-            + &rule("plain", "plain.example.com", "")
-            + &backend("flaky", &[bad.addr(), good.addr()]),
-    )
-    .unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-retry",
-        "default/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let config = gateway(port)
+        + &rule(
+            "retried",
+            "retry.example.com",
+            "    retry: { codes: [503], attempts: 2, backoff: 10ms }\n",
+        )
+        + &rule("plain", "plain.example.com", "")
+        + &backend("flaky", &[bad.addr(), good.addr()]);
+    let served = Served::start(&config, "envoy-retry", "default/edge").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_get(gw, "retry.example.com").await, Ok((200, _)))
-    })
-    .await
-    .unwrap();
+    wait_answer(gw, "retry.example.com", "/", Status(200)).await;
     let before = bad.hits();
     let mut statuses = Vec::new();
     for _ in 0..20 {
@@ -217,7 +411,7 @@ spec:
         "the failing endpoint was tried (and retried away from)"
     );
     // The named rule has its own Envoy stats (rule `name` → route stat prefix).
-    let stats = envoy.stats().await.unwrap();
+    let stats = served.envoy.stats().await.unwrap();
     let rule_stat = |suffix: &str| {
         stats
             .iter()
@@ -252,7 +446,6 @@ async fn request_mirror_copies_requests_to_another_backend() {
     let shadow = Upstream::start("shadow").await.unwrap();
     shadow.set_status(500); // a mirror's answer never reaches the client
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
     let rule = |name: &str, host: &str, extra: &str| {
         format!(
             "---
@@ -270,46 +463,25 @@ spec:
 "
         )
     };
-    std::fs::write(
-        dir.path().join("all.yaml"),
-        gateway(port)
-            + &rule("mirrored", "mirror.example.com", "")
-            + &rule("none", "none.example.com", ", percent: 0")
-            + &backend("primary", &[primary.addr()])
-            + &backend("shadow", &[shadow.addr()]),
-    )
-    .unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-mirror",
-        "default/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let config = gateway(port)
+        + &rule("mirrored", "mirror.example.com", "")
+        + &rule("none", "none.example.com", ", percent: 0")
+        + &backend("primary", &[primary.addr()])
+        + &backend("shadow", &[shadow.addr()]);
+    let _served = Served::start(&config, "envoy-mirror", "default/edge").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_get(gw, "none.example.com").await, Ok((200, _)))
-    })
-    .await
-    .unwrap();
-    for _ in 0..10 {
-        assert_eq!(
-            host_get(gw, "none.example.com").await.unwrap(),
-            (200, "primary".to_owned())
-        );
-    }
+    wait_answer(gw, "none.example.com", "/", Status(200)).await;
+    check(gw, 10, &[get("none.example.com", "/", Backend("primary"))]).await;
     assert_eq!(shadow.hits(), 0, "percent: 0 mirrors nothing");
     // Both routes came in the same route configuration: mirror.example.com is served too, and
     // every request to it from here on is counted (so late mirror copies cannot skew counts).
     let (p0, s0) = (primary.hits(), shadow.hits());
-    for _ in 0..10 {
-        assert_eq!(
-            host_get(gw, "mirror.example.com").await.unwrap(),
-            (200, "primary".to_owned())
-        );
-    }
+    check(
+        gw,
+        10,
+        &[get("mirror.example.com", "/", Backend("primary"))],
+    )
+    .await;
     assert_eq!(primary.hits() - p0, 10);
     // Mirrored requests are sent asynchronously: wait (bounded) until all 10 arrived.
     wait_until(T, POLL, || async { shadow.hits() - s0 >= 10 })
@@ -328,11 +500,8 @@ async fn backend_ref_filters_apply_only_to_their_backend() {
     let a = Upstream::start("a").await.unwrap();
     let b = Upstream::start("b").await.unwrap();
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("all.yaml"),
-        gateway(port)
-            + "---
+    let config = gateway(port)
+        + "---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: { name: split }
@@ -356,24 +525,10 @@ spec:
       name: b
       filters: [{ type: URLRewrite, urlRewrite: { hostname: rewritten.example } }]
 " + &backend("a", &[a.addr()])
-            + &backend("b", &[b.addr()]),
-    )
-    .unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-backend-filters",
-        "default/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+        + &backend("b", &[b.addr()]);
+    let served = Served::start(&config, "envoy-backend-filters", "default/edge").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_status(gw, "split.example.com").await, Ok(200))
-    })
-    .await
-    .unwrap();
+    wait_answer(gw, "split.example.com", "/", Status(200)).await;
     let (a0, b0) = (a.hits(), b.hits());
     let (mut to_a, mut to_b, mut non_2xx) = (0u32, 0u32, 0u32);
     let sent = [("x-internal", "1"), ("x-backend", "client")];
@@ -413,7 +568,7 @@ spec:
         to_a > 0 && to_b > 0,
         "both backends served: a={to_a} b={to_b}"
     );
-    let status = ballast_get(&["routes", "-o", "yaml", dir.path().to_str().unwrap()]);
+    let status = ballast_get(&["routes", "-o", "yaml", served.dir.path().to_str().unwrap()]);
     assert!(
         status.contains("UnsupportedValue")
             && status.contains("rules[0].backendRefs[1].filters[0].type: filter URLRewrite"),
@@ -438,7 +593,6 @@ fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
 async fn cors_filter_answers_preflights_for_allowed_origins() {
     let up = Upstream::start("web").await.unwrap();
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
     let cors_route = "---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -458,30 +612,14 @@ spec:
         maxAge: 600
         allowCredentials: true
 ";
-    std::fs::write(
-        dir.path().join("all.yaml"),
-        gateway(port)
-            + cors_route
-            + &route("plain", "plain.example.com", "web")
-            + &backend("web", &[up.addr()]),
-    )
-    .unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-cors",
-        "default/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let config = gateway(port)
+        + cors_route
+        + &route("plain", "plain.example.com", "web")
+        + &backend("web", &[up.addr()]);
+    let _served = Served::start(&config, "envoy-cors", "default/edge").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_get(gw, "cors.example.com").await, Ok((200, _)))
-            && matches!(host_get(gw, "plain.example.com").await, Ok((200, _)))
-    })
-    .await
-    .unwrap();
+    wait_answer(gw, "cors.example.com", "/", Status(200)).await;
+    wait_answer(gw, "plain.example.com", "/", Status(200)).await;
     let preflight = |host: &'static str, origin: &'static str| async move {
         host_request(
             gw,
@@ -605,7 +743,6 @@ fn split_location(loc: &str) -> (String, String, Option<u16>, String) {
 async fn request_redirects_set_scheme_host_port_path_and_status() {
     let up = Upstream::start("redirect-web").await.unwrap();
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
     let redirect = |prefix: &str, spec: &str| {
         format!(
             "  - matches: [{{ path: {{ type: PathPrefix, value: {prefix} }} }}]
@@ -613,7 +750,7 @@ async fn request_redirects_set_scheme_host_port_path_and_status() {
 "
         )
     };
-    let rules = [
+    let redirects = [
         redirect("/scheme-nil-and-port-nil", "{ hostname: example.org }"),
         redirect("/scheme-nil-and-port-80", "{ port: 80, hostname: example.org }"),
         redirect(
@@ -653,44 +790,14 @@ async fn request_redirects_set_scheme_host_port_path_and_status() {
         redirect("/308", "{ statusCode: 308 }"),
     ]
     .concat();
-    let config = format!(
-        "{}---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: redirects, namespace: infra }}
-spec:
-  parentRefs: [{{ name: edge }}]
-  rules:
-{rules}  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: web }}]
----
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: web, namespace: infra }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-        infra_gateway(port),
-        up.addr().ip(),
-        up.addr().port()
-    );
-    std::fs::write(dir.path().join("redirects.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-redirects",
-        "infra/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let config = infra_gateway(port)
+        + &infra_route("redirects", EDGE, "", &(redirects + &rule("", "web")))
+        + &backend_in("infra", "web", &up);
+    let _served = Served::start(&config, "envoy-redirects", "infra/edge").await;
     let gw = loopback(port);
     // The Host a client of the listener sends: the Gateway's address with its port.
     let host = format!("127.0.0.1:{port}");
-    wait_until(T, POLL, || async {
-        matches!(host_path_request(gw, "GET", &host, "/", &[]).await, Ok((200, _, b)) if b == "redirect-web")
-    })
-    .await
-    .unwrap();
+    wait_answer(gw, &host, "/", Backend("redirect-web")).await;
     let hits = up.hits();
     let http = |h: &str, p: Option<u16>, path: &str| ("http", h.to_owned(), p, path.to_owned());
     let https = |h: &str, p: Option<u16>, path: &str| ("https", h.to_owned(), p, path.to_owned());
@@ -794,147 +901,89 @@ async fn omitted_backends_partial_grants_and_timeouts() {
     let app_v1 = Upstream::start("app-v1").await.unwrap();
     let app_v2 = Upstream::start("app-v2").await.unwrap();
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
-    let backend = |name: &str, ns: &str, up: &Upstream| {
+    let timeout_rule = |path: &str, timeouts: &str, backend: &str| {
         format!(
-            "---
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: {name}, namespace: {ns} }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-            up.addr().ip(),
-            up.addr().port()
+            "  - matches: {}\n    timeouts: {timeouts}\n    backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}]\n",
+            prefix(path)
         )
     };
-    let config = format!(
-        "{gateway}---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: omitted, namespace: infra }}
-spec:
-  parentRefs: [{{ name: edge }}]
-  hostnames: [omitted.example.com]
-  rules:
-  - matches: [{{ path: {{ type: PathPrefix, value: /omitted-no-forward }} }}]
-  - matches: [{{ path: {{ type: PathPrefix, value: /empty-no-forward }} }}]
+    let config = infra_gateway(port)
+        + &infra_route(
+            "omitted",
+            EDGE,
+            "omitted.example.com",
+            "  - matches: [{ path: { type: PathPrefix, value: /omitted-no-forward } }]
+  - matches: [{ path: { type: PathPrefix, value: /empty-no-forward } }]
     backendRefs: []
-  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: fast }}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: partial, namespace: infra }}
-spec:
-  parentRefs: [{{ name: edge }}]
-  hostnames: [partial.example.com]
-  rules:
-  - matches: [{{ path: {{ type: PathPrefix, value: /v2 }} }}]
-    backendRefs: [{{ group: ballast.dev, kind: Backend, name: app-v2, namespace: app-backend }}]
-  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: app-v1, namespace: app-backend }}]
----
+  - backendRefs: [{ group: ballast.dev, kind: Backend, name: fast }]
+",
+        )
+        + &infra_route(
+            "partial",
+            EDGE,
+            "partial.example.com",
+            "  - matches: [{ path: { type: PathPrefix, value: /v2 } }]
+    backendRefs: [{ group: ballast.dev, kind: Backend, name: app-v2, namespace: app-backend }]
+  - backendRefs: [{ group: ballast.dev, kind: Backend, name: app-v1, namespace: app-backend }]
+",
+        )
+        + "---
 apiVersion: gateway.networking.k8s.io/v1beta1
 kind: ReferenceGrant
-metadata: {{ name: only-v1, namespace: app-backend }}
+metadata: { name: only-v1, namespace: app-backend }
 spec:
-  from: [{{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: infra }}]
-  to: [{{ group: ballast.dev, kind: Backend, name: app-v1 }}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: timeouts, namespace: infra }}
-spec:
-  parentRefs: [{{ name: edge }}]
-  hostnames: [timeout.example.com]
-  rules:
-  - matches: [{{ path: {{ type: PathPrefix, value: /request-timeout }} }}]
-    timeouts: {{ request: 500ms }}
-    backendRefs: [{{ group: ballast.dev, kind: Backend, name: slow }}]
-  - matches: [{{ path: {{ type: PathPrefix, value: /disable-request-timeout }} }}]
-    timeouts: {{ request: 0s }}
-    backendRefs: [{{ group: ballast.dev, kind: Backend, name: slow }}]
-  - matches: [{{ path: {{ type: PathPrefix, value: /backend-timeout }} }}]
-    timeouts: {{ backendRequest: 500ms }}
-    backendRefs: [{{ group: ballast.dev, kind: Backend, name: slow }}]
-  - matches: [{{ path: {{ type: PathPrefix, value: /disable-backend-timeout }} }}]
-    timeouts: {{ backendRequest: 0s }}
-    backendRefs: [{{ group: ballast.dev, kind: Backend, name: slow }}]
-  - matches: [{{ path: {{ type: PathPrefix, value: /fast }} }}]
-    timeouts: {{ request: 500ms, backendRequest: 500ms }}
-    backendRefs: [{{ group: ballast.dev, kind: Backend, name: fast }}]
-{}{}{}{}",
-        backend("fast", "infra", &fast),
-        backend("slow", "infra", &slow),
-        backend("app-v1", "app-backend", &app_v1),
-        backend("app-v2", "app-backend", &app_v2),
-        gateway = infra_gateway(port),
-    );
-    std::fs::write(dir.path().join("routes.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-partial",
-        "infra/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+  from: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: infra }]
+  to: [{ group: ballast.dev, kind: Backend, name: app-v1 }]
+" + &infra_route(
+        "timeouts",
+        EDGE,
+        "timeout.example.com",
+        &[
+            timeout_rule("/request-timeout", "{ request: 500ms }", "slow"),
+            timeout_rule("/disable-request-timeout", "{ request: 0s }", "slow"),
+            timeout_rule("/backend-timeout", "{ backendRequest: 500ms }", "slow"),
+            timeout_rule("/disable-backend-timeout", "{ backendRequest: 0s }", "slow"),
+            timeout_rule("/fast", "{ request: 500ms, backendRequest: 500ms }", "fast"),
+        ]
+        .concat(),
+    ) + &infra_backend(&fast)
+        + &infra_backend(&slow)
+        + &backend_in("app-backend", "app-v1", &app_v1)
+        + &backend_in("app-backend", "app-v2", &app_v2);
+    let served = Served::start(&config, "envoy-partial", "infra/edge").await;
     let gw = loopback(port);
-    let get = |host: &'static str, path: &'static str| async move {
-        host_path_request(gw, "GET", host, path, &[])
-            .await
-            .map(|(code, _, body)| (code, body))
-    };
-    wait_until(T, POLL, || async {
-        matches!(get("omitted.example.com", "/").await, Ok((200, b)) if b == "fast")
-    })
-    .await
-    .unwrap();
-    let cases: [(&str, &str, u16, Option<&str>); 11] = [
-        ("omitted.example.com", "/omitted-no-forward", 500, None),
-        ("omitted.example.com", "/empty-no-forward", 500, None),
-        ("omitted.example.com", "/", 200, Some("fast")),
-        ("partial.example.com", "/v2", 500, None),
-        ("partial.example.com", "/", 200, Some("app-v1")),
-        ("timeout.example.com", "/request-timeout", 504, None),
-        (
-            "timeout.example.com",
-            "/disable-request-timeout",
-            200,
-            Some("slow"),
-        ),
-        ("timeout.example.com", "/backend-timeout", 504, None),
-        (
-            "timeout.example.com",
-            "/disable-backend-timeout",
-            200,
-            Some("slow"),
-        ),
-        ("timeout.example.com", "/fast", 200, Some("fast")),
-        ("partial.example.com", "/v2/x", 500, None),
-    ];
-    let mut failures = Vec::new();
-    for (host, path, status, body) in cases {
-        let (code, got) = get(host, path).await.unwrap();
-        if code != status || body.is_some_and(|b| b != got) {
-            failures.push(format!(
-                "{host}{path}: got {code} {got:?}, want {status} {body:?}"
-            ));
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    wait_answer(gw, "omitted.example.com", "/", Backend("fast")).await;
+    check(
+        gw,
+        1,
+        &[
+            get("omitted.example.com", "/omitted-no-forward", Status(500)),
+            get("omitted.example.com", "/empty-no-forward", Status(500)),
+            get("omitted.example.com", "/", Backend("fast")),
+            get("partial.example.com", "/v2", Status(500)),
+            get("partial.example.com", "/", Backend("app-v1")),
+            get("timeout.example.com", "/request-timeout", Status(504)),
+            get(
+                "timeout.example.com",
+                "/disable-request-timeout",
+                Backend("slow"),
+            ),
+            get("timeout.example.com", "/backend-timeout", Status(504)),
+            get(
+                "timeout.example.com",
+                "/disable-backend-timeout",
+                Backend("slow"),
+            ),
+            get("timeout.example.com", "/fast", Backend("fast")),
+            get("partial.example.com", "/v2/x", Status(500)),
+        ],
+    )
+    .await;
     assert_eq!(app_v2.hits(), 0, "the ungranted backend must get nothing");
     // Status: the omitted route resolves its refs; the partial one is RefNotPermitted.
-    let (_, body) = ballast.get("/debug/sources").await.unwrap();
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let sources = served.sources().await;
     let resolved = |name: &str| {
-        let r = v["status"]["httpRoutes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == name)
-            .unwrap_or_else(|| panic!("no status for {name}: {body}"));
-        r["parents"][0]["conditions"]
+        route_named(&sources, name)["parents"][0]["conditions"]
             .as_array()
             .unwrap()
             .iter()
@@ -944,14 +993,14 @@ spec:
     };
     let c = resolved("omitted");
     assert_eq!(
-        (c["status"].as_str(), c["reason"].as_str()),
-        (Some("True"), Some("ResolvedRefs")),
+        condition(&c),
+        ("ResolvedRefs", "True", "ResolvedRefs"),
         "{c}"
     );
     let c = resolved("partial");
     assert_eq!(
-        (c["status"].as_str(), c["reason"].as_str()),
-        (Some("False"), Some("RefNotPermitted")),
+        condition(&c),
+        ("ResolvedRefs", "False", "RefNotPermitted"),
         "{c}"
     );
 }
@@ -969,134 +1018,76 @@ async fn parent_ref_port_selects_listeners() {
     let v2 = Upstream::start("v2").await.unwrap();
     let v3 = Upstream::start("v3").await.unwrap();
     let stray = Upstream::start("stray").await.unwrap();
-    let ports = [
-        ballast_testkit::free_port(),
-        ballast_testkit::free_port(),
-        ballast_testkit::free_port(),
-    ];
-    let [p1, p2, p3] = ports;
-    let dir = tempfile::tempdir().unwrap();
-    let route = |name: &str, parent: &str, backend: &str| {
-        format!(
-            "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: {name}, namespace: infra }}
-spec:
-  parentRefs: [{parent}]
-  rules: [{{ backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}] }}]
-"
-        )
-    };
-    let backend = |name: &str, up: &Upstream| {
-        format!(
-            "---
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: {name}, namespace: infra }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-            up.addr().ip(),
-            up.addr().port()
-        )
-    };
+    let [p1, p2, p3] = [(); 3].map(|_| ballast_testkit::free_port());
     let config = [
-        format!(
-            "apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{ name: ports, namespace: infra }}
-spec:
-  gatewayClassName: ballast
-  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
-  listeners:
-  - {{ name: listener-1, port: {p1}, protocol: HTTP, hostname: foo.com }}
+        infra_gateway_with(
+            "ports",
+            &format!(
+                "  - {{ name: listener-1, port: {p1}, protocol: HTTP, hostname: foo.com }}
   - {{ name: listener-2, port: {p2}, protocol: HTTP, hostname: foo.com }}
   - {{ name: listener-3, port: {p2}, protocol: HTTP, hostname: bar.com }}
   - {{ name: listener-4, port: {p3}, protocol: HTTP, hostname: foo.com }}
   - {{ name: listener-5, port: {p3}, protocol: HTTP, hostname: bar.com }}
 "
+            ),
         ),
-        route(
+        infra_route(
             "backend-v1",
             &format!("{{ name: ports, port: {p1} }}"),
-            "v1",
+            "",
+            &rule("", "v1"),
         ),
-        route(
+        infra_route(
             "backend-v2",
             &format!("{{ name: ports, port: {p2} }}"),
-            "v2",
+            "",
+            &rule("", "v2"),
         ),
-        route(
+        infra_route(
             "backend-v3",
             &format!("{{ name: ports, port: {p3}, sectionName: listener-4 }}"),
-            "v3",
+            "",
+            &rule("", "v3"),
         ),
-        route(
+        infra_route(
             "mismatch",
             &format!("{{ name: ports, port: {p2}, sectionName: listener-1 }}"),
-            "stray",
+            "",
+            &rule("", "stray"),
         ),
-        backend("v1", &v1),
-        backend("v2", &v2),
-        backend("v3", &v3),
-        backend("stray", &stray),
+        infra_backend(&v1),
+        infra_backend(&v2),
+        infra_backend(&v3),
+        infra_backend(&stray),
     ]
     .concat();
-    std::fs::write(dir.path().join("ports.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-ports",
-        "infra/ports",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
-    wait_until(T, POLL, || async {
-        matches!(host_get(loopback(p3), &format!("foo.com:{p3}")).await, Ok((200, b)) if b == "v3")
-    })
-    .await
-    .unwrap();
-    let cases = [
-        (p1, "foo.com", 200, "v1"),
-        (p2, "foo.com", 200, "v2"),
-        (p2, "bar.com", 200, "v2"),
-        (p3, "foo.com", 200, "v3"),
-        (p3, "bar.com", 404, ""),
-    ];
-    let mut failures = Vec::new();
-    for _ in 0..3 {
-        for (port, host, status, body) in cases {
-            let got = host_get(loopback(port), &format!("{host}:{port}"))
-                .await
-                .unwrap();
-            if got.0 != status || (status == 200 && got.1 != body) {
-                failures.push(format!("{host}:{port}: got {got:?}, want {status} {body}"));
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let served = Served::start(&config, "envoy-ports", "infra/ports").await;
+    wait_answer(loopback(p3), &format!("foo.com:{p3}"), "/", Backend("v3")).await;
+    // The Host of each request names the port it is sent to.
+    let at = |port: u16, host: &str, want: Want| {
+        get(format!("{host}:{port}"), "/", want).via(loopback(port))
+    };
+    check(
+        loopback(p1),
+        3,
+        &[
+            at(p1, "foo.com", Backend("v1")),
+            at(p2, "foo.com", Backend("v2")),
+            at(p2, "bar.com", Backend("v2")),
+            at(p3, "foo.com", Backend("v3")),
+            at(p3, "bar.com", Status(404)),
+        ],
+    )
+    .await;
     assert_eq!(stray.hits(), 0, "the unattached route must get no traffic");
-    let (_, body) = ballast.get("/debug/sources").await.unwrap();
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let r = v["status"]["httpRoutes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == "mismatch")
-        .unwrap();
-    let c = &r["parents"][0]["conditions"][0];
+    let sources = served.sources().await;
+    let r = route_named(&sources, "mismatch");
     assert_eq!(
-        (
-            c["type"].as_str(),
-            c["status"].as_str(),
-            c["reason"].as_str()
-        ),
-        (Some("Accepted"), Some("False"), Some("NoMatchingParent")),
+        condition(&r["parents"][0]["conditions"][0]),
+        ("Accepted", "False", "NoMatchingParent"),
         "{r}"
     );
-    let attached: Vec<(String, u64)> = v["status"]["gateways"][0]["listeners"]
+    let attached: Vec<(String, u64)> = sources["status"]["gateways"][0]["listeners"]
         .as_array()
         .unwrap()
         .iter()
@@ -1112,7 +1103,7 @@ spec:
         .enumerate()
         .map(|(i, n)| (format!("listener-{}", i + 1), *n))
         .collect();
-    assert_eq!(attached, want, "{body}");
+    assert_eq!(attached, want, "{sources}");
 }
 
 /// Conformance `HTTPRouteMultipleGateways`: one route with parentRefs on two Gateways (each
@@ -1126,115 +1117,50 @@ async fn route_shared_by_two_gateways_serves_through_both() {
         Upstream::start("v3").await.unwrap(),
     ];
     let (pa, pb) = (ballast_testkit::free_port(), ballast_testkit::free_port());
-    let dir = tempfile::tempdir().unwrap();
-    let gateway = |name: &str, port: u16| {
-        format!(
-            "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{ name: {name}, namespace: infra }}
-spec:
-  gatewayClassName: ballast
-  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
-  listeners: [{{ name: http, port: {port}, protocol: HTTP }}]
-"
-        )
-    };
-    let route = |name: &str, parents: &str, prefix: &str, backend: &str| {
-        format!(
-            "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: {name}, namespace: infra }}
-spec:
-  parentRefs: [{parents}]
-  rules:
-  - matches: [{{ path: {{ type: PathPrefix, value: {prefix} }} }}]
-    backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}]
-"
-        )
-    };
-    let mut config = [
-        gateway("same-namespace", pa),
-        gateway("all-namespaces", pb),
-        route(
+    let listener = |port: u16| format!("  - {{ name: http, port: {port}, protocol: HTTP }}\n");
+    let config = [
+        infra_gateway_with("same-namespace", &listener(pa)),
+        infra_gateway_with("all-namespaces", &listener(pb)),
+        infra_route(
             "shared",
             "{ name: same-namespace }, { name: all-namespaces }",
-            "/shared",
-            "v1",
+            "",
+            &rule(&prefix("/shared"), "v1"),
         ),
-        route("dedicated-a", "{ name: same-namespace }", "/", "v2"),
-        route("dedicated-b", "{ name: all-namespaces }", "/", "v3"),
+        infra_route(
+            "dedicated-a",
+            "{ name: same-namespace }",
+            "",
+            &rule(&prefix("/"), "v2"),
+        ),
+        infra_route(
+            "dedicated-b",
+            "{ name: all-namespaces }",
+            "",
+            &rule(&prefix("/"), "v3"),
+        ),
     ]
-    .concat();
-    for up in &ups {
-        config.push_str(&format!(
-            "---
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: {}, namespace: infra }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-            up.name(),
-            up.addr().ip(),
-            up.addr().port()
-        ));
+    .concat()
+        + &ups.iter().map(infra_backend).collect::<String>();
+    let served = Served::start(&config, "envoy-gw-a", "infra/same-namespace").await;
+    let _b = start_envoy(&served.ballast, "envoy-gw-b", "infra/all-namespaces").await;
+    let (a, b) = (loopback(pa), loopback(pb));
+    for gw in [a, b] {
+        wait_answer(gw, "example.com", "/shared", Backend("v1")).await;
     }
-    std::fs::write(dir.path().join("gateways.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _a = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-gw-a",
-        "infra/same-namespace",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
-    let _b = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-gw-b",
-        "infra/all-namespaces",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
-    let get = |port: u16, path: &'static str| async move {
-        host_path_request(loopback(port), "GET", "example.com", path, &[])
-            .await
-            .map(|(code, _, body)| (code, body))
-    };
-    for port in [pa, pb] {
-        wait_until(T, POLL, || async {
-            matches!(get(port, "/shared").await, Ok((200, b)) if b == "v1")
-        })
-        .await
-        .unwrap();
-    }
-    let cases = [
-        (pa, "/shared", "v1"),
-        (pa, "/", "v2"),
-        (pb, "/shared", "v1"),
-        (pb, "/", "v3"),
-    ];
-    let mut failures = Vec::new();
-    for _ in 0..5 {
-        for (port, path, want) in cases {
-            let got = get(port, path).await.unwrap();
-            if got != (200, want.to_owned()) {
-                failures.push(format!("{port}{path}: got {got:?}, want 200 {want}"));
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
-    let (_, body) = ballast.get("/debug/sources").await.unwrap();
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let shared = v["status"]["httpRoutes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == "shared")
-        .unwrap();
+    check(
+        a,
+        5,
+        &[
+            get("example.com", "/shared", Backend("v1")),
+            get("example.com", "/", Backend("v2")),
+            get("example.com", "/shared", Backend("v1")).via(b),
+            get("example.com", "/", Backend("v3")).via(b),
+        ],
+    )
+    .await;
+    let sources = served.sources().await;
+    let shared = route_named(&sources, "shared");
     let parents = shared["parents"].as_array().unwrap();
     assert_eq!(parents.len(), 2, "{shared}");
     for p in parents {
@@ -1250,94 +1176,48 @@ async fn matches_are_ordered_across_routes() {
     let v1 = Upstream::start("v1").await.unwrap();
     let v2 = Upstream::start("v2").await.unwrap();
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
-    let backend = |up: &Upstream| {
+    let route_rule = |path: &str, version: &str, backend: &str| {
         format!(
-            "---
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: {}, namespace: infra }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-            up.name(),
-            up.addr().ip(),
-            up.addr().port()
+            "  - matches:
+    - path: {{ type: PathPrefix, value: {path} }}
+    - headers: [{{ name: version, value: {version} }}]
+    backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}]
+"
         )
     };
-    let config = format!(
-        "{}---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: matching-part1, namespace: infra }}
-spec:
-  parentRefs: [{{ name: edge }}]
-  hostnames: [example.com, example.net]
-  rules:
-  - matches:
-    - path: {{ type: PathPrefix, value: / }}
-    - headers: [{{ name: version, value: one }}]
-    backendRefs: [{{ group: ballast.dev, kind: Backend, name: v1 }}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: matching-part2, namespace: infra }}
-spec:
-  parentRefs: [{{ name: edge }}]
-  hostnames: [example.com]
-  rules:
-  - matches:
-    - path: {{ type: PathPrefix, value: /v2 }}
-    - headers: [{{ name: version, value: two }}]
-    backendRefs: [{{ group: ballast.dev, kind: Backend, name: v2 }}]
-{}{}",
-        infra_gateway(port),
-        backend(&v1),
-        backend(&v2)
-    );
-    std::fs::write(dir.path().join("matching.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-matching",
-        "infra/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let config = infra_gateway(port)
+        + &infra_route(
+            "matching-part1",
+            EDGE,
+            "example.com, example.net",
+            &route_rule("/", "one", "v1"),
+        )
+        + &infra_route(
+            "matching-part2",
+            EDGE,
+            "example.com",
+            &route_rule("/v2", "two", "v2"),
+        )
+        + &infra_backend(&v1)
+        + &infra_backend(&v2);
+    let _served = Served::start(&config, "envoy-matching", "infra/edge").await;
     let gw = loopback(port);
-    let get = |host: &'static str, path: &'static str, headers: &'static [&'static str]| async move {
-        host_path_request(gw, "GET", host, path, headers)
-            .await
-            .map(|(code, _, body)| (code, body))
-    };
-    wait_until(T, POLL, || async {
-        matches!(get("example.com", "/v2", &[]).await, Ok((200, b)) if b == "v2")
-    })
-    .await
-    .unwrap();
-    let cases: [(&str, &str, &[&str], &str); 8] = [
-        ("example.com", "/", &[], "v1"),
-        ("example.com", "/example", &[], "v1"),
-        ("example.net", "/example", &[], "v1"),
-        ("example.com", "/example", &["Version: one"], "v1"),
-        ("example.com", "/v2", &[], "v2"),
-        ("example.net", "/v2", &[], "v1"),
-        ("example.com", "/v2/example", &[], "v2"),
-        ("example.com", "/", &["Version: two"], "v2"),
-    ];
-    let mut failures = Vec::new();
-    for _ in 0..3 {
-        for (host, path, headers, want) in cases {
-            let got = get(host, path, headers).await.unwrap();
-            if got != (200, want.to_owned()) {
-                failures.push(format!(
-                    "{host}{path} {headers:?}: got {got:?}, want 200 {want}"
-                ));
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    wait_answer(gw, "example.com", "/v2", Backend("v2")).await;
+    check(
+        gw,
+        3,
+        &[
+            get("example.com", "/", Backend("v1")),
+            get("example.com", "/example", Backend("v1")),
+            get("example.net", "/example", Backend("v1")),
+            get("example.com", "/example", Backend("v1")).headers(&["Version: one"]),
+            get("example.com", "/v2", Backend("v2")),
+            get("example.net", "/v2", Backend("v1")),
+            get("example.com", "/v2/example", Backend("v2")),
+            get("example.com", "/", Backend("v2")).headers(&["Version: two"]),
+        ],
+    )
+    .await;
 }
 
 /// Conformance `HTTPRouteExactPathMatching`, `HTTPRouteHeaderMatching` and
@@ -1351,41 +1231,21 @@ async fn exact_path_header_and_method_matches() {
         Upstream::start("v3").await.unwrap(),
     ];
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
-    let route = |name: &str, host: &str, rules: &[(&str, &str)]| {
-        let rules: String = rules
-            .iter()
-            .map(|(matches, backend)| {
-                format!(
-                    "  - matches: {matches}\n    backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}]\n"
-                )
-            })
-            .collect();
-        format!(
-            "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: {name}, namespace: infra }}
-spec:
-  parentRefs: [{{ name: edge }}]
-  hostnames: [{host}]
-  rules:
-{rules}"
-        )
-    };
-    let mut config = infra_gateway(port)
-        + &route(
+    let config = infra_gateway(port)
+        + &infra_route(
             "exact",
+            EDGE,
             "exact.example.com",
-            &[
+            &rules(&[
                 ("[{ path: { type: Exact, value: /one } }]", "v1"),
                 ("[{ path: { type: Exact, value: /two } }]", "v2"),
-            ],
+            ]),
         )
-        + &route(
+        + &infra_route(
             "headers",
+            EDGE,
             "headers.example.com",
-            &[
+            &rules(&[
                 ("[{ headers: [{ name: version, value: one }] }]", "v1"),
                 ("[{ headers: [{ name: version, value: two }] }]", "v2"),
                 (
@@ -1400,12 +1260,13 @@ spec:
                     "[{ headers: [{ name: color, value: red }] }, { headers: [{ name: color, value: yellow }] }]",
                     "v2",
                 ),
-            ],
+            ]),
         )
-        + &route(
+        + &infra_route(
             "methods",
+            EDGE,
             "method.example.com",
-            &[
+            &rules(&[
                 ("[{ method: POST }]", "v1"),
                 ("[{ method: GET }]", "v2"),
                 (
@@ -1427,123 +1288,54 @@ spec:
                 ("[{ path: { type: PathPrefix, value: /path5 } }]", "v1"),
                 ("[{ method: PATCH }]", "v2"),
                 ("[{ headers: [{ name: version, value: four }] }]", "v3"),
-            ],
-        );
-    for up in &ups {
-        config.push_str(&format!(
-            "---
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: {}, namespace: infra }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-            up.name(),
-            up.addr().ip(),
-            up.addr().port()
-        ));
-    }
-    std::fs::write(dir.path().join("matches.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-matches",
-        "infra/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+            ]),
+        )
+        + &ups.iter().map(infra_backend).collect::<String>();
+    let _served = Served::start(&config, "envoy-matches", "infra/edge").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_path_request(gw, "GET", "exact.example.com", "/one", &[]).await, Ok((200, _, b)) if b == "v1")
-    })
-    .await
-    .unwrap();
-    // (method, host, path, headers, backend or "" for 404)
-    let cases: &[(&str, &str, &str, &[&str], &str)] = &[
-        ("GET", "exact.example.com", "/one", &[], "v1"),
-        ("GET", "exact.example.com", "/two", &[], "v2"),
-        ("GET", "exact.example.com", "/", &[], ""),
-        ("GET", "exact.example.com", "/one/example", &[], ""),
-        ("GET", "exact.example.com", "/two/", &[], ""),
-        ("GET", "exact.example.com", "/Two", &[], ""),
-        ("GET", "headers.example.com", "/", &["Version: one"], "v1"),
-        ("GET", "headers.example.com", "/", &["Version: two"], "v2"),
-        (
-            "GET",
-            "headers.example.com",
-            "/",
-            &["Version: two", "Color: orange"],
-            "v1",
-        ),
-        (
-            "GET",
-            "headers.example.com",
-            "/",
-            &["Version: two", "Color: blue"],
-            "v2",
-        ),
-        ("GET", "headers.example.com", "/", &["Color: orange"], ""),
-        (
-            "GET",
-            "headers.example.com",
-            "/",
-            &["Some-Other-Header: one"],
-            "",
-        ),
-        ("GET", "headers.example.com", "/", &["Color: blue"], "v1"),
-        ("GET", "headers.example.com", "/", &["Color: green"], "v1"),
-        ("GET", "headers.example.com", "/", &["Color: red"], "v2"),
-        ("GET", "headers.example.com", "/", &["Color: yellow"], "v2"),
-        ("GET", "headers.example.com", "/", &["Color: purple"], ""),
-        ("POST", "method.example.com", "/", &[], "v1"),
-        ("GET", "method.example.com", "/", &[], "v2"),
-        ("HEAD", "method.example.com", "/", &[], ""),
-        ("GET", "method.example.com", "/path1", &[], "v1"),
-        ("PUT", "method.example.com", "/", &["version: one"], "v2"),
-        (
-            "POST",
-            "method.example.com",
-            "/path2",
-            &["version: two"],
-            "v3",
-        ),
-        ("PATCH", "method.example.com", "/path3", &[], "v1"),
-        (
-            "DELETE",
-            "method.example.com",
-            "/path4",
-            &["version: three"],
-            "v1",
-        ),
-        ("PUT", "method.example.com", "/", &[], ""),
-        ("DELETE", "method.example.com", "/path4", &[], ""),
-        ("PATCH", "method.example.com", "/path5", &[], "v1"),
-        ("PATCH", "method.example.com", "/", &["version: four"], "v2"),
-    ];
-    let mut failures = Vec::new();
-    for _ in 0..2 {
-        for (method, host, path, headers, want) in cases {
-            let mut hs = headers.to_vec();
-            if *method != "GET" && *method != "HEAD" {
-                hs.push("Content-Length: 0");
-            }
-            let (code, _, body) = host_path_request(gw, method, host, path, &hs)
-                .await
-                .unwrap();
-            let ok = if want.is_empty() {
-                code == 404
-            } else {
-                code == 200 && body == *want
-            };
-            if !ok {
-                failures.push(format!(
-                    "{method} {host}{path} {headers:?}: got {code} {body:?}, want {want:?}"
-                ));
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    wait_answer(gw, "exact.example.com", "/one", Backend("v1")).await;
+    let (exact, headers, method) = (
+        "exact.example.com",
+        "headers.example.com",
+        "method.example.com",
+    );
+    let not_found = Status(404);
+    check(
+        gw,
+        2,
+        &[
+            get(exact, "/one", Backend("v1")),
+            get(exact, "/two", Backend("v2")),
+            get(exact, "/", not_found),
+            get(exact, "/one/example", not_found),
+            get(exact, "/two/", not_found),
+            get(exact, "/Two", not_found),
+            get(headers, "/", Backend("v1")).headers(&["Version: one"]),
+            get(headers, "/", Backend("v2")).headers(&["Version: two"]),
+            get(headers, "/", Backend("v1")).headers(&["Version: two", "Color: orange"]),
+            get(headers, "/", Backend("v2")).headers(&["Version: two", "Color: blue"]),
+            get(headers, "/", not_found).headers(&["Color: orange"]),
+            get(headers, "/", not_found).headers(&["Some-Other-Header: one"]),
+            get(headers, "/", Backend("v1")).headers(&["Color: blue"]),
+            get(headers, "/", Backend("v1")).headers(&["Color: green"]),
+            get(headers, "/", Backend("v2")).headers(&["Color: red"]),
+            get(headers, "/", Backend("v2")).headers(&["Color: yellow"]),
+            get(headers, "/", not_found).headers(&["Color: purple"]),
+            req("POST", method, "/", Backend("v1")),
+            req("GET", method, "/", Backend("v2")),
+            req("HEAD", method, "/", not_found),
+            req("GET", method, "/path1", Backend("v1")),
+            req("PUT", method, "/", Backend("v2")).headers(&["version: one"]),
+            req("POST", method, "/path2", Backend("v3")).headers(&["version: two"]),
+            req("PATCH", method, "/path3", Backend("v1")),
+            req("DELETE", method, "/path4", Backend("v1")).headers(&["version: three"]),
+            req("PUT", method, "/", not_found),
+            req("DELETE", method, "/path4", not_found),
+            req("PATCH", method, "/path5", Backend("v1")),
+            req("PATCH", method, "/", Backend("v2")).headers(&["version: four"]),
+        ],
+    )
+    .await;
 }
 
 /// Conformance `HTTPRouteRewritePath` and `HTTPRouteRewriteHost`: the upstream manifests (the
@@ -1554,7 +1346,6 @@ async fn url_rewrites_reach_the_backend_rewritten() {
     let v1 = Upstream::start("v1").await.unwrap();
     let v2 = Upstream::start("v2").await.unwrap();
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
     let headers = "{ type: RequestHeaderModifier, requestHeaderModifier: { set: [{ name: X-Header-Set, value: set-overwrites-values }], add: [{ name: X-Header-Add, value: header-val-1 }], remove: [X-Header-Remove] } }";
     let rewrite = |prefix: &str, rewrite: &str, backend: &str, extra: &str| {
         let matches = if prefix.is_empty() {
@@ -1568,96 +1359,61 @@ async fn url_rewrites_reach_the_backend_rewritten() {
         )
     };
     let with_headers = format!(", {headers}");
-    let backend = |up: &Upstream| {
-        format!(
-            "---
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: {}, namespace: infra }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-            up.name(),
-            up.addr().ip(),
-            up.addr().port()
-        )
-    };
-    let config = format!(
-        "{}---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: rewrite-path, namespace: infra }}
-spec:
-  parentRefs: [{{ name: edge }}]
-  hostnames: [path.example]
-  rules:
-{}{}{}{}{}---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: rewrite-host, namespace: infra }}
-spec:
-  parentRefs: [{{ name: edge }}]
-  hostnames: [rewrite.example]
-  rules:
-{}{}{}{}{}",
-        infra_gateway(port),
+    let path_rules = [
         rewrite(
             "/prefix/one",
             "{ path: { type: ReplacePrefixMatch, replacePrefixMatch: /one } }",
             "v1",
-            ""
+            "",
         ),
         rewrite(
             "/strip-prefix",
             "{ path: { type: ReplacePrefixMatch, replacePrefixMatch: / } }",
             "v1",
-            ""
+            "",
         ),
         rewrite(
             "/full/one",
             "{ path: { type: ReplaceFullPath, replaceFullPath: /one } }",
             "v1",
-            ""
+            "",
         ),
         rewrite(
             "/full/rewrite-path-and-modify-headers",
             "{ path: { type: ReplaceFullPath, replaceFullPath: /test } }",
             "v1",
-            &with_headers
+            &with_headers,
         ),
         rewrite(
             "/prefix/rewrite-path-and-modify-headers",
             "{ path: { type: ReplacePrefixMatch, replacePrefixMatch: /prefix } }",
             "v1",
-            &with_headers
+            &with_headers,
         ),
+    ];
+    let host_rules = [
         rewrite("/one", "{ hostname: one.example.org }", "v1", ""),
         rewrite("", "{ hostname: example.org }", "v2", ""),
         rewrite(
             "/rewrite-host-and-modify-headers",
             "{ hostname: test.example.org }",
             "v2",
-            &with_headers
+            &with_headers,
         ),
-        backend(&v1),
-        backend(&v2),
-    );
-    std::fs::write(dir.path().join("rewrites.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-rewrites",
-        "infra/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    ];
+    let config = infra_gateway(port)
+        + &infra_route("rewrite-path", EDGE, "path.example", &path_rules.concat())
+        + &infra_route(
+            "rewrite-host",
+            EDGE,
+            "rewrite.example",
+            &host_rules.concat(),
+        )
+        + &infra_backend(&v1)
+        + &infra_backend(&v2);
+    let _served = Served::start(&config, "envoy-rewrites", "infra/edge").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_path_request(gw, "GET", "rewrite.example", "/two", &[]).await, Ok((200, _, b)) if b == "v2")
-    })
-    .await
-    .unwrap();
+    wait_answer(gw, "rewrite.example", "/two", Backend("v2")).await;
     // (host, path, backend, path at the backend, Host at the backend, headers modified)
     let cases = [
         (
@@ -1771,33 +1527,12 @@ async fn path_and_query_param_matches() {
         Upstream::start("v3").await.unwrap(),
     ];
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
-    let route = |name: &str, host: &str, rules: &[(&str, &str)]| {
-        let rules: String = rules
-            .iter()
-            .map(|(matches, backend)| {
-                format!(
-                    "  - matches: {matches}\n    backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}]\n"
-                )
-            })
-            .collect();
-        format!(
-            "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: {name}, namespace: infra }}
-spec:
-  parentRefs: [{{ name: edge }}]
-  hostnames: [{host}]
-  rules:
-{rules}"
-        )
-    };
-    let mut config = infra_gateway(port)
-        + &route(
+    let config = infra_gateway(port)
+        + &infra_route(
             "matching",
+            EDGE,
             "match.example.com",
-            &[
+            &rules(&[
                 (
                     "[{ path: { type: PathPrefix, value: / } }, { headers: [{ name: version, value: one }] }]",
                     "v1",
@@ -1806,12 +1541,13 @@ spec:
                     "[{ path: { type: PathPrefix, value: /v2 } }, { headers: [{ name: version, value: two }] }]",
                     "v2",
                 ),
-            ],
+            ]),
         )
-        + &route(
+        + &infra_route(
             "query",
+            EDGE,
             "query.example.com",
-            &[
+            &rules(&[
                 ("[{ queryParams: [{ name: animal, value: whale }] }]", "v1"),
                 (
                     "[{ queryParams: [{ name: animal, value: dolphin }] }]",
@@ -1840,114 +1576,47 @@ spec:
                 ("[{ path: { type: PathPrefix, value: /path5 } }]", "v1"),
                 ("[{ queryParams: [{ name: animal, value: hydra }] }]", "v2"),
                 ("[{ headers: [{ name: version, value: four }] }]", "v3"),
-            ],
-        );
-    for up in &ups {
-        config.push_str(&format!(
-            "---
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: {}, namespace: infra }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-            up.name(),
-            up.addr().ip(),
-            up.addr().port()
-        ));
-    }
-    std::fs::write(dir.path().join("matches.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-query",
-        "infra/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+            ]),
+        )
+        + &ups.iter().map(infra_backend).collect::<String>();
+    let _served = Served::start(&config, "envoy-query", "infra/edge").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_path_request(gw, "GET", "match.example.com", "/", &[]).await, Ok((200, _, b)) if b == "v1")
-    })
-    .await
-    .unwrap();
-    // (host, path, headers, backend or "" for 404)
-    let cases: &[(&str, &str, &[&str], &str)] = &[
-        ("match.example.com", "/", &[], "v1"),
-        ("match.example.com", "/example", &[], "v1"),
-        ("match.example.com", "/", &["Version: one"], "v1"),
-        ("match.example.com", "/v2", &[], "v2"),
-        ("match.example.com", "/v2/example", &[], "v2"),
-        ("match.example.com", "/", &["Version: two"], "v2"),
-        ("match.example.com", "/v2/", &[], "v2"),
-        ("match.example.com", "/v2example", &[], "v1"),
-        ("match.example.com", "/foo/v2/example", &[], "v1"),
-        ("query.example.com", "/?animal=whale", &[], "v1"),
-        ("query.example.com", "/?animal=dolphin", &[], "v2"),
-        (
-            "query.example.com",
-            "/?animal=dolphin&color=blue",
-            &[],
-            "v3",
-        ),
-        ("query.example.com", "/?ANIMAL=Whale", &[], "v3"),
-        (
-            "query.example.com",
-            "/?animal=whale&otherparam=irrelevant",
-            &[],
-            "v1",
-        ),
-        (
-            "query.example.com",
-            "/?animal=dolphin&color=yellow",
-            &[],
-            "v2",
-        ),
-        ("query.example.com", "/?color=blue", &[], ""),
-        ("query.example.com", "/?animal=dog", &[], ""),
-        ("query.example.com", "/?animal=whaledolphin", &[], ""),
-        ("query.example.com", "/", &[], ""),
-        ("query.example.com", "/path1?animal=whale", &[], "v1"),
-        (
-            "query.example.com",
-            "/?animal=whale",
-            &["version: one"],
-            "v2",
-        ),
-        (
-            "query.example.com",
-            "/path2?animal=whale",
-            &["version: two"],
-            "v3",
-        ),
-        ("query.example.com", "/path3?animal=shark", &[], "v1"),
-        (
-            "query.example.com",
-            "/path4?animal=kraken",
-            &["version: three"],
-            "v1",
-        ),
-        ("query.example.com", "/?animal=shark", &[], ""),
-        ("query.example.com", "/path4?animal=kraken", &[], ""),
-    ];
-    let mut failures = Vec::new();
-    for (host, path, headers, want) in cases {
-        let (code, _, body) = host_path_request(gw, "GET", host, path, headers)
-            .await
-            .unwrap();
-        let ok = if want.is_empty() {
-            code == 404
-        } else {
-            code == 200 && body == *want
-        };
-        if !ok {
-            failures.push(format!(
-                "{host}{path} {headers:?}: got {code} {body:?}, want {want:?}"
-            ));
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    wait_answer(gw, "match.example.com", "/", Backend("v1")).await;
+    let (matching, query) = ("match.example.com", "query.example.com");
+    let not_found = Status(404);
+    check(
+        gw,
+        1,
+        &[
+            get(matching, "/", Backend("v1")),
+            get(matching, "/example", Backend("v1")),
+            get(matching, "/", Backend("v1")).headers(&["Version: one"]),
+            get(matching, "/v2", Backend("v2")),
+            get(matching, "/v2/example", Backend("v2")),
+            get(matching, "/", Backend("v2")).headers(&["Version: two"]),
+            get(matching, "/v2/", Backend("v2")),
+            get(matching, "/v2example", Backend("v1")),
+            get(matching, "/foo/v2/example", Backend("v1")),
+            get(query, "/?animal=whale", Backend("v1")),
+            get(query, "/?animal=dolphin", Backend("v2")),
+            get(query, "/?animal=dolphin&color=blue", Backend("v3")),
+            get(query, "/?ANIMAL=Whale", Backend("v3")),
+            get(query, "/?animal=whale&otherparam=irrelevant", Backend("v1")),
+            get(query, "/?animal=dolphin&color=yellow", Backend("v2")),
+            get(query, "/?color=blue", not_found),
+            get(query, "/?animal=dog", not_found),
+            get(query, "/?animal=whaledolphin", not_found),
+            get(query, "/", not_found),
+            get(query, "/path1?animal=whale", Backend("v1")),
+            get(query, "/?animal=whale", Backend("v2")).headers(&["version: one"]),
+            get(query, "/path2?animal=whale", Backend("v3")).headers(&["version: two"]),
+            get(query, "/path3?animal=shark", Backend("v1")),
+            get(query, "/path4?animal=kraken", Backend("v1")).headers(&["version: three"]),
+            get(query, "/?animal=shark", not_found),
+            get(query, "/path4?animal=kraken", not_found),
+        ],
+    )
+    .await;
 }
 
 /// Conformance `HTTPRouteResponseHeaderModifier` (its operations on our upstream, which answers
@@ -1958,65 +1627,38 @@ spec:
 async fn response_header_modifier_sets_adds_and_removes() {
     let up = Upstream::start("v1").await.unwrap();
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
-    let rule = |prefix: &str, modifier: &str| {
+    let modify = |path: &str, modifier: &str| {
         format!(
-            "  - matches: [{{ path: {{ type: PathPrefix, value: {prefix} }} }}]
+            "  - matches: {}
     filters: [{{ type: ResponseHeaderModifier, responseHeaderModifier: {modifier} }}]
     backendRefs: [{{ group: ballast.dev, kind: Backend, name: v1 }}]
-"
+",
+            prefix(path)
         )
     };
-    let config = format!(
-        "{}---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: response-headers, namespace: infra }}
-spec:
-  parentRefs: [{{ name: edge }}]
-  hostnames: [response.example]
-  rules:
-{}{}{}{}  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: v1 }}]
----
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: v1, namespace: infra }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-        infra_gateway(port),
-        rule(
+    let route_rules = [
+        modify(
             "/set",
             "{ set: [{ name: X-Upstream, value: replaced }, { name: X-Header-Set, value: set-value }] }",
         ),
-        rule(
+        modify(
             "/add",
             "{ add: [{ name: X-Upstream, value: appended }, { name: X-Header-Add, value: add-value }] }",
         ),
-        rule("/remove", "{ remove: [X-Upstream] }"),
-        rule(
+        modify("/remove", "{ remove: [X-Upstream] }"),
+        modify(
             "/multiple",
             "{ set: [{ name: X-Header-Set, value: set-value }], add: [{ name: X-Header-Add, value: add-value }], remove: [X-Upstream] }",
         ),
-        up.addr().ip(),
-        up.addr().port()
-    );
-    std::fs::write(dir.path().join("response.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-response-headers",
-        "infra/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+        rule("", "v1"),
+    ]
+    .concat();
+    let config = infra_gateway(port)
+        + &infra_route("response-headers", EDGE, "response.example", &route_rules)
+        + &infra_backend(&up);
+    let _served = Served::start(&config, "envoy-response-headers", "infra/edge").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_path_request(gw, "GET", "response.example", "/", &[]).await, Ok((200, _, b)) if b == "v1")
-    })
-    .await
-    .unwrap();
+    wait_answer(gw, "response.example", "/", Backend("v1")).await;
     let values = |headers: &[(String, String)], name: &str| -> Vec<String> {
         headers
             .iter()
@@ -2069,100 +1711,49 @@ async fn listener_hostnames_pick_the_most_specific_listener() {
         Upstream::start("v3").await.unwrap(),
     ];
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
-    let route = |name: &str, parents: &str, backend: &str| {
-        format!(
-            "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: {name}, namespace: infra }}
-spec:
-  parentRefs: [{parents}]
-  rules: [{{ backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}] }}]
-"
-        )
-    };
-    let mut config = format!(
-        "apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{ name: hosts, namespace: infra }}
-spec:
-  gatewayClassName: ballast
-  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
-  listeners:
-  - {{ name: listener-1, port: {port}, protocol: HTTP, hostname: bar.com }}
+    let config = infra_gateway_with(
+        "hosts",
+        &format!(
+            "  - {{ name: listener-1, port: {port}, protocol: HTTP, hostname: bar.com }}
   - {{ name: listener-2, port: {port}, protocol: HTTP, hostname: foo.bar.com }}
   - {{ name: listener-3, port: {port}, protocol: HTTP, hostname: \"*.bar.com\" }}
   - {{ name: listener-4, port: {port}, protocol: HTTP, hostname: \"*.foo.com\" }}
 "
-    ) + &route(
+        ),
+    ) + &infra_route(
         "backend-v1",
         "{ name: hosts, sectionName: listener-1 }",
-        "v1",
-    ) + &route(
+        "",
+        &rule("", "v1"),
+    ) + &infra_route(
         "backend-v2",
         "{ name: hosts, sectionName: listener-2 }",
-        "v2",
-    ) + &route(
+        "",
+        &rule("", "v2"),
+    ) + &infra_route(
         "backend-v3",
         "{ name: hosts, sectionName: listener-3 }, { name: hosts, sectionName: listener-4 }",
-        "v3",
-    );
-    for up in &ups {
-        config.push_str(&format!(
-            "---
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: {}, namespace: infra }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-            up.name(),
-            up.addr().ip(),
-            up.addr().port()
-        ));
-    }
-    std::fs::write(dir.path().join("hosts.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-hosts",
-        "infra/hosts",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+        "",
+        &rule("", "v3"),
+    ) + &ups.iter().map(infra_backend).collect::<String>();
+    let _served = Served::start(&config, "envoy-hosts", "infra/hosts").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_get(gw, "bar.com").await, Ok((200, b)) if b == "v1")
-    })
-    .await
-    .unwrap();
-    let cases = [
-        ("bar.com", "v1"),
-        ("foo.bar.com", "v2"),
-        ("baz.bar.com", "v3"),
-        ("boo.bar.com", "v3"),
-        ("multiple.prefixes.bar.com", "v3"),
-        ("multiple.prefixes.foo.com", "v3"),
-        ("foo.com", ""),
-        ("no.matching.host", ""),
-    ];
-    let mut failures = Vec::new();
-    for _ in 0..3 {
-        for (host, want) in cases {
-            let (code, body) = host_get(gw, host).await.unwrap();
-            let ok = if want.is_empty() {
-                code == 404
-            } else {
-                code == 200 && body == want
-            };
-            if !ok {
-                failures.push(format!("{host}: got {code} {body:?}, want {want:?}"));
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    wait_answer(gw, "bar.com", "/", Backend("v1")).await;
+    check(
+        gw,
+        3,
+        &[
+            get("bar.com", "/", Backend("v1")),
+            get("foo.bar.com", "/", Backend("v2")),
+            get("baz.bar.com", "/", Backend("v3")),
+            get("boo.bar.com", "/", Backend("v3")),
+            get("multiple.prefixes.bar.com", "/", Backend("v3")),
+            get("multiple.prefixes.foo.com", "/", Backend("v3")),
+            get("foo.com", "/", Status(404)),
+            get("no.matching.host", "/", Status(404)),
+        ],
+    )
+    .await;
 }
 
 /// Conformance `GatewayHTTPListenerIsolation`: four HTTP listeners on one port (no hostname,
@@ -2173,7 +1764,7 @@ spec:
 async fn http_listeners_on_one_port_are_isolated() {
     let up = Upstream::start("v1").await.unwrap();
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
+    // (listener and path name, listener hostname, a host only that listener matches)
     let listeners = [
         ("empty-hostname", None, "bar.com"),
         (
@@ -2192,82 +1783,38 @@ async fn http_listeners_on_one_port_are_isolated() {
             "abc.foo.example.com",
         ),
     ];
-    let mut config = String::from(
-        "apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: { name: isolation, namespace: infra }
-spec:
-  gatewayClassName: ballast
-  addresses: [{ type: IPAddress, value: 127.0.0.1 }]
-  listeners:
-",
+    let mut config = infra_gateway_with(
+        "isolation",
+        &listeners
+            .iter()
+            .map(|(name, hostname, _)| {
+                let hostname = hostname
+                    .map(|h| format!(", hostname: {h}"))
+                    .unwrap_or_default();
+                format!("  - {{ name: {name}, port: {port}, protocol: HTTP{hostname} }}\n")
+            })
+            .collect::<String>(),
     );
-    for (name, hostname, _) in listeners {
-        let hostname = hostname
-            .map(|h| format!(", hostname: {h}"))
-            .unwrap_or_default();
-        config.push_str(&format!(
-            "  - {{ name: {name}, port: {port}, protocol: HTTP{hostname} }}\n"
-        ));
-    }
     for (name, _, _) in listeners {
-        config.push_str(&format!(
-            "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: attaches-to-{name}, namespace: infra }}
-spec:
-  parentRefs: [{{ name: isolation, sectionName: {name} }}]
-  rules:
-  - matches: [{{ path: {{ type: PathPrefix, value: /{name} }} }}]
-    backendRefs: [{{ group: ballast.dev, kind: Backend, name: v1 }}]
-"
-        ));
+        config += &infra_route(
+            &format!("attaches-to-{name}"),
+            &format!("{{ name: isolation, sectionName: {name} }}"),
+            "",
+            &rule(&prefix(&format!("/{name}")), "v1"),
+        );
     }
-    config.push_str(&format!(
-        "---
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: v1, namespace: infra }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-        up.addr().ip(),
-        up.addr().port()
-    ));
-    std::fs::write(dir.path().join("isolation.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-isolation",
-        "infra/isolation",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    config += &infra_backend(&up);
+    let _served = Served::start(&config, "envoy-isolation", "infra/isolation").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_path_request(gw, "GET", "bar.com", "/empty-hostname", &[]).await, Ok((200, _, b)) if b == "v1")
-    })
-    .await
-    .unwrap();
-    let mut failures = Vec::new();
+    wait_answer(gw, "bar.com", "/empty-hostname", Backend("v1")).await;
+    let mut table = Vec::new();
     for (i, (_, _, host)) in listeners.iter().enumerate() {
         for (j, (path, _, _)) in listeners.iter().enumerate() {
-            let (code, _, body) = host_path_request(gw, "GET", host, &format!("/{path}"), &[])
-                .await
-                .unwrap();
-            let ok = if i == j {
-                code == 200 && body == "v1"
-            } else {
-                code == 404
-            };
-            if !ok {
-                failures.push(format!("{host}/{path}: got {code} {body:?}"));
-            }
+            let want = if i == j { Backend("v1") } else { Status(404) };
+            table.push(get(*host, format!("/{path}"), want));
         }
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    check(gw, 1, &table).await;
 }
 
 /// Conformance `HTTPRouteInvalidCrossNamespaceParentRef`: a route in another namespace than a
@@ -2279,7 +1826,6 @@ async fn cross_namespace_parent_ref_is_not_allowed_by_a_same_namespace_listener(
     let own = Upstream::start("own").await.unwrap();
     let foreign = Upstream::start("foreign").await.unwrap();
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
     let part = |ns: &str, host: &str, up: &Upstream| {
         format!(
             "---
@@ -2290,69 +1836,31 @@ spec:
   parentRefs: [{{ name: same, namespace: infra }}]
   hostnames: [{host}]
   rules: [{{ backendRefs: [{{ group: ballast.dev, kind: Backend, name: web }}] }}]
----
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: web, namespace: {ns} }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-            up.addr().ip(),
-            up.addr().port()
-        )
-    };
-    let config = format!(
-        "apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{ name: same, namespace: infra }}
-spec:
-  gatewayClassName: ballast
-  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
-  listeners:
-  - {{ name: http, port: {port}, protocol: HTTP, allowedRoutes: {{ namespaces: {{ from: Same }} }} }}
 "
+        ) + &backend_in(ns, "web", up)
+    };
+    let config = infra_gateway_with(
+        "same",
+        &format!(
+            "  - {{ name: http, port: {port}, protocol: HTTP, allowedRoutes: {{ namespaces: {{ from: Same }} }} }}\n"
+        ),
     ) + &part("infra", "own.example.com", &own)
         + &part("web-backend", "foreign.example.com", &foreign);
-    std::fs::write(dir.path().join("parent.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-same-ns",
-        "infra/same",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let served = Served::start(&config, "envoy-same-ns", "infra/same").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_get(gw, "own.example.com").await, Ok((200, b)) if b == "own")
-    })
-    .await
-    .unwrap();
-    for _ in 0..10 {
-        assert_eq!(host_status(gw, "foreign.example.com").await.unwrap(), 404);
-    }
+    wait_answer(gw, "own.example.com", "/", Backend("own")).await;
+    check(gw, 10, &[get("foreign.example.com", "/", Status(404))]).await;
     assert_eq!(foreign.hits(), 0);
-    let (_, body) = ballast.get("/debug/sources").await.unwrap();
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let r = v["status"]["httpRoutes"]
+    let sources = served.sources().await;
+    let r = sources["status"]["httpRoutes"]
         .as_array()
         .unwrap()
         .iter()
         .find(|r| r["namespace"] == "web-backend")
         .unwrap();
-    let c = &r["parents"][0]["conditions"][0];
     assert_eq!(
-        (
-            c["type"].as_str(),
-            c["status"].as_str(),
-            c["reason"].as_str()
-        ),
-        (
-            Some("Accepted"),
-            Some("False"),
-            Some("NotAllowedByListeners")
-        ),
+        condition(&r["parents"][0]["conditions"][0]),
+        ("Accepted", "False", "NotAllowedByListeners"),
         "{r}"
     );
 }
@@ -2369,34 +1877,22 @@ async fn route_hostnames_intersect_listener_hostnames() {
         Upstream::start("v3").await.unwrap(),
     ];
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
-    let route = |name: &str, hostnames: &str, prefix: &str, backend: &str| {
-        format!(
-            "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: {name}, namespace: infra }}
-spec:
-  parentRefs: [{{ name: intersection }}]
-  hostnames: [{hostnames}]
-  rules:
-  - matches: [{{ path: {{ type: PathPrefix, value: {prefix} }} }}]
-    backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}]
-"
+    let route = |name: &str, hostnames: &str, path: &str, backend: &str| {
+        infra_route(
+            name,
+            "{ name: intersection }",
+            hostnames,
+            &rule(&prefix(path), backend),
         )
     };
-    let mut config = format!(
-        "apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{ name: intersection, namespace: infra }}
-spec:
-  gatewayClassName: ballast
-  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
-  listeners:
-  - {{ name: listener-1, port: {port}, protocol: HTTP, hostname: very.specific.com }}
+    let config = infra_gateway_with(
+        "intersection",
+        &format!(
+            "  - {{ name: listener-1, port: {port}, protocol: HTTP, hostname: very.specific.com }}
   - {{ name: listener-2, port: {port}, protocol: HTTP, hostname: \"*.wildcard.io\" }}
   - {{ name: listener-3, port: {port}, protocol: HTTP, hostname: \"*.anotherwildcard.io\" }}
 "
+        ),
     ) + &route(
         "specific-host-matches-listener-specific-host",
         "non.matching.com, \"*.nonmatchingwildcard.io\", very.specific.com",
@@ -2422,79 +1918,45 @@ spec:
         "specific.but.wrong.com, wildcard.io",
         "/s5",
         "v2",
-    );
-    for up in &ups {
-        config.push_str(&format!(
-            "---
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: {}, namespace: infra }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-            up.name(),
-            up.addr().ip(),
-            up.addr().port()
-        ));
-    }
-    std::fs::write(dir.path().join("intersection.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-intersection",
-        "infra/intersection",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    ) + &ups.iter().map(infra_backend).collect::<String>();
+    let _served = Served::start(&config, "envoy-intersection", "infra/intersection").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_path_request(gw, "GET", "very.specific.com", "/s1", &[]).await, Ok((200, _, b)) if b == "v1")
-    })
-    .await
-    .unwrap();
-    let cases = [
-        ("very.specific.com", "/s1", "v1"),
-        ("very.specific.com:1234", "/s1", "v1"),
-        ("non.matching.com", "/s1", ""),
-        ("foo.nonmatchingwildcard.io", "/s1", ""),
-        ("foo.wildcard.io", "/s1", ""),
-        ("very.specific.com", "/non-matching-prefix", ""),
-        ("foo.wildcard.io", "/s2", "v2"),
-        ("bar.wildcard.io", "/s2", "v2"),
-        ("foo.bar.wildcard.io", "/s2", "v2"),
-        ("non.matching.com", "/s2", ""),
-        ("wildcard.io", "/s2", ""),
-        ("very.specific.com", "/s2", ""),
-        ("foo.wildcard.io", "/non-matching-prefix", ""),
-        ("very.specific.com", "/s3", "v3"),
-        ("non.matching.com", "/s3", ""),
-        ("foo.specific.com", "/s3", ""),
-        ("foo.wildcard.io", "/s3", ""),
-        ("very.specific.com", "/non-matching-prefix", ""),
-        ("foo.anotherwildcard.io", "/s4", "v1"),
-        ("bar.anotherwildcard.io", "/s4", "v1"),
-        ("foo.bar.anotherwildcard.io", "/s4", "v1"),
-        ("anotherwildcard.io", "/s4", ""),
-        ("foo.wildcard.io", "/s4", ""),
-        ("very.specific.com", "/s4", ""),
-        ("foo.anotherwildcard.io", "/non-matching-prefix", ""),
-        ("specific.but.wrong.com", "/s5", ""),
-        ("wildcard.io", "/s5", ""),
-    ];
-    let mut failures = Vec::new();
-    for (host, path, want) in cases {
-        let (code, _, body) = host_path_request(gw, "GET", host, path, &[]).await.unwrap();
-        let ok = if want.is_empty() {
-            code == 404
-        } else {
-            code == 200 && body == want
-        };
-        if !ok {
-            failures.push(format!("{host}{path}: got {code} {body:?}, want {want:?}"));
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    wait_answer(gw, "very.specific.com", "/s1", Backend("v1")).await;
+    let not_found = Status(404);
+    check(
+        gw,
+        1,
+        &[
+            get("very.specific.com", "/s1", Backend("v1")),
+            get("very.specific.com:1234", "/s1", Backend("v1")),
+            get("non.matching.com", "/s1", not_found),
+            get("foo.nonmatchingwildcard.io", "/s1", not_found),
+            get("foo.wildcard.io", "/s1", not_found),
+            get("very.specific.com", "/non-matching-prefix", not_found),
+            get("foo.wildcard.io", "/s2", Backend("v2")),
+            get("bar.wildcard.io", "/s2", Backend("v2")),
+            get("foo.bar.wildcard.io", "/s2", Backend("v2")),
+            get("non.matching.com", "/s2", not_found),
+            get("wildcard.io", "/s2", not_found),
+            get("very.specific.com", "/s2", not_found),
+            get("foo.wildcard.io", "/non-matching-prefix", not_found),
+            get("very.specific.com", "/s3", Backend("v3")),
+            get("non.matching.com", "/s3", not_found),
+            get("foo.specific.com", "/s3", not_found),
+            get("foo.wildcard.io", "/s3", not_found),
+            get("very.specific.com", "/non-matching-prefix", not_found),
+            get("foo.anotherwildcard.io", "/s4", Backend("v1")),
+            get("bar.anotherwildcard.io", "/s4", Backend("v1")),
+            get("foo.bar.anotherwildcard.io", "/s4", Backend("v1")),
+            get("anotherwildcard.io", "/s4", not_found),
+            get("foo.wildcard.io", "/s4", not_found),
+            get("very.specific.com", "/s4", not_found),
+            get("foo.anotherwildcard.io", "/non-matching-prefix", not_found),
+            get("specific.but.wrong.com", "/s5", not_found),
+            get("wildcard.io", "/s5", not_found),
+        ],
+    )
+    .await;
 }
 
 /// Conformance `HTTPRouteInvalidParentRefNotMatchingSectionName` and
@@ -2507,32 +1969,12 @@ async fn parent_refs_to_missing_sections_or_ports_attach_nowhere() {
     let bad = Upstream::start("bad").await.unwrap();
     let port = ballast_testkit::free_port();
     let other_port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
     let route = |name: &str, parent: &str, backend: &str| {
-        format!(
-            "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: {name}, namespace: infra }}
-spec:
-  parentRefs: [{parent}]
-  hostnames: [{name}.example.com]
-  rules: [{{ backendRefs: [{{ group: ballast.dev, kind: Backend, name: {backend} }}] }}]
-"
-        )
-    };
-    let backend = |up: &Upstream| {
-        format!(
-            "---
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: {}, namespace: infra }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-            up.name(),
-            up.addr().ip(),
-            up.addr().port()
+        infra_route(
+            name,
+            parent,
+            &format!("{name}.example.com"),
+            &rule("", backend),
         )
     };
     let config = infra_gateway(port)
@@ -2543,52 +1985,33 @@ spec:
             &format!("{{ name: edge, port: {other_port} }}"),
             "bad",
         )
-        + &backend(&good)
-        + &backend(&bad);
-    std::fs::write(dir.path().join("parents.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-parents",
-        "infra/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+        + &infra_backend(&good)
+        + &infra_backend(&bad);
+    let served = Served::start(&config, "envoy-parents", "infra/edge").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_get(gw, "valid.example.com").await, Ok((200, b)) if b == "good")
-    })
-    .await
-    .unwrap();
-    for _ in 0..5 {
-        assert_eq!(host_status(gw, "section.example.com").await.unwrap(), 404);
-        assert_eq!(host_status(gw, "port.example.com").await.unwrap(), 404);
-    }
+    wait_answer(gw, "valid.example.com", "/", Backend("good")).await;
+    check(
+        gw,
+        5,
+        &[
+            get("section.example.com", "/", Status(404)),
+            get("port.example.com", "/", Status(404)),
+        ],
+    )
+    .await;
     assert_eq!(bad.hits(), 0);
-    let (_, body) = ballast.get("/debug/sources").await.unwrap();
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let sources = served.sources().await;
     for name in ["section", "port"] {
-        let r = v["status"]["httpRoutes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == name)
-            .unwrap();
-        let c = &r["parents"][0]["conditions"][0];
+        let r = route_named(&sources, name);
         assert_eq!(
-            (
-                c["type"].as_str(),
-                c["status"].as_str(),
-                c["reason"].as_str()
-            ),
-            (Some("Accepted"), Some("False"), Some("NoMatchingParent")),
+            condition(&r["parents"][0]["conditions"][0]),
+            ("Accepted", "False", "NoMatchingParent"),
             "{r}"
         );
     }
     assert_eq!(
-        v["status"]["gateways"][0]["listeners"][0]["attachedRoutes"], 1,
-        "{body}"
+        sources["status"]["gateways"][0]["listeners"][0]["attachedRoutes"], 1,
+        "{sources}"
     );
 }
 
@@ -2599,18 +2022,12 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unresolvable_backend_refs_answer_500() {
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
     let route = |name: &str, backend_ref: &str| {
-        format!(
-            "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: {name}, namespace: infra }}
-spec:
-  parentRefs: [{{ name: edge }}]
-  hostnames: [{name}.example.com]
-  rules: [{{ backendRefs: [{backend_ref}] }}]
-"
+        infra_route(
+            name,
+            EDGE,
+            &format!("{name}.example.com"),
+            &format!("  - backendRefs: [{backend_ref}]\n"),
         )
     };
     let config = infra_gateway(port)
@@ -2622,49 +2039,29 @@ spec:
             "unknown-kind",
             "{ group: unknownkind.example.com, kind: NonExistent, name: web }",
         );
-    std::fs::write(dir.path().join("refs.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-refs",
-        "infra/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let served = Served::start(&config, "envoy-refs", "infra/edge").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_status(gw, "nonexistent.example.com").await, Ok(500))
-    })
-    .await
-    .unwrap();
-    for _ in 0..5 {
-        for host in ["nonexistent.example.com", "unknown-kind.example.com"] {
-            assert_eq!(host_status(gw, host).await.unwrap(), 500, "{host}");
-        }
-    }
-    let (_, body) = ballast.get("/debug/sources").await.unwrap();
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    wait_answer(gw, "nonexistent.example.com", "/", Status(500)).await;
+    check(
+        gw,
+        5,
+        &[
+            get("nonexistent.example.com", "/", Status(500)),
+            get("unknown-kind.example.com", "/", Status(500)),
+        ],
+    )
+    .await;
+    let sources = served.sources().await;
     for (name, reason) in [
         ("nonexistent", "BackendNotFound"),
         ("unknown-kind", "InvalidKind"),
     ] {
-        let r = v["status"]["httpRoutes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == name)
-            .unwrap();
+        let r = route_named(&sources, name);
         let conds = &r["parents"][0]["conditions"];
         assert_eq!(conds[0]["status"], "True", "{r}");
-        let c = &conds[1];
         assert_eq!(
-            (
-                c["type"].as_str(),
-                c["status"].as_str(),
-                c["reason"].as_str()
-            ),
-            (Some("ResolvedRefs"), Some("False"), Some(reason)),
+            condition(&conds[1]),
+            ("ResolvedRefs", "False", reason),
             "{r}"
         );
     }
@@ -2678,7 +2075,6 @@ spec:
 async fn reference_grants_that_do_not_cover_the_ref_permit_nothing() {
     let up = Upstream::start("web").await.unwrap();
     let port = ballast_testkit::free_port();
-    let dir = tempfile::tempdir().unwrap();
     let grant = |name: &str, ns: &str, from: &str, to: &str| {
         format!(
             "---
@@ -2694,25 +2090,13 @@ spec:
     let from_ok = "{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: infra }";
     let to_ok = "{ group: ballast.dev, kind: Backend, name: web }";
     let config = infra_gateway(port)
-        + &format!(
-            "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: invalid-grant, namespace: infra }}
-spec:
-  parentRefs: [{{ name: edge }}]
-  hostnames: [grant.example.com]
-  rules: [{{ backendRefs: [{{ group: ballast.dev, kind: Backend, name: web, namespace: web-backend }}] }}]
----
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: web, namespace: web-backend }}
-spec:
-  endpoints: [{{ address: {}, port: {} }}]
-",
-            up.addr().ip(),
-            up.addr().port()
+        + &infra_route(
+            "invalid-grant",
+            EDGE,
+            "grant.example.com",
+            "  - backendRefs: [{ group: ballast.dev, kind: Backend, name: web, namespace: web-backend }]\n",
         )
+        + &backend_in("web-backend", "web", &up)
         + &grant("wrong-namespace", "infra", from_ok, to_ok)
         + &grant(
             "wrong-from-group",
@@ -2750,40 +2134,19 @@ spec:
             from_ok,
             "{ group: ballast.dev, kind: Backend, name: not-web }",
         );
-    std::fs::write(dir.path().join("grants.yaml"), &config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let _envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-invalid-grant",
-        "infra/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let served = Served::start(&config, "envoy-invalid-grant", "infra/edge").await;
     let gw = loopback(port);
-    wait_until(T, POLL, || async {
-        matches!(host_status(gw, "grant.example.com").await, Ok(500))
-    })
-    .await
-    .unwrap();
-    for _ in 0..10 {
-        assert_eq!(host_status(gw, "grant.example.com").await.unwrap(), 500);
-    }
+    wait_answer(gw, "grant.example.com", "/", Status(500)).await;
+    check(gw, 10, &[get("grant.example.com", "/", Status(500))]).await;
     assert_eq!(
         up.hits(),
         0,
         "no grant covers the ref: nothing may reach the backend"
     );
-    let (_, body) = ballast.get("/debug/sources").await.unwrap();
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let c = &v["status"]["httpRoutes"][0]["parents"][0]["conditions"][1];
+    let sources = served.sources().await;
     assert_eq!(
-        (
-            c["type"].as_str(),
-            c["status"].as_str(),
-            c["reason"].as_str()
-        ),
-        (Some("ResolvedRefs"), Some("False"), Some("RefNotPermitted")),
-        "{body}"
+        condition(&sources["status"]["httpRoutes"][0]["parents"][0]["conditions"][1]),
+        ("ResolvedRefs", "False", "RefNotPermitted"),
+        "{sources}"
     );
 }
