@@ -44,6 +44,15 @@ fn names(list: &[Arc<Resource>]) -> Vec<&str> {
     list.iter().map(|r| r.name()).collect()
 }
 
+/// The errors building `yaml` as the file `r.yaml` gives, as text (panics if it builds).
+fn build_errors(yaml: &str) -> Vec<String> {
+    ConfigSet::build([("r.yaml", yaml)])
+        .unwrap_err()
+        .iter()
+        .map(|e| e.to_string())
+        .collect()
+}
+
 fn translate(yaml: &str, gateway: &str) -> GatewayResources {
     let set = config(yaml);
     let res = translate_gateway(&set, &gw(gateway), &Options::default()).unwrap();
@@ -169,6 +178,25 @@ fn backend_yaml(name: &str, spec: &str) -> String {
     format!(
         "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {{ name: {name} }}\nspec:\n{spec}"
     )
+}
+
+/// A Gateway `default/edge` with `listeners` (the YAML list items under `listeners:`).
+fn gateway_yaml(listeners: &str) -> String {
+    format!(
+        "\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{ name: edge }}\nspec:\n  gatewayClassName: ballast\n  listeners:\n{listeners}"
+    )
+}
+
+/// Header mutations as (name, value, append action).
+fn header_options(
+    opts: &[envoy_types::pb::envoy::config::core::v3::HeaderValueOption],
+) -> Vec<(String, String, i32)> {
+    opts.iter()
+        .map(|o| {
+            let hv = o.header.as_ref().unwrap();
+            (hv.key.clone(), hv.value.clone(), o.append_action)
+        })
+        .collect()
 }
 
 fn docs(parts: &[&str]) -> String {
@@ -495,16 +523,8 @@ fn header_modifiers() {
     );
     let res = translate(&docs(&[GATEWAY_HTTP, BACKEND_WEB, &route]), "edge");
     let r = &only_vhost(&res).routes[0];
-    let h = |opts: &[envoy_types::pb::envoy::config::core::v3::HeaderValueOption]| {
-        opts.iter()
-            .map(|o| {
-                let hv = o.header.as_ref().unwrap();
-                (hv.key.clone(), hv.value.clone(), o.append_action)
-            })
-            .collect::<Vec<_>>()
-    };
     assert_eq!(
-        h(&r.request_headers_to_add),
+        header_options(&r.request_headers_to_add),
         [
             (
                 "x-env".into(),
@@ -520,7 +540,7 @@ fn header_modifiers() {
     );
     assert_eq!(r.request_headers_to_remove, ["x-internal"]);
     assert_eq!(
-        h(&r.response_headers_to_add),
+        header_options(&r.response_headers_to_add),
         [(
             "x-served-by".into(),
             "ballast".into(),
@@ -571,14 +591,6 @@ fn backend_ref_header_filters() {
         Some(ClusterSpecifier::WeightedClusters(w)) => w.clusters,
         other => panic!("{n}: not weighted: {other:?}"),
     };
-    let h = |opts: &[envoy_types::pb::envoy::config::core::v3::HeaderValueOption]| {
-        opts.iter()
-            .map(|o| {
-                let hv = o.header.as_ref().unwrap();
-                (hv.key.clone(), hv.value.clone(), o.append_action)
-            })
-            .collect::<Vec<_>>()
-    };
     let set = HeaderAppendAction::OverwriteIfExistsOrAdd as i32;
     let add = HeaderAppendAction::AppendIfExistsOrAdd as i32;
 
@@ -586,7 +598,7 @@ fn backend_ref_header_filters() {
     assert_eq!(split.len(), 2);
     assert_eq!(split[0].name, "default/web");
     assert_eq!(
-        h(&split[0].request_headers_to_add),
+        header_options(&split[0].request_headers_to_add),
         [
             ("x-backend".into(), "a".into(), set),
             ("x-via".into(), "ballast".into(), add)
@@ -594,7 +606,7 @@ fn backend_ref_header_filters() {
     );
     assert_eq!(split[0].request_headers_to_remove, ["x-internal"]);
     assert_eq!(
-        h(&split[0].response_headers_to_add),
+        header_options(&split[0].response_headers_to_add),
         [("x-served-by".into(), "a".into(), add)]
     );
     assert_eq!(split[0].response_headers_to_remove, ["server"]);
@@ -604,7 +616,7 @@ fn backend_ref_header_filters() {
     assert!(split[1].response_headers_to_add.is_empty());
     assert!(split[1].request_headers_to_remove.is_empty());
     assert_eq!(
-        h(&by_name("default/web/0/0").request_headers_to_add),
+        header_options(&by_name("default/web/0/0").request_headers_to_add),
         [("x-rule".into(), "r".into(), set)]
     );
 
@@ -612,7 +624,7 @@ fn backend_ref_header_filters() {
     assert_eq!(one.len(), 1);
     assert_eq!(one[0].weight.unwrap().value, 1);
     assert_eq!(
-        h(&one[0].request_headers_to_add),
+        header_options(&one[0].request_headers_to_add),
         [("x-one".into(), "1".into(), set)]
     );
 
@@ -702,16 +714,11 @@ fn redirects() {
 /// explicit scheme or port is left as written. The incremental translator agrees.
 #[test]
 fn redirects_keep_a_non_default_listener_port() {
-    let gateway = r#"
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: { name: edge }
-spec:
-  gatewayClassName: ballast
-  listeners:
-  - { name: std, port: 80, protocol: HTTP }
+    let gateway = &gateway_yaml(
+        r#"  - { name: std, port: 80, protocol: HTTP }
   - { name: alt, port: 8080, protocol: HTTP }
-"#;
+"#,
+    );
     let route = |host: &str| {
         route_yaml(
             "web",
@@ -1301,17 +1308,12 @@ fn https_sni_filter_chains_with_sds_certificates() {
 
 #[test]
 fn shared_http_port_picks_the_most_specific_listener() {
-    let gateway = r#"
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: { name: edge }
-spec:
-  gatewayClassName: ballast
-  listeners:
-  - { name: any, port: 80, protocol: HTTP }
+    let gateway = &gateway_yaml(
+        r#"  - { name: any, port: 80, protocol: HTTP }
   - { name: wild, port: 80, protocol: HTTP, hostname: "*.example.com" }
   - { name: exact, port: 80, protocol: HTTP, hostname: only.example.com }
-"#;
+"#,
+    );
     // `everywhere` attaches to every listener; `specific` names a host the wildcard listener
     // serves; `catchall` attaches only to `any` (sectionName).
     let everywhere = route_yaml("everywhere", "  rules:\n  - backendRefs: [{ name: web }]\n");
@@ -1402,9 +1404,8 @@ fn routes_not_accepted_are_not_translated() {
     );
 }
 
-/// Every Gateway of the documentation's examples translates to a consistent snapshot.
-#[test]
-fn documentation_examples_give_consistent_snapshots() {
+/// Every YAML example of docs/configuration.md, each as its own file, in one config set.
+fn documentation_examples() -> ConfigSet {
     const DOCS: &str = include_str!("../../../docs/configuration.md");
     let mut files = Vec::new();
     let mut rest = DOCS;
@@ -1414,7 +1415,13 @@ fn documentation_examples_give_consistent_snapshots() {
         files.push((format!("doc{}.yaml", files.len()), body[..end].to_owned()));
         rest = &body[end..];
     }
-    let set = ConfigSet::build(files).unwrap();
+    ConfigSet::build(files).unwrap()
+}
+
+/// Every Gateway of the documentation's examples translates to a consistent snapshot.
+#[test]
+fn documentation_examples_give_consistent_snapshots() {
+    let set = documentation_examples();
     assert!(!set.gateways.is_empty());
     for key in set.gateways.keys() {
         let res = translate_gateway(&set, key, &Options::default()).unwrap();
@@ -1422,6 +1429,22 @@ fn documentation_examples_give_consistent_snapshots() {
             .unwrap_or_else(|e| panic!("gateway {key}: {e}"));
         assert!(!res.listeners.is_empty());
     }
+}
+
+/// A route's request mirrors: (cluster, share per million when not all).
+fn mirrors(r: &Route) -> Vec<(String, Option<u32>)> {
+    route_action(r)
+        .request_mirror_policies
+        .iter()
+        .map(|m| {
+            (
+                m.cluster.clone(),
+                m.runtime_fraction
+                    .as_ref()
+                    .map(|f| f.default_value.unwrap().numerator),
+            )
+        })
+        .collect()
 }
 
 fn grpc_yaml(name: &str, rules: &str) -> String {
@@ -1452,21 +1475,12 @@ fn grpc_route_request_mirror_uses_h2c_clusters() {
     ]);
     let res = translate(&yaml, "edge");
     let vh = only_vhost(&res);
-    let got: Vec<(&str, Option<u32>)> = route_action(&vh.routes[0])
-        .request_mirror_policies
-        .iter()
-        .map(|m| {
-            (
-                m.cluster.as_str(),
-                m.runtime_fraction
-                    .as_ref()
-                    .map(|f| f.default_value.unwrap().numerator),
-            )
-        })
-        .collect();
     assert_eq!(
-        got,
-        [("default/shadow:h2c", None), ("default/h2", Some(100_000))]
+        mirrors(&vh.routes[0]),
+        [
+            ("default/shadow:h2c".to_owned(), None),
+            ("default/h2".to_owned(), Some(100_000))
+        ]
     );
     assert_eq!(
         names(&res.clusters),
@@ -1745,11 +1759,7 @@ fn standard_retry_codes_attempts_backoff() {
         "web",
         "  rules: [{ retry: { codes: [200], backoff: 0s }, backendRefs: [{ name: web }] }]\n",
     );
-    let errs: Vec<String> = ConfigSet::build([("r.yaml", bad)])
-        .unwrap_err()
-        .iter()
-        .map(|e| e.to_string())
-        .collect();
+    let errs = build_errors(&bad);
     assert_eq!(
         errs,
         [
@@ -1791,11 +1801,7 @@ fn rule_names_in_route_names_and_stats() {
         "web",
         "  rules:\n  - { name: a, backendRefs: [{ name: web }] }\n  - { name: a }\n  - { name: Bad }\n",
     );
-    let errs: Vec<String> = ConfigSet::build([("r.yaml", bad)])
-        .unwrap_err()
-        .iter()
-        .map(|e| e.to_string())
-        .collect();
+    let errs = build_errors(&bad);
     assert_eq!(errs.len(), 2, "{errs:#?}");
     assert_eq!(
         errs[0],
@@ -1836,20 +1842,8 @@ fn request_mirror_percent_and_fraction() {
         ]
     );
     let vh = only_vhost(&res);
-    let got: Vec<(String, Option<u32>)> = route_action(&vh.routes[0])
-        .request_mirror_policies
-        .iter()
-        .map(|m| {
-            (
-                m.cluster.clone(),
-                m.runtime_fraction
-                    .as_ref()
-                    .map(|f| f.default_value.unwrap().numerator),
-            )
-        })
-        .collect();
     assert_eq!(
-        got,
+        mirrors(&vh.routes[0]),
         [
             ("default/shadow".to_owned(), None),
             ("default/shadow2".to_owned(), Some(250_000)),
@@ -1860,11 +1854,7 @@ fn request_mirror_percent_and_fraction() {
         "web",
         "  rules: [{ filters: [{ type: RequestMirror, requestMirror: { backendRef: { name: s }, percent: 101, fraction: { numerator: 2, denominator: 1 } } }] }]\n",
     );
-    let errs: Vec<String> = ConfigSet::build([("r.yaml", bad)])
-        .unwrap_err()
-        .iter()
-        .map(|e| e.to_string())
-        .collect();
+    let errs = build_errors(&bad);
     assert_eq!(errs.len(), 3, "{errs:#?}");
     assert!(
         errs[0].contains("requestMirror.percent: give percent or fraction, not both"),
@@ -2069,20 +2059,15 @@ fn session_persistence_becomes_per_route_stateful_sessions() {
 /// hostname; the other ports are unchanged.
 #[test]
 fn conflicted_listeners_get_no_envoy_config() {
-    let gateway = r#"
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: { name: edge }
-spec:
-  gatewayClassName: ballast
-  listeners:
-  - { name: http, port: 80, protocol: HTTP }
+    let gateway = &gateway_yaml(
+        r#"  - { name: http, port: 80, protocol: HTTP }
   - { name: tls, port: 80, protocol: HTTPS, tls: { certificateRefs: [{ name: s }] } }
   - { name: a, port: 81, protocol: HTTP, hostname: a.example.com }
   - { name: a-again, port: 81, protocol: HTTP, hostname: a.example.com }
   - { name: b, port: 81, protocol: HTTP, hostname: b.example.com }
   - { name: other, port: 82, protocol: HTTP }
-"#;
+"#,
+    );
     let route = route_yaml(
         "web",
         "  hostnames: [a.example.com, b.example.com]\n  rules:\n  - backendRefs: [{ name: web }]\n",
@@ -2511,16 +2496,7 @@ pub(crate) fn assert_served_json(res: &GatewayResources) {
 /// walk that silently found nothing fails too.
 #[test]
 fn every_emitted_any_type_is_in_the_served_pool() {
-    const DOCS: &str = include_str!("../../../docs/configuration.md");
-    let mut files = Vec::new();
-    let mut rest = DOCS;
-    while let Some(start) = rest.find("```yaml\n") {
-        let body = &rest[start + 8..];
-        let end = body.find("```").unwrap();
-        files.push((format!("doc{}.yaml", files.len()), body[..end].to_owned()));
-        rest = &body[end..];
-    }
-    let set = ConfigSet::build(files).unwrap();
+    let set = documentation_examples();
     let mut seen = std::collections::BTreeSet::new();
     for key in set.gateways.keys() {
         let res = translate_gateway(&set, key, &Options::default()).unwrap();
