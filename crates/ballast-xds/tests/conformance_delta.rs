@@ -9,22 +9,11 @@ use std::time::Duration;
 use ballast_xds::ResourceType::{
     Cluster as CDS, ClusterLoadAssignment as EDS, Listener as LDS, RouteConfiguration as RDS,
 };
-use ballast_xds::SnapshotCache;
 use ballast_xds::envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
 use common::client::Delta;
-use common::fixture;
-
-const GRACE: Duration = Duration::from_secs(30);
-
-async fn ready_server(snap: ballast_xds::Snapshot) -> (SnapshotCache, common::Running) {
-    let cache = SnapshotCache::new();
-    cache.set_snapshot("g", snap);
-    cache.set_ready(true);
-    let server = common::start(cache.clone(), GRACE).await;
-    (cache, server)
-}
+use common::{fixture, ready_server};
 
 fn names(r: &DeltaDiscoveryResponse) -> Vec<&str> {
     r.resources.iter().map(|r| r.name.as_str()).collect()
@@ -152,9 +141,7 @@ async fn initial_resource_versions_are_honoured() {
 async fn unsubscribe_then_resubscribe_resends() {
     let (_c, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
     let mut c = Delta::connect(s.addr, "n").await;
-    c.subscribe(EDS, &["a"], &[]).await;
-    let r = c.recv().await;
-    c.ack(&r).await;
+    c.subscribed(EDS, &["a"]).await;
     c.subscribe(EDS, &[], &["a"]).await;
     c.expect_quiet().await;
     c.subscribe(EDS, &["a"], &[]).await;
@@ -165,9 +152,7 @@ async fn unsubscribe_then_resubscribe_resends() {
 async fn nack_is_recorded_and_not_resent() {
     let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
     let mut c = Delta::connect(s.addr, "n").await;
-    c.subscribe(EDS, &["a"], &[]).await;
-    let r = c.recv().await;
-    c.ack(&r).await;
+    c.subscribed(EDS, &["a"]).await;
     cache.set_snapshot("g", fixture(&["a"], "a", 2));
     let bad = c.recv().await;
     c.nack(&bad).await;
@@ -186,15 +171,9 @@ async fn nack_is_recorded_and_not_resent() {
 async fn make_before_break_on_delta_ads() {
     let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
     let mut c = Delta::connect(s.addr, "n").await;
-    c.subscribe(CDS, &[], &[]).await;
-    let r = c.recv().await;
-    c.ack(&r).await;
-    c.subscribe(EDS, &["a"], &[]).await;
-    let r = c.recv().await;
-    c.ack(&r).await;
-    c.subscribe(RDS, &["r1"], &[]).await;
-    let r = c.recv().await;
-    c.ack(&r).await;
+    c.subscribed(CDS, &[]).await;
+    c.subscribed(EDS, &["a"]).await;
+    c.subscribed(RDS, &["r1"]).await;
     c.expect_quiet().await;
 
     cache.set_snapshot("g", fixture(&["b"], "b", 1));
@@ -232,9 +211,7 @@ async fn make_before_break_on_delta_ads() {
 async fn nack_state_clears_when_config_returns_to_what_the_client_kept() {
     let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
     let mut c = Delta::connect(s.addr, "n").await;
-    c.subscribe(EDS, &["a"], &[]).await;
-    let r = c.recv().await;
-    c.ack(&r).await;
+    c.subscribed(EDS, &["a"]).await;
     cache.set_snapshot("g", fixture(&["a"], "a", 2));
     let bad = c.recv().await;
     c.nack(&bad).await;
@@ -256,9 +233,7 @@ async fn nack_state_clears_when_config_returns_to_what_the_client_kept() {
 async fn resubscribe_after_unsubscribe_with_update_in_flight_is_answered() {
     let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
     let mut c = Delta::connect(s.addr, "n").await;
-    c.subscribe(EDS, &["a"], &[]).await;
-    let r1 = c.recv().await;
-    c.ack(&r1).await;
+    c.subscribed(EDS, &["a"]).await;
     cache.set_snapshot("g", fixture(&["a"], "a", 2));
     let r2 = c.recv().await;
     assert_eq!(names(&r2), ["a"]);
@@ -278,9 +253,7 @@ async fn resubscribe_after_unsubscribe_with_update_in_flight_is_answered() {
 async fn subscribing_to_a_held_name_is_answered() {
     let (_cache, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
     let mut c = Delta::connect(s.addr, "n").await;
-    c.subscribe(CDS, &["*"], &[]).await;
-    let r = c.recv().await;
-    c.ack(&r).await;
+    c.subscribed(CDS, &["*"]).await;
     c.subscribe(CDS, &["a"], &[]).await;
     assert_eq!(names(&c.recv().await), ["a"]);
 }
@@ -325,9 +298,7 @@ async fn resources_of_a_nacked_response_are_settled_and_removed_when_they_go_awa
 async fn maybe_held_resources_are_removed_when_they_go_away() {
     let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
     let mut c = Delta::connect(s.addr, "n").await;
-    c.subscribe(CDS, &[], &[]).await;
-    let r = c.recv().await;
-    c.ack(&r).await;
+    c.subscribed(CDS, &[]).await;
     cache.set_snapshot("g", fixture(&["a", "x", "y"], "a", 1));
     let bad = c.recv().await;
     assert_eq!(names(&bad), ["x", "y"]);
@@ -378,15 +349,9 @@ fn with_x(names: &[&str], route_to: &str, x_timeout: u64) -> ballast_xds::Snapsh
 async fn routes_wait_for_clusters_of_a_nacked_response() {
     let (cache, s) = ready_server(with_x(&["a"], "a", 1)).await;
     let mut c = Delta::connect(s.addr, "n").await;
-    c.subscribe(CDS, &[], &[]).await;
-    let r = c.recv().await;
-    c.ack(&r).await;
-    c.subscribe(EDS, &["a"], &[]).await;
-    let r = c.recv().await;
-    c.ack(&r).await;
-    c.subscribe(RDS, &["r1"], &[]).await;
-    let r = c.recv().await;
-    c.ack(&r).await;
+    c.subscribed(CDS, &[]).await;
+    c.subscribed(EDS, &["a"]).await;
+    c.subscribed(RDS, &["r1"]).await;
     // x and y come together, with a route to x; the client rejects the clusters.
     cache.set_snapshot("g", with_x(&["a", "x", "y"], "x", 1));
     let bad = c.recv().await;
@@ -493,15 +458,9 @@ fn big_clusters(names: &[&str], bytes: usize, route_to: &str) -> ballast_xds::Sn
 async fn responses_over_4_mib_are_split() {
     let (cache, s) = ready_server(big_clusters(&["a"], 16, "a")).await;
     let mut c = Delta::connect(s.addr, "n").await;
-    c.subscribe(CDS, &[], &[]).await;
-    let r = c.recv().await;
-    c.ack(&r).await;
-    c.subscribe(EDS, &["a"], &[]).await;
-    let r = c.recv().await;
-    c.ack(&r).await;
-    c.subscribe(RDS, &["r1"], &[]).await;
-    let r = c.recv().await;
-    c.ack(&r).await;
+    c.subscribed(CDS, &[]).await;
+    c.subscribed(EDS, &["a"]).await;
+    c.subscribed(RDS, &["r1"]).await;
     c.expect_quiet().await;
     // 6 clusters of 1 MiB: 6 MiB of CDS.
     let big = ["b0", "b1", "b2", "b3", "b4", "b5"];
@@ -632,9 +591,7 @@ async fn route_to_a_cluster_with_endpoints_from_elsewhere_is_not_held() {
     let cds = c.recv().await;
     assert_eq!(names(&cds), ["x"]);
     c.ack(&cds).await;
-    c.subscribe(LDS, &[], &[]).await;
-    let lds = c.recv().await;
-    c.ack(&lds).await;
+    c.subscribed(LDS, &[]).await;
     c.subscribe(RDS, &["r1"], &[]).await;
     let rds = c.recv().await;
     assert_eq!(rds.type_url, RDS.type_url());

@@ -10,17 +10,9 @@ use ballast_xds::ResourceType::{
 };
 use ballast_xds::SnapshotCache;
 use common::client::Sotw;
-use common::{fixture, names};
+use common::{fixture, names, ready_server};
 
 const GRACE: Duration = Duration::from_secs(30);
-
-async fn ready_server(snap: ballast_xds::Snapshot) -> (SnapshotCache, common::Running) {
-    let cache = SnapshotCache::new();
-    cache.set_snapshot("g", snap);
-    cache.set_ready(true);
-    let server = common::start(cache.clone(), GRACE).await;
-    (cache, server)
-}
 
 #[tokio::test]
 async fn legacy_wildcard_gets_full_state_and_nonces_are_per_response() {
@@ -54,9 +46,7 @@ async fn explicit_wildcard_plus_names_and_named_only() {
 async fn ack_is_not_answered_and_changes_are_pushed() {
     let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
     let mut c = Sotw::connect(s.addr, "n").await;
-    c.request(EDS, &["a"], "", "").await;
-    let r = c.recv().await;
-    c.ack(&r, &["a"]).await;
+    let r = c.synced(EDS, &["a"]).await;
     c.expect_quiet().await;
     cache.set_snapshot("g", fixture(&["a"], "a", 2));
     let r2 = c.recv().await;
@@ -68,9 +58,7 @@ async fn ack_is_not_answered_and_changes_are_pushed() {
 async fn stale_nonce_is_ignored() {
     let (cache, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
     let mut c = Sotw::connect(s.addr, "n").await;
-    c.request(EDS, &["a"], "", "").await;
-    let r1 = c.recv().await;
-    c.ack(&r1, &["a"]).await;
+    let r1 = c.synced(EDS, &["a"]).await;
     cache.set_snapshot("g", fixture(&["a", "b"], "a", 2));
     let r2 = c.recv().await;
     // A request carrying the older nonce asks for "b": it must be ignored.
@@ -91,9 +79,7 @@ async fn stale_nonce_is_ignored() {
 async fn newly_subscribed_names_are_always_answered_even_if_absent() {
     let (_c, s) = ready_server(fixture(&["a"], "a", 1)).await;
     let mut c = Sotw::connect(s.addr, "n").await;
-    c.request(EDS, &["a"], "", "").await;
-    let r1 = c.recv().await;
-    c.ack(&r1, &["a"]).await;
+    let r1 = c.synced(EDS, &["a"]).await;
     c.expect_quiet().await;
     // "missing" does not exist: the client still gets an answer, with
     // nothing it does not already hold ("a" is not repeated).
@@ -108,9 +94,7 @@ async fn newly_subscribed_names_are_always_answered_even_if_absent() {
 async fn named_then_empty_unsubscribes_everything() {
     let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
     let mut c = Sotw::connect(s.addr, "n").await;
-    c.request(EDS, &["a"], "", "").await;
-    let r1 = c.recv().await;
-    c.ack(&r1, &["a"]).await;
+    let r1 = c.synced(EDS, &["a"]).await;
     // An empty list after names unsubscribes (it is not wildcard): nothing to
     // answer, and later changes are not pushed.
     c.request(EDS, &[], &r1.version_info, &r1.nonce).await;
@@ -128,9 +112,7 @@ async fn named_then_empty_unsubscribes_everything() {
 async fn full_state_cds_drops_removed_clusters() {
     let (cache, s) = ready_server(fixture(&["a", "b"], "a", 1)).await;
     let mut c = Sotw::connect(s.addr, "n").await;
-    c.request(CDS, &[], "", "").await;
-    let r1 = c.recv().await;
-    c.ack(&r1, &[]).await;
+    c.synced(CDS, &[]).await;
     cache.set_snapshot("g", fixture(&["a"], "a", 1));
     let r2 = c.recv().await;
     assert_eq!(names(&r2), ["a"], "a CDS response is the full state");
@@ -140,9 +122,7 @@ async fn full_state_cds_drops_removed_clusters() {
 async fn nack_is_recorded_and_not_resent_next_version_is_sent() {
     let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
     let mut c = Sotw::connect(s.addr, "n").await;
-    c.request(EDS, &["a"], "", "").await;
-    let r1 = c.recv().await;
-    c.ack(&r1, &["a"]).await;
+    let r1 = c.synced(EDS, &["a"]).await;
     cache.set_snapshot("g", fixture(&["a"], "a", 2));
     let bad = c.recv().await;
     c.nack(&bad, &["a"], &r1.version_info).await;
@@ -239,18 +219,10 @@ async fn make_before_break_on_ads() {
     // Route moves from cluster a to b, and a is removed, in one publish.
     let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
     let mut c = Sotw::connect(s.addr, "n").await;
-    c.request(CDS, &[], "", "").await;
-    let cds = c.recv().await;
-    c.ack(&cds, &[]).await;
-    c.request(EDS, &["a"], "", "").await;
-    let eds = c.recv().await;
-    c.ack(&eds, &["a"]).await;
-    c.request(LDS, &[], "", "").await;
-    let lds = c.recv().await;
-    c.ack(&lds, &[]).await;
-    c.request(RDS, &["r1"], "", "").await;
-    let rds = c.recv().await;
-    c.ack(&rds, &["r1"]).await;
+    c.synced(CDS, &[]).await;
+    let eds = c.synced(EDS, &["a"]).await;
+    c.synced(LDS, &[]).await;
+    c.synced(RDS, &["r1"]).await;
     c.expect_quiet().await;
 
     cache.set_snapshot("g", fixture(&["b"], "b", 1));
@@ -279,15 +251,9 @@ async fn make_before_break_on_ads() {
 async fn removal_is_held_while_the_client_rejects_the_route_update() {
     let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
     let mut c = Sotw::connect(s.addr, "n").await;
-    c.request(CDS, &[], "", "").await;
-    let cds = c.recv().await;
-    c.ack(&cds, &[]).await;
-    c.request(EDS, &["a"], "", "").await;
-    let eds = c.recv().await;
-    c.ack(&eds, &["a"]).await;
-    c.request(RDS, &["r1"], "", "").await;
-    let rds = c.recv().await;
-    c.ack(&rds, &["r1"]).await;
+    c.synced(CDS, &[]).await;
+    let eds = c.synced(EDS, &["a"]).await;
+    let rds = c.synced(RDS, &["r1"]).await;
     cache.set_snapshot("g", fixture(&["b"], "b", 1));
     let cds2 = c.recv().await;
     c.ack(&cds2, &[]).await;
@@ -391,9 +357,7 @@ async fn held_route_is_not_answered_empty() {
     // an empty RDS answer would make Envoy warm the listener with no routes.
     let (_c, s) = ready_server(fixture(&["a"], "a", 1)).await;
     let mut c = Sotw::connect(s.addr, "n").await;
-    c.request(CDS, &[], "", "").await;
-    let cds = c.recv().await;
-    c.ack(&cds, &[]).await;
+    c.synced(CDS, &[]).await;
     c.request(RDS, &["r1"], "", "").await;
     c.expect_quiet().await;
     c.request(EDS, &["a"], "", "").await;
@@ -447,9 +411,7 @@ async fn responses_over_4_mib_are_reported() {
 async fn nack_state_clears_when_config_returns_to_what_the_client_kept() {
     let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
     let mut c = Sotw::connect(s.addr, "n").await;
-    c.request(EDS, &["a"], "", "").await;
-    let good = c.recv().await;
-    c.ack(&good, &["a"]).await;
+    let good = c.synced(EDS, &["a"]).await;
     cache.set_snapshot("g", fixture(&["a"], "a", 2));
     let bad = c.recv().await;
     c.nack(&bad, &["a"], &good.version_info).await;
@@ -484,9 +446,7 @@ fn two_clusters(timeouts: [u64; 2], ports: [u16; 2]) -> ballast_xds::Snapshot {
 async fn eds_pushes_carry_only_what_the_client_lacks() {
     let (cache, s) = ready_server(two_clusters([1000, 1000], [1, 1])).await;
     let mut c = Sotw::connect(s.addr, "n").await;
-    c.request(CDS, &[], "", "").await;
-    let cds = c.recv().await;
-    c.ack(&cds, &[]).await;
+    c.synced(CDS, &[]).await;
     c.request(EDS, &["a", "b"], "", "").await;
     let eds = c.recv().await;
     assert_eq!(
@@ -565,10 +525,8 @@ async fn full_sync(c: &mut Sotw) -> std::collections::HashMap<ballast_xds::Resou
         (LDS, &[][..]),
         (RDS, &["r1"][..]),
     ] {
-        c.request(ty, sub, "", "").await;
-        let r = c.recv().await;
-        c.ack(&r, sub).await;
-        held.insert(ty, r.version_info.clone());
+        let r = c.synced(ty, sub).await;
+        held.insert(ty, r.version_info);
     }
     c.expect_quiet().await;
     held
@@ -718,9 +676,7 @@ async fn route_to_a_cluster_with_endpoints_from_elsewhere_is_not_held() {
     let cds = c.recv().await;
     assert_eq!(names(&cds), ["x"]);
     c.ack(&cds, &[]).await;
-    c.request(LDS, &[], "", "").await;
-    let lds = c.recv().await;
-    c.ack(&lds, &[]).await;
+    c.synced(LDS, &[]).await;
     c.request(RDS, &["r1"], "", "").await;
     let rds = c.recv().await;
     assert_eq!(rds.type_url, RDS.type_url());

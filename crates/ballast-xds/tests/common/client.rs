@@ -75,6 +75,15 @@ impl Sotw {
         self.tx.send(req).await.unwrap();
     }
 
+    /// Requests `names` of `ty` afresh (no version, no nonce), receives the answer and ACKs it:
+    /// a client settling one type before a test's step.
+    pub async fn synced(&mut self, ty: ResourceType, names: &[&str]) -> DiscoveryResponse {
+        self.request(ty, names, "", "").await;
+        let resp = self.recv().await;
+        self.ack(&resp, names).await;
+        resp
+    }
+
     pub async fn ack(&mut self, resp: &DiscoveryResponse, names: &[&str]) {
         let ty = ResourceType::from_type_url(&resp.type_url).unwrap();
         self.request(ty, names, &resp.version_info, &resp.nonce)
@@ -150,6 +159,15 @@ impl Delta {
             ..Default::default()
         })
         .await
+    }
+
+    /// Subscribes to `sub` of `ty`, receives the answer and ACKs it: a client settling one type
+    /// before a test's step.
+    pub async fn subscribed(&mut self, ty: ResourceType, sub: &[&str]) -> DeltaDiscoveryResponse {
+        self.subscribe(ty, sub, &[]).await;
+        let resp = self.recv().await;
+        self.ack(&resp).await;
+        resp
     }
 
     pub async fn ack(&mut self, resp: &DeltaDiscoveryResponse) {

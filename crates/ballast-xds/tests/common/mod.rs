@@ -50,6 +50,16 @@ pub async fn start(cache: SnapshotCache, grace: Duration) -> Running {
     start_with(cache, grace, Arc::new(ballast_xds::NoopObserver)).await
 }
 
+/// A server over a cache holding `snap` for group `g`, ready (answering), with a 30 s grace
+/// for resumed streams: where the conformance tests start.
+pub async fn ready_server(snap: Snapshot) -> (SnapshotCache, Running) {
+    let cache = SnapshotCache::new();
+    cache.set_snapshot("g", snap);
+    cache.set_ready(true);
+    let server = start(cache.clone(), Duration::from_secs(30)).await;
+    (cache, server)
+}
+
 /// Logs to the test output when `RUST_LOG` is set.
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
