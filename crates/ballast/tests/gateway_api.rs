@@ -10,7 +10,7 @@ mod common;
 
 use std::net::SocketAddr;
 
-use ballast_testkit::{AdsMode, Envoy, EnvoyConfig, Upstream, wait_until};
+use ballast_testkit::{Envoy, Upstream, wait_until};
 use common::*;
 use serde_json::Value;
 
@@ -130,7 +130,7 @@ impl Served {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("config.yaml"), config).unwrap();
         let ballast = Ballast::serve_ready(dir.path()).await;
-        let envoy = start_envoy(&ballast, node, gateway).await;
+        let envoy = ads_envoy(&ballast, node, gateway).await;
         Served {
             envoy,
             ballast,
@@ -143,13 +143,6 @@ impl Served {
         let (_, body) = self.ballast.get("/debug/sources").await.unwrap();
         serde_json::from_str(&body).unwrap()
     }
-}
-
-/// Envoy `node` for `gateway` (`namespace/name`), fetching from `ballast` over gRPC ADS.
-async fn start_envoy(ballast: &Ballast, node: &str, gateway: &str) -> Envoy {
-    Envoy::start(&EnvoyConfig::new(ballast.xds, node, gateway, AdsMode::Grpc))
-        .await
-        .unwrap()
 }
 
 /// The status of HTTPRoute `name` in `/debug/sources` JSON.
@@ -1143,7 +1136,7 @@ async fn route_shared_by_two_gateways_serves_through_both() {
     .concat()
         + &ups.iter().map(infra_backend).collect::<String>();
     let served = Served::start(&config, "envoy-gw-a", "infra/same-namespace").await;
-    let _b = start_envoy(&served.ballast, "envoy-gw-b", "infra/all-namespaces").await;
+    let _b = ads_envoy(&served.ballast, "envoy-gw-b", "infra/all-namespaces").await;
     let (a, b) = (loopback(pa), loopback(pb));
     for gw in [a, b] {
         wait_answer(gw, "example.com", "/shared", Backend("v1")).await;

@@ -175,6 +175,24 @@ pub fn wait_exit(child: &mut Child, bound: Duration) -> Option<std::process::Exi
     }
 }
 
+/// Envoy `node` for `gateway` (`namespace/name`), fetching from `ballast` over gRPC ADS.
+pub async fn ads_envoy(ballast: &Ballast, node: &str, gateway: &str) -> ballast_testkit::Envoy {
+    use ballast_testkit::{AdsMode, Envoy, EnvoyConfig};
+    Envoy::start(&EnvoyConfig::new(ballast.xds, node, gateway, AdsMode::Grpc))
+        .await
+        .unwrap_or_else(|e| panic!("envoy {node}: {e:#}"))
+}
+
+/// Waits (bounded by [`T`]) until GET / with `Host: host` through `addr` answers 200 with
+/// `body` (a testkit upstream answers with its name): the config under test reached Envoy.
+pub async fn wait_host_body(addr: SocketAddr, host: &str, body: &str) -> Result<()> {
+    ballast_testkit::wait_until(T, POLL, || async {
+        matches!(host_get(addr, host).await, Ok((200, b)) if b == body)
+    })
+    .await
+    .with_context(|| format!("{host} never answered 200 {body:?}"))
+}
+
 pub fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
