@@ -23,14 +23,7 @@ async fn broken_file_changes_nothing_and_fix_applies() {
     .unwrap();
     write_atomic(&web, &backend("web", &[a.addr()]));
     let ballast = Ballast::serve_ready(dir.path()).await;
-    let envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-lkg",
-        "default/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let envoy = ads_envoy(&ballast, "envoy-lkg", "default/edge").await;
     let gw = loopback(gw_port);
     wait_until(T, POLL, || async {
         matches!(host_get(gw, "web.example.com").await, Ok((200, _)))
@@ -83,11 +76,7 @@ async fn broken_file_changes_nothing_and_fix_applies() {
 
     // The fix applies.
     write_atomic(&web, &backend("web", &[b.addr()]));
-    wait_until(T, POLL, || async {
-        matches!(host_get(gw, "web.example.com").await, Ok((200, body)) if body == "b")
-    })
-    .await
-    .unwrap();
+    wait_host_body(gw, "web.example.com", "b").await.unwrap();
     let (_, body) = ballast.get("/debug/sources").await.unwrap();
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["sources"][0]["errors"], serde_json::json!([]));
@@ -188,7 +177,7 @@ async fn bad_edit_to_one_route_keeps_it_and_a_good_edit_applies() {
         .map(|i| (format!("h{i}.example.com"), "/".to_owned()))
         .collect();
     let traffic = Traffic::start(TrafficConfig::with_requests(gw, hosts));
-    let before = virtual_hosts(&envoy.config_dump(false).await.unwrap());
+    let before = dump_virtual_hosts(&envoy.config_dump(false).await.unwrap());
     assert_eq!(before.len(), n);
 
     // One atomic write: r0 moves to bb but with an unknown field (invalid), r1 moves to bb
@@ -201,17 +190,13 @@ async fn bad_edit_to_one_route_keeps_it_and_a_good_edit_applies() {
         .replace(&r0_old, &r0_bad)
         .replace(&r1_old, &route("r1", "h1.example.com", "bb"));
     write_atomic(&file, &v2);
-    wait_until(T, POLL, || async {
-        matches!(host_get(gw, "h1.example.com").await, Ok((200, body)) if body == "b")
-    })
-    .await
-    .unwrap();
+    wait_host_body(gw, "h1.example.com", "b").await.unwrap();
     // The bad route keeps its last good version (to a), and in Envoy only h1 changed.
     assert_eq!(
         host_get(gw, "h0.example.com").await.unwrap(),
         (200, "a".into())
     );
-    let after = virtual_hosts(&envoy.config_dump(false).await.unwrap());
+    let after = dump_virtual_hosts(&envoy.config_dump(false).await.unwrap());
     let changed: Vec<&String> = before
         .keys()
         .filter(|h| before.get(*h) != after.get(*h))
@@ -261,11 +246,7 @@ async fn bad_edit_to_one_route_keeps_it_and_a_good_edit_applies() {
 
     // Fixing r0 applies it.
     write_atomic(&file, &v2.replace("  bogus: 1\n", ""));
-    wait_until(T, POLL, || async {
-        matches!(host_get(gw, "h0.example.com").await, Ok((200, body)) if body == "b")
-    })
-    .await
-    .unwrap();
+    wait_host_body(gw, "h0.example.com", "b").await.unwrap();
 }
 
 /// A directory as real Kubernetes users have it (a NetworkPolicy, another project's policy
@@ -361,28 +342,4 @@ spec:
     })
     .await
     .unwrap();
-}
-
-/// Every virtual host in an Envoy config dump, by its first domain.
-fn virtual_hosts(
-    dump: &serde_json::Value,
-) -> std::collections::BTreeMap<String, serde_json::Value> {
-    fn walk(
-        v: &serde_json::Value,
-        out: &mut std::collections::BTreeMap<String, serde_json::Value>,
-    ) {
-        match v {
-            serde_json::Value::Object(m) => {
-                if let Some(d) = m.get("domains").and_then(|d| d[0].as_str()) {
-                    out.insert(d.to_owned(), v.clone());
-                }
-                m.values().for_each(|c| walk(c, out));
-            }
-            serde_json::Value::Array(a) => a.iter().for_each(|c| walk(c, out)),
-            _ => {}
-        }
-    }
-    let mut out = std::collections::BTreeMap::new();
-    walk(dump, &mut out);
-    out
 }
