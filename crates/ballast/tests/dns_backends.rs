@@ -7,11 +7,10 @@
 mod common;
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::time::Duration;
 
-use ballast_testkit::{
-    AdsMode, DnsServer, Envoy, EnvoyConfig, Traffic, TrafficConfig, Upstream, wait_until,
-};
+use ballast_testkit::{DnsServer, Envoy, Traffic, TrafficConfig, Upstream, wait_until};
 use common::*;
 
 /// Two upstreams on the same port of two loopback IPs (a DNS answer carries no port, so moving
@@ -27,6 +26,40 @@ async fn pair(a: (&str, [u8; 4]), b: (&str, [u8; 4])) -> (Upstream, Upstream) {
         }
     }
     panic!("no port free on both {:?} and {:?}", a.1, b.1);
+}
+
+/// `ballast serve` of `config` resolving names with `dns`, once ready, and Envoy `node` for
+/// `default/edge`.
+async fn serve_with_resolver(config: &Path, dns: &DnsServer, node: &str) -> (Ballast, Envoy) {
+    let resolver = dns.addr().to_string();
+    let ballast = Ballast::start(
+        free_addr(),
+        free_addr(),
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--dns-resolver",
+            &resolver,
+        ],
+    )
+    .unwrap();
+    ballast.wait_ready().await.unwrap();
+    let envoy = ads_envoy(&ballast, node, "default/edge").await;
+    (ballast, envoy)
+}
+
+/// A Backend `name` whose one endpoint is the hostname `host` (resolved by DNS) on `port`,
+/// with `extra` spec lines.
+fn hostname_backend(name: &str, host: &str, port: u16, extra: &str) -> String {
+    format!(
+        "---
+apiVersion: ballast.dev/v1alpha1
+kind: Backend
+metadata: {{ name: {name} }}
+spec:
+  endpoints: [{{ address: {host}, port: {port} }}]
+{extra}"
+    )
 }
 
 fn ip(u: &Upstream) -> IpAddr {
@@ -165,44 +198,16 @@ async fn hostname_backends_and_external_names_follow_dns() {
         ),
     )
     .unwrap();
-    let resolver = dns.addr().to_string();
-    let ballast = Ballast::start(
-        free_addr(),
-        free_addr(),
-        &[
-            "--config",
-            dir.path().to_str().unwrap(),
-            "--dns-resolver",
-            &resolver,
-        ],
-    )
-    .unwrap();
-    ballast.wait_ready().await.unwrap();
-    let envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-dns",
-        "default/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let (ballast, envoy) = serve_with_resolver(dir.path(), &dns, "envoy-dns").await;
     let gw = loopback(gw_port);
     for (host, body) in [
         ("api.example.com", "api-a"),
         ("ext.example.com", "ext-a"),
         ("ip.example.com", "plain"),
     ] {
-        wait_until(T, POLL, || async {
-            matches!(host_get(gw, host).await, Ok((200, b)) if b == body)
-        })
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "{host}: {e}; {}\n{}",
-                ballast.log_tail(),
-                envoy.log_tail(40)
-            )
-        });
+        wait_host_body(gw, host, body)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}; {}\n{}", ballast.log_tail(), envoy.log_tail(40)));
     }
     // Envoy resolved the names through our server, and holds DNS clusters (no EDS for them).
     assert!(dns.queries_for("api.test") > 0 && dns.queries_for("ext.test") > 0);
@@ -242,11 +247,9 @@ async fn hostname_backends_and_external_names_follow_dns() {
     // And once the name resolves, that route serves too (a Logical DNS cluster: Envoy accepted
     // it and connects to the first address of the answer).
     dns.set("missing.test", &[ip(&api_b)]);
-    wait_until(T, POLL, || async {
-        matches!(host_get(gw, "missing.example.com").await, Ok((200, b)) if b == "api-b")
-    })
-    .await
-    .unwrap();
+    wait_host_body(gw, "missing.example.com", "api-b")
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -264,40 +267,15 @@ async fn health_checks_of_hostname_endpoints_send_the_hostname() {
         dir.path().join("all.yaml"),
         gateway(gw_port)
             + &route("hc", "hc.example.com", "hc")
-            + &format!(
-                "---
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: hc }}
-spec:
-  endpoints: [{{ address: hc.test, port: {} }}]
-  healthCheck: {{ path: /healthz, interval: 1s }}
-",
-                up.addr().port()
+            + &hostname_backend(
+                "hc",
+                "hc.test",
+                up.addr().port(),
+                "  healthCheck: { path: /healthz, interval: 1s }\n",
             ),
     )
     .unwrap();
-    let resolver = dns.addr().to_string();
-    let ballast = Ballast::start(
-        free_addr(),
-        free_addr(),
-        &[
-            "--config",
-            dir.path().to_str().unwrap(),
-            "--dns-resolver",
-            &resolver,
-        ],
-    )
-    .unwrap();
-    ballast.wait_ready().await.unwrap();
-    let envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-dns-hc",
-        "default/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let (_ballast, envoy) = serve_with_resolver(dir.path(), &dns, "envoy-dns-hc").await;
     let healthy = wait_until(T, POLL, || async {
         let Ok(clusters) = envoy.admin_get("/clusters").await else {
             return false;
@@ -317,11 +295,7 @@ spec:
     }
     assert_eq!(up.last_host().as_deref(), Some("hc.test"));
     let gw = loopback(gw_port);
-    wait_until(T, POLL, || async {
-        matches!(host_get(gw, "hc.example.com").await, Ok((200, b)) if b == "hc")
-    })
-    .await
-    .unwrap();
+    wait_host_body(gw, "hc.example.com", "hc").await.unwrap();
 }
 
 /// Editing a Backend from an IP endpoint to a hostname and back switches its cluster between
@@ -342,44 +316,11 @@ async fn switching_a_backend_between_ip_and_hostname_loses_no_request() {
         gateway(gw_port) + &route("sw", "sw.example.com", "sw") + &backend("sw", &[a.addr()]);
     let by_name = gateway(gw_port)
         + &route("sw", "sw.example.com", "sw")
-        + &format!(
-            "---
-apiVersion: ballast.dev/v1alpha1
-kind: Backend
-metadata: {{ name: sw }}
-spec:
-  endpoints: [{{ address: sw.test, port: {} }}]
-",
-            b.addr().port()
-        );
+        + &hostname_backend("sw", "sw.test", b.addr().port(), "");
     write_atomic(&file, &by_ip);
-    let resolver = dns.addr().to_string();
-    let ballast = Ballast::start(
-        free_addr(),
-        free_addr(),
-        &[
-            "--config",
-            dir.path().to_str().unwrap(),
-            "--dns-resolver",
-            &resolver,
-        ],
-    )
-    .unwrap();
-    ballast.wait_ready().await.unwrap();
-    let envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-dns-switch",
-        "default/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let (_ballast, envoy) = serve_with_resolver(dir.path(), &dns, "envoy-dns-switch").await;
     let gw = loopback(gw_port);
-    wait_until(T, POLL, || async {
-        matches!(host_get(gw, "sw.example.com").await, Ok((200, body)) if body == "a")
-    })
-    .await
-    .unwrap();
+    wait_host_body(gw, "sw.example.com", "a").await.unwrap();
     let traffic = Traffic::start(
         TrafficConfig::new(gw, "sw.example.com", "/")
             .concurrency(2)
@@ -396,11 +337,7 @@ spec:
     assert!(report.total > 100, "{report:?}");
     // Envoy holds the DNS cluster again after the last switch.
     write_atomic(&file, &by_name);
-    wait_until(T, POLL, || async {
-        matches!(host_get(gw, "sw.example.com").await, Ok((200, body)) if body == "b")
-    })
-    .await
-    .unwrap();
+    wait_host_body(gw, "sw.example.com", "b").await.unwrap();
     let dump = envoy.config_dump(true).await.unwrap().to_string();
     assert!(dump.contains("envoy.cluster.dns"), "{dump}");
 }
