@@ -51,9 +51,15 @@ spec:
 /// The parentRef of most routes here: [`infra_gateway`].
 const EDGE: &str = "{ name: edge }";
 
-/// An HTTPRoute `infra/{name}` on `parents` (parentRef items), for `hostnames` (items; none when
-/// empty), with `rules` (the YAML list items under `rules:`, see [`rule`]).
-fn infra_route(name: &str, parents: &str, hostnames: &str, rules: &str) -> String {
+/// An HTTPRoute `{ns}/{name}` (no namespace field when `ns` is empty: `default`) on `parents`
+/// (parentRef items), for `hostnames` (items; none when empty), with `rules` (the YAML list
+/// items under `rules:`, see [`rule`]).
+fn http_route(ns: &str, name: &str, parents: &str, hostnames: &str, rules: &str) -> String {
+    let ns = if ns.is_empty() {
+        String::new()
+    } else {
+        format!(", namespace: {ns}")
+    };
     let hostnames = if hostnames.is_empty() {
         String::new()
     } else {
@@ -63,12 +69,17 @@ fn infra_route(name: &str, parents: &str, hostnames: &str, rules: &str) -> Strin
         "---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
-metadata: {{ name: {name}, namespace: infra }}
+metadata: {{ name: {name}{ns} }}
 spec:
   parentRefs: [{parents}]
 {hostnames}  rules:
 {rules}"
     )
+}
+
+/// [`http_route`] in `infra`, where most cases here put their routes.
+fn infra_route(name: &str, parents: &str, hostnames: &str, rules: &str) -> String {
+    http_route("infra", name, parents, hostnames, rules)
 }
 
 /// A rule sending requests that meet `matches` (a YAML flow list; every request when empty) to
@@ -113,6 +124,17 @@ spec:
 /// `Backend(name)` expects.
 fn infra_backend(up: &Upstream) -> String {
     backend_in("infra", up.name(), up)
+}
+
+/// Upstreams v1, v2 and v3 (to keep alive) and their Backends in `infra`: what most of the
+/// upstream suite's manifests route to.
+async fn v1_v2_v3() -> (Vec<Upstream>, String) {
+    let mut ups = Vec::new();
+    for name in ["v1", "v2", "v3"] {
+        ups.push(Upstream::start(name).await.unwrap());
+    }
+    let backends = ups.iter().map(infra_backend).collect();
+    (ups, backends)
 }
 
 /// A config directory served by `ballast serve`, with a real Envoy for one Gateway (fields drop
@@ -294,16 +316,14 @@ async fn cross_namespace_backend_ref_needs_reference_grant() {
     let up = Upstream::start("backends-web").await.unwrap();
     let port = ballast_testkit::free_port();
     let config = infra_gateway(port)
-        + "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: { name: cross, namespace: apps }
-spec:
-  parentRefs: [{ name: edge, namespace: infra }]
-  hostnames: [cross.example.com]
-  rules:
-  - backendRefs: [{ group: ballast.dev, kind: Backend, name: web, namespace: backends }]
-" + &backend_in("backends", "web", &up);
+        + &http_route(
+            "apps",
+            "cross",
+            "{ name: edge, namespace: infra }",
+            "cross.example.com",
+            "  - backendRefs: [{ group: ballast.dev, kind: Backend, name: web, namespace: backends }]\n",
+        )
+        + &backend_in("backends", "web", &up);
     let served = Served::start(&config, "envoy-grant", "infra/edge").await;
     let gw = loopback(port);
     wait_answer(gw, "cross.example.com", "/", Status(500)).await;
@@ -368,18 +388,14 @@ async fn standard_retry_retries_listed_codes() {
     let good = Upstream::start("good").await.unwrap();
     let port = ballast_testkit::free_port();
     let rule = |name: &str, host: &str, retry: &str| {
-        format!(
-            "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: {name} }}
-spec:
-  parentRefs: [{{ name: edge }}]
-  hostnames: [{host}]
-  rules:
-  - name: main
-    backendRefs: [{{ group: ballast.dev, kind: Backend, name: flaky }}]
-{retry}"
+        http_route(
+            "",
+            name,
+            EDGE,
+            host,
+            &format!(
+                "  - name: main\n    backendRefs: [{{ group: ballast.dev, kind: Backend, name: flaky }}]\n{retry}"
+            ),
         )
     };
     let config = gateway(port)
@@ -440,20 +456,18 @@ async fn request_mirror_copies_requests_to_another_backend() {
     shadow.set_status(500); // a mirror's answer never reaches the client
     let port = ballast_testkit::free_port();
     let rule = |name: &str, host: &str, extra: &str| {
-        format!(
-            "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: {name} }}
-spec:
-  parentRefs: [{{ name: edge }}]
-  hostnames: [{host}]
-  rules:
-  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: primary }}]
+        http_route(
+            "",
+            name,
+            EDGE,
+            host,
+            &format!(
+                "  - backendRefs: [{{ group: ballast.dev, kind: Backend, name: primary }}]
     filters:
     - type: RequestMirror
       requestMirror: {{ backendRef: {{ group: ballast.dev, kind: Backend, name: shadow }}{extra} }}
 "
+            ),
         )
     };
     let config = gateway(port)
@@ -494,15 +508,12 @@ async fn backend_ref_filters_apply_only_to_their_backend() {
     let b = Upstream::start("b").await.unwrap();
     let port = ballast_testkit::free_port();
     let config = gateway(port)
-        + "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: { name: split }
-spec:
-  parentRefs: [{ name: edge }]
-  hostnames: [split.example.com]
-  rules:
-  - backendRefs:
+        + &http_route(
+            "",
+            "split",
+            EDGE,
+            "split.example.com",
+            "  - backendRefs:
     - group: ballast.dev
       kind: Backend
       name: a
@@ -517,7 +528,9 @@ spec:
       kind: Backend
       name: b
       filters: [{ type: URLRewrite, urlRewrite: { hostname: rewritten.example } }]
-" + &backend("a", &[a.addr()])
+",
+        )
+        + &backend("a", &[a.addr()])
         + &backend("b", &[b.addr()]);
     let served = Served::start(&config, "envoy-backend-filters", "default/edge").await;
     let gw = loopback(port);
@@ -586,15 +599,12 @@ fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
 async fn cors_filter_answers_preflights_for_allowed_origins() {
     let up = Upstream::start("web").await.unwrap();
     let port = ballast_testkit::free_port();
-    let cors_route = "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: { name: cors }
-spec:
-  parentRefs: [{ name: edge }]
-  hostnames: [cors.example.com]
-  rules:
-  - backendRefs: [{ group: ballast.dev, kind: Backend, name: web }]
+    let cors_route = http_route(
+        "",
+        "cors",
+        EDGE,
+        "cors.example.com",
+        "  - backendRefs: [{ group: ballast.dev, kind: Backend, name: web }]
     filters:
     - type: CORS
       cors:
@@ -604,9 +614,10 @@ spec:
         exposeHeaders: [x-trace]
         maxAge: 600
         allowCredentials: true
-";
+",
+    );
     let config = gateway(port)
-        + cors_route
+        + &cors_route
         + &route("plain", "plain.example.com", "web")
         + &backend("web", &[up.addr()]);
     let _served = Served::start(&config, "envoy-cors", "default/edge").await;
@@ -1104,11 +1115,7 @@ async fn parent_ref_port_selects_listeners() {
 /// dedicated `/` route answers from its own backend (v2, v3) and only there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_shared_by_two_gateways_serves_through_both() {
-    let ups = [
-        Upstream::start("v1").await.unwrap(),
-        Upstream::start("v2").await.unwrap(),
-        Upstream::start("v3").await.unwrap(),
-    ];
+    let (_ups, backends) = v1_v2_v3().await;
     let (pa, pb) = (ballast_testkit::free_port(), ballast_testkit::free_port());
     let listener = |port: u16| format!("  - {{ name: http, port: {port}, protocol: HTTP }}\n");
     let config = [
@@ -1134,7 +1141,7 @@ async fn route_shared_by_two_gateways_serves_through_both() {
         ),
     ]
     .concat()
-        + &ups.iter().map(infra_backend).collect::<String>();
+        + &backends;
     let served = Served::start(&config, "envoy-gw-a", "infra/same-namespace").await;
     let _b = ads_envoy(&served.ballast, "envoy-gw-b", "infra/all-namespaces").await;
     let (a, b) = (loopback(pa), loopback(pb));
@@ -1218,11 +1225,7 @@ async fn matches_are_ordered_across_routes() {
 /// request of their tables, expected backend or 404, 2 rounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exact_path_header_and_method_matches() {
-    let ups = [
-        Upstream::start("v1").await.unwrap(),
-        Upstream::start("v2").await.unwrap(),
-        Upstream::start("v3").await.unwrap(),
-    ];
+    let (_ups, backends) = v1_v2_v3().await;
     let port = ballast_testkit::free_port();
     let config = infra_gateway(port)
         + &infra_route(
@@ -1283,7 +1286,7 @@ async fn exact_path_header_and_method_matches() {
                 ("[{ headers: [{ name: version, value: four }] }]", "v3"),
             ]),
         )
-        + &ups.iter().map(infra_backend).collect::<String>();
+        + &backends;
     let _served = Served::start(&config, "envoy-matches", "infra/edge").await;
     let gw = loopback(port);
     wait_answer(gw, "exact.example.com", "/one", Backend("v1")).await;
@@ -1514,11 +1517,7 @@ async fn url_rewrites_reach_the_backend_rewritten() {
 /// (one hostname each here) and every request of their tables: expected backend or 404.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn path_and_query_param_matches() {
-    let ups = [
-        Upstream::start("v1").await.unwrap(),
-        Upstream::start("v2").await.unwrap(),
-        Upstream::start("v3").await.unwrap(),
-    ];
+    let (_ups, backends) = v1_v2_v3().await;
     let port = ballast_testkit::free_port();
     let config = infra_gateway(port)
         + &infra_route(
@@ -1571,7 +1570,7 @@ async fn path_and_query_param_matches() {
                 ("[{ headers: [{ name: version, value: four }] }]", "v3"),
             ]),
         )
-        + &ups.iter().map(infra_backend).collect::<String>();
+        + &backends;
     let _served = Served::start(&config, "envoy-query", "infra/edge").await;
     let gw = loopback(port);
     wait_answer(gw, "match.example.com", "/", Backend("v1")).await;
@@ -1698,11 +1697,7 @@ async fn response_header_modifier_sets_adds_and_removes() {
 /// wildcards match several labels, hosts no listener names get 404.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listener_hostnames_pick_the_most_specific_listener() {
-    let ups = [
-        Upstream::start("v1").await.unwrap(),
-        Upstream::start("v2").await.unwrap(),
-        Upstream::start("v3").await.unwrap(),
-    ];
+    let (_ups, backends) = v1_v2_v3().await;
     let port = ballast_testkit::free_port();
     let config = infra_gateway_with(
         "hosts",
@@ -1728,7 +1723,7 @@ async fn listener_hostnames_pick_the_most_specific_listener() {
         "{ name: hosts, sectionName: listener-3 }, { name: hosts, sectionName: listener-4 }",
         "",
         &rule("", "v3"),
-    ) + &ups.iter().map(infra_backend).collect::<String>();
+    ) + &backends;
     let _served = Served::start(&config, "envoy-hosts", "infra/hosts").await;
     let gw = loopback(port);
     wait_answer(gw, "bar.com", "/", Backend("v1")).await;
@@ -1820,16 +1815,12 @@ async fn cross_namespace_parent_ref_is_not_allowed_by_a_same_namespace_listener(
     let foreign = Upstream::start("foreign").await.unwrap();
     let port = ballast_testkit::free_port();
     let part = |ns: &str, host: &str, up: &Upstream| {
-        format!(
-            "---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{ name: route, namespace: {ns} }}
-spec:
-  parentRefs: [{{ name: same, namespace: infra }}]
-  hostnames: [{host}]
-  rules: [{{ backendRefs: [{{ group: ballast.dev, kind: Backend, name: web }}] }}]
-"
+        http_route(
+            ns,
+            "route",
+            "{ name: same, namespace: infra }",
+            host,
+            &rule("", "web"),
         ) + &backend_in(ns, "web", up)
     };
     let config = infra_gateway_with(
@@ -1864,11 +1855,7 @@ spec:
 /// upstream suite's 27 requests gets its expected backend or 404 (`Host` with a port too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_hostnames_intersect_listener_hostnames() {
-    let ups = [
-        Upstream::start("v1").await.unwrap(),
-        Upstream::start("v2").await.unwrap(),
-        Upstream::start("v3").await.unwrap(),
-    ];
+    let (_ups, backends) = v1_v2_v3().await;
     let port = ballast_testkit::free_port();
     let route = |name: &str, hostnames: &str, path: &str, backend: &str| {
         infra_route(
@@ -1911,7 +1898,7 @@ async fn route_hostnames_intersect_listener_hostnames() {
         "specific.but.wrong.com, wildcard.io",
         "/s5",
         "v2",
-    ) + &ups.iter().map(infra_backend).collect::<String>();
+    ) + &backends;
     let _served = Served::start(&config, "envoy-intersection", "infra/intersection").await;
     let gw = loopback(port);
     wait_answer(gw, "very.specific.com", "/s1", Backend("v1")).await;
