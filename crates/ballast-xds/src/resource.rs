@@ -20,6 +20,7 @@ use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost}
 use envoy_types::pb::envoy::config::route::v3::route::Action;
 use envoy_types::pb::envoy::config::route::v3::route_action::ClusterSpecifier;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+use envoy_types::pb::envoy::extensions::transport_sockets::quic::v3::QuicDownstreamTransport;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::RouteSpecifier;
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy::ClusterSpecifier as TcpClusterSpecifier;
@@ -451,6 +452,13 @@ fn transport_socket_refs(ts: Option<&TransportSocket>, upstream: bool, refs: &mu
         && let Ok(ctx) = DownstreamTlsContext::decode(any.value.as_slice())
     {
         common_tls_refs(ctx.common_tls_context.as_ref(), refs);
+    } else if !upstream
+        && any.type_url == QuicDownstreamTransport::type_url()
+        && let Ok(q) = QuicDownstreamTransport::decode(any.value.as_slice())
+    {
+        // An HTTP/3 listener's QUIC socket wraps the same TLS context (SDS certificates).
+        let ctx = q.downstream_tls_context.as_ref();
+        common_tls_refs(ctx.and_then(|c| c.common_tls_context.as_ref()), refs);
     }
 }
 
