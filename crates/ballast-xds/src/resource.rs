@@ -771,6 +771,47 @@ mod tests {
         assert_eq!(rds(&crate::simple::api_listener("greeter", "rc")), want);
     }
 
+    /// An HTTP/3 listener's QUIC socket wraps a TLS context: its SDS certificates are
+    /// references like a TCP listener's, so they are sent first and not removed under it.
+    #[test]
+    fn quic_listeners_refer_to_their_sds_certificates() {
+        use envoy_types::pb::envoy::config::listener::v3::FilterChain;
+        use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::SdsSecretConfig;
+        let ctx = DownstreamTlsContext {
+            common_tls_context: Some(CommonTlsContext {
+                tls_certificate_sds_secret_configs: vec![SdsSecretConfig {
+                    name: "ns/cert".into(),
+                    sds_config: Some(crate::simple::ads_source()),
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let l = Listener {
+            name: "l/udp".into(),
+            filter_chains: vec![FilterChain {
+                transport_socket: Some(TransportSocket {
+                    name: "envoy.transport_sockets.quic".into(),
+                    config_type: Some(TsConfigType::TypedConfig(envoy_types::util::pack_any(
+                        QuicDownstreamTransport {
+                            downstream_tls_context: Some(ctx),
+                            ..Default::default()
+                        },
+                    ))),
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let refs: Vec<(ResourceType, String)> = Resource::new(&l)
+            .unwrap()
+            .refs()
+            .iter()
+            .map(|r| (r.ty, r.name.to_string()))
+            .collect();
+        assert_eq!(refs, [(ResourceType::Secret, "ns/cert".to_string())]);
+    }
+
     #[test]
     fn empty_name_is_refused() {
         assert_eq!(
