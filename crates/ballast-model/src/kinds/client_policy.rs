@@ -2,7 +2,8 @@
 //! (or single listeners, via `sectionName`) it targets: client IP detection, PROXY protocol,
 //! timeouts, header size limits, TLS versions, ciphers and ALPN, client certificate validation
 //! (frontend mTLS) with certificate details forwarded to backends, path normalisation,
-//! connection limits, HTTP/2 settings and OpenTelemetry tracing. Named after Envoy Gateway's
+//! connection limits, HTTP/1 options, HTTP/2 settings, HTTP/3 (QUIC) and OpenTelemetry
+//! tracing. Named after Envoy Gateway's
 //! `ClientTrafficPolicy`, whose field names it follows where features match.
 
 use std::time::Duration;
