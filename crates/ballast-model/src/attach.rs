@@ -59,6 +59,9 @@ pub enum Outcome {
     Conflicted { winner: ObjectKey },
     /// The target does not exist or cannot be attached to; the message says which.
     TargetNotFound(String),
+    /// The target exists but the policy's settings cannot work there (e.g. HTTP/3 on an
+    /// HTTP listener); the policy is not applied there and the message says why.
+    Invalid(String),
 }
 
 /// The outcome of one targetRef.
@@ -95,6 +98,15 @@ pub fn resolve<'a>(
     policies: impl IntoIterator<Item = (&'a ObjectKey, &'a [PolicyTargetRef])>,
     check: impl Fn(&AttachPoint) -> Result<(), String>,
 ) -> Resolution {
+    resolve_with(policies, |_, p| check(p).map_err(Outcome::TargetNotFound))
+}
+
+/// [`resolve`] with a check that also sees the policy and answers the failing outcome
+/// ([`Outcome::TargetNotFound`] or [`Outcome::Invalid`]) itself.
+pub fn resolve_with<'a>(
+    policies: impl IntoIterator<Item = (&'a ObjectKey, &'a [PolicyTargetRef])>,
+    check: impl Fn(&ObjectKey, &AttachPoint) -> Result<(), Outcome>,
+) -> Resolution {
     let mut policies: Vec<_> = policies.into_iter().collect();
     policies.sort_by(|a, b| a.0.cmp(b.0));
     let mut out = Resolution::default();
@@ -105,8 +117,8 @@ pub fn resolve<'a>(
                 // Validation rejects unknown kinds; kept for completeness.
                 continue;
             };
-            let outcome = match check(&point) {
-                Err(m) => Outcome::TargetNotFound(m),
+            let outcome = match check(key, &point) {
+                Err(o) => o,
                 Ok(()) => match out.winners.get(&point) {
                     Some(w) if w != key => Outcome::Conflicted { winner: w.clone() },
                     _ => {
@@ -317,6 +329,7 @@ mod tests {
                         ),
                         Outcome::Conflicted { winner } => format!("conflicted:{}", winner.name),
                         Outcome::TargetNotFound(_) => "not-found".to_owned(),
+                        Outcome::Invalid(_) => "invalid".to_owned(),
                     })
                     .collect();
                 assert_eq!(got, expected, "case {i} policy {p}");

@@ -896,18 +896,39 @@ impl ConfigSet {
 
     /// Policy attachment of every ClientPolicy: Gateways, or single listeners by
     /// `sectionName` (a listener policy beats a Gateway policy there).
+    /// A policy naming a listener whose protocol or hostname its settings cannot work with
+    /// (`ClientPolicy::unsupported_on`) is `Invalid` there and does not apply.
     pub fn client_policy_resolution(&self) -> crate::attach::Resolution {
-        crate::attach::resolve(
+        use crate::attach::Outcome;
+        crate::attach::resolve_with(
             self.client_policies
                 .iter()
                 .map(|(k, p)| (k, p.spec.target_refs.as_slice())),
-            |p| match self.gateways.get(&p.target.key) {
-                None => Err(format!("Gateway {} not found", p.target.key)),
+            |key, p| match self.gateways.get(&p.target.key) {
+                None => Err(Outcome::TargetNotFound(format!(
+                    "Gateway {} not found",
+                    p.target.key
+                ))),
                 Some(g) => match &p.section {
-                    Some(s) if g.listener(s).is_none() => {
-                        Err(format!("Gateway {} has no listener {s:?}", p.target.key))
-                    }
-                    _ => Ok(()),
+                    Some(s) => match g.listener(s) {
+                        None => Err(Outcome::TargetNotFound(format!(
+                            "Gateway {} has no listener {s:?}",
+                            p.target.key
+                        ))),
+                        Some(l) => {
+                            let why = self
+                                .client_policies
+                                .get(key)
+                                .map(|cp| cp.unsupported_on(l))
+                                .unwrap_or_default();
+                            if why.is_empty() {
+                                Ok(())
+                            } else {
+                                Err(Outcome::Invalid(why.join("; ")))
+                            }
+                        }
+                    },
+                    None => Ok(()),
                 },
             },
         )
@@ -935,8 +956,15 @@ impl ConfigSet {
                     && r.section_name.as_ref().map(|s| s.as_str()) == section
             })
         };
+        // A listener policy whose settings cannot work on it is not applied (status `Invalid`).
+        let fits = |p: &ClientPolicy| {
+            self.gateways
+                .get(gateway)
+                .and_then(|g| g.listener(listener))
+                .is_none_or(|l| p.unsupported_on(l).is_empty())
+        };
         in_ns()
-            .find(|p| names(p, Some(listener)))
+            .find(|p| names(p, Some(listener)) && fits(p))
             .or_else(|| in_ns().find(|p| names(p, None)))
     }
 

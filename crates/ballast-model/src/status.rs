@@ -241,6 +241,9 @@ pub(crate) fn policy_statuses(
                         Outcome::TargetNotFound(m) => {
                             Condition::new("Accepted", false, "TargetNotFound", m.clone())
                         }
+                        Outcome::Invalid(m) => {
+                            Condition::new("Accepted", false, "Invalid", m.clone())
+                        }
                     };
                     let mut conditions = vec![accepted];
                     if let Err(m) = refs(key) {
@@ -451,25 +454,28 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
                 None => Ok(()),
             },
         ),
-        client_policies: policy_statuses(
-            Kind::ClientPolicy,
-            &set.client_policy_resolution(),
-            |k| {
-                set.client_policies
+        client_policies: note_unsupported_client_settings(
+            set,
+            policy_statuses(
+                Kind::ClientPolicy,
+                &set.client_policy_resolution(),
+                |k| {
+                    set.client_policies
+                        .get(k)
+                        .map(|p| p.source.to_string())
+                        .unwrap_or_default()
+                },
+                |k| match set
+                    .client_policies
                     .get(k)
-                    .map(|p| p.source.to_string())
-                    .unwrap_or_default()
-            },
-            |k| match set
-                .client_policies
-                .get(k)
-                .and_then(|p| Some((p, p.spec.tls.as_ref()?.client_validation.as_ref()?)))
-            {
-                Some((p, v)) => set
-                    .ca_bundle(&p.metadata.namespace, &v.ca_certificate_refs)
-                    .map(|_| ()),
-                None => Ok(()),
-            },
+                    .and_then(|p| Some((p, p.spec.tls.as_ref()?.client_validation.as_ref()?)))
+                {
+                    Some((p, v)) => set
+                        .ca_bundle(&p.metadata.namespace, &v.ca_certificate_refs)
+                        .map(|_| ()),
+                    None => Ok(()),
+                },
+            ),
         ),
         rate_limit_policies: crate::kinds::rate_limit::statuses(set),
         security_policies: policy_statuses(
@@ -495,6 +501,55 @@ pub fn compute(set: &ConfigSet) -> ConfigStatus {
         tcp_routes,
         backends: backend_statuses(set),
     }
+}
+
+/// A Gateway-wide ClientPolicy applies on every listener it wins, but without the settings
+/// a listener cannot take (HTTP/3 on an HTTP listener, a default HTTP/1.0 host on a listener
+/// without hostname); its `Accepted` message names them, so the user sees what is ignored.
+fn note_unsupported_client_settings(
+    set: &ConfigSet,
+    mut statuses: Vec<PolicyStatus>,
+) -> Vec<PolicyStatus> {
+    for ps in &mut statuses {
+        let key = ObjectKey::new(ps.namespace.as_str(), ps.name.as_str());
+        let Some(p) = set.client_policies.get(&key) else {
+            continue;
+        };
+        for t in &mut ps.targets {
+            if t.section_name.is_some() || t.kind != "Gateway" {
+                continue;
+            }
+            let gk = ObjectKey::new(t.namespace.as_str(), t.name.as_str());
+            let Some(g) = set.gateways.get(&gk) else {
+                continue;
+            };
+            let notes: Vec<String> = g
+                .spec
+                .listeners
+                .iter()
+                .filter(|l| {
+                    set.client_policy_for(&gk, &l.name)
+                        .is_some_and(|e| std::sync::Arc::ptr_eq(e, p))
+                })
+                .flat_map(|l| p.unsupported_on(l))
+                .collect();
+            if notes.is_empty() {
+                continue;
+            }
+            if let Some(c) = t
+                .conditions
+                .iter_mut()
+                .find(|c| c.type_ == "Accepted" && c.is_true())
+            {
+                c.message = format!(
+                    "{}; ignored where it cannot work: {}",
+                    c.message,
+                    notes.join("; ")
+                );
+            }
+        }
+    }
+    statuses
 }
 
 fn backend_statuses(set: &ConfigSet) -> Vec<BackendStatus> {

@@ -23,7 +23,7 @@ use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, Vhds, Virtua
 use prost::encoding::{WireType, encode_key, encode_varint};
 
 use crate::index::{DependencyIndex, Deps, Orphans, names_gateway};
-use crate::listener::{ChainPlan, certificate_refs, envoy_listener, plan};
+use crate::listener::{ChainPlan, certificate_refs, envoy_listeners, plan};
 use crate::policy::ClusterInputs;
 use crate::route::{
     RateLimitSignature, TranslatedRoute, backend_signature, contributions, encode_misdirected_host,
@@ -584,9 +584,10 @@ pub(crate) fn build_gateway(
             used_secrets.extend(chain.certificates.iter().cloned());
             chains.push(state);
         }
-        let l = envoy_listener(config, gw, &port, options, &security);
-        let r = encode_reusing(prev_listeners.as_ref(), &mut listeners, l, stats);
-        resources.listeners.push(r);
+        for l in envoy_listeners(config, gw, &port, options, &security) {
+            let r = encode_reusing(prev_listeners.as_ref(), &mut listeners, l, stats);
+            resources.listeners.push(r);
+        }
     }
     for l in l4.listeners {
         let r = encode_reusing(prev_listeners.as_ref(), &mut listeners, l, stats);

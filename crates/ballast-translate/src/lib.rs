@@ -9,7 +9,7 @@
 //!
 //! | resource | name |
 //! |---|---|
-//! | `Listener` | `{ns}/{gateway}/{port}`: one per Gateway port; extra Gateway `addresses` become `additional_addresses` of the same listener |
+//! | `Listener` | `{ns}/{gateway}/{port}`: one per Gateway port; extra Gateway `addresses` become `additional_addresses` of the same listener; `{ns}/{gateway}/{port}/udp` for the QUIC (HTTP/3) listener of an HTTPS port whose ClientPolicy sets `http3` |
 //! | `RouteConfiguration` (HTTP port) | `{ns}/{gateway}/{port}`: all HTTP Gateway listeners sharing the port share it, one virtual host per hostname |
 //! | `RouteConfiguration` (HTTPS port) | `{ns}/{gateway}/{port}/{hostname}` (`*` for a listener without hostname): one per SNI filter chain, so a hostname's routes are only reachable through the chain (certificate) of its own Gateway listener |
 //! | `VirtualHost` | the hostname it serves (`*` for all hosts); domains are bare hostnames and the HCM strips any port from `Host` |
@@ -149,6 +149,11 @@ pub mod names {
     /// Listener name of a Gateway port (also the route configuration name of an HTTP port).
     pub fn listener(gateway: &ObjectKey, port: u32) -> String {
         format!("{}/{}/{}", gateway.namespace, gateway.name, port)
+    }
+
+    /// The UDP (QUIC, HTTP/3) listener of an HTTPS Gateway port.
+    pub fn udp_listener(gateway: &ObjectKey, port: u32) -> String {
+        format!("{}/{}/{}/udp", gateway.namespace, gateway.name, port)
     }
 
     /// Route configuration of one HTTPS filter chain (`hostname` `None` → `*`).

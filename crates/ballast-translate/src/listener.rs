@@ -4,7 +4,8 @@
 //! the others as `additional_addresses`, so the names do not depend on the addresses). HTTP
 //! ports have one filter chain whose HTTP connection manager takes its routes from RDS; HTTPS
 //! ports have one filter chain per Gateway listener, selected by SNI, terminating TLS with
-//! certificates from SDS, each with its own route configuration.
+//! certificates from SDS, each with its own route configuration. An HTTPS port whose
+//! ClientPolicy turns on HTTP/3 also gets a UDP listener on the same port (QUIC, same chains).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -32,6 +33,14 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 };
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
+
+use envoy_types::pb::envoy::config::core::v3::address::Address as AddressKind;
+use envoy_types::pb::envoy::config::core::v3::socket_address::Protocol;
+use envoy_types::pb::envoy::config::core::v3::{Address, Http3ProtocolOptions};
+use envoy_types::pb::envoy::config::listener::v3::{QuicProtocolOptions, UdpListenerConfig};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::CodecType;
+use envoy_types::pb::envoy::extensions::transport_sockets::quic::v3::QuicDownstreamTransport;
 
 use crate::policy::ClientSettings;
 use crate::{ConfigSources, Options, config_source, names};
@@ -161,7 +170,8 @@ fn stat_prefix(gw: &ObjectKey, port: u32, options: &Options) -> String {
     }
 }
 
-fn hcm_filter(
+/// The connection manager of one filter chain (TCP; [`quic_hcm`] derives the HTTP/3 one).
+fn http_connection_manager(
     gw: &Gateway,
     stat_prefix: &str,
     route_config: &str,
@@ -172,7 +182,7 @@ fn hcm_filter(
         &ConfigSet,
         &[&std::sync::Arc<ballast_model::SecurityPolicy>],
     ),
-) -> Filter {
+) -> HttpConnectionManager {
     let mut hcm = rds_http_connection_manager(stat_prefix, route_config);
     // CORS runs before the router; it acts only on routes with a CORS policy.
     hcm.http_filters.insert(0, crate::cors::http_filter());
@@ -203,22 +213,61 @@ fn hcm_filter(
     hcm.strip_port_mode = Some(StripPortMode::StripAnyHostPort(true));
     // Gateway API path matching assumes normalized paths (`/a/../b` must not dodge `/b` rules).
     hcm.normalize_path = Some(BoolValue { value: true });
+    hcm
+}
+
+fn hcm_filter(hcm: HttpConnectionManager) -> Filter {
     Filter {
         name: "envoy.filters.network.http_connection_manager".into(),
         config_type: Some(FilterConfig::TypedConfig(pack_any(hcm))),
     }
 }
 
-fn tls_transport_socket(
+/// The HTTP/3 twin of a chain's connection manager: same routes, filters and settings, with
+/// the HTTP/3 codec (HTTP/1 and HTTP/2 options do not apply to QUIC connections).
+fn quic_hcm(tcp: &HttpConnectionManager) -> HttpConnectionManager {
+    HttpConnectionManager {
+        codec_type: CodecType::Http3 as i32,
+        http3_protocol_options: Some(Http3ProtocolOptions::default()),
+        http_protocol_options: None,
+        http2_protocol_options: None,
+        ..tcp.clone()
+    }
+}
+
+fn tls_context(
     certificates: &[ObjectKey],
     client: Option<&ClientSettings<'_>>,
     sources: &ConfigSources,
-) -> TransportSocket {
+) -> DownstreamTlsContext {
     let mut ctx = downstream_tls_context(certificates, &["h2", "http/1.1"], sources);
     if let Some(c) = client {
         crate::policy::apply_client_tls(&mut ctx, c);
     }
-    transport_socket(ctx)
+    ctx
+}
+
+/// QUIC with the chain's TLS context (same SDS certificates, versions and client
+/// validation), offering ALPN `h3`.
+fn quic_transport_socket(mut ctx: DownstreamTlsContext) -> TransportSocket {
+    if let Some(c) = ctx.common_tls_context.as_mut() {
+        c.alpn_protocols = vec!["h3".to_owned()];
+    }
+    TransportSocket {
+        name: "envoy.transport_sockets.quic".into(),
+        config_type: Some(TsConfig::TypedConfig(pack_any(QuicDownstreamTransport {
+            downstream_tls_context: Some(ctx),
+            ..Default::default()
+        }))),
+    }
+}
+
+fn udp_address(ip: &str, port: u16) -> Address {
+    let mut a = socket_address(ip, port);
+    if let Some(AddressKind::SocketAddress(sa)) = a.address.as_mut() {
+        sa.protocol = Protocol::Udp as i32;
+    }
+    a
 }
 
 /// Downstream TLS with `certificates` (SDS) offering `alpn`.
@@ -265,14 +314,17 @@ pub(crate) fn addresses(gw: &Gateway, options: &Options) -> Vec<IpAddr> {
     out
 }
 
-/// The Envoy listener of one port.
-pub(crate) fn envoy_listener(
+/// The Envoy listeners of one port: the TCP one, and for an HTTPS port with HTTP/3 on any of
+/// its chains ([`ClientSettings::http3_port`]) a UDP (QUIC) one on the same port, named
+/// [`names::udp_listener`], whose chains are those with HTTP/3 (same SNI names, certificates
+/// and routes).
+pub(crate) fn envoy_listeners(
     config: &ConfigSet,
     gw: &Gateway,
     port: &PortPlan<'_>,
     options: &Options,
     security: &[&std::sync::Arc<ballast_model::SecurityPolicy>],
-) -> EnvoyListener {
+) -> Vec<EnvoyListener> {
     let key = gw.key();
     // A chain's client settings are those of its (first) Gateway listener; HTTP listeners
     // sharing a port share one connection manager, so the first listener's policy applies.
@@ -290,7 +342,55 @@ pub(crate) fn envoy_listener(
     let addrs = addresses(gw, options);
     let https = port.protocol == ListenerProtocol::Https;
     let rate_limit = crate::rate_limit::http_filters(config, gw);
-    EnvoyListener {
+    let hcms: Vec<HttpConnectionManager> = port
+        .chains
+        .iter()
+        .zip(&client)
+        .map(|(c, client)| {
+            http_connection_manager(
+                gw,
+                &stat_prefix,
+                &c.route_config,
+                client.as_ref(),
+                &options.config_sources,
+                &rate_limit,
+                (config, security),
+            )
+        })
+        .collect();
+    let chain_name = |c: &ChainPlan<'_>| {
+        if https {
+            c.server_name.clone().unwrap_or_else(|| "*".into())
+        } else {
+            String::new()
+        }
+    };
+    let chain_match = |c: &ChainPlan<'_>| {
+        c.server_name.as_ref().map(|s| FilterChainMatch {
+            server_names: vec![s.clone()],
+            ..Default::default()
+        })
+    };
+    let quic_chains: Vec<FilterChain> = port
+        .chains
+        .iter()
+        .zip(&client)
+        .zip(&hcms)
+        .filter(|((_, client), _)| https && client.as_ref().is_some_and(|c| c.http3_port.is_some()))
+        .map(|((c, client), hcm)| FilterChain {
+            name: chain_name(c),
+            filter_chain_match: chain_match(c),
+            // QUIC chains take the connection manager only (no connection_limit filter).
+            filters: vec![hcm_filter(quic_hcm(hcm))],
+            transport_socket: Some(quic_transport_socket(tls_context(
+                &c.certificates,
+                client.as_ref(),
+                &options.config_sources,
+            ))),
+            ..Default::default()
+        })
+        .collect();
+    let tcp = EnvoyListener {
         name: names::listener(&key, port.port),
         address: Some(socket_address(&addrs[0].to_string(), p)),
         additional_addresses: addrs[1..]
@@ -304,32 +404,27 @@ pub(crate) fn envoy_listener(
             .chains
             .iter()
             .zip(&client)
-            .map(|(c, client)| FilterChain {
-                name: if https {
-                    c.server_name.clone().unwrap_or_else(|| "*".into())
-                } else {
-                    String::new()
-                },
-                filter_chain_match: c.server_name.as_ref().map(|s| FilterChainMatch {
-                    server_names: vec![s.clone()],
-                    ..Default::default()
-                }),
+            .zip(hcms)
+            .map(|((c, client), mut hcm)| FilterChain {
+                name: chain_name(c),
+                filter_chain_match: chain_match(c),
                 filters: client
                     .as_ref()
                     .and_then(|c| crate::policy::connection_limit_filter(c, &stat_prefix))
                     .into_iter()
-                    .chain([hcm_filter(
-                        gw,
-                        &stat_prefix,
-                        &c.route_config,
-                        client.as_ref(),
-                        &options.config_sources,
-                        &rate_limit,
-                        (config, security),
-                    )])
+                    .chain([hcm_filter({
+                        if let Some(p) = client.as_ref().and_then(|c| c.http3_port) {
+                            crate::policy::add_alt_svc(&mut hcm, p);
+                        }
+                        hcm
+                    })])
                     .collect(),
                 transport_socket: https.then(|| {
-                    tls_transport_socket(&c.certificates, client.as_ref(), &options.config_sources)
+                    transport_socket(tls_context(
+                        &c.certificates,
+                        client.as_ref(),
+                        &options.config_sources,
+                    ))
                 }),
                 ..Default::default()
             })
@@ -358,5 +453,26 @@ pub(crate) fn envoy_listener(
             f
         },
         ..Default::default()
+    };
+    if quic_chains.is_empty() {
+        return vec![tcp];
     }
+    let quic = EnvoyListener {
+        name: names::udp_listener(&key, port.port),
+        address: Some(udp_address(&addrs[0].to_string(), p)),
+        additional_addresses: addrs[1..]
+            .iter()
+            .map(|a| AdditionalAddress {
+                address: Some(udp_address(&a.to_string(), p)),
+                ..Default::default()
+            })
+            .collect(),
+        udp_listener_config: Some(UdpListenerConfig {
+            quic_options: Some(QuicProtocolOptions::default()),
+            ..Default::default()
+        }),
+        filter_chains: quic_chains,
+        ..Default::default()
+    };
+    vec![tcp, quic]
 }

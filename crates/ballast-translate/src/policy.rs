@@ -57,6 +57,21 @@ use envoy_types::pb::envoy::r#type::v3::{Int64Range, Percent};
 use envoy_types::pb::google::protobuf::UInt32Value;
 use envoy_types::util::pack_any;
 
+use envoy_types::pb::envoy::config::common::mutation_rules::v3::HeaderMutation as HeaderMutationAction;
+use envoy_types::pb::envoy::config::common::mutation_rules::v3::header_mutation::Action as MutationAction;
+use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
+use envoy_types::pb::envoy::extensions::filters::http::header_mutation::v3::{
+    HeaderMutation, Mutations,
+};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpFilter;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_filter::ConfigType as HttpFilterConfig;
+
+use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
+use envoy_types::pb::envoy::config::core::v3::http1_protocol_options::HeaderKeyFormat;
+use envoy_types::pb::envoy::config::core::v3::http1_protocol_options::header_key_format::HeaderFormat;
+use envoy_types::pb::envoy::extensions::http::header_formatters::preserve_case::v3::PreserveCaseFormatterConfig;
+
 use crate::cluster::needs_hash;
 use crate::pb_duration;
 
@@ -419,6 +434,11 @@ pub(crate) struct ClientSettings<'a> {
     pub client_ca: Option<Result<String, String>>,
     /// The connection manager's tracing (`None`: no `tracing`, or its Backend is missing).
     pub tracing: Option<envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::Tracing>,
+    /// The listener's port when HTTP/3 applies there (`http3` set, HTTPS listener): the
+    /// port's QUIC listener serves this chain and TCP responses advertise it in `alt-svc`.
+    pub http3_port: Option<u32>,
+    /// The `Host` given to HTTP/1.0 requests without one (`http1.http10.useDefaultHost`).
+    pub default_host: Option<String>,
 }
 
 impl<'a> ClientSettings<'a> {
@@ -435,10 +455,18 @@ impl<'a> ClientSettings<'a> {
             .and_then(|t| t.client_validation.as_ref())
             .map(|v| config.ca_bundle(&policy.metadata.namespace, &v.ca_certificate_refs));
         let tracing = crate::otel::hcm_tracing(config, gateway, policy);
+        let l = config
+            .gateways
+            .get(gateway)
+            .and_then(|g| g.listener(listener));
         Some(ClientSettings {
             policy,
             client_ca,
             tracing,
+            http3_port: l.filter(|l| policy.http3_on(l)).map(|l| l.port.value),
+            default_host: l
+                .and_then(|l| policy.default_host_for(l))
+                .map(str::to_owned),
         })
     }
 }
@@ -518,6 +546,22 @@ pub(crate) fn apply_client_hcm(hcm: &mut HttpConnectionManager, s: &ClientSettin
             ..Default::default()
         });
     }
+    if let Some(h1) = &spec.http1 {
+        hcm.http_protocol_options = Some(Http1ProtocolOptions {
+            accept_http_10: h1.http10.is_some(),
+            default_host_for_http_10: s.default_host.clone().unwrap_or_default(),
+            enable_trailers: h1.enable_trailers,
+            // The downstream codec records each header name's case and attaches it to the
+            // request, whose encoder to HTTP/1 backends then writes it back.
+            header_key_format: h1.preserve_header_case.then(|| HeaderKeyFormat {
+                header_format: Some(HeaderFormat::StatefulFormatter(TypedExtensionConfig {
+                    name: "envoy.http.stateful_header_formatters.preserve_case".into(),
+                    typed_config: Some(pack_any(PreserveCaseFormatterConfig::default())),
+                })),
+            }),
+            ..Default::default()
+        });
+    }
     if let Some(p) = &spec.path {
         hcm.merge_slashes = !p.disable_merge_slashes;
         if let Some(a) = &p.escaped_slashes_action {
@@ -548,6 +592,37 @@ pub(crate) fn apply_client_hcm(hcm: &mut HttpConnectionManager, s: &ClientSettin
             ..Default::default()
         });
     }
+}
+
+/// Makes every response of a TCP connection manager advertise HTTP/3 on `port`
+/// (`alt-svc: h3=":port"; ma=86400`, as browsers expect), so clients switch to the port's
+/// QUIC listener. First in the chain, so local replies of later filters carry it too.
+pub(crate) fn add_alt_svc(hcm: &mut HttpConnectionManager, port: u32) {
+    let mutation = HeaderMutation {
+        mutations: Some(Mutations {
+            response_mutations: vec![HeaderMutationAction {
+                action: Some(MutationAction::Append(HeaderValueOption {
+                    header: Some(HeaderValue {
+                        key: "alt-svc".into(),
+                        value: format!("h3=\":{port}\"; ma=86400"),
+                        ..Default::default()
+                    }),
+                    append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+                    ..Default::default()
+                })),
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    hcm.http_filters.insert(
+        0,
+        HttpFilter {
+            name: "envoy.filters.http.header_mutation".into(),
+            config_type: Some(HttpFilterConfig::TypedConfig(pack_any(mutation))),
+            ..Default::default()
+        },
+    );
 }
 
 /// The `connection_limit` network filter of a chain, when the policy sets one. It must come

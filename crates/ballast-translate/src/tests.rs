@@ -2633,3 +2633,191 @@ fn tracing_exports_to_the_collector_backend_cluster() {
     assert_eq!(names(&res.clusters), vec!["default/web"]);
     assert!(hcm(&decode(&res.listeners[0]), 0).tracing.is_none());
 }
+
+/// ClientPolicy `http3`: an HTTPS port gets a UDP (QUIC) listener `{ns}/{gw}/{port}/udp` whose
+/// chains mirror the TCP chains with HTTP/3 (same SNI, SDS certificates, routes; ALPN h3; HTTP/3
+/// codec), and those TCP chains answer with `alt-svc`. Only chains whose policy has `http3`.
+#[test]
+fn client_policy_http3_adds_a_quic_listener_and_alt_svc() {
+    use envoy_types::pb::envoy::config::core::v3::address::Address as AddressKind;
+    use envoy_types::pb::envoy::config::core::v3::socket_address::Protocol;
+    use envoy_types::pb::envoy::extensions::filters::http::header_mutation::v3::HeaderMutation;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::CodecType;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_filter::ConfigType as HttpFilterConfig;
+    use envoy_types::pb::envoy::extensions::transport_sockets::quic::v3::QuicDownstreamTransport;
+    let policy = |section: &str| {
+        format!(
+            "apiVersion: ballast.dev/v1alpha1\nkind: ClientPolicy\nmetadata: {{ name: h3 }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge{section} }}]\n  http3: {{}}\n"
+        )
+    };
+    let base = [
+        GATEWAY_HTTPS,
+        BACKEND_WEB,
+        &secret_yaml("cert-a"),
+        &secret_yaml("cert-b"),
+    ];
+    let alt_svc = |h: &HttpConnectionManager| -> Option<String> {
+        let f = h.http_filters.first()?;
+        if f.name != "envoy.filters.http.header_mutation" {
+            return None;
+        }
+        let Some(HttpFilterConfig::TypedConfig(any)) = &f.config_type else {
+            panic!("no typed config")
+        };
+        let m = HeaderMutation::decode(any.value.as_slice()).unwrap();
+        let r = &m.mutations.unwrap().response_mutations;
+        assert_eq!(r.len(), 1);
+        let Some(envoy_types::pb::envoy::config::common::mutation_rules::v3::header_mutation::Action::Append(o)) = &r[0].action else {
+            panic!("{r:?}")
+        };
+        let h = o.header.as_ref().unwrap();
+        assert_eq!(h.key, "alt-svc");
+        Some(h.value.clone())
+    };
+    // Without the policy: one TCP listener, no alt-svc.
+    let res = translate(&docs(&base), "edge");
+    assert_eq!(names(&res.listeners), ["default/edge/443"]);
+    let tcp: Listener = decode(&res.listeners[0]);
+    assert!((0..3).all(|i| alt_svc(&hcm(&tcp, i)).is_none()));
+
+    // Gateway-wide: every served HTTPS chain (`*`, `*.example.com`, `a.example.com`).
+    let p = policy("");
+    let mut all = base.to_vec();
+    all.push(&p);
+    let res = translate(&docs(&all), "edge");
+    assert_eq!(
+        names(&res.listeners),
+        ["default/edge/443", "default/edge/443/udp"]
+    );
+    let tcp: Listener = decode(&res.listeners[0]);
+    let udp: Listener = decode(&res.listeners[1]);
+    for i in 0..3 {
+        assert_eq!(
+            alt_svc(&hcm(&tcp, i)).as_deref(),
+            Some("h3=\":443\"; ma=86400")
+        );
+    }
+    let Some(AddressKind::SocketAddress(sa)) = udp.address.as_ref().unwrap().address.as_ref()
+    else {
+        panic!()
+    };
+    assert_eq!(sa.protocol, Protocol::Udp as i32);
+    assert!(
+        udp.udp_listener_config
+            .as_ref()
+            .unwrap()
+            .quic_options
+            .is_some()
+    );
+    assert!(udp.listener_filters.is_empty());
+    assert_eq!(udp.filter_chains.len(), tcp.filter_chains.len());
+    for (i, (q, t)) in udp.filter_chains.iter().zip(&tcp.filter_chains).enumerate() {
+        assert_eq!(q.filter_chain_match, t.filter_chain_match);
+        assert_eq!(q.filters.len(), 1, "the connection manager only");
+        let ts = q.transport_socket.as_ref().unwrap();
+        assert_eq!(ts.name, "envoy.transport_sockets.quic");
+        let Some(TsConfig::TypedConfig(any)) = &ts.config_type else {
+            panic!()
+        };
+        let quic = QuicDownstreamTransport::decode(any.value.as_slice()).unwrap();
+        let ctx = quic
+            .downstream_tls_context
+            .unwrap()
+            .common_tls_context
+            .unwrap();
+        assert_eq!(ctx.alpn_protocols, ["h3"]);
+        let Some(TsConfig::TypedConfig(tany)) = &t.transport_socket.as_ref().unwrap().config_type
+        else {
+            panic!()
+        };
+        let tctx = DownstreamTlsContext::decode(tany.value.as_slice())
+            .unwrap()
+            .common_tls_context
+            .unwrap();
+        assert_eq!(
+            ctx.tls_certificate_sds_secret_configs,
+            tctx.tls_certificate_sds_secret_configs
+        );
+        let (qh, th) = (hcm(&udp, i), hcm(&tcp, i));
+        assert_eq!(qh.codec_type, CodecType::Http3 as i32);
+        assert!(qh.http3_protocol_options.is_some());
+        assert_eq!(alt_svc(&qh), None, "QUIC responses need no alt-svc");
+        assert_eq!(qh.route_specifier, th.route_specifier);
+        assert_eq!(qh.stat_prefix, th.stat_prefix);
+        assert_eq!(qh.http_filters[..], th.http_filters[1..]);
+    }
+    // Make-before-break sees the QUIC listener's certificates and routes.
+    let refs: Vec<String> = res.listeners[1]
+        .refs()
+        .iter()
+        .map(|r| r.name.to_string())
+        .collect();
+    for want in [
+        "default/cert-a",
+        "default/cert-b",
+        "default/edge/443/a.example.com",
+    ] {
+        assert!(refs.iter().any(|r| r == want), "{want} in {refs:?}");
+    }
+
+    // One listener only: the QUIC listener has that chain, only its TCP chain says alt-svc.
+    let p = policy(", sectionName: a");
+    let mut one = base.to_vec();
+    one.push(&p);
+    let res = translate(&docs(&one), "edge");
+    let tcp: Listener = decode(&res.listeners[0]);
+    let udp: Listener = decode(&res.listeners[1]);
+    assert_eq!(udp.filter_chains.len(), 1);
+    assert_eq!(
+        udp.filter_chains[0]
+            .filter_chain_match
+            .as_ref()
+            .unwrap()
+            .server_names,
+        ["a.example.com"]
+    );
+    let with_alt_svc: Vec<String> = tcp
+        .filter_chains
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| alt_svc(&hcm(&tcp, *i)).is_some())
+        .map(|(_, c)| c.name.clone())
+        .collect();
+    assert_eq!(with_alt_svc, ["a.example.com"]);
+
+    // A Gateway-wide policy on an HTTP Gateway: no QUIC listener, no alt-svc.
+    let http = docs(&[GATEWAY_HTTP, &policy("")]);
+    let res = translate(&http, "edge");
+    assert_eq!(names(&res.listeners), ["default/edge/10000"]);
+    assert_eq!(alt_svc(&hcm(&decode(&res.listeners[0]), 0)), None);
+}
+
+/// ClientPolicy `http1` → the connection manager's `http_protocol_options`; the default
+/// HTTP/1.0 host is the listener's hostname.
+#[test]
+fn client_policy_http1_options() {
+    let yaml = |listener: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{ name: edge }}\nspec:\n  gatewayClassName: ballast\n  listeners:\n  - {{ name: http, port: 10000, protocol: HTTP{listener} }}\n---\napiVersion: ballast.dev/v1alpha1\nkind: ClientPolicy\nmetadata: {{ name: p }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }}]\n  http1: {{ enableTrailers: true, preserveHeaderCase: true, http10: {{ useDefaultHost: true }} }}\n"
+        )
+    };
+    let l: Listener = decode(&translate(&yaml(", hostname: www.example.com"), "edge").listeners[0]);
+    let h1 = hcm(&l, 0).http_protocol_options.unwrap();
+    assert!(h1.accept_http_10 && h1.enable_trailers);
+    assert_eq!(h1.default_host_for_http_10, "www.example.com");
+    let f = h1.header_key_format.unwrap().header_format;
+    let Some(envoy_types::pb::envoy::config::core::v3::http1_protocol_options::header_key_format::HeaderFormat::StatefulFormatter(t)) = f else {
+        panic!("{f:?}")
+    };
+    assert_eq!(
+        t.name,
+        "envoy.http.stateful_header_formatters.preserve_case"
+    );
+    // No hostname to give: HTTP/1.0 is accepted, requests without Host are refused (400).
+    let l: Listener = decode(&translate(&yaml(""), "edge").listeners[0]);
+    let h1 = hcm(&l, 0).http_protocol_options.unwrap();
+    assert!(h1.accept_http_10);
+    assert_eq!(h1.default_host_for_http_10, "");
+    let l: Listener = decode(&translate(GATEWAY_HTTP, "edge").listeners[0]);
+    assert_eq!(hcm(&l, 0).http_protocol_options, None);
+}

@@ -20,6 +20,7 @@ use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost}
 use envoy_types::pb::envoy::config::route::v3::route::Action;
 use envoy_types::pb::envoy::config::route::v3::route_action::ClusterSpecifier;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+use envoy_types::pb::envoy::extensions::transport_sockets::quic::v3::QuicDownstreamTransport;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::RouteSpecifier;
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy::ClusterSpecifier as TcpClusterSpecifier;
@@ -451,6 +452,13 @@ fn transport_socket_refs(ts: Option<&TransportSocket>, upstream: bool, refs: &mu
         && let Ok(ctx) = DownstreamTlsContext::decode(any.value.as_slice())
     {
         common_tls_refs(ctx.common_tls_context.as_ref(), refs);
+    } else if !upstream
+        && any.type_url == QuicDownstreamTransport::type_url()
+        && let Ok(q) = QuicDownstreamTransport::decode(any.value.as_slice())
+    {
+        // An HTTP/3 listener's QUIC socket wraps the same TLS context (SDS certificates).
+        let ctx = q.downstream_tls_context.as_ref();
+        common_tls_refs(ctx.and_then(|c| c.common_tls_context.as_ref()), refs);
     }
 }
 
@@ -761,6 +769,47 @@ mod tests {
         );
         // A gRPC client's API listener has no filter chain.
         assert_eq!(rds(&crate::simple::api_listener("greeter", "rc")), want);
+    }
+
+    /// An HTTP/3 listener's QUIC socket wraps a TLS context: its SDS certificates are
+    /// references like a TCP listener's, so they are sent first and not removed under it.
+    #[test]
+    fn quic_listeners_refer_to_their_sds_certificates() {
+        use envoy_types::pb::envoy::config::listener::v3::FilterChain;
+        use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::SdsSecretConfig;
+        let ctx = DownstreamTlsContext {
+            common_tls_context: Some(CommonTlsContext {
+                tls_certificate_sds_secret_configs: vec![SdsSecretConfig {
+                    name: "ns/cert".into(),
+                    sds_config: Some(crate::simple::ads_source()),
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let l = Listener {
+            name: "l/udp".into(),
+            filter_chains: vec![FilterChain {
+                transport_socket: Some(TransportSocket {
+                    name: "envoy.transport_sockets.quic".into(),
+                    config_type: Some(TsConfigType::TypedConfig(envoy_types::util::pack_any(
+                        QuicDownstreamTransport {
+                            downstream_tls_context: Some(ctx),
+                            ..Default::default()
+                        },
+                    ))),
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let refs: Vec<(ResourceType, String)> = Resource::new(&l)
+            .unwrap()
+            .refs()
+            .iter()
+            .map(|r| (r.ty, r.name.to_string()))
+            .collect();
+        assert_eq!(refs, [(ResourceType::Secret, "ns/cert".to_string())]);
     }
 
     #[test]

@@ -408,3 +408,51 @@ mod l4_tests {
         assert!(Inventory::of(&snapshot(0)).routes.is_empty());
     }
 }
+
+#[cfg(test)]
+mod http3_tests {
+    use super::*;
+
+    /// One HTTPS port whose ClientPolicy may turn HTTP/3 on, translated and snapshotted.
+    fn snapshot(http3: bool) -> Snapshot {
+        let mut yaml = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: edge }\nspec:\n  gatewayClassName: c\n  listeners:\n  - { name: s, port: 443, protocol: HTTPS, hostname: s.example, tls: { certificateRefs: [{ name: s }] } }\n---\napiVersion: v1\nkind: Secret\nmetadata: { name: s }\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: \"-----BEGIN CERTIFICATE-----\\nMIIB\\n-----END CERTIFICATE-----\\n\"\n  tls.key: \"-----BEGIN PRIVATE KEY-----\\nMIGH\\n-----END PRIVATE KEY-----\\n\"\n---\napiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: { name: b }\nspec: { endpoints: [{ address: 127.0.0.1, port: 7001 }] }\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: { name: r }\nspec:\n  parentRefs: [{ name: edge }]\n  rules: [{ backendRefs: [{ group: ballast.dev, kind: Backend, name: b }] }]\n".to_owned();
+        if http3 {
+            yaml.push_str("---\napiVersion: ballast.dev/v1alpha1\nkind: ClientPolicy\nmetadata: { name: h3 }\nspec:\n  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]\n  http3: {}\n");
+        }
+        let set = ballast_model::ConfigSet::build([("c.yaml", yaml)]).unwrap();
+        ballast_translate::translate_gateway(
+            &set,
+            &ballast_model::ObjectKey::new("default", "edge"),
+            &ballast_translate::Options::default(),
+        )
+        .unwrap()
+        .snapshot(None)
+        .unwrap()
+    }
+
+    /// The QUIC listener of an HTTPS port is one more listener sharing the TCP one's routes:
+    /// turning HTTP/3 on or off moves no route, and off removes 1 of 2 listeners, which the
+    /// default guard (more than 50%) lets through while a stricter one holds it.
+    #[test]
+    fn the_http3_listener_counts_once_and_shares_routes() {
+        let (on, off) = (
+            Inventory::of(&snapshot(true)),
+            Inventory::of(&snapshot(false)),
+        );
+        assert_eq!(
+            on.listeners.iter().collect::<Vec<_>>(),
+            ["default/edge/443", "default/edge/443/udp"]
+        );
+        assert_eq!(on.routes, off.routes);
+        assert_eq!(on.clusters, off.clusters);
+        let cfg = GuardConfig::default();
+        assert_eq!(judge(&cfg, Some(&off), &on), None);
+        assert_eq!(judge(&cfg, Some(&on), &off), None);
+        let strict = GuardConfig {
+            max_removal: 0.3,
+            ..GuardConfig::default()
+        };
+        let held = judge(&strict, Some(&on), &off).unwrap();
+        assert!(held.contains("1 of 2 listeners"), "{held}");
+    }
+}

@@ -588,3 +588,429 @@ spec:
         assert!(dump.contains(needle), "{needle} in Envoy's config");
     }
 }
+
+/// curl over TLS (HTTP/1.1) to `secure.example.com`: (status, the `alt-svc` header if any).
+async fn curl_alt_svc(port: u16, dir: &Path) -> (u16, Option<String>) {
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--http1.1",
+            "-o",
+            "/dev/null",
+            "-D",
+            "-",
+            "--max-time",
+            "10",
+        ])
+        .args(["--resolve", &format!("secure.example.com:{port}:127.0.0.1")])
+        .arg("--cacert")
+        .arg(dir.join("server-ca.pem"))
+        .arg(format!("https://secure.example.com:{port}/"))
+        .output()
+        .await
+        .expect("run curl");
+    let head = String::from_utf8_lossy(&out.stdout).into_owned();
+    let status = head
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let alt_svc = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("alt-svc")
+            .then(|| v.trim().to_owned())
+    });
+    (status, alt_svc)
+}
+
+/// A second Envoy as a real HTTP/3 client: its plain HTTP listener (port 0) forwards every
+/// request over QUIC (HTTP/3 only, no fallback) to `gateway`, trusting `ca_pem` for SNI
+/// `secure.example.com`.
+fn http3_client_bootstrap(gateway: std::net::SocketAddr, ca_pem: &str) -> String {
+    let addr = |ip: String, port: u16| serde_json::json!({ "socket_address": { "address": ip, "port_value": port } });
+    let v = serde_json::json!({
+        "node": { "id": "h3-client", "cluster": "h3-client" },
+        "admin": { "address": addr("127.0.0.1".into(), 0) },
+        "static_resources": {
+            "listeners": [{
+                "name": "ingress",
+                "address": addr("127.0.0.1".into(), 0),
+                "filter_chains": [{ "filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "client",
+                        "route_config": { "virtual_hosts": [{
+                            "name": "all", "domains": ["*"],
+                            "routes": [{ "match": { "prefix": "/" }, "route": { "cluster": "gateway_h3" } }],
+                        }] },
+                        "http_filters": [{
+                            "name": "envoy.filters.http.router",
+                            "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" },
+                        }],
+                    },
+                }] }],
+            }],
+            "clusters": [{
+                "name": "gateway_h3",
+                "type": "STATIC",
+                "connect_timeout": "5s",
+                "load_assignment": {
+                    "cluster_name": "gateway_h3",
+                    "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": addr(gateway.ip().to_string(), gateway.port()) } }] }],
+                },
+                "typed_extension_protocol_options": {
+                    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                        "explicit_http_config": { "http3_protocol_options": {} },
+                    },
+                },
+                "transport_socket": {
+                    "name": "envoy.transport_sockets.quic",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.quic.v3.QuicUpstreamTransport",
+                        "upstream_tls_context": {
+                            "sni": "secure.example.com",
+                            "common_tls_context": { "validation_context": {
+                                "trusted_ca": { "inline_string": ca_pem },
+                                "match_typed_subject_alt_names": [{ "san_type": "DNS", "matcher": { "exact": "secure.example.com" } }],
+                            } },
+                        },
+                    },
+                },
+            }],
+        },
+    });
+    serde_json::to_string_pretty(&v).unwrap()
+}
+
+/// ClientPolicy `http3: {}` on an HTTPS listener: Envoy serves HTTP/3 on the same port over
+/// UDP and TCP responses advertise it. The HTTP/3 client is a second Envoy speaking only
+/// HTTP/3 upstream: N requests through it are N 200s that the gateway Envoy counts as HTTP/3.
+/// A policy asking for HTTP/3 on a plain-HTTP listener is `Accepted=False Invalid`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_is_served_over_quic_and_advertised_over_tcp() {
+    const N: u64 = 25;
+    let server_ca = ca("server CA");
+    let (srv_crt, srv_key) = leaf(&server_ca, "secure.example.com");
+    let certs = tempfile::tempdir().unwrap();
+    std::fs::write(certs.path().join("server-ca.pem"), &server_ca.pem).unwrap();
+    let up = Upstream::start("app").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let plain = ballast_testkit::free_port();
+    let config = format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: edge }}
+spec:
+  gatewayClassName: ballast
+  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
+  listeners:
+  - name: secure
+    port: {port}
+    protocol: HTTPS
+    hostname: secure.example.com
+    tls: {{ certificateRefs: [{{ name: secure-tls }}] }}
+  - {{ name: plain, port: {plain}, protocol: HTTP }}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{ name: secure-tls }}
+type: kubernetes.io/tls
+stringData:
+  tls.crt: |
+{}  tls.key: |
+{}---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: {{ name: h3 }}
+spec:
+  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: secure }}]
+  http3: {{}}
+---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: {{ name: h3-plain }}
+spec:
+  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: plain }}]
+  http3: {{}}
+",
+        indent(&srv_crt),
+        indent(&srv_key),
+    ) + &route("app", "secure.example.com", "app")
+        + &backend("app", &[up.addr()]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-http3",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let p = certs.path();
+    let (status, alt_svc) = wait_for(T, POLL, || async {
+        match curl_alt_svc(port, p).await {
+            (200, a) => Ok((200, a)),
+            (c, _) => anyhow::bail!("HTTPS over TCP: {c}"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    assert_eq!(status, 200);
+    assert_eq!(
+        alt_svc.as_deref(),
+        Some(format!("h3=\":{port}\"; ma=86400").as_str()),
+        "TCP responses advertise HTTP/3 on the same port"
+    );
+    let listeners = envoy.listener_addrs().await.unwrap();
+    assert!(
+        listeners.contains_key(&format!("default/edge/{port}/udp")),
+        "{listeners:?}"
+    );
+
+    let client = Envoy::start_bootstrap(&http3_client_bootstrap(loopback(port), &server_ca.pem))
+        .await
+        .unwrap();
+    let client_addr = wait_for(T, POLL, || async {
+        client
+            .listener_addrs()
+            .await?
+            .get("ingress")
+            .copied()
+            .ok_or_else(|| anyhow::anyhow!("client listener not up"))
+    })
+    .await
+    .unwrap();
+    wait_for(T, POLL, || async {
+        match host_status(client_addr, "secure.example.com").await? {
+            200 => Ok(()),
+            c => anyhow::bail!("over HTTP/3: {c}"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e:#}\nclient:\n{}\ngateway:\n{}",
+            client.log_tail(30),
+            envoy.log_tail(30)
+        )
+    });
+    let prefix = format!("http.default_edge_{port}");
+    let h3_requests = || async {
+        envoy
+            .stat(&format!("{prefix}.downstream_rq_http3_total"))
+            .await
+            .unwrap()
+            .unwrap_or(0)
+    };
+    let before = h3_requests().await;
+    let mut statuses = Vec::new();
+    for _ in 0..N {
+        statuses.push(
+            host_status(client_addr, "secure.example.com")
+                .await
+                .unwrap(),
+        );
+    }
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    // Stats are flushed to the admin endpoint as they happen; poll briefly for the last ones.
+    let counted = wait_for(T, POLL, || async {
+        let n = h3_requests().await - before;
+        if n >= N {
+            Ok(n)
+        } else {
+            anyhow::bail!("{n} of {N} counted as HTTP/3")
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(counted, N, "every request reached the gateway over HTTP/3");
+    assert!(
+        envoy
+            .stat(&format!("{prefix}.downstream_cx_http3_total"))
+            .await
+            .unwrap()
+            .is_some_and(|n| n >= 1)
+    );
+    // The client Envoy spoke HTTP/3 upstream, and only that.
+    assert_eq!(
+        client
+            .stat("cluster.gateway_h3.upstream_cx_http3_total")
+            .await
+            .unwrap()
+            .map(|n| n >= 1),
+        Some(true)
+    );
+
+    // HTTP/3 on the plain listener is refused in status, and nothing listens on its UDP port.
+    let (code, sources) = ballast.get("/debug/sources").await.unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        sources.contains("Invalid")
+            && sources.contains("needs an HTTPS listener; listener \\\"plain\\\" is HTTP"),
+        "{sources}"
+    );
+    assert!(!listeners.contains_key(&format!("default/edge/{plain}/udp")));
+}
+
+/// ClientPolicy `http1.http10`: an HTTP/1.0 request without `Host` is answered 200 on a
+/// listener with `useDefaultHost` (the listener's hostname routes it), 400 with `http10`
+/// but no default host, and 426 (Upgrade Required) without the policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http10_requests_get_the_default_host() {
+    let up = Upstream::start("app").await.unwrap();
+    let raw = RawBackend::start().await;
+    let ports = [
+        ballast_testkit::free_port(),
+        ballast_testkit::free_port(),
+        ballast_testkit::free_port(),
+    ];
+    let config = format!(
+        "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{ name: edge }}
+spec:
+  gatewayClassName: ballast
+  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]
+  listeners:
+  - {{ name: default-host, port: {}, protocol: HTTP, hostname: app.example.com }}
+  - {{ name: http10, port: {}, protocol: HTTP, hostname: app.example.com }}
+  - {{ name: none, port: {}, protocol: HTTP, hostname: app.example.com }}
+---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: {{ name: default-host }}
+spec:
+  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: default-host }}]
+  http1: {{ enableTrailers: true, preserveHeaderCase: true, http10: {{ useDefaultHost: true }} }}
+---
+apiVersion: ballast.dev/v1alpha1
+kind: ClientPolicy
+metadata: {{ name: http10 }}
+spec:
+  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: http10 }}]
+  http1: {{ http10: {{}} }}
+",
+        ports[0], ports[1], ports[2]
+    ) + &route("app", "app.example.com", "app")
+        + &backend("app", &[up.addr()])
+        + "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: { name: case }
+spec:
+  parentRefs: [{ name: edge }]
+  hostnames: [app.example.com]
+  rules:
+  - matches: [{ path: { type: PathPrefix, value: /case } }]
+    backendRefs: [{ group: ballast.dev, kind: Backend, name: raw }]
+"
+        + &backend("raw", &[raw.addr]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-http10",
+        "default/edge",
+        AdsMode::DeltaGrpc,
+    ))
+    .await
+    .unwrap();
+    let http10 = b"GET / HTTP/1.0\r\n\r\n";
+    let http11 = b"GET / HTTP/1.1\r\nHost: app.example.com\r\nConnection: close\r\n\r\n";
+    for p in ports {
+        wait_for(T, POLL, || async {
+            match raw_status(loopback(p), http11).await {
+                200 => Ok(()),
+                c => anyhow::bail!("HTTP/1.1 on {p}: {c}"),
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    }
+    let before = up.hits();
+    let mut got = Vec::new();
+    for p in ports {
+        got.push(raw_status(loopback(p), http10).await);
+    }
+    assert_eq!(
+        got,
+        [200, 400, 426],
+        "HTTP/1.0 without Host: default host, accepted without one, not accepted"
+    );
+    assert_eq!(up.hits(), before + 1, "only the 200 reached the backend");
+    // preserveHeaderCase: the backend gets the header name as the client wrote it.
+    let mixed = b"GET /case HTTP/1.1\r\nHost: app.example.com\r\nX-MiXeD-Case: 1\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw_status(loopback(ports[0]), mixed).await, 200);
+    let seen = raw.last();
+    assert!(seen.contains("\r\nX-MiXeD-Case: 1\r\n"), "{seen}");
+    assert_eq!(raw_status(loopback(ports[2]), mixed).await, 200);
+    let seen = raw.last();
+    assert!(
+        seen.contains("\r\nx-mixed-case: 1\r\n"),
+        "without the policy: {seen}"
+    );
+}
+
+/// A backend that records each request head as received on the wire (header name case
+/// included, which HTTP libraries normalise away) and answers 200.
+struct RawBackend {
+    addr: std::net::SocketAddr,
+    heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RawBackend {
+    async fn start() -> RawBackend {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let h = heads.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let h = h.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    // One request per connection: read the head, answer, close.
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 65536 {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    h.lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&buf).into_owned());
+                    let _ = s
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        )
+                        .await;
+                });
+            }
+        });
+        RawBackend { addr, heads, task }
+    }
+
+    fn last(&self) -> String {
+        self.heads
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for RawBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -2,7 +2,8 @@
 //! (or single listeners, via `sectionName`) it targets: client IP detection, PROXY protocol,
 //! timeouts, header size limits, TLS versions, ciphers and ALPN, client certificate validation
 //! (frontend mTLS) with certificate details forwarded to backends, path normalisation,
-//! connection limits, HTTP/2 settings and OpenTelemetry tracing. Named after Envoy Gateway's
+//! connection limits, HTTP/1 options, HTTP/2 settings, HTTP/3 (QUIC) and OpenTelemetry
+//! tracing. Named after Envoy Gateway's
 //! `ClientTrafficPolicy`, whose field names it follows where features match.
 
 use std::time::Duration;
@@ -55,6 +56,98 @@ pub struct ClientPolicySpec {
     /// OpenTelemetry tracing of the requests to an OTLP collector Backend.
     #[serde(default)]
     pub tracing: Option<ClientTracing>,
+    /// HTTP/3 over QUIC on the targeted HTTPS listeners (Envoy Gateway's shape: `http3: {}`,
+    /// presence enables): a UDP listener on the same port, and `alt-svc` on TCP responses so
+    /// clients learn about it.
+    #[serde(default)]
+    pub http3: Option<Spanned<ClientHttp3>>,
+    /// HTTP/1.x options of the connection manager.
+    #[serde(default)]
+    pub http1: Option<ClientHttp1>,
+}
+
+/// Envoy Gateway's `ClientTrafficPolicy.http3`: no settings yet, its presence turns HTTP/3 on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientHttp3 {}
+
+/// Envoy Gateway's `ClientTrafficPolicy.http1` (HCM `http_protocol_options`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientHttp1 {
+    /// Accept and forward HTTP/1.1 chunked trailers (Envoy drops them by default).
+    #[serde(default)]
+    pub enable_trailers: bool,
+    /// Keep the letter case of HTTP/1 header names as the client sent them (Envoy's
+    /// `preserve_case` formatter; Envoy lower-cases them by default).
+    #[serde(default)]
+    pub preserve_header_case: bool,
+    /// Accept HTTP/1.0 requests (Envoy answers them 426 by default).
+    #[serde(default)]
+    pub http10: Option<ClientHttp10>,
+}
+
+/// HTTP/1.0 acceptance.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientHttp10 {
+    /// An HTTP/1.0 request without `Host` gets the listener's hostname (which must be set and
+    /// not a wildcard); without this such requests are answered 400.
+    #[serde(default)]
+    pub use_default_host: bool,
+}
+
+impl ClientPolicy {
+    /// Why settings of this policy cannot work on `listener`, one message per setting
+    /// (empty: all can). A policy naming such a listener by `sectionName` is not applied
+    /// there (status `Accepted=False Invalid`); a Gateway-wide policy applies without them.
+    pub fn unsupported_on(&self, listener: &super::Listener) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(h3) = &self.spec.http3
+            && *listener.protocol != super::ListenerProtocol::Https
+        {
+            out.push(format!(
+                "http3 (line {}) needs an HTTPS listener; listener {:?} is {}",
+                h3.pos.line,
+                listener.name.as_str(),
+                listener.protocol.as_str()
+            ));
+        }
+        if self.default_host_for(listener).is_none()
+            && self
+                .spec
+                .http1
+                .as_ref()
+                .and_then(|h| h.http10.as_ref())
+                .is_some_and(|h| h.use_default_host)
+        {
+            out.push(format!(
+                "http1.http10.useDefaultHost needs a listener hostname without wildcard; listener {:?} has {}",
+                listener.name.as_str(),
+                listener
+                    .hostname()
+                    .map_or_else(|| "none".to_owned(), |h| format!("{h:?}"))
+            ));
+        }
+        out
+    }
+
+    /// Whether HTTP/3 applies on `listener` (set, and the listener is HTTPS).
+    pub fn http3_on(&self, listener: &super::Listener) -> bool {
+        self.spec.http3.is_some() && *listener.protocol == super::ListenerProtocol::Https
+    }
+
+    /// The `Host` an HTTP/1.0 request without one gets on `listener`: its hostname, when
+    /// `useDefaultHost` is set and the hostname is not a wildcard.
+    pub fn default_host_for<'l>(&self, listener: &'l super::Listener) -> Option<&'l str> {
+        let wanted = self
+            .spec
+            .http1
+            .as_ref()
+            .and_then(|h| h.http10.as_ref())
+            .is_some_and(|h| h.use_default_host);
+        listener.hostname().filter(|h| wanted && !h.contains('*'))
+    }
 }
 
 /// Envoy's `envoy.tracers.opentelemetry` on the connection manager: spans of a sampled share
@@ -339,6 +432,18 @@ pub(crate) fn validate_client_policy(ctx: &mut Ctx, p: &ClientPolicy) {
     if let Some(t) = &s.tracing {
         validate_tracing(ctx, t);
     }
+    // QUIC is TLS 1.3 only: a policy capping TLS at 1.2 cannot serve HTTP/3.
+    if let (Some(h3), Some(max)) = (
+        &s.http3,
+        s.tls.as_ref().and_then(|t| t.max_version.as_ref()),
+    ) && max.value == TlsVersion::V1_2
+    {
+        ctx.err(
+            h3.pos,
+            "spec.http3",
+            "HTTP/3 needs TLS 1.3, but spec.tls.maxVersion is 1.2",
+        );
+    }
     if let Some(tls) = &s.tls {
         for (i, a) in tls.alpn_protocols.iter().enumerate() {
             if !matches!(a.as_str(), "h2" | "http/1.1") {
@@ -598,21 +703,134 @@ mod tests {
         assert!(ConfigSet::build([("c.yaml", unknown)]).is_err());
     }
 
+    const GW3: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: edge }\nspec:\n  gatewayClassName: ballast\n  listeners:\n  - { name: a, port: 80, protocol: HTTP }\n  - { name: b, port: 81, protocol: HTTP, hostname: b.example.com }\n  - { name: s, port: 443, protocol: HTTPS, hostname: s.example.com, tls: { certificateRefs: [{ name: s-tls }] } }\n";
+
+    fn accepted(set: &ConfigSet, policy: &str, section: Option<&str>) -> (bool, String, String) {
+        let st = crate::status::compute(set);
+        let p = st
+            .client_policies
+            .iter()
+            .find(|p| p.name == policy)
+            .unwrap();
+        let t = p
+            .targets
+            .iter()
+            .find(|t| t.section_name.as_deref() == section)
+            .unwrap();
+        let c = &t.conditions[0];
+        (c.is_true(), c.reason.clone(), c.message.clone())
+    }
+
+    #[test]
+    fn http3_and_http1_parse_with_envoy_gateway_names() {
+        let text = GW3.to_owned()
+            + &policy("p", None)
+            + "  http3: {}\n  http1:\n    enableTrailers: true\n    preserveHeaderCase: true\n    http10: { useDefaultHost: true }\n";
+        let set = ConfigSet::build([("c.yaml", text)]).unwrap();
+        let gw = ObjectKey::new("default", "edge");
+        let p = set.client_policy_for(&gw, "s").unwrap();
+        assert!(p.spec.http3.is_some());
+        let h1 = p.spec.http1.as_ref().unwrap();
+        assert!(h1.enable_trailers && h1.preserve_header_case);
+        assert!(h1.http10.as_ref().unwrap().use_default_host);
+        let g = &set.gateways[&gw];
+        let (a, b, s) = (
+            g.listener("a").unwrap(),
+            g.listener("b").unwrap(),
+            g.listener("s").unwrap(),
+        );
+        assert!(p.http3_on(s) && !p.http3_on(a) && !p.http3_on(b));
+        assert_eq!(p.default_host_for(s), Some("s.example.com"));
+        assert_eq!(p.default_host_for(b), Some("b.example.com"));
+        assert_eq!(p.default_host_for(a), None, "no hostname to inject");
+        // Gateway-wide: applies everywhere, and says what it ignores where.
+        for l in ["a", "b", "s"] {
+            assert!(set.client_policy_for(&gw, l).is_some(), "{l}");
+        }
+        let (ok, _, msg) = accepted(&set, "p", None);
+        assert!(ok, "{msg}");
+        assert!(
+            msg.contains("http3 (line 16) needs an HTTPS listener; listener \"a\" is HTTP")
+                && msg.contains("listener \"b\" is HTTP")
+                && msg.contains("useDefaultHost needs a listener hostname without wildcard; listener \"a\" has none"),
+            "{msg}"
+        );
+        assert!(!msg.contains("\"s\""), "{msg}");
+        for unknown in [
+            "  http3: { enabled: true }\n",
+            "  http1: { http10: { defaultHost: x } }\n",
+        ] {
+            let text = GW3.to_owned() + &policy("p", None) + unknown;
+            assert!(ConfigSet::build([("c.yaml", text)]).is_err(), "{unknown}");
+        }
+    }
+
+    #[test]
+    fn http3_on_an_http_listener_is_invalid_there_and_not_applied() {
+        let text = GW3.to_owned()
+            + &policy("all", None)
+            + "  maxRequestHeadersKb: 10\n"
+            + &policy("h3-on-a", Some("a"))
+            + "  http3: {}\n"
+            + &policy("h3-on-s", Some("s"))
+            + "  http3: {}\n"
+            + &policy("h10-on-a", Some("a"))
+            + "  http1: { http10: { useDefaultHost: true } }\n";
+        let set = ConfigSet::build([("c.yaml", text)]).unwrap();
+        let gw = ObjectKey::new("default", "edge");
+        let (ok, reason, msg) = accepted(&set, "h3-on-a", Some("a"));
+        assert!(!ok);
+        assert_eq!(reason, "Invalid");
+        assert!(
+            msg.contains("needs an HTTPS listener; listener \"a\" is HTTP"),
+            "{msg}"
+        );
+        let (ok, reason, msg) = accepted(&set, "h10-on-a", Some("a"));
+        assert!(
+            !ok && reason == "Invalid" && msg.contains("useDefaultHost"),
+            "{msg}"
+        );
+        assert!(accepted(&set, "h3-on-s", Some("s")).0);
+        // Listener a falls back to the Gateway-wide policy; s gets its own.
+        assert_eq!(
+            set.client_policy_for(&gw, "a").unwrap().metadata.name,
+            "all"
+        );
+        assert_eq!(
+            set.client_policy_for(&gw, "s").unwrap().metadata.name,
+            "h3-on-s"
+        );
+        let problems = crate::status::compute(&set).problems().join("\n");
+        assert!(problems.contains("Invalid"), "{problems}");
+    }
+
+    #[test]
+    fn http3_with_tls_1_2_is_an_error_with_its_position() {
+        let text = GW3.to_owned()
+            + &policy("p", Some("s"))
+            + "  tls: { maxVersion: \"1.2\" }\n  http3: {}\n";
+        let errs = ConfigSet::build([("c.yaml", text)]).unwrap_err();
+        let e = errs[0].to_string();
+        assert!(e.contains("c.yaml:17:") && e.contains("TLS 1.3"), "{e}");
+    }
+
     proptest! {
         /// The per-listener lookup translation uses equals the attachment resolution status
         /// reports (listener policy beats gateway policy; oldest wins a tie; unknown sections
         /// attach nowhere).
         #[test]
-        fn listener_lookup_equals_resolution(policies in prop::collection::btree_map(0u8..6, prop::option::of(0u8..3), 0..6)) {
-            let mut text = GW.to_owned();
-            for (p, s) in &policies {
-                text += &policy(&format!("p{p}"), s.map(|s| ["a", "b", "zz"][s as usize]));
+        fn listener_lookup_equals_resolution(policies in prop::collection::btree_map(0u8..6, (prop::option::of(0u8..4), 0u8..3), 0..6)) {
+            let mut text = GW3.to_owned();
+            for (p, (s, extra)) in &policies {
+                text += &policy(&format!("p{p}"), s.map(|s| ["a", "b", "s", "zz"][s as usize]));
+                // Settings some listeners cannot take: such a listener policy is Invalid there.
+                text += ["", "  http3: {}\n", "  http1: { http10: { useDefaultHost: true } }\n"][*extra as usize];
             }
             let set = ConfigSet::build([("c.yaml", text)]).unwrap();
             let res = set.client_policy_resolution();
             let gw = ObjectKey::new("default", "edge");
             let t = TargetId { kind: TargetKind::Gateway, key: gw.clone() };
-            for l in ["a", "b"] {
+            for l in ["a", "b", "s"] {
                 prop_assert_eq!(
                     set.client_policy_for(&gw, l).map(|p| p.key()),
                     res.effective(&t, Some(l)).cloned()
