@@ -16,10 +16,11 @@
 //! `extAuth` turns ext_authz off. ext_authz (present only when some policy uses it) is
 //! disabled by default and each enabling entry names its policy's service
 //! (`service_override`, HTTP or gRPC), so policies with different services share one filter.
-//! Envoy's failure mode (`failure_mode_allow`) exists only on the filter, so a Gateway has up
-//! to two ext_authz filters, [`EXT_AUTHZ_FILTER`] failing closed and
-//! [`EXT_AUTHZ_FAIL_OPEN_FILTER`] failing open; a policy enables the one of its `failOpen` and
-//! disables the other (so a less specific policy's filter never runs as well).
+//! Envoy's failure mode (`failure_mode_allow`) exists only on the filter, and Envoy 1.40 fails
+//! every check of an HTTP `service_override` on a filter configured with a gRPC service (seen
+//! in `ext_auth_grpc_and_fail_open`), so a Gateway has one ext_authz filter per service type
+//! and failure mode its policies use ([`EXT_AUTHZ_FILTERS`]); a policy enables its own and
+//! disables the others (so a less specific policy's filter never runs as well).
 //!
 //! The client address RBAC matches is `remote_ip`: the address the connection manager
 //! detected. Connection managers with these filters always set `use_remote_address`, so it
@@ -75,8 +76,14 @@ use crate::{names, pb_duration};
 pub(crate) const RBAC_FILTER: &str = "envoy.filters.http.rbac";
 pub(crate) const JWT_FILTER: &str = "envoy.filters.http.jwt_authn";
 pub(crate) const EXT_AUTHZ_FILTER: &str = "envoy.filters.http.ext_authz";
-/// The second ext_authz filter, for policies with `failOpen: true` (see the module docs).
-pub(crate) const EXT_AUTHZ_FAIL_OPEN_FILTER: &str = "envoy.filters.http.ext_authz/fail-open";
+/// The ext_authz filters by (gRPC, fail open), in filter-chain order (see the module docs).
+/// HTTP failing closed keeps the plain name.
+pub(crate) const EXT_AUTHZ_FILTERS: [(&str, bool, bool); 4] = [
+    (EXT_AUTHZ_FILTER, false, false),
+    ("envoy.filters.http.ext_authz/grpc", true, false),
+    ("envoy.filters.http.ext_authz/fail-open", false, true),
+    ("envoy.filters.http.ext_authz/grpc-fail-open", true, true),
+];
 
 /// How long Envoy waits for the authorization service's answer (then: the failure mode).
 const CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -316,22 +323,22 @@ pub(crate) fn apply_hcm(
     ];
     // ext_authz is off unless a virtual host or route enables it with its policy's service
     // (`service_override`); the filter-level service is only a valid placeholder. One filter
-    // per failure mode in use, fail-closed first.
-    for fail_open in [false, true] {
-        let of_mode: Vec<&Arc<SecurityPolicy>> = policies
+    // per service type and failure mode in use.
+    for (name, grpc, fail_open) in EXT_AUTHZ_FILTERS {
+        let of_kind: Vec<&Arc<SecurityPolicy>> = policies
             .iter()
             .copied()
             .filter(|p| {
                 p.spec
                     .ext_auth
                     .as_ref()
-                    .is_some_and(|e| e.fail_open == fail_open)
+                    .is_some_and(|e| e.grpc.is_some() == grpc && e.fail_open == fail_open)
             })
             .collect();
-        let Some(first) = of_mode.first() else {
+        let Some(first) = of_kind.first() else {
             continue;
         };
-        let headers: BTreeSet<String> = of_mode
+        let headers: BTreeSet<String> = of_kind
             .iter()
             .flat_map(|p| p.spec.ext_auth.iter().flat_map(|e| &e.headers_to_ext_auth))
             .map(|h| h.value.to_ascii_lowercase())
@@ -347,11 +354,6 @@ pub(crate) fn apply_hcm(
             // Tells the backend that nobody authorized this request.
             failure_mode_allow_header_add: fail_open,
             ..Default::default()
-        };
-        let name = if fail_open {
-            EXT_AUTHZ_FAIL_OPEN_FILTER
-        } else {
-            EXT_AUTHZ_FILTER
         };
         filters.push((name, pack_any(cfg), true));
     }
@@ -451,28 +453,33 @@ pub(crate) fn per_filter_config(p: &SecurityPolicy, tag: u32) -> Vec<u8> {
             None => RequirementSpecifier::Disabled(true),
         }),
     };
-    // Both ext_authz filters: the policy's own (by `failOpen`) checks with its service, the
-    // other is off, so neither runs for a policy without `extAuth`.
-    let ext_authz = |fail_open: bool| ExtAuthzPerRoute {
-        r#override: Some(match &p.spec.ext_auth {
-            Some(e) if e.fail_open == fail_open => Override::CheckSettings(CheckSettings {
-                service_override: Some(service(p)),
-                ..Default::default()
-            }),
-            _ => Override::Disabled(true),
-        }),
-    };
-    let entries: BTreeMap<String, Any> = [
-        (EXT_AUTHZ_FILTER.to_owned(), pack_any(ext_authz(false))),
-        (
-            EXT_AUTHZ_FAIL_OPEN_FILTER.to_owned(),
-            pack_any(ext_authz(true)),
-        ),
+    // Every ext_authz filter: the policy's own (by service type and `failOpen`) checks with its
+    // service, the others are off, so none runs for a policy without `extAuth`.
+    let mut entries: BTreeMap<String, Any> = EXT_AUTHZ_FILTERS
+        .iter()
+        .map(|(name, grpc, fail_open)| {
+            let own = p
+                .spec
+                .ext_auth
+                .as_ref()
+                .is_some_and(|e| e.grpc.is_some() == *grpc && e.fail_open == *fail_open);
+            let cfg = ExtAuthzPerRoute {
+                r#override: Some(if own {
+                    Override::CheckSettings(CheckSettings {
+                        service_override: Some(service(p)),
+                        ..Default::default()
+                    })
+                } else {
+                    Override::Disabled(true)
+                }),
+            };
+            ((*name).to_owned(), pack_any(cfg))
+        })
+        .collect();
+    entries.extend([
         (JWT_FILTER.to_owned(), pack_any(jwt)),
         (RBAC_FILTER.to_owned(), pack_any(rbac)),
-    ]
-    .into_iter()
-    .collect();
+    ]);
     let mut out = Vec::new();
     prost::encoding::btree_map::encode(
         prost::encoding::string::encode,
@@ -813,10 +820,13 @@ mod tests {
             .unwrap()
     }
 
-    /// Exactly what ext_authz emits: a fail-closed and a fail-open filter (disabled until a
-    /// virtual host or route enables one), the gRPC service (envoy_grpc to the Backend's
-    /// cluster, `:authority` its name, 10 s, V3) and the HTTP one; each policy enables the
-    /// filter of its failure mode and disables the other.
+    const GRPC_CLOSED: &str = EXT_AUTHZ_FILTERS[1].0;
+    const GRPC_OPEN: &str = EXT_AUTHZ_FILTERS[3].0;
+
+    /// Exactly what ext_authz emits: a filter per service type and failure mode in use
+    /// (disabled until a virtual host or route enables it), the gRPC service (envoy_grpc to the
+    /// Backend's cluster, `:authority` its name, 10 s, V3) and the HTTP one; each policy
+    /// enables its own filter and disables the other three.
     #[test]
     fn ext_auth_grpc_and_fail_open_are_emitted_exactly() {
         use envoy_types::pb::envoy::config::listener::v3::Listener;
@@ -834,12 +844,7 @@ mod tests {
         let names: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(
             names[1..5],
-            [
-                RBAC_FILTER,
-                JWT_FILTER,
-                EXT_AUTHZ_FILTER,
-                EXT_AUTHZ_FAIL_OPEN_FILTER
-            ]
+            [RBAC_FILTER, JWT_FILTER, EXT_AUTHZ_FILTER, GRPC_OPEN]
         );
         let filter = |name: &str| {
             let f = hcm.http_filters.iter().find(|f| f.name == name).unwrap();
@@ -874,7 +879,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            filter(EXT_AUTHZ_FAIL_OPEN_FILTER),
+            filter(GRPC_OPEN),
             ExtAuthz {
                 services: Some(Services::GrpcService(grpc.clone())),
                 transport_api_version: ApiVersion::V3 as i32,
@@ -892,20 +897,23 @@ mod tests {
                 ..Default::default()
             }
         );
-        // The listener policy on the virtual host: gRPC through the fail-open filter.
+        // The listener policy on the virtual host: gRPC through the gRPC fail-open filter.
         let rc = RouteConfiguration::decode(g0.route_configs[0].value_bytes()).unwrap();
         let vh = &rc.virtual_hosts[0];
-        assert_eq!(
-            per_route_override(&vh.typed_per_filter_config, EXT_AUTHZ_FAIL_OPEN_FILTER),
-            Override::CheckSettings(CheckSettings {
-                service_override: Some(ServiceOverride::GrpcService(grpc)),
-                ..Default::default()
-            })
-        );
-        assert_eq!(
-            per_route_override(&vh.typed_per_filter_config, EXT_AUTHZ_FILTER),
-            Override::Disabled(true)
-        );
+        for (name, ..) in EXT_AUTHZ_FILTERS {
+            assert_eq!(
+                per_route_override(&vh.typed_per_filter_config, name),
+                if name == GRPC_OPEN {
+                    Override::CheckSettings(CheckSettings {
+                        service_override: Some(ServiceOverride::GrpcService(grpc.clone())),
+                        ..Default::default()
+                    })
+                } else {
+                    Override::Disabled(true)
+                },
+                "{name}"
+            );
+        }
         // The rule policy on its routes: HTTP through the fail-closed filter, the listener's
         // fail-open filter off there.
         let secure = vh
@@ -913,17 +921,20 @@ mod tests {
             .iter()
             .find(|r| r.name.contains("/secure/"))
             .unwrap();
-        assert_eq!(
-            per_route_override(&secure.typed_per_filter_config, EXT_AUTHZ_FILTER),
-            Override::CheckSettings(CheckSettings {
-                service_override: Some(ServiceOverride::HttpService(http)),
-                ..Default::default()
-            })
-        );
-        assert_eq!(
-            per_route_override(&secure.typed_per_filter_config, EXT_AUTHZ_FAIL_OPEN_FILTER),
-            Override::Disabled(true)
-        );
+        for (name, ..) in EXT_AUTHZ_FILTERS {
+            assert_eq!(
+                per_route_override(&secure.typed_per_filter_config, name),
+                if name == EXT_AUTHZ_FILTER {
+                    Override::CheckSettings(CheckSettings {
+                        service_override: Some(ServiceOverride::HttpService(http.clone())),
+                        ..Default::default()
+                    })
+                } else {
+                    Override::Disabled(true)
+                },
+                "{name}"
+            );
+        }
         // g1: no policy, no ext_authz filter.
         let g1 =
             crate::translate_gateway(&set, &crate::tests::gw("g1"), &Default::default()).unwrap();
@@ -939,9 +950,10 @@ mod tests {
         );
     }
 
-    /// A Gateway whose policies all fail closed gets only the fail-closed filter.
+    /// A Gateway whose policies all fail closed gets the fail-closed filters of the service
+    /// types they use, each with one of them as its placeholder service.
     #[test]
-    fn fail_open_filter_only_when_a_policy_fails_open() {
+    fn one_filter_per_service_type_and_failure_mode() {
         use envoy_types::pb::envoy::config::listener::v3::Listener;
         use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType;
         use prost::Message;
@@ -960,25 +972,31 @@ mod tests {
             .map(|f| f.name.as_str())
             .filter(|n| n.starts_with(EXT_AUTHZ_FILTER))
             .collect();
-        assert_eq!(ext, [EXT_AUTHZ_FILTER]);
-        let Some(HttpFilterConfig::TypedConfig(any)) = &hcm
-            .http_filters
-            .iter()
-            .find(|f| f.name == EXT_AUTHZ_FILTER)
-            .unwrap()
-            .config_type
-        else {
-            panic!()
+        assert_eq!(ext, [EXT_AUTHZ_FILTER, GRPC_CLOSED]);
+        let cfg = |name: &str| {
+            let Some(HttpFilterConfig::TypedConfig(any)) = &hcm
+                .http_filters
+                .iter()
+                .find(|f| f.name == name)
+                .unwrap()
+                .config_type
+            else {
+                panic!()
+            };
+            ExtAuthz::decode(any.value.as_slice()).unwrap()
         };
-        let cfg = ExtAuthz::decode(any.value.as_slice()).unwrap();
-        assert!(!cfg.failure_mode_allow && !cfg.failure_mode_allow_header_add);
-        // The first fail-closed policy by name (`gw`, gRPC) provides the placeholder service;
-        // both policies' headers are sent.
-        assert!(matches!(cfg.services, Some(Services::GrpcService(_))));
+        let (http, grpc) = (cfg(EXT_AUTHZ_FILTER), cfg(GRPC_CLOSED));
+        for c in [&http, &grpc] {
+            assert!(!c.failure_mode_allow && !c.failure_mode_allow_header_add);
+        }
+        assert!(matches!(http.services, Some(Services::HttpService(_))));
+        assert!(matches!(grpc.services, Some(Services::GrpcService(_))));
+        // Headers are a filter setting: each filter sends its own policies' headers.
         assert_eq!(
-            cfg.allowed_headers,
+            http.allowed_headers,
             Some(exact_list(["x-session".to_owned()]))
         );
+        assert_eq!(grpc.allowed_headers, None);
     }
 
     /// Envoy rejects a listener whose JWKS has no valid key; the fail-closed one is valid.

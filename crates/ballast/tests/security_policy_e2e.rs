@@ -707,27 +707,33 @@ async fn refused(addr: std::net::SocketAddr) -> anyhow::Result<()> {
     }
 }
 
-/// `extAuth.grpc` and `failOpen`: four routes, each with its own policy: gRPC (the testkit's
+/// `extAuth.grpc` and `failOpen`: routes with a policy each: gRPC (the testkit's
 /// `ExtAuthzServer`, allowing `x-allow: yes`) failing closed and failing open, HTTP (a
-/// loopback service with the same rule) failing closed and failing open. With both services
-/// up every route allows `x-allow: yes` (the backend sees the gRPC service's `x-auth-user`,
-/// replacing the client's) and denies the rest with 403, one check per request. With both
-/// services stopped (port closed), the fail-closed routes answer 403 whatever the client
-/// sends and the fail-open routes 200, marked `x-envoy-auth-failure-mode-allowed: true` at
-/// the backend, and no check reaches anyone. Every status is counted.
+/// loopback service with the same rule) failing closed and failing open, and one more
+/// fail-closed route per service type asking a second service (policies sharing a filter
+/// still reach their own service). With the services up every route allows `x-allow: yes`
+/// (the backend sees the gRPC service's `x-auth-user`, replacing the client's) and denies the
+/// rest with 403, one check per request at the right service. With the first two services
+/// stopped (port closed), the fail-closed routes answer 403 whatever the client sends and the
+/// fail-open routes 200, marked `x-envoy-auth-failure-mode-allowed: true` at the backend, and
+/// no check reaches anyone. Every status is counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ext_auth_grpc_and_fail_open() {
     let up = Upstream::start("app").await.unwrap();
     let mut grpc_authz = ballast_testkit::ExtAuthzServer::start().await.unwrap();
-    let http_authz = JsonServer::start_with(|head| {
-        if head.to_ascii_lowercase().contains("\r\nx-allow: yes\r\n") {
-            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_owned()
-        } else {
-            "HTTP/1.1 403 Forbidden\r\nContent-Length: 6\r\nConnection: close\r\n\r\ndenied"
-                .to_owned()
-        }
-    })
-    .await;
+    let grpc_authz_b = ballast_testkit::ExtAuthzServer::start().await.unwrap();
+    let http_service = || {
+        JsonServer::start_with(|head| {
+            if head.to_ascii_lowercase().contains("\r\nx-allow: yes\r\n") {
+                "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_owned()
+            } else {
+                "HTTP/1.1 403 Forbidden\r\nContent-Length: 6\r\nConnection: close\r\n\r\ndenied"
+                    .to_owned()
+            }
+        })
+    };
+    let http_authz = http_service().await;
+    let http_authz_b = http_service().await;
     let (grpc_addr, http_addr) = (grpc_authz.addr(), http_authz.addr);
     let port = ballast_testkit::free_port();
     let dir = tempfile::tempdir().unwrap();
@@ -735,6 +741,10 @@ async fn ext_auth_grpc_and_fail_open() {
         "    grpc: { backendRefs: [{ group: ballast.dev, kind: Backend, name: authz-grpc }] }\n";
     let http = "    headersToExtAuth: [x-allow]\n    http: { backendRefs: [{ group: ballast.dev, kind: Backend, name: authz-http }] }\n";
     let open = "    failOpen: true\n";
+    let (grpc_b, http_b) = (
+        grpc.replace("authz-grpc", "authz-grpc-b"),
+        http.replace("authz-http", "authz-http-b"),
+    );
     std::fs::write(
         dir.path().join("config.yaml"),
         gateway(port)
@@ -742,10 +752,17 @@ async fn ext_auth_grpc_and_fail_open() {
             + &named_rule_route("grpc-open", "go.example.com", "app")
             + &named_rule_route("http-closed", "hc.example.com", "app")
             + &named_rule_route("http-open", "ho.example.com", "app")
+            + &named_rule_route("grpc-closed-b", "gb.example.com", "app")
+            + &named_rule_route("http-closed-b", "hb.example.com", "app")
             + &backend("app", &[up.addr()])
             + &backend("authz-grpc", &[grpc_addr])
             + "  protocol: grpc\n"
             + &backend("authz-http", &[http_addr])
+            + &backend("authz-grpc-b", &[grpc_authz_b.addr()])
+            + "  protocol: grpc\n"
+            + &backend("authz-http-b", &[http_authz_b.addr])
+            + &ext_auth_policy("grpc-closed-b", "grpc-closed-b", &grpc_b)
+            + &ext_auth_policy("http-closed-b", "http-closed-b", &http_b)
             + &ext_auth_policy("grpc-closed", "grpc-closed", grpc)
             + &ext_auth_policy("grpc-open", "grpc-open", &format!("{open}{grpc}"))
             + &ext_auth_policy("http-closed", "http-closed", http)
@@ -764,13 +781,13 @@ async fn ext_auth_grpc_and_fail_open() {
     let allow = "x-allow: yes";
     wait_for(T, POLL, || async {
         let mut seen = Vec::new();
-        for host in ["gc", "go", "hc", "ho"] {
+        for host in ["gc", "go", "hc", "ho", "gb", "hb"] {
             let host = format!("{host}.example.com");
             seen.push(status_from(A, port, &host, &[allow]).await);
             seen.push(status_from(A, port, &host, &[]).await);
         }
         match seen.as_slice() {
-            [200, 403, 200, 403, 200, 403, 200, 403] => Ok(()),
+            [200, 403, 200, 403, 200, 403, 200, 403, 200, 403, 200, 403] => Ok(()),
             s => anyhow::bail!("allowed, denied per route: {s:?}"),
         }
     })
@@ -778,9 +795,11 @@ async fn ext_auth_grpc_and_fail_open() {
     .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
 
     // Both services up: the policy's service decides, whatever the failure mode.
-    let (grpc_before, http_before, hits_before) = (
+    let (grpc_before, grpc_b_before, http_before, http_b_before, hits_before) = (
         (grpc_authz.allowed(), grpc_authz.denied()),
+        (grpc_authz_b.allowed(), grpc_authz_b.denied()),
         http_authz.requests.lock().unwrap().len(),
+        http_authz_b.requests.lock().unwrap().len(),
         up.hits(),
     );
     let mut cases: Vec<Case<'_>> = Vec::new();
@@ -789,6 +808,8 @@ async fn ext_auth_grpc_and_fail_open() {
         "go.example.com",
         "hc.example.com",
         "ho.example.com",
+        "gb.example.com",
+        "hb.example.com",
     ] {
         cases.push((A, port, host, vec![allow], 200));
         cases.push((A, port, host, vec![], 403));
@@ -796,10 +817,10 @@ async fn ext_auth_grpc_and_fail_open() {
     }
     let (wrong, ok) = run_cases(&cases, 5).await;
     assert!(wrong.is_empty(), "{wrong:#?}\n{}", envoy.log_tail(30));
-    assert_eq!(ok, 20);
+    assert_eq!(ok, 30);
     assert_eq!(
         up.hits() - hits_before,
-        20,
+        30,
         "denied requests never reach it"
     );
     assert_eq!(
@@ -816,6 +837,19 @@ async fn ext_auth_grpc_and_fail_open() {
         "one HTTP check per request of hc and ho"
     );
     assert_eq!(
+        (
+            grpc_authz_b.allowed() - grpc_b_before.0,
+            grpc_authz_b.denied() - grpc_b_before.1
+        ),
+        (5, 10),
+        "gb's checks go to its own service"
+    );
+    assert_eq!(
+        http_authz_b.requests.lock().unwrap().len() - http_b_before,
+        15,
+        "hb's checks go to its own service"
+    );
+    assert_eq!(
         status_from(A, port, "gc.example.com", &[allow, "x-auth-user: mallory"]).await,
         200
     );
@@ -825,7 +859,8 @@ async fn ext_auth_grpc_and_fail_open() {
     );
     assert_eq!(up.last_header("x-envoy-auth-failure-mode-allowed"), None);
 
-    // Both services stopped: fail closed answers 403, fail open lets everything through.
+    // The services of gc, go, hc and ho stopped: fail closed answers 403, fail open lets
+    // everything through.
     grpc_authz.stop().await.unwrap();
     drop(http_authz);
     for addr in [grpc_addr, http_addr] {
