@@ -18,8 +18,8 @@ use super::subscription::{
     Subscription, WILDCARD, empty_first_request_is_wildcard, namespace_members, namespace_of,
 };
 use super::{
-    ClientViews, DeltaResponse, Nonces, RequestOutcome, Seeker, TypeView, find_version,
-    hard_refs_ready, referenced_by_client, resume_holds_removals, share_if_whole, without_names,
+    DeltaResponse, Progress, RequestOutcome, Seeker, StreamCore, TypeState, find_version,
+    hard_refs_ready, referenced_by_client, share_if_whole, without_names,
 };
 use crate::resource::{Resource, ResourceType};
 use crate::snapshot::{ResourceMap, Snapshot, TypeChanges};
@@ -319,18 +319,7 @@ fn split(
 /// The Delta protocol for one stream (ADS or a per-type service).
 #[derive(Debug)]
 pub struct DeltaMachine {
-    only: Option<ResourceType>,
-    types: [Option<DeltaType>; crate::resource::TYPE_COUNT],
-    nonces: Nonces,
-    snapshot: Option<Arc<Snapshot>>,
-    /// The client reported resources it holds (`initial_resource_versions`):
-    /// it resumes from an earlier stream, and removals wait until the types
-    /// that may reference them were requested ([`super::resume_holds_removals`]).
-    resumed: bool,
-    /// The resume hold was lifted (the driver gave up waiting for requests).
-    resume_released: bool,
-    /// A response was sent on this stream (else a keepalive is owed).
-    answered: bool,
+    core: StreamCore<DeltaType>,
     /// Responses are split to stay under this many bytes (the clients'
     /// default gRPC message limit), each part with its own nonce and ACK.
     max_response_bytes: usize,
@@ -343,13 +332,7 @@ impl DeltaMachine {
     /// A machine for ADS (`None`) or for one type's service.
     pub fn new(only: Option<ResourceType>) -> Self {
         DeltaMachine {
-            only,
-            types: Default::default(),
-            nonces: Nonces::default(),
-            snapshot: None,
-            resumed: false,
-            resume_released: false,
-            answered: false,
+            core: StreamCore::new(only),
             max_response_bytes: crate::server::stream::MAX_RESPONSE_BYTES,
             #[cfg(test)]
             scoped_plans: 0,
@@ -365,7 +348,7 @@ impl DeltaMachine {
 
     /// The group's snapshot changed (or the cache became ready).
     pub fn set_snapshot(&mut self, snapshot: Option<Arc<Snapshot>>) {
-        self.snapshot = snapshot;
+        self.core.snapshot = snapshot;
     }
 
     /// Whether `req` reports resources the client holds from an earlier
@@ -378,7 +361,7 @@ impl DeltaMachine {
     /// Stops holding removals for requests that have not come (see
     /// [`super::resume_holds_removals`]); for clients that never send them.
     pub fn release_resume_hold(&mut self) {
-        self.resume_released = true;
+        self.core.resume_released = true;
     }
 
     /// Applies one client request: subscriptions, ACK or NACK.
@@ -395,22 +378,22 @@ impl DeltaMachine {
         req: &DeltaDiscoveryRequest,
         history: &[Arc<Snapshot>],
     ) -> RequestOutcome {
-        let ty = match super::request_type(&req.type_url, self.only) {
+        let ty = match self.core.request_type(&req.type_url) {
             Ok(ty) => ty,
             Err(ignored) => return ignored,
         };
-        let first = self.types[ty.index()].is_none();
-        let known = self.snapshot.as_ref().map(|s| s.resources(ty).clone());
-        let st = self.types[ty.index()].get_or_insert_with(DeltaType::default);
+        let first = self.core.types[ty].is_none();
+        let known = self.core.snapshot.as_ref().map(|s| s.resources(ty).clone());
+        let st = self.core.types[ty].get_or_insert_with(DeltaType::default);
         if first {
             st.sub.set_namespaced(ty.is_namespaced());
         }
         let mut outcome = RequestOutcome::Subscribed { ty };
         if first && !req.initial_resource_versions.is_empty() {
-            self.resumed = true;
+            self.core.resumed = true;
             let mut held = ResourceMap::new();
             for (name, version) in &req.initial_resource_versions {
-                match find_version(self.snapshot.as_ref(), history, ty, name, version) {
+                match find_version(self.core.snapshot.as_ref(), history, ty, name, version) {
                     Some(res) => {
                         held.insert(res.name_arc().clone(), res);
                     }
@@ -477,17 +460,13 @@ impl DeltaMachine {
                     }
                 }
                 st.clean = None;
-                st.nack = Some(NackInfo {
+                let info = NackInfo {
                     version: f.version.clone(),
                     nonce: f.nonce.clone(),
                     message: err.message.clone(),
-                });
-                outcome = RequestOutcome::Nack {
-                    ty,
-                    version: f.version,
-                    nonce: f.nonce,
-                    message: err.message.clone(),
                 };
+                outcome = RequestOutcome::nacked(ty, &info);
+                st.nack = Some(info);
             } else {
                 st.apply_ack(&f);
                 st.acked_version = Some(f.version.clone());
@@ -554,8 +533,7 @@ impl DeltaMachine {
     /// empty one (module docs).
     pub fn next_response(&mut self) -> Option<DeltaResponse> {
         let resp = self.next_planned().or_else(|| self.keepalive());
-        self.answered |= resp.is_some();
-        resp
+        self.core.answered(resp)
     }
 
     /// A response with no resources and no removals, on a stream that has
@@ -563,12 +541,12 @@ impl DeltaMachine {
     /// update only to wildcard watches: nothing happens at all), so on ADS it
     /// waits for such a request when what the client holds says one is coming.
     fn keepalive(&mut self) -> Option<DeltaResponse> {
-        if self.answered {
+        if self.core.answered {
             return None;
         }
-        let snap = self.snapshot.as_ref()?;
+        let snap = self.core.snapshot.as_ref()?;
         let idle = |ty: &ResourceType| {
-            self.types[ty.index()]
+            self.core.types[*ty]
                 .as_ref()
                 .is_some_and(|st| st.in_flight.is_none())
         };
@@ -577,17 +555,12 @@ impl DeltaMachine {
             .find(|ty| !empty_first_request_is_wildcard(*ty) && idle(ty));
         let ty = match named {
             Some(ty) => ty,
-            None if self.only.is_none()
-                && !self.resume_released
-                && super::named_request_expected(|t| self.types[t.index()].is_some(), self) =>
-            {
-                return None;
-            }
+            None if self.core.named_request_expected() => return None,
             None => ResourceType::ALL.into_iter().find(idle)?,
         };
         let version = snap.version(ty).clone();
-        let nonce = self.nonces.next();
-        let st = self.types[ty.index()].as_mut().expect("found");
+        let nonce = self.core.nonces.next();
+        let st = self.core.types[ty].as_mut().expect("found");
         st.last_nonce = Some(nonce.clone());
         st.sent_version = Some(version.clone());
         st.in_flight = Some(InFlight {
@@ -609,26 +582,26 @@ impl DeltaMachine {
     }
 
     fn next_planned(&mut self) -> Option<DeltaResponse> {
-        let snap = self.snapshot.clone()?;
+        let snap = self.core.snapshot.clone()?;
         // First for every type: a resolved version of a later type may lift
         // a hold on an earlier one (unknown references), and a call that
         // returns `None` must mean there is nothing to send.
         for ty in ResourceType::ALL {
-            if self.types[ty.index()].is_some() {
+            if self.core.types[ty].is_some() {
                 self.resolve_unknown(ty, &snap);
             }
         }
         for ty in ResourceType::ALL {
-            let ready = matches!(&self.types[ty.index()], Some(st) if st.in_flight.is_none());
+            let ready = matches!(&self.core.types[ty], Some(st) if st.in_flight.is_none());
             if !ready {
                 continue;
             }
             let whole = snap.resources(ty);
-            let st = self.types[ty.index()].as_mut().expect("checked");
+            let st = self.core.types[ty].as_mut().expect("checked");
             // Shared subscription names move to the new map when its keys are
             // the same, so old maps are not kept alive.
             st.sub.follow(whole, |m| snap.same_keys_since(ty, m));
-            let st = self.types[ty.index()].as_ref().expect("checked");
+            let st = self.core.types[ty].as_ref().expect("checked");
             let walked;
             let changed;
             let scope = match &st.clean {
@@ -657,7 +630,7 @@ impl DeltaMachine {
                 );
             }
             let _ = scoped;
-            let st = self.types[ty.index()].as_mut().expect("checked");
+            let st = self.core.types[ty].as_mut().expect("checked");
             if plan.is_empty() {
                 st.clean = (!plan.held).then(|| whole.clone());
                 // Nothing to send: if no rejected version is still wanted (the
@@ -676,7 +649,7 @@ impl DeltaMachine {
                 continue;
             }
             st.clean = None;
-            let nonce = self.nonces.next();
+            let nonce = self.core.nonces.next();
             let version = snap.version(ty).clone();
             let Plan {
                 mut upserts,
@@ -760,7 +733,7 @@ impl DeltaMachine {
                 clean_after: (!held).then(|| whole.clone()),
             });
             if !refetch.is_empty()
-                && let Some(eds) = self.types[ResourceType::ClusterLoadAssignment.index()].as_mut()
+                && let Some(eds) = self.core.types[ResourceType::ClusterLoadAssignment].as_mut()
             {
                 if let Some(kept) = without_names(&eds.acked, &refetch) {
                     eds.acked = Arc::new(kept);
@@ -801,7 +774,7 @@ impl DeltaMachine {
 
     /// Client-declared versions that match a resource we serve become known content.
     fn resolve_unknown(&mut self, ty: ResourceType, snap: &Snapshot) {
-        let st = self.types[ty.index()].as_mut().expect("requested");
+        let st = self.core.types[ty].as_mut().expect("requested");
         if st.unknown.is_empty() {
             return;
         }
@@ -826,7 +799,7 @@ impl DeltaMachine {
     /// the names that changed since a map the type was clean against — which
     /// is the same, since every other name would plan to nothing.
     fn plan(&self, ty: ResourceType, snap: &Snapshot, scope: Scope<'_>) -> Plan {
-        let st = self.types[ty.index()].as_ref().expect("requested");
+        let st = self.core.types[ty].as_ref().expect("requested");
         let whole = snap.resources(ty);
         let mut plan = Plan::default();
         // Candidates come in name order: the client's view is walked once.
@@ -855,7 +828,7 @@ impl DeltaMachine {
             if rejected && !probe {
                 return;
             }
-            if !hard_refs_ready(res, snap, self) || self.removal_in_flight_under(res, snap) {
+            if !hard_refs_ready(res, snap, &self.core) || self.removal_in_flight_under(res, snap) {
                 plan.held = true;
             } else if probe {
                 plan.probes.push(res.clone());
@@ -987,7 +960,7 @@ impl DeltaMachine {
             // A name the client subscribed to again (answered as removed)
             // may still be used by what it holds, with the copy it kept:
             // the answer waits, like any removal.
-            let refd = referenced_by_client(self);
+            let refd = referenced_by_client(&self.core);
             let before = plan.absent.len();
             plan.absent.retain(|n| !refd.contains(&(ty, n.clone())));
             plan.held |= plan.absent.len() < before;
@@ -1000,13 +973,13 @@ impl DeltaMachine {
             // requested: wait. And resources the client holds at versions we
             // do not know (a replica with another history) may reference
             // anything: removals wait until they are replaced or removed.
-            let hold = self.resume_holds_removals(ty)
+            let hold = self.core.resume_holds_removals(ty)
                 || super::referrers(ty).iter().any(|r| {
-                    self.types[r.index()]
+                    self.core.types[*r]
                         .as_ref()
                         .is_some_and(|t| !t.unknown.is_empty())
                 });
-            let refd = referenced_by_client(self);
+            let refd = referenced_by_client(&self.core);
             for name in gone {
                 if refd.contains(&(ty, name.clone())) || hold {
                     plan.held = true;
@@ -1024,7 +997,7 @@ impl DeltaMachine {
     /// removed by a response in flight: the client will not have it.
     fn removal_in_flight_under(&self, res: &Resource, snap: &Snapshot) -> bool {
         let removals = |ty: ResourceType| {
-            self.types[ty.index()]
+            self.core.types[ty]
                 .as_ref()
                 .and_then(|t| t.in_flight.as_ref())
                 .map(|f| &f.removed[..])
@@ -1058,67 +1031,40 @@ impl DeltaMachine {
         })
     }
 
-    /// Resumed, and still waiting for the client's other first requests.
-    fn resume_pending(&self) -> bool {
-        self.resumed && !self.resume_released && self.only.is_none()
-    }
-
-    fn resume_holds_removals(&self, ty: ResourceType) -> bool {
-        self.resume_pending()
-            && resume_holds_removals(ty, |t| self.types[t.index()].is_some(), self)
-    }
-
     /// Per-type state, for status pages and CSDS.
     pub fn status(&self) -> Vec<TypeStatus> {
-        ResourceType::ALL
-            .into_iter()
-            .filter_map(|ty| {
-                let st = self.types[ty.index()].as_ref()?;
-                let state = super::sync_state(
-                    st.nack.is_some(),
-                    st.in_flight.is_some(),
-                    st.sent_version.is_some(),
-                );
-                Some(TypeStatus {
-                    ty,
-                    wildcard: st.sub.is_wildcard(),
-                    subscribed: st.sub.len(),
-                    sent_version: st.sent_version.clone(),
-                    sent_nonce: st.last_nonce.clone(),
-                    acked_version: st.acked_version.clone(),
-                    acked: st.acked.clone(),
-                    nack: st.nack.clone(),
-                    state,
-                })
-            })
-            .collect()
+        self.core.status()
     }
 }
 
-impl ClientViews for DeltaMachine {
-    fn view(&self, ty: ResourceType) -> TypeView<'_> {
-        match self.types[ty.index()].as_ref() {
-            None => TypeView::NotRequested {
-                resume_pending: self.resume_pending(),
-            },
-            Some(st) => TypeView::Requested {
-                sub: &st.sub,
-                acked: &st.acked,
-            },
-        }
+impl TypeState for DeltaType {
+    fn sub(&self) -> &Subscription {
+        &self.sub
+    }
+
+    fn acked(&self) -> &Arc<ResourceMap> {
+        &self.acked
     }
 
     fn for_each_held(&self, f: &mut dyn FnMut(&Resource)) {
-        for st in self.types.iter().flatten() {
-            st.acked.values().for_each(|r| f(r));
-            // What the client may hold is referenced too: not removed under it.
-            st.maybe.values().for_each(|r| f(r));
-            st.asked.values().for_each(|r| f(r));
-            st.older.values().flatten().for_each(|r| f(r));
-            if let Some(fl) = &st.in_flight {
-                fl.upserts.iter().for_each(|r| f(r));
-                fl.uncertain.iter().for_each(|r| f(r));
-            }
+        self.acked.values().for_each(|r| f(r));
+        // What the client may hold is referenced too: not removed under it.
+        self.maybe.values().for_each(|r| f(r));
+        self.asked.values().for_each(|r| f(r));
+        self.older.values().flatten().for_each(|r| f(r));
+        if let Some(fl) = &self.in_flight {
+            fl.upserts.iter().for_each(|r| f(r));
+            fl.uncertain.iter().for_each(|r| f(r));
+        }
+    }
+
+    fn progress(&self) -> Progress<'_> {
+        Progress {
+            sent_version: self.sent_version.as_ref(),
+            last_nonce: self.last_nonce.as_ref(),
+            acked_version: self.acked_version.as_ref(),
+            nack: self.nack.as_ref(),
+            in_flight: self.in_flight.is_some(),
         }
     }
 }
@@ -1227,7 +1173,7 @@ mod tests {
         assert!(m.next_response().is_none());
 
         let edited = vhds_snapshot(50, "-new");
-        edited.record_changes_from(m.snapshot.as_ref().unwrap());
+        edited.record_changes_from(m.core.snapshot.as_ref().unwrap());
         m.set_snapshot(Some(edited));
         let r = m.next_response().expect("the edit");
         let names: Vec<&str> = r.resources.iter().map(|v| v.name()).collect();
@@ -1237,7 +1183,7 @@ mod tests {
 
         // Fewer hosts: the ones gone are removed by name.
         let fewer = vhds_snapshot(48, "-new");
-        fewer.record_changes_from(m.snapshot.as_ref().unwrap());
+        fewer.record_changes_from(m.core.snapshot.as_ref().unwrap());
         m.set_snapshot(Some(fewer));
         let r = m.next_response().expect("removals");
         assert!(r.resources.is_empty());
@@ -1330,7 +1276,7 @@ mod tests {
         let took = start.elapsed();
         eprintln!("100,000 + 100,000 names: {took:?}");
         assert!(took < std::time::Duration::from_secs(15), "{took:?}");
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert_eq!(st.sub.len(), 1);
     }
 
@@ -1399,7 +1345,7 @@ mod tests {
             ack(&mut m, &r);
         }
         let eds = ResourceType::ClusterLoadAssignment;
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert!(Arc::ptr_eq(&st.acked, s1.resources(eds)));
         let s2 = snapshot(1000, 2, Some(&s1));
         assert_eq!(s2.changes(eds).unwrap().names().len(), 1);
@@ -1412,7 +1358,7 @@ mod tests {
         ack(&mut m, &r);
         assert!(m.next_response().is_none());
         assert!(m.scoped_plans > before);
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert!(Arc::ptr_eq(&st.acked, s2.resources(eds)));
         assert!(st.sub.names_are_keys_of(s2.resources(eds)));
         // A snapshot that skips one (no recorded change set against the
@@ -1454,7 +1400,7 @@ mod tests {
         assert!(m.next_response().is_none(), "only one");
         ack(&mut m, &r);
         assert!(m.next_response().is_none());
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert!(Arc::ptr_eq(&st.acked, s1.resources(eds)));
 
         let mut per_type = DeltaMachine::new(Some(cds));
@@ -1524,7 +1470,7 @@ mod tests {
             "the rebuilt cluster's endpoints follow the CDS response"
         );
         // Settled: held at the current version, nothing more to send.
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert!(
             st.acked
                 .get("c0001")

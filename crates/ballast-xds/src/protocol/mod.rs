@@ -23,9 +23,11 @@ pub(crate) mod delta;
 mod sorted;
 pub(crate) mod sotw;
 pub(crate) mod sotw_request;
+mod stream_core;
 pub(crate) mod subscription;
 
 pub(crate) use sorted::Seeker;
+pub(crate) use stream_core::{PerType, Progress, StreamCore, TypeState};
 
 #[cfg(test)]
 mod sim;
@@ -375,20 +377,6 @@ pub(crate) fn request_type(
         });
     }
     Ok(ty)
-}
-
-/// Where a type stands on a stream, from its NACK / in-flight / sent state.
-pub(crate) fn sync_state(nacked: bool, in_flight: bool, sent: bool) -> crate::status::SyncState {
-    use crate::status::SyncState;
-    if nacked {
-        SyncState::Error
-    } else if in_flight {
-        SyncState::Stale
-    } else if !sent {
-        SyncState::NotSent
-    } else {
-        SyncState::Synced
-    }
 }
 
 /// Per-stream nonce source: unique on the stream, never reused.

@@ -19,8 +19,8 @@ use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use super::sotw_request::{NamesKey, SotwRequest};
 use super::subscription::{Subscription, empty_first_request_is_wildcard};
 use super::{
-    ClientViews, Nonces, RequestOutcome, Seeker, SotwResponse, TypeView, hard_refs_ready,
-    referenced_by_client, resume_holds_removals, share_if_whole, without_names,
+    Progress, RequestOutcome, Seeker, SotwResponse, StreamCore, TypeState, hard_refs_ready,
+    referenced_by_client, share_if_whole, without_names,
 };
 use crate::resource::{Resource, ResourceType};
 use crate::snapshot::{ResourceMap, Snapshot};
@@ -133,18 +133,7 @@ fn same_version(a: &Arc<Resource>, b: &Arc<Resource>) -> bool {
 /// The State-of-the-World protocol for one stream (ADS or a per-type service).
 #[derive(Debug)]
 pub struct SotwMachine {
-    only: Option<ResourceType>,
-    types: [Option<SotwType>; crate::resource::TYPE_COUNT],
-    nonces: Nonces,
-    snapshot: Option<Arc<Snapshot>>,
-    /// The client reported a version it holds on a first request: it resumes
-    /// from an earlier stream, and removals wait until the types that may
-    /// reference them were requested ([`super::resume_holds_removals`]).
-    resumed: bool,
-    /// The resume hold was lifted (the driver gave up waiting for requests).
-    resume_released: bool,
-    /// A response was sent on this stream (else a keepalive is owed).
-    answered: bool,
+    core: StreamCore<SotwType>,
     /// Plans made from the change set (tests check the fast path is taken).
     #[cfg(test)]
     pub(crate) fast_plans: usize,
@@ -157,13 +146,7 @@ impl SotwMachine {
     /// `only`: the one type a per-type service (CDS, EDS, ...) serves; `None` for ADS.
     pub fn new(only: Option<ResourceType>) -> Self {
         SotwMachine {
-            only,
-            types: Default::default(),
-            nonces: Nonces::default(),
-            snapshot: None,
-            resumed: false,
-            resume_released: false,
-            answered: false,
+            core: StreamCore::new(only),
             #[cfg(test)]
             fast_plans: 0,
             #[cfg(test)]
@@ -174,7 +157,7 @@ impl SotwMachine {
     /// The snapshot to serve; `None` while the server is not ready for this
     /// stream's group (requests are then held, never answered).
     pub fn set_snapshot(&mut self, snapshot: Option<Arc<Snapshot>>) {
-        self.snapshot = snapshot;
+        self.core.snapshot = snapshot;
     }
 
     /// Whether `req` may be the first of its type on a stream that resumes
@@ -187,7 +170,7 @@ impl SotwMachine {
     /// Stops holding removals for requests that have not come (see
     /// [`super::resume_holds_removals`]); for clients that never send them.
     pub fn release_resume_hold(&mut self) {
-        self.resume_released = true;
+        self.core.resume_released = true;
     }
 
     /// Applies one client request: subscription, ACK, NACK or stale nonce.
@@ -223,13 +206,13 @@ impl SotwMachine {
         names: Names<'_>,
         history: &[Arc<Snapshot>],
     ) -> RequestOutcome {
-        let ty = match super::request_type(&req.type_url, self.only) {
+        let ty = match self.core.request_type(&req.type_url) {
             Ok(ty) => ty,
             Err(ignored) => return ignored,
         };
-        let first = self.types[ty.index()].is_none();
-        let known = self.snapshot.as_ref().map(|s| s.resources(ty).clone());
-        let st = self.types[ty.index()].get_or_insert_with(SotwType::default);
+        let first = self.core.types[ty].is_none();
+        let known = self.core.snapshot.as_ref().map(|s| s.resources(ty).clone());
+        let st = self.core.types[ty].get_or_insert_with(SotwType::default);
         let mut outcome = RequestOutcome::Subscribed { ty };
         if first {
             if !req.version_info.is_empty() {
@@ -251,12 +234,7 @@ impl SotwMachine {
                         nonce: f.nonce.clone(),
                         message: err.message.clone(),
                     };
-                    outcome = RequestOutcome::Nack {
-                        ty,
-                        version: f.version,
-                        nonce: f.nonce,
-                        message: err.message.clone(),
-                    };
+                    outcome = RequestOutcome::nacked(ty, &info);
                     st.nack = Some(info);
                     if ty.is_full_state_in_sotw() && !keys_subset(&st.acked, &f.resources) {
                         // Envoy's CDS and LDS apply a NACKed response's
@@ -338,9 +316,9 @@ impl SotwMachine {
             }
         }
         if first && !req.version_info.is_empty() {
-            self.resumed = true;
-            let current = self.snapshot.clone();
-            let st = self.types[ty.index()].as_mut().expect("inserted");
+            self.core.resumed = true;
+            let current = self.core.snapshot.clone();
+            let st = self.core.types[ty].as_mut().expect("inserted");
             if let Some((version, held)) =
                 held_at_version(ty, &st.sub, &req.version_info, current.as_ref(), history)
             {
@@ -357,7 +335,7 @@ impl SotwMachine {
             }
             return outcome;
         }
-        let st = self.types[ty.index()].as_mut().expect("inserted");
+        let st = self.core.types[ty].as_mut().expect("inserted");
         if changed && st.acked.keys().any(|n| !st.sub.covers(n)) {
             // The client drops what it no longer subscribes to.
             let sub = &st.sub;
@@ -372,17 +350,15 @@ impl SotwMachine {
     /// of a stream that owes the client nothing is a keepalive (module docs).
     pub fn next_response(&mut self) -> Option<SotwResponse> {
         let resp = self.next_planned().or_else(|| self.keepalive());
-        self.answered |= resp.is_some();
-        resp
+        self.core.answered(resp)
     }
 
     /// A one-shot fetch (REST, gRPC `Fetch*`): no stream, so no keepalive; a
     /// client that is current gets no response (REST: 304 Not Modified).
     pub(crate) fn for_fetch(ty: ResourceType) -> Self {
-        SotwMachine {
-            answered: true,
-            ..SotwMachine::new(Some(ty))
-        }
+        let mut m = SotwMachine::new(Some(ty));
+        m.core.answered = true;
+        m
     }
 
     /// A type the client holds exactly what we would send it, with nothing
@@ -402,17 +378,16 @@ impl SotwMachine {
     /// coming: a per-type CDS/LDS stream, or a client whose clusters and
     /// listeners name no endpoints, routes or secrets served on this stream.
     fn keepalive(&mut self) -> Option<SotwResponse> {
-        if self.answered || self.snapshot.is_none() {
+        if self.core.answered || self.core.snapshot.is_none() {
             return None;
         }
         let named = ResourceType::ALL.into_iter().find(|ty| {
-            !ty.is_full_state_in_sotw()
-                && self.types[ty.index()].as_ref().is_some_and(Self::settled)
+            !ty.is_full_state_in_sotw() && self.core.types[*ty].as_ref().is_some_and(Self::settled)
         });
         let (ty, wire) = match named {
             Some(ty) => (ty, Arc::new(ResourceMap::new())),
             None => {
-                if self.named_request_expected() {
+                if self.core.named_request_expected() {
                     return None;
                 }
                 // The smallest full-state type, repeated as the client holds it.
@@ -420,25 +395,21 @@ impl SotwMachine {
                     .into_iter()
                     .filter(|ty| {
                         ty.is_full_state_in_sotw()
-                            && self.types[ty.index()].as_ref().is_some_and(Self::settled)
+                            && self.core.types[*ty].as_ref().is_some_and(Self::settled)
                     })
                     .min_by_key(|ty| {
-                        let st = self.types[ty.index()].as_ref().expect("settled");
+                        let st = self.core.types[*ty].as_ref().expect("settled");
                         st.acked
                             .values()
                             .map(|r| r.any_bytes().len())
                             .sum::<usize>()
                     })?;
-                let acked = self.types[ty.index()]
-                    .as_ref()
-                    .expect("settled")
-                    .acked
-                    .clone();
+                let acked = self.core.types[ty].as_ref().expect("settled").acked.clone();
                 (ty, acked)
             }
         };
-        let nonce = self.nonces.next();
-        let st = self.types[ty.index()].as_mut().expect("settled");
+        let nonce = self.core.nonces.next();
+        let st = self.core.types[ty].as_mut().expect("settled");
         let version = st.acked_version.clone().expect("settled");
         st.last_nonce = Some(nonce.clone());
         st.in_flight = Some(InFlight {
@@ -454,37 +425,27 @@ impl SotwMachine {
         })
     }
 
-    /// On ADS, a request for EDS, RDS or SDS is still to come
-    /// ([`super::named_request_expected`]).
-    fn named_request_expected(&self) -> bool {
-        self.only.is_none()
-            && !self.resume_released
-            && super::named_request_expected(|t| self.types[t.index()].is_some(), self)
-    }
-
     fn next_planned(&mut self) -> Option<SotwResponse> {
-        let snap = self.snapshot.clone()?;
+        let snap = self.core.snapshot.clone()?;
         for ty in ResourceType::ALL {
-            let ready = matches!(&self.types[ty.index()], Some(st) if st.in_flight.is_none());
+            let ready = matches!(&self.core.types[ty], Some(st) if st.in_flight.is_none());
             if !ready {
                 continue;
             }
-            if let Some(st) = self.types[ty.index()].as_mut() {
+            if let Some(st) = self.core.types[ty].as_mut() {
                 // Shared subscription names move to the new map when its keys
                 // are the same, so old maps are not kept alive.
                 st.sub
                     .follow(snap.resources(ty), |m| snap.same_keys_since(ty, m));
             }
-            if self.types[ty.index()]
-                .as_ref()
-                .is_some_and(|st| st.unresolved)
-                && self.resume_holds_removals(ty)
+            if self.core.types[ty].as_ref().is_some_and(|st| st.unresolved)
+                && self.core.resume_holds_removals(ty)
             {
                 // We do not know what the client holds and cannot yet see what
                 // it uses: any full-state answer could remove something in use.
                 continue;
             }
-            if let Some(st) = self.types[ty.index()].as_mut()
+            if let Some(st) = self.core.types[ty].as_mut()
                 && st.settled_on(snap.resources(ty))
             {
                 // The client acknowledged exactly this map and nothing was sent
@@ -521,7 +482,7 @@ impl SotwMachine {
             } else {
                 set_version(plan.iter().map(|(n, r)| (&**n, r.version()))).into()
             };
-            let st = self.types[ty.index()].as_mut().expect("checked");
+            let st = self.core.types[ty].as_mut().expect("checked");
             if st.last_sent_version.is_none() && st.client_version.as_deref() == Some(&*version) {
                 // A resuming client already holds exactly this: nothing to send
                 // (failover to a replica with the same config costs nothing).
@@ -557,7 +518,7 @@ impl SotwMachine {
                 st.must_answer = false;
                 continue;
             }
-            let nonce = self.nonces.next();
+            let nonce = self.core.nonces.next();
             st.must_answer = false;
             st.last_sent_version = Some(version.clone());
             st.last_nonce = Some(nonce.clone());
@@ -578,7 +539,7 @@ impl SotwMachine {
                 resources: plan,
             });
             if !refetch_eds.is_empty()
-                && let Some(eds) = self.types[ResourceType::ClusterLoadAssignment.index()].as_mut()
+                && let Some(eds) = self.core.types[ResourceType::ClusterLoadAssignment].as_mut()
             {
                 // Envoy rebuilds a modified cluster and waits for its
                 // endpoints again (same EDS names, so no new subscription):
@@ -618,7 +579,7 @@ impl SotwMachine {
     /// own map. `None` when anything needs the full plan (a change held back
     /// by its references, a removal, a NACK, a resume, a partial subscription).
     fn plan_changed(&self, ty: ResourceType, snap: &Snapshot) -> Option<Plan> {
-        let st = self.types[ty.index()].as_ref()?;
+        let st = self.core.types[ty].as_ref()?;
         let whole = snap.resources(ty);
         if st.in_flight.is_some()
             || st.unresolved
@@ -650,7 +611,7 @@ impl SotwMachine {
             if same_version(held, res) {
                 continue;
             }
-            if !hard_refs_ready(res, snap, self) || self.removing_hard_ref(res) {
+            if !hard_refs_ready(res, snap, &self.core) || self.removing_hard_ref(res) {
                 return None;
             }
             out.all_held = false;
@@ -674,7 +635,7 @@ impl SotwMachine {
     #[cfg(test)]
     fn check_plan_changed(&self, ty: ResourceType, snap: &Snapshot, fast: &Plan) {
         let full = self.plan(ty, snap);
-        let st = self.types[ty.index()].as_ref().expect("requested");
+        let st = self.core.types[ty].as_ref().expect("requested");
         let content = |m: &ResourceMap| -> Vec<(String, String)> {
             m.iter()
                 .map(|(n, r)| (n.to_string(), r.version().to_string()))
@@ -711,7 +672,7 @@ impl SotwMachine {
     /// (the common case): this runs per stream per push, so it is what a
     /// global push costs.
     fn plan(&self, ty: ResourceType, snap: &Snapshot) -> Plan {
-        let st = self.types[ty.index()].as_ref().expect("requested");
+        let st = self.core.types[ty].as_ref().expect("requested");
         let whole = snap.resources(ty);
         let full = ty.is_full_state_in_sotw();
         let candidates: Box<dyn Iterator<Item = (&Arc<str>, &Arc<Resource>)> + '_> =
@@ -751,7 +712,7 @@ impl SotwMachine {
             let unchanged = held.is_some_and(|h| same_version(h, res));
             let pick = match held {
                 Some(h) if unchanged => h,
-                _ if hard_refs_ready(res, snap, self) && !self.removing_hard_ref(res) => res,
+                _ if hard_refs_ready(res, snap, &self.core) && !self.removing_hard_ref(res) => res,
                 Some(old) => old,
                 None => {
                     out.held_missing = true;
@@ -800,7 +761,7 @@ impl SotwMachine {
             .collect();
         if let Some(maybe) = unresolved_maybe {
             // Keep whatever the client's other resources use.
-            let refd = referenced_by_client(self);
+            let refd = referenced_by_client(&self.core);
             for old in maybe.iter() {
                 let name = old.name_arc();
                 if !plan.contains_key(name) && refd.contains(&(ty, name.clone())) {
@@ -809,12 +770,12 @@ impl SotwMachine {
                 }
             }
         }
-        if !gone.is_empty() && self.resume_holds_removals(ty) {
+        if !gone.is_empty() && self.core.resume_holds_removals(ty) {
             for (name, old) in gone {
                 plan.insert(name.clone(), old.clone());
             }
         } else if !gone.is_empty() {
-            let refd = referenced_by_client(self);
+            let refd = referenced_by_client(&self.core);
             for (name, old) in gone {
                 if refd.contains(&(ty, name.clone())) {
                     plan.insert(name.clone(), old.clone());
@@ -824,20 +785,10 @@ impl SotwMachine {
         out.with(share_if_whole(plan, whole))
     }
 
-    /// Resumed, and still waiting for the client's other first requests.
-    fn resume_pending(&self) -> bool {
-        self.resumed && !self.resume_released && self.only.is_none()
-    }
-
-    fn resume_holds_removals(&self, ty: ResourceType) -> bool {
-        self.resume_pending()
-            && resume_holds_removals(ty, |t| self.types[t.index()].is_some(), self)
-    }
-
     /// A cluster `res` routes to is left out of the CDS response in flight:
     /// the client is about to remove it (found by the hostile model).
     fn removing_hard_ref(&self, res: &Resource) -> bool {
-        let Some(f) = self.types[ResourceType::Cluster.index()]
+        let Some(f) = self.core.types[ResourceType::Cluster]
             .as_ref()
             .and_then(|t| t.in_flight.as_ref())
         else {
@@ -850,28 +801,7 @@ impl SotwMachine {
 
     /// Per-type state, for status pages and CSDS.
     pub fn status(&self) -> Vec<TypeStatus> {
-        ResourceType::ALL
-            .into_iter()
-            .filter_map(|ty| {
-                let st = self.types[ty.index()].as_ref()?;
-                let state = super::sync_state(
-                    st.nack.is_some(),
-                    st.in_flight.is_some(),
-                    st.last_sent_version.is_some(),
-                );
-                Some(TypeStatus {
-                    ty,
-                    wildcard: st.sub.is_wildcard(),
-                    subscribed: st.sub.len(),
-                    sent_version: st.last_sent_version.clone(),
-                    sent_nonce: st.last_nonce.clone(),
-                    acked_version: st.acked_version.clone(),
-                    acked: st.acked.clone(),
-                    nack: st.nack.clone(),
-                    state,
-                })
-            })
-            .collect()
+        self.core.status()
     }
 }
 
@@ -981,31 +911,35 @@ fn keys_subset(a: &Arc<ResourceMap>, b: &Arc<ResourceMap>) -> bool {
     true
 }
 
-impl ClientViews for SotwMachine {
-    fn view(&self, ty: ResourceType) -> TypeView<'_> {
-        match self.types[ty.index()].as_ref() {
-            None => TypeView::NotRequested {
-                resume_pending: self.resume_pending(),
-            },
-            Some(st) => TypeView::Requested {
-                sub: &st.sub,
-                acked: &st.acked,
-            },
-        }
+impl TypeState for SotwType {
+    fn sub(&self) -> &Subscription {
+        &self.sub
+    }
+
+    fn acked(&self) -> &Arc<ResourceMap> {
+        &self.acked
     }
 
     fn for_each_held(&self, f: &mut dyn FnMut(&Resource)) {
-        for st in self.types.iter().flatten() {
-            st.acked.values().for_each(|r| f(r));
-            if let Some(maybe) = &st.maybe {
-                maybe
-                    .iter()
-                    .filter(|r| st.sub.covers(r.name()) && !st.acked.contains_key(r.name()))
-                    .for_each(|r| f(r));
-            }
-            if let Some(fl) = &st.in_flight {
-                fl.resources.values().for_each(|r| f(r));
-            }
+        self.acked.values().for_each(|r| f(r));
+        if let Some(maybe) = &self.maybe {
+            maybe
+                .iter()
+                .filter(|r| self.sub.covers(r.name()) && !self.acked.contains_key(r.name()))
+                .for_each(|r| f(r));
+        }
+        if let Some(fl) = &self.in_flight {
+            fl.resources.values().for_each(|r| f(r));
+        }
+    }
+
+    fn progress(&self) -> Progress<'_> {
+        Progress {
+            sent_version: self.last_sent_version.as_ref(),
+            last_nonce: self.last_nonce.as_ref(),
+            acked_version: self.acked_version.as_ref(),
+            nack: self.nack.as_ref(),
+            in_flight: self.in_flight.is_some(),
         }
     }
 }
@@ -1049,7 +983,7 @@ mod tests {
             let n = if r.ty == eds { names.clone() } else { vec![] };
             ack(&mut m, &r, &n);
         }
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert!(Arc::ptr_eq(&st.acked, s1.resources(eds)));
         let s2 = snapshot(1000, 2, Some(&s1));
         let s3 = snapshot(1000, 3, Some(&s2));
@@ -1066,7 +1000,7 @@ mod tests {
         assert!(m.fast_plans > before, "planned from the change chain");
         ack(&mut m, &r, &names);
         assert!(m.next_response().is_none());
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert!(Arc::ptr_eq(&st.acked, s3.resources(eds)));
         drop(keep);
     }
@@ -1100,7 +1034,7 @@ mod tests {
         assert!(m.next_response().is_none(), "only one");
         ack(&mut m, &r, &names);
         assert!(m.next_response().is_none());
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert_eq!(st.acked.len(), 3, "the client still holds everything");
         // Changes are pushed as before.
         let s2 = snapshot(3, 2, Some(&s1));
@@ -1151,7 +1085,7 @@ mod tests {
         // Dropping a name is decoded too: the next ACK has two names.
         send(&mut m, &["c0000"], &r2.nonce);
         assert_eq!(m.names_skipped, 1);
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert_eq!(st.sub.len(), 1);
     }
 
