@@ -119,6 +119,15 @@ impl Plan {
     }
 }
 
+/// What [`DeltaType::send`] put on the wire.
+struct Outgoing {
+    upserts: Vec<Arc<Resource>>,
+    /// Removed and absent names, sorted.
+    removed: Vec<Arc<str>>,
+    /// Load assignments to send again after this CDS response.
+    refetch: Vec<Arc<str>>,
+}
+
 impl DeltaType {
     /// Every name in `subscribe` is answered (Envoy waits for the server on
     /// each, even one it held: it forgot it on unsubscribing, or re-created
@@ -247,6 +256,233 @@ impl DeltaType {
         }
         for n in &f.removed {
             acked.remove(n);
+        }
+    }
+
+    /// A first request reporting `initial_resource_versions`: what we know
+    /// of them is held; a version we do not know means the client holds
+    /// *something* under that name (`unknown`).
+    fn resume(
+        &mut self,
+        ty: ResourceType,
+        versions: &std::collections::HashMap<String, String>,
+        current: Option<&Arc<Snapshot>>,
+        history: &[Arc<Snapshot>],
+    ) {
+        let mut held = ResourceMap::new();
+        for (name, version) in versions {
+            match find_version(current, history, ty, name, version) {
+                Some(res) => {
+                    held.insert(res.name_arc().clone(), res);
+                }
+                None => {
+                    self.unknown.insert(name.as_str().into(), version.clone());
+                }
+            }
+        }
+        self.acked = match current {
+            Some(snap) => share_if_whole(held, snap.resources(ty)),
+            None => Arc::new(held),
+        };
+    }
+
+    /// The client rejected `f` with `message`: the rejected versions are
+    /// not sent again; a NACK of one resource (or one removal) is about it,
+    /// of several, any may have been applied (see `maybe`).
+    fn apply_nack(&mut self, ty: ResourceType, f: InFlight, message: &str) -> RequestOutcome {
+        let partial = f.upserts.len() + f.uncertain.len() + f.removed.len() > 1;
+        self.keep_uncertain(&f, false);
+        if !partial {
+            // The client kept what it had before: what it held when
+            // it asked again is held; a rejected probe is no longer
+            // sent, and stays possibly held (a client may reject
+            // what it accepted before: its references stay safe).
+            let names = f.upserts.iter().map(|r| r.name_arc()).chain(&f.removed);
+            for n in names {
+                let probe = f.upserts.iter().find(|r| r.name_arc() == n).and_then(|r| {
+                    self.maybe
+                        .get(n)
+                        .filter(|m| m.version() == r.version())
+                        .cloned()
+                });
+                if probe.is_some() {
+                    self.maybe.remove(n);
+                }
+                if let Some(old) = self.asked.remove(n) {
+                    Arc::make_mut(&mut self.acked).insert(n.clone(), old);
+                } else if let Some(m) = probe {
+                    self.older.entry(n.clone()).or_default().push(m);
+                }
+            }
+        }
+        for r in &f.upserts {
+            self.rejected
+                .insert(r.name_arc().clone(), r.version_arc().clone());
+            if partial {
+                put(&mut self.older, &mut self.maybe, r.clone());
+            }
+        }
+        for n in &f.removed {
+            if self.acked.contains_key(n) || self.unknown.contains_key(n) {
+                self.rejected.insert(n.clone(), REMOVAL.into());
+            }
+            if partial && let Some(old) = self.acked.get(n).cloned() {
+                Arc::make_mut(&mut self.acked).remove(n);
+                self.maybe.entry(n.clone()).or_insert(old);
+            }
+            if partial {
+                // Its version no longer says what the client holds.
+                self.unknown.remove(n);
+            }
+        }
+        self.clean = None;
+        let info = NackInfo {
+            version: f.version,
+            nonce: f.nonce,
+            message: message.to_string(),
+        };
+        let outcome = RequestOutcome::nacked(ty, &info);
+        self.nack = Some(info);
+        outcome
+    }
+
+    /// Nothing to send: the type is clean against `whole` unless something
+    /// was held back; if no rejected version is still wanted (the config
+    /// moved on or went back to what the client kept), the client is in
+    /// sync and the NACK is history.
+    fn settle(&mut self, whole: &Arc<ResourceMap>, held: bool) {
+        self.clean = (!held).then(|| whole.clone());
+        if self.nack.is_some() {
+            let still_wanted = self.rejected.iter().any(|(n, v)| match whole.get(n) {
+                Some(r) => r.version() == &**v,
+                None => &**v == REMOVAL,
+            });
+            if !still_wanted {
+                self.nack = None;
+                self.rejected.clear();
+            }
+        }
+    }
+
+    /// Records `plan` as sent (what fits of it: the rest is planned again
+    /// once this part is ACKed) and in flight; returns what goes on the wire
+    /// and the load assignments to send again with it.
+    fn send(
+        &mut self,
+        ty: ResourceType,
+        nonce: Arc<str>,
+        version: Arc<str>,
+        plan: Plan,
+        whole: &Arc<ResourceMap>,
+        max_bytes: usize,
+    ) -> Outgoing {
+        self.clean = None;
+        let Plan {
+            mut upserts,
+            mut removed,
+            mut absent,
+            probes,
+            mut held,
+        } = plan;
+        if let Some(first) = probes.first() {
+            // Probes go alone, after everything else.
+            if upserts.is_empty() && removed.is_empty() && absent.is_empty() {
+                upserts.push(first.clone());
+                held |= probes.len() > 1;
+            } else {
+                held = true;
+            }
+        }
+        // Over the size limit: send a first part; the rest is planned again
+        // once it is ACKed (the client does not hold it yet), so references
+        // to it wait as for anything not yet delivered.
+        held |= split(max_bytes, &mut upserts, &mut removed, &mut absent);
+        if !self.answer.is_empty() {
+            for n in upserts
+                .iter()
+                .map(|r| r.name_arc())
+                .chain(&removed)
+                .chain(&absent)
+            {
+                self.answer.remove(n);
+                if self.sub.is_namespaced()
+                    && let Some(ns) = namespace_of(n)
+                {
+                    self.answer.remove(ns);
+                }
+            }
+        }
+        self.told_absent.extend(absent.iter().cloned());
+        // Removed names the client subscribed to explicitly are answered.
+        self.told_absent
+            .extend(removed.iter().filter(|n| self.sub.contains(n)).cloned());
+        let mut all_removed = removed;
+        all_removed.extend(absent);
+        // Sorted: looked up while in flight.
+        all_removed.sort_unstable();
+        self.last_nonce = Some(nonce.clone());
+        self.sent_version = Some(version.clone());
+        let refetch = if ty == ResourceType::Cluster {
+            self.rebuilt_endpoints(&upserts)
+        } else {
+            Vec::new()
+        };
+        self.in_flight = Some(InFlight {
+            nonce,
+            version,
+            upserts: upserts.clone(),
+            uncertain: Vec::new(),
+            removed: all_removed.clone(),
+            clean_after: (!held).then(|| whole.clone()),
+        });
+        Outgoing {
+            upserts,
+            removed: all_removed,
+            refetch,
+        }
+    }
+
+    /// Load assignments (sorted) of the clusters in `upserts` that the
+    /// client holds, or may hold from a NACKed response, at another version:
+    /// Envoy rebuilds such a cluster and waits for its endpoints again.
+    fn rebuilt_endpoints(&self, upserts: &[Arc<Resource>]) -> Vec<Arc<str>> {
+        let mut held = Seeker::new(&*self.acked);
+        let mut refetch: Vec<Arc<str>> = upserts
+            .iter()
+            .filter(|r| {
+                held.get(r.name())
+                    .or_else(|| self.maybe.get(r.name()))
+                    .or_else(|| self.asked.get(r.name()))
+                    .is_some_and(|old| old.version() != r.version())
+            })
+            .flat_map(|r| r.refs().iter())
+            .filter(|x| x.ty == ResourceType::ClusterLoadAssignment)
+            .map(|x| x.name.clone())
+            .collect();
+        refetch.sort_unstable();
+        refetch.dedup();
+        refetch
+    }
+
+    /// The client forgets what it unsubscribed from (names the wildcard no
+    /// longer covers, or everything once the wildcard goes).
+    fn forget(&mut self, unsubscribe: &[String]) {
+        let dropped: Vec<&String> = unsubscribe.iter().filter(|n| !self.sub.covers(n)).collect();
+        for n in dropped {
+            if self.acked.contains_key(n.as_str()) {
+                Arc::make_mut(&mut self.acked).remove(n.as_str());
+            }
+            self.unknown.remove(n.as_str());
+            self.told_absent.remove(n.as_str());
+            self.rejected.remove(n.as_str());
+            self.maybe.remove(n.as_str());
+            self.asked.remove(n.as_str());
+            self.older.remove(n.as_str());
+            self.answer.remove(n.as_str());
+        }
+        if self.acked.keys().any(|n| !self.sub.covers(n)) {
+            let sub = &self.sub;
+            Arc::make_mut(&mut self.acked).retain(|n, _| sub.covers(n));
         }
     }
 }
@@ -382,7 +618,7 @@ impl DeltaMachine {
             Ok(ty) => ty,
             Err(ignored) => return ignored,
         };
-        let first = self.core.types[ty].is_none();
+        let first = !self.core.requested(ty);
         let known = self.core.snapshot.as_ref().map(|s| s.resources(ty).clone());
         let st = self.core.types[ty].get_or_insert_with(DeltaType::default);
         if first {
@@ -391,82 +627,19 @@ impl DeltaMachine {
         let mut outcome = RequestOutcome::Subscribed { ty };
         if first && !req.initial_resource_versions.is_empty() {
             self.core.resumed = true;
-            let mut held = ResourceMap::new();
-            for (name, version) in &req.initial_resource_versions {
-                match find_version(self.core.snapshot.as_ref(), history, ty, name, version) {
-                    Some(res) => {
-                        held.insert(res.name_arc().clone(), res);
-                    }
-                    None => {
-                        st.unknown.insert(name.as_str().into(), version.clone());
-                    }
-                }
-            }
-            st.acked = match &known {
-                Some(whole) => share_if_whole(held, whole),
-                None => Arc::new(held),
-            };
+            st.resume(
+                ty,
+                &req.initial_resource_versions,
+                self.core.snapshot.as_ref(),
+                history,
+            );
         }
         if !req.response_nonce.is_empty()
             && st.in_flight.as_ref().map(|f| &*f.nonce) == Some(req.response_nonce.as_str())
         {
             let f = st.in_flight.take().expect("matched");
             if let Some(err) = &req.error_detail {
-                // A NACK of one resource (or one removal) is about it; of
-                // several, any may have been applied (see `maybe`).
-                let partial = f.upserts.len() + f.uncertain.len() + f.removed.len() > 1;
-                st.keep_uncertain(&f, false);
-                if !partial {
-                    // The client kept what it had before: what it held when
-                    // it asked again is held; a rejected probe is no longer
-                    // sent, and stays possibly held (a client may reject
-                    // what it accepted before: its references stay safe).
-                    let names = f.upserts.iter().map(|r| r.name_arc()).chain(&f.removed);
-                    for n in names {
-                        let probe = f.upserts.iter().find(|r| r.name_arc() == n).and_then(|r| {
-                            st.maybe
-                                .get(n)
-                                .filter(|m| m.version() == r.version())
-                                .cloned()
-                        });
-                        if probe.is_some() {
-                            st.maybe.remove(n);
-                        }
-                        if let Some(old) = st.asked.remove(n) {
-                            Arc::make_mut(&mut st.acked).insert(n.clone(), old);
-                        } else if let Some(m) = probe {
-                            st.older.entry(n.clone()).or_default().push(m);
-                        }
-                    }
-                }
-                for r in &f.upserts {
-                    st.rejected
-                        .insert(r.name_arc().clone(), r.version_arc().clone());
-                    if partial {
-                        put(&mut st.older, &mut st.maybe, r.clone());
-                    }
-                }
-                for n in &f.removed {
-                    if st.acked.contains_key(n) || st.unknown.contains_key(n) {
-                        st.rejected.insert(n.clone(), REMOVAL.into());
-                    }
-                    if partial && let Some(old) = st.acked.get(n).cloned() {
-                        Arc::make_mut(&mut st.acked).remove(n);
-                        st.maybe.entry(n.clone()).or_insert(old);
-                    }
-                    if partial {
-                        // Its version no longer says what the client holds.
-                        st.unknown.remove(n);
-                    }
-                }
-                st.clean = None;
-                let info = NackInfo {
-                    version: f.version.clone(),
-                    nonce: f.nonce.clone(),
-                    message: err.message.clone(),
-                };
-                outcome = RequestOutcome::nacked(ty, &info);
-                st.nack = Some(info);
+                outcome = st.apply_nack(ty, f, &err.message);
             } else {
                 st.apply_ack(&f);
                 st.acked_version = Some(f.version.clone());
@@ -501,29 +674,7 @@ impl DeltaMachine {
             );
         }
         if !req.resource_names_unsubscribe.is_empty() {
-            let dropped: Vec<&String> = req
-                .resource_names_unsubscribe
-                .iter()
-                .filter(|n| !st.sub.covers(n))
-                .collect();
-            for n in dropped {
-                // The client forgets what it unsubscribed from.
-                if st.acked.contains_key(n.as_str()) {
-                    Arc::make_mut(&mut st.acked).remove(n.as_str());
-                }
-                st.unknown.remove(n.as_str());
-                st.told_absent.remove(n.as_str());
-                st.rejected.remove(n.as_str());
-                st.maybe.remove(n.as_str());
-                st.asked.remove(n.as_str());
-                st.older.remove(n.as_str());
-                st.answer.remove(n.as_str());
-            }
-            // Wildcard removed: drop what is no longer covered.
-            if st.acked.keys().any(|n| !st.sub.covers(n)) {
-                let sub = &st.sub;
-                Arc::make_mut(&mut st.acked).retain(|n, _| sub.covers(n));
-            }
+            st.forget(&req.resource_names_unsubscribe);
         }
         outcome
     }
@@ -581,195 +732,130 @@ impl DeltaMachine {
         })
     }
 
+    /// The response of the first type, in make-before-break order, with
+    /// something to send: planned (over changed names when it can be), then
+    /// sent, or settled when there is nothing to send.
     fn next_planned(&mut self) -> Option<DeltaResponse> {
         let snap = self.core.snapshot.clone()?;
         // First for every type: a resolved version of a later type may lift
         // a hold on an earlier one (unknown references), and a call that
         // returns `None` must mean there is nothing to send.
         for ty in ResourceType::ALL {
-            if self.core.types[ty].is_some() {
+            if self.core.requested(ty) {
                 self.resolve_unknown(ty, &snap);
             }
         }
         for ty in ResourceType::ALL {
-            let ready = matches!(&self.core.types[ty], Some(st) if st.in_flight.is_none());
-            if !ready {
+            let Some(plan) = self.plan_next(ty, &snap) else {
                 continue;
-            }
+            };
             let whole = snap.resources(ty);
             let st = self.core.types[ty].as_mut().expect("checked");
-            // Shared subscription names move to the new map when its keys are
-            // the same, so old maps are not kept alive.
-            st.sub.follow(whole, |m| snap.same_keys_since(ty, m));
-            let st = self.core.types[ty].as_ref().expect("checked");
-            let walked;
-            let changed;
-            let scope = match &st.clean {
-                None => Scope::All,
-                Some(base) => match snap.changed_since(ty, base) {
-                    Some(names) if names.is_empty() => continue,
-                    Some(names) => {
-                        changed = names;
-                        Scope::Names(&changed)
-                    }
-                    None => {
-                        walked = TypeChanges::between(base, whole);
-                        Scope::Names(walked.names())
-                    }
-                },
-            };
-            let scoped = matches!(scope, Scope::Names(_));
-            let plan = self.plan(ty, &snap, scope);
-            #[cfg(test)]
-            if scoped {
-                self.scoped_plans += 1;
-                let full = self.plan(ty, &snap, Scope::All);
-                assert_eq!(
-                    plan, full,
-                    "{ty}: incremental plan differs from the full plan"
-                );
-            }
-            let _ = scoped;
-            let st = self.core.types[ty].as_mut().expect("checked");
             if plan.is_empty() {
-                st.clean = (!plan.held).then(|| whole.clone());
-                // Nothing to send: if no rejected version is still wanted (the
-                // config moved on or went back to what the client kept), the
-                // client is in sync and the NACK is history.
-                if st.nack.is_some() {
-                    let still_wanted = st.rejected.iter().any(|(n, v)| match whole.get(n) {
-                        Some(r) => r.version() == &**v,
-                        None => &**v == REMOVAL,
-                    });
-                    if !still_wanted {
-                        st.nack = None;
-                        st.rejected.clear();
-                    }
-                }
+                st.settle(whole, plan.held);
                 continue;
             }
-            st.clean = None;
             let nonce = self.core.nonces.next();
             let version = snap.version(ty).clone();
-            let Plan {
-                mut upserts,
-                mut removed,
-                mut absent,
-                probes,
-                mut held,
-            } = plan;
-            if let Some(first) = probes.first() {
-                // Probes go alone, after everything else.
-                if upserts.is_empty() && removed.is_empty() && absent.is_empty() {
-                    upserts.push(first.clone());
-                    held |= probes.len() > 1;
-                } else {
-                    held = true;
-                }
-            }
-            // Over the size limit: send a first part; the rest is planned
-            // again once it is ACKed (the client does not hold it yet), so
-            // references to it wait as for anything not yet delivered.
-            held |= split(
+            let out = st.send(
+                ty,
+                nonce.clone(),
+                version.clone(),
+                plan,
+                whole,
                 self.max_response_bytes,
-                &mut upserts,
-                &mut removed,
-                &mut absent,
             );
-            if !st.answer.is_empty() {
-                for n in upserts
-                    .iter()
-                    .map(|r| r.name_arc())
-                    .chain(&removed)
-                    .chain(&absent)
-                {
-                    st.answer.remove(n);
-                    if st.sub.is_namespaced()
-                        && let Some(ns) = namespace_of(n)
-                    {
-                        st.answer.remove(ns);
-                    }
-                }
-            }
-            st.told_absent.extend(absent.iter().cloned());
-            // Removed names the client subscribed to explicitly are answered.
-            st.told_absent
-                .extend(removed.iter().filter(|n| st.sub.contains(n)).cloned());
-            let mut all_removed = removed;
-            all_removed.extend(absent);
-            // Sorted: looked up while in flight.
-            all_removed.sort_unstable();
-            st.last_nonce = Some(nonce.clone());
-            st.sent_version = Some(version.clone());
-            // Envoy rebuilds a modified cluster and waits for its endpoints
-            // again without subscribing anew: they must be sent again, so the
-            // client no longer counts as holding them (it is warming, too).
-            let mut refetch: Vec<Arc<str>> = if ty == ResourceType::Cluster {
-                let mut held = Seeker::new(&*st.acked);
-                upserts
-                    .iter()
-                    .filter(|r| {
-                        // Or may hold it, from a NACKed response.
-                        held.get(r.name())
-                            .or_else(|| st.maybe.get(r.name()))
-                            .or_else(|| st.asked.get(r.name()))
-                            .is_some_and(|old| old.version() != r.version())
-                    })
-                    .flat_map(|r| r.refs().iter())
-                    .filter(|x| x.ty == ResourceType::ClusterLoadAssignment)
-                    .map(|x| x.name.clone())
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            refetch.sort_unstable();
-            refetch.dedup();
-            st.in_flight = Some(InFlight {
-                nonce: nonce.clone(),
-                version: version.clone(),
-                upserts: upserts.clone(),
-                uncertain: Vec::new(),
-                removed: all_removed.clone(),
-                clean_after: (!held).then(|| whole.clone()),
-            });
-            if !refetch.is_empty()
-                && let Some(eds) = self.core.types[ResourceType::ClusterLoadAssignment].as_mut()
-            {
-                if let Some(kept) = without_names(&eds.acked, &refetch) {
-                    eds.acked = Arc::new(kept);
-                }
-                eds.clean = None;
-                // An EDS response still in flight went out before this one: the client
-                // applies it to the old cluster. Its ACK must not count the rebuilt clusters'
-                // endpoints as held, nor mark EDS clean against the whole map (the next plan
-                // would then consider only changed names and skip the refetch): else the
-                // follow-up is empty and Envoy waits its 15 s initial fetch timeout, holding
-                // every later CDS update meanwhile. Refetched upserts become uncertain: an
-                // ACK leaves them possibly held (`asked`: re-sent, references protected), a
-                // NACK maybe held.
-                if let Some(f) = eds.in_flight.as_mut() {
-                    f.clean_after = None;
-                    if f.upserts
-                        .iter()
-                        .any(|r| refetch.binary_search(r.name_arc()).is_ok())
-                    {
-                        let (again, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut f.upserts)
-                            .into_iter()
-                            .partition(|r| refetch.binary_search(r.name_arc()).is_ok());
-                        f.upserts = kept;
-                        f.uncertain.extend(again);
-                    }
-                }
+            if !out.refetch.is_empty() {
+                self.refetch_endpoints(&out.refetch);
             }
             return Some(DeltaResponse {
                 ty,
                 system_version: version,
                 nonce,
-                resources: upserts,
-                removed: all_removed,
+                resources: out.upserts,
+                removed: out.removed,
             });
         }
         None
+    }
+
+    /// The plan for `ty` if it may be planned now (requested, nothing in
+    /// flight) and anything changed since it was last clean: over the
+    /// changed names only when it can be (test builds check that against
+    /// the full plan).
+    fn plan_next(&mut self, ty: ResourceType, snap: &Snapshot) -> Option<Plan> {
+        let st = self.core.types[ty].as_mut()?;
+        if st.in_flight.is_some() {
+            return None;
+        }
+        let whole = snap.resources(ty);
+        // Shared subscription names move to the new map when its keys are
+        // the same, so old maps are not kept alive.
+        st.sub.follow(whole, |m| snap.same_keys_since(ty, m));
+        let st = self.core.types[ty].as_ref().expect("checked");
+        let walked;
+        let changed;
+        let scope = match &st.clean {
+            None => Scope::All,
+            Some(base) => match snap.changed_since(ty, base) {
+                Some(names) if names.is_empty() => return None,
+                Some(names) => {
+                    changed = names;
+                    Scope::Names(&changed)
+                }
+                None => {
+                    walked = TypeChanges::between(base, whole);
+                    Scope::Names(walked.names())
+                }
+            },
+        };
+        let scoped = matches!(scope, Scope::Names(_));
+        let plan = self.plan(ty, snap, scope);
+        #[cfg(test)]
+        if scoped {
+            self.scoped_plans += 1;
+            let full = self.plan(ty, snap, Scope::All);
+            assert_eq!(
+                plan, full,
+                "{ty}: incremental plan differs from the full plan"
+            );
+        }
+        let _ = scoped;
+        Some(plan)
+    }
+
+    /// Envoy rebuilds a modified cluster and waits for its endpoints again
+    /// without subscribing anew: `names` (sorted) must be sent again, so the
+    /// client no longer counts as holding them (it is warming, too).
+    fn refetch_endpoints(&mut self, names: &[Arc<str>]) {
+        let Some(eds) = self.core.types[ResourceType::ClusterLoadAssignment].as_mut() else {
+            return;
+        };
+        if let Some(kept) = without_names(&eds.acked, names) {
+            eds.acked = Arc::new(kept);
+        }
+        eds.clean = None;
+        // An EDS response still in flight went out before this one: the client
+        // applies it to the old cluster. Its ACK must not count the rebuilt clusters'
+        // endpoints as held, nor mark EDS clean against the whole map (the next plan
+        // would then consider only changed names and skip the refetch): else the
+        // follow-up is empty and Envoy waits its 15 s initial fetch timeout, holding
+        // every later CDS update meanwhile. Refetched upserts become uncertain: an
+        // ACK leaves them possibly held (`asked`: re-sent, references protected), a
+        // NACK maybe held.
+        if let Some(f) = eds.in_flight.as_mut() {
+            f.clean_after = None;
+            if f.upserts
+                .iter()
+                .any(|r| names.binary_search(r.name_arc()).is_ok())
+            {
+                let (again, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut f.upserts)
+                    .into_iter()
+                    .partition(|r| names.binary_search(r.name_arc()).is_ok());
+                f.upserts = kept;
+                f.uncertain.extend(again);
+            }
+        }
     }
 
     /// Client-declared versions that match a resource we serve become known content.
@@ -956,6 +1042,14 @@ impl DeltaMachine {
             plan.absent.sort();
             plan.absent.dedup();
         }
+        self.gate_removals(ty, &mut plan, gone);
+        plan
+    }
+
+    /// Break after unlink: an absent name or a removal that something the
+    /// client holds still references waits (`held`), and so does every
+    /// removal while a resumed stream cannot see all referrers yet.
+    fn gate_removals(&self, ty: ResourceType, plan: &mut Plan, gone: Vec<&Arc<str>>) {
         if !plan.absent.is_empty() {
             // A name the client subscribed to again (answered as removed)
             // may still be used by what it holds, with the copy it kept:
@@ -990,7 +1084,6 @@ impl DeltaMachine {
             plan.removed.sort();
             plan.removed.dedup();
         }
-        plan
     }
 
     /// A hard reference of `res` (or its cluster's endpoints) is being
