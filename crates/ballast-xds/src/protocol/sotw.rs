@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 
+use super::sorted::{cmp_names, keys_subset};
 use super::sotw_request::{NamesKey, SotwRequest};
 use super::subscription::{SotwChange, Subscription, empty_first_request_is_wildcard};
 use super::{
@@ -329,15 +330,6 @@ struct Walk<'a> {
     out: PlanFlags,
     /// Every pick is the snapshot's own resource (so far).
     is_whole: bool,
-}
-
-/// Name order of the maps, with the interned (shared) case first.
-fn cmp_names(a: &Arc<str>, b: &Arc<str>) -> std::cmp::Ordering {
-    if Arc::ptr_eq(a, b) {
-        std::cmp::Ordering::Equal
-    } else {
-        (**a).cmp(&**b)
-    }
 }
 
 fn same_version(a: &Arc<Resource>, b: &Arc<Resource>) -> bool {
@@ -1017,29 +1009,6 @@ fn not_held(plan: &Arc<ResourceMap>, acked: &ResourceMap) -> Arc<ResourceMap> {
     } else {
         Arc::new(out)
     }
-}
-
-/// Every key of `a` is a key of `b` (a walk of both maps in order).
-fn keys_subset(a: &Arc<ResourceMap>, b: &Arc<ResourceMap>) -> bool {
-    if a.is_empty() || Arc::ptr_eq(a, b) {
-        return true;
-    }
-    if a.len() > b.len() {
-        return false;
-    }
-    let mut bs = b.keys();
-    'outer: for ka in a.keys() {
-        for kb in bs.by_ref() {
-            if Arc::ptr_eq(ka, kb) || ka == kb {
-                continue 'outer;
-            }
-            if kb > ka {
-                return false;
-            }
-        }
-        return false;
-    }
-    true
 }
 
 impl TypeState for SotwType {
