@@ -1086,7 +1086,7 @@ impl ConfigSet {
         for pr in p.spec.jwt.iter().flat_map(|j| &j.providers) {
             self.security_jwks(p, pr)?;
         }
-        for b in p.spec.ext_auth.iter().flat_map(|e| &e.http.backend_refs) {
+        for b in p.spec.ext_auth.iter().flat_map(|e| e.backend_refs()) {
             let key = ObjectKey::new(p.metadata.namespace.as_str(), b.name.as_str());
             if self.backend(&key).is_none() {
                 return Err(format!(

@@ -13,6 +13,8 @@
 //!   stream or fail it over between control-plane replicas.
 //! * [`DnsServer`] — a loopback UDP DNS server answering A/AAAA from a map the test edits, to point
 //!   Envoy's DNS clusters at (hostname Backends, ExternalName Services).
+//! * [`ExtAuthzServer`] — a gRPC `envoy.service.auth.v3.Authorization` service (allow on `x-allow: yes`),
+//!   for ext_authz tests; also a [`RateLimitServer`] and an [`OtlpReceiver`].
 //! * [`EtcdCluster`] — real etcd (one member or a cluster) to kill, restart and compact.
 //! * [`wait_for`] / [`wait_until`] — bounded polling, because tests must never hang.
 //!
@@ -52,6 +54,7 @@ mod config_dump;
 mod dns;
 mod envoy;
 mod etcd;
+mod ext_authz_service;
 mod grpc;
 mod http;
 mod jwt;
@@ -71,6 +74,7 @@ pub use envoy::{
     try_envoy_binary, workspace_root,
 };
 pub use etcd::{EtcdCluster, EtcdTls, try_etcd_binary};
+pub use ext_authz_service::{EXT_AUTHZ_ALLOW_HEADER, EXT_AUTHZ_USER_HEADER, ExtAuthzServer};
 pub use grpc::{GrpcOutcome, GrpcUpstream, grpc_calls, grpc_calls_tls, python};
 pub use http::{http_get, http_json, http_post_json};
 pub use jwt::{JwtSigner, unix_now};

@@ -42,12 +42,13 @@ fn render_security(policies: &[SecuritySpec]) -> Vec<String> {
             5 => "{ group: gateway.networking.k8s.io, kind: HTTPRoute, name: r1 }",
             _ => "{ group: gateway.networking.k8s.io, kind: Gateway, name: g1 }",
         };
-        let body = match variant % 6 {
+        let body = match variant % 7 {
             0 => "  authorization: { defaultAction: Allow, rules: [{ action: Deny, principal: { clientCIDRs: [10.0.0.0/8] } }] }\n".to_owned(),
             1 => format!("  jwt: {{ providers: [{{ name: a, issuer: x, localJWKS: {{ inline: '{JWKS}' }} }}] }}\n"),
             2 => "  jwt: { providers: [{ name: a, localJWKS: { valueRef: { kind: ConfigMap, name: jwks } } }, { name: b, localJWKS: { valueRef: { kind: ConfigMap, name: jwks, key: other } } }] }\n  authorization: { rules: [{ action: Allow, principal: { clientCIDRs: [192.168.0.0/16] } }] }\n".to_owned(),
             3 => "  jwt: { providers: [{ name: r, remoteJWKS: { uri: http://keys.test/jwks, backendRefs: [{ group: ballast.dev, kind: Backend, name: b0 }] } }] }\n".to_owned(),
             4 => "  extAuth: { headersToExtAuth: [x-a], http: { backendRefs: [{ group: ballast.dev, kind: Backend, name: b1 }], path: /check } }\n".to_owned(),
+            5 => "  extAuth: { failOpen: true, grpc: { backendRefs: [{ group: ballast.dev, kind: Backend, name: b0, port: 9001 }] } }\n".to_owned(),
             _ => "  authorization: {}\n".to_owned(),
         };
         docs.push(format!(
@@ -332,7 +333,7 @@ fn arb_spec() -> impl Strategy<Value = Spec> {
             prop::collection::vec((prop::bool::weighted(0.5), 1u8..32, 0u8..3), 2),
             any::<bool>(),
         ),
-        prop::collection::vec((prop::bool::weighted(0.5), 0u8..7, 0u8..6), 3),
+        prop::collection::vec((prop::bool::weighted(0.5), 0u8..7, 0u8..7), 3),
     )
 }
 

@@ -1,6 +1,6 @@
 //! SecurityPolicy → Envoy `envoy.filters.http.rbac` (client IP allow/deny),
 //! `envoy.filters.http.jwt_authn` (JWT authentication) and `envoy.filters.http.ext_authz`
-//! (external authorization over HTTP).
+//! (external authorization over HTTP or gRPC).
 //!
 //! The connection managers of a Gateway with any SecurityPolicy (naming the Gateway, or an
 //! HTTPRoute naming the Gateway) carry both filters, configured to do nothing by default: RBAC
@@ -15,7 +15,12 @@
 //! turns JWT off there (`disabled`), one without `authorization` turns RBAC off, one without
 //! `extAuth` turns ext_authz off. ext_authz (present only when some policy uses it) is
 //! disabled by default and each enabling entry names its policy's service
-//! (`service_override`), so policies with different services share one filter.
+//! (`service_override`, HTTP or gRPC), so policies with different services share one filter.
+//! Envoy's failure mode (`failure_mode_allow`) exists only on the filter, and Envoy 1.40 fails
+//! every check of an HTTP `service_override` on a filter configured with a gRPC service (seen
+//! in `ext_auth_grpc_and_fail_open`), so a Gateway has one ext_authz filter per service type
+//! and failure mode its policies use ([`EXT_AUTHZ_FILTERS`]); a policy enables its own and
+//! disables the others (so a less specific policy's filter never runs as well).
 //!
 //! The client address RBAC matches is `remote_ip`: the address the connection manager
 //! detected. Connection managers with these filters always set `use_remote_address`, so it
@@ -35,7 +40,8 @@ use ballast_model::{
 };
 use envoy_types::pb::envoy::config::core::v3::data_source::Specifier;
 use envoy_types::pb::envoy::config::core::v3::http_uri::HttpUpstreamType;
-use envoy_types::pb::envoy::config::core::v3::{CidrRange, DataSource, HttpUri};
+use envoy_types::pb::envoy::config::core::v3::grpc_service::{EnvoyGrpc, TargetSpecifier};
+use envoy_types::pb::envoy::config::core::v3::{CidrRange, DataSource, GrpcService, HttpUri};
 use envoy_types::pb::envoy::config::rbac::v3::permission::Rule;
 use envoy_types::pb::envoy::config::rbac::v3::principal::{Identifier, Set};
 use envoy_types::pb::envoy::config::rbac::v3::rbac::Action as RbacAction;
@@ -70,6 +76,17 @@ use crate::{names, pb_duration};
 pub(crate) const RBAC_FILTER: &str = "envoy.filters.http.rbac";
 pub(crate) const JWT_FILTER: &str = "envoy.filters.http.jwt_authn";
 pub(crate) const EXT_AUTHZ_FILTER: &str = "envoy.filters.http.ext_authz";
+/// The ext_authz filters by (gRPC, fail open), in filter-chain order (see the module docs).
+/// HTTP failing closed keeps the plain name.
+pub(crate) const EXT_AUTHZ_FILTERS: [(&str, bool, bool); 4] = [
+    (EXT_AUTHZ_FILTER, false, false),
+    ("envoy.filters.http.ext_authz/grpc", true, false),
+    ("envoy.filters.http.ext_authz/fail-open", false, true),
+    ("envoy.filters.http.ext_authz/grpc-fail-open", true, true),
+];
+
+/// How long Envoy waits for the authorization service's answer (then: the failure mode).
+const CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Used for a provider whose JWKS does not resolve: no token verifies (fail closed). Envoy
 /// rejects a JWKS without a valid key, so this is a real P-256 public key whose private key
@@ -135,7 +152,7 @@ pub(crate) fn policy_backends(config: &ConfigSet, gw: &ObjectKey) -> BTreeSet<Ob
                 .flat_map(|j| &j.providers)
                 .filter_map(|pr| pr.remote_jwks.as_ref())
                 .flat_map(|r| &r.backend_refs)
-                .chain(p.spec.ext_auth.iter().flat_map(|e| &e.http.backend_refs))
+                .chain(p.spec.ext_auth.iter().flat_map(|e| e.backend_refs()))
                 .map(|b| ObjectKey::new(p.metadata.namespace.as_str(), b.name.as_str()))
         })
         .collect()
@@ -305,20 +322,40 @@ pub(crate) fn apply_hcm(
         ),
     ];
     // ext_authz is off unless a virtual host or route enables it with its policy's service
-    // (`service_override`); the filter-level service is only a valid placeholder.
-    if let Some(first) = policies.iter().find(|p| p.spec.ext_auth.is_some()) {
-        let headers: BTreeSet<String> = policies
+    // (`service_override`); the filter-level service is only a valid placeholder. One filter
+    // per service type and failure mode in use.
+    for (name, grpc, fail_open) in EXT_AUTHZ_FILTERS {
+        let of_kind: Vec<&Arc<SecurityPolicy>> = policies
+            .iter()
+            .copied()
+            .filter(|p| {
+                p.spec
+                    .ext_auth
+                    .as_ref()
+                    .is_some_and(|e| e.grpc.is_some() == grpc && e.fail_open == fail_open)
+            })
+            .collect();
+        let Some(first) = of_kind.first() else {
+            continue;
+        };
+        let headers: BTreeSet<String> = of_kind
             .iter()
             .flat_map(|p| p.spec.ext_auth.iter().flat_map(|e| &e.headers_to_ext_auth))
             .map(|h| h.value.to_ascii_lowercase())
             .collect();
         let cfg = ExtAuthz {
-            services: Some(Services::HttpService(http_service(first))),
+            services: Some(match service(first) {
+                ServiceOverride::HttpService(h) => Services::HttpService(h),
+                ServiceOverride::GrpcService(g) => Services::GrpcService(g),
+            }),
             transport_api_version: ApiVersion::V3 as i32,
             allowed_headers: (!headers.is_empty()).then(|| exact_list(headers)),
+            failure_mode_allow: fail_open,
+            // Tells the backend that nobody authorized this request.
+            failure_mode_allow_header_add: fail_open,
             ..Default::default()
         };
-        filters.push((EXT_AUTHZ_FILTER, pack_any(cfg), true));
+        filters.push((name, pack_any(cfg), true));
     }
     // Right after CORS (preflights are answered without credentials), before rate limits
     // (a request is identified before it is counted), sessions and the router.
@@ -352,46 +389,57 @@ fn exact_list(names: impl IntoIterator<Item = String>) -> ListStringMatcher {
     }
 }
 
-/// The HTTP authorization service of a policy with `extAuth` (its Backend's cluster).
-fn http_service(p: &SecurityPolicy) -> HttpService {
-    let Some(e) = &p.spec.ext_auth else {
-        return HttpService::default();
-    };
-    let backend = e
-        .http
-        .backend_refs
-        .first()
+/// The Backend of a policy's `extAuth` service (the policy's own key when there is none:
+/// validation rules that out).
+fn ext_auth_backend(p: &SecurityPolicy) -> ObjectKey {
+    p.spec
+        .ext_auth
+        .iter()
+        .flat_map(|e| e.backend_refs())
+        .next()
         .map(|b| ObjectKey::new(p.metadata.namespace.as_str(), b.name.as_str()))
-        .unwrap_or_else(|| p.key());
-    HttpService {
+        .unwrap_or_else(|| p.key())
+}
+
+/// The authorization service of a policy with `extAuth`: HTTP or gRPC to its Backend's
+/// cluster.
+fn service(p: &SecurityPolicy) -> ServiceOverride {
+    let backend = ext_auth_backend(p);
+    let http = p.spec.ext_auth.as_ref().and_then(|e| e.http.as_ref());
+    let Some(h) = http else {
+        return ServiceOverride::GrpcService(GrpcService {
+            target_specifier: Some(TargetSpecifier::EnvoyGrpc(EnvoyGrpc {
+                cluster_name: names::cluster(&backend),
+                // The default, the cluster name `ns/name`, is not a valid `:authority`
+                // (HTTP/2 servers reset such streams).
+                authority: backend.name.to_string(),
+                ..Default::default()
+            })),
+            timeout: Some(pb_duration(CHECK_TIMEOUT)),
+            ..Default::default()
+        });
+    };
+    ServiceOverride::HttpService(HttpService {
         server_uri: Some(HttpUri {
             uri: format!("http://{}.{}", backend.name, backend.namespace),
             http_upstream_type: Some(HttpUpstreamType::Cluster(names::cluster(&backend))),
-            timeout: Some(pb_duration(std::time::Duration::from_secs(10))),
+            timeout: Some(pb_duration(CHECK_TIMEOUT)),
         }),
-        path_prefix: e
-            .http
-            .path
-            .as_ref()
-            .map(|p| p.value.clone())
-            .unwrap_or_default(),
-        authorization_response: (!e.http.headers_to_backend.is_empty()).then(|| {
-            AuthorizationResponse {
-                allowed_upstream_headers: Some(exact_list(
-                    e.http
-                        .headers_to_backend
-                        .iter()
-                        .map(|h| h.value.to_ascii_lowercase()),
-                )),
-                ..Default::default()
-            }
+        path_prefix: h.path.as_ref().map(|p| p.value.clone()).unwrap_or_default(),
+        authorization_response: (!h.headers_to_backend.is_empty()).then(|| AuthorizationResponse {
+            allowed_upstream_headers: Some(exact_list(
+                h.headers_to_backend
+                    .iter()
+                    .map(|h| h.value.to_ascii_lowercase()),
+            )),
+            ..Default::default()
         }),
         ..Default::default()
-    }
+    })
 }
 
-/// The `typed_per_filter_config` entries of `p` (RBAC and jwt_authn), encoded as field `tag`
-/// of the message holding them (13 in `Route`, 15 in `VirtualHost`), in key order.
+/// The `typed_per_filter_config` entries of `p` (RBAC, jwt_authn, both ext_authz), encoded as
+/// field `tag` of the message holding them (13 in `Route`, 15 in `VirtualHost`), in key order.
 pub(crate) fn per_filter_config(p: &SecurityPolicy, tag: u32) -> Vec<u8> {
     let rbac = RbacPerRoute {
         rbac: p.spec.authorization.as_ref().map(|a| Rbac {
@@ -405,22 +453,33 @@ pub(crate) fn per_filter_config(p: &SecurityPolicy, tag: u32) -> Vec<u8> {
             None => RequirementSpecifier::Disabled(true),
         }),
     };
-    let ext_authz = ExtAuthzPerRoute {
-        r#override: Some(match &p.spec.ext_auth {
-            Some(_) => Override::CheckSettings(CheckSettings {
-                service_override: Some(ServiceOverride::HttpService(http_service(p))),
-                ..Default::default()
-            }),
-            None => Override::Disabled(true),
-        }),
-    };
-    let entries: BTreeMap<String, Any> = [
-        (EXT_AUTHZ_FILTER.to_owned(), pack_any(ext_authz)),
+    // Every ext_authz filter: the policy's own (by service type and `failOpen`) checks with its
+    // service, the others are off, so none runs for a policy without `extAuth`.
+    let mut entries: BTreeMap<String, Any> = EXT_AUTHZ_FILTERS
+        .iter()
+        .map(|(name, grpc, fail_open)| {
+            let own = p
+                .spec
+                .ext_auth
+                .as_ref()
+                .is_some_and(|e| e.grpc.is_some() == *grpc && e.fail_open == *fail_open);
+            let cfg = ExtAuthzPerRoute {
+                r#override: Some(if own {
+                    Override::CheckSettings(CheckSettings {
+                        service_override: Some(service(p)),
+                        ..Default::default()
+                    })
+                } else {
+                    Override::Disabled(true)
+                }),
+            };
+            ((*name).to_owned(), pack_any(cfg))
+        })
+        .collect();
+    entries.extend([
         (JWT_FILTER.to_owned(), pack_any(jwt)),
         (RBAC_FILTER.to_owned(), pack_any(rbac)),
-    ]
-    .into_iter()
-    .collect();
+    ]);
     let mut out = Vec::new();
     prost::encoding::btree_map::encode(
         prost::encoding::string::encode,
@@ -737,6 +796,207 @@ mod tests {
             };
             assert_eq!(bytes(&again), bytes(&g0));
         }
+    }
+
+    /// Gateway `g0` with a listener policy asking a gRPC service and failing open, and a rule
+    /// policy asking an HTTP service and failing closed.
+    fn ext_auth_yaml() -> String {
+        let mut y = yaml()
+            .split("---\n")
+            .filter(|d| !d.contains("kind: SecurityPolicy"))
+            .collect::<Vec<_>>()
+            .join("---\n");
+        y += "---\napiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: { name: authz }\nspec:\n  protocol: grpc\n  endpoints: [{ address: 10.0.0.2, port: 9001 }]\n";
+        y += "---\napiVersion: ballast.dev/v1alpha1\nkind: SecurityPolicy\nmetadata: { name: gw }\nspec:\n  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: g0, sectionName: http }]\n  extAuth:\n    failOpen: true\n    grpc: { backendRefs: [{ group: ballast.dev, kind: Backend, name: authz, port: 9001 }] }\n";
+        y += "---\napiVersion: ballast.dev/v1alpha1\nkind: SecurityPolicy\nmetadata: { name: rule }\nspec:\n  targetRefs: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, name: api, sectionName: secure }]\n  extAuth:\n    headersToExtAuth: [X-Session]\n    http: { backendRefs: [{ group: ballast.dev, kind: Backend, name: b }], path: /check, headersToBackend: [x-user] }\n";
+        y
+    }
+
+    fn per_route_override(m: &std::collections::HashMap<String, Any>, filter: &str) -> Override {
+        use prost::Message;
+        ExtAuthzPerRoute::decode(any_of(m, filter).value.as_slice())
+            .unwrap()
+            .r#override
+            .unwrap()
+    }
+
+    const GRPC_CLOSED: &str = EXT_AUTHZ_FILTERS[1].0;
+    const GRPC_OPEN: &str = EXT_AUTHZ_FILTERS[3].0;
+
+    /// Exactly what ext_authz emits: a filter per service type and failure mode in use
+    /// (disabled until a virtual host or route enables it), the gRPC service (envoy_grpc to the
+    /// Backend's cluster, `:authority` its name, 10 s, V3) and the HTTP one; each policy
+    /// enables its own filter and disables the other three.
+    #[test]
+    fn ext_auth_grpc_and_fail_open_are_emitted_exactly() {
+        use envoy_types::pb::envoy::config::listener::v3::Listener;
+        use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType;
+        use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+        use prost::Message;
+        let set = crate::tests::config(&ext_auth_yaml());
+        let g0 =
+            crate::translate_gateway(&set, &crate::tests::gw("g0"), &Default::default()).unwrap();
+        let l = Listener::decode(g0.listeners[0].value_bytes()).unwrap();
+        let Some(ConfigType::TypedConfig(any)) = &l.filter_chains[0].filters[0].config_type else {
+            panic!()
+        };
+        let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
+        let names: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(
+            names[1..5],
+            [RBAC_FILTER, JWT_FILTER, EXT_AUTHZ_FILTER, GRPC_OPEN]
+        );
+        let filter = |name: &str| {
+            let f = hcm.http_filters.iter().find(|f| f.name == name).unwrap();
+            assert!(f.disabled, "{name} runs only where a policy enables it");
+            let Some(HttpFilterConfig::TypedConfig(any)) = &f.config_type else {
+                panic!()
+            };
+            ExtAuthz::decode(any.value.as_slice()).unwrap()
+        };
+        let grpc = GrpcService {
+            target_specifier: Some(TargetSpecifier::EnvoyGrpc(EnvoyGrpc {
+                cluster_name: crate::names::cluster(&ObjectKey::new("default", "authz")),
+                authority: "authz".into(),
+                ..Default::default()
+            })),
+            timeout: Some(pb_duration(std::time::Duration::from_secs(10))),
+            ..Default::default()
+        };
+        let http = HttpService {
+            server_uri: Some(HttpUri {
+                uri: "http://b.default".into(),
+                http_upstream_type: Some(HttpUpstreamType::Cluster(crate::names::cluster(
+                    &ObjectKey::new("default", "b"),
+                ))),
+                timeout: Some(pb_duration(std::time::Duration::from_secs(10))),
+            }),
+            path_prefix: "/check".into(),
+            authorization_response: Some(AuthorizationResponse {
+                allowed_upstream_headers: Some(exact_list(["x-user".to_owned()])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            filter(GRPC_OPEN),
+            ExtAuthz {
+                services: Some(Services::GrpcService(grpc.clone())),
+                transport_api_version: ApiVersion::V3 as i32,
+                failure_mode_allow: true,
+                failure_mode_allow_header_add: true,
+                ..Default::default()
+            }
+        );
+        assert_eq!(
+            filter(EXT_AUTHZ_FILTER),
+            ExtAuthz {
+                services: Some(Services::HttpService(http.clone())),
+                transport_api_version: ApiVersion::V3 as i32,
+                allowed_headers: Some(exact_list(["x-session".to_owned()])),
+                ..Default::default()
+            }
+        );
+        // The listener policy on the virtual host: gRPC through the gRPC fail-open filter.
+        let rc = RouteConfiguration::decode(g0.route_configs[0].value_bytes()).unwrap();
+        let vh = &rc.virtual_hosts[0];
+        for (name, ..) in EXT_AUTHZ_FILTERS {
+            assert_eq!(
+                per_route_override(&vh.typed_per_filter_config, name),
+                if name == GRPC_OPEN {
+                    Override::CheckSettings(CheckSettings {
+                        service_override: Some(ServiceOverride::GrpcService(grpc.clone())),
+                        ..Default::default()
+                    })
+                } else {
+                    Override::Disabled(true)
+                },
+                "{name}"
+            );
+        }
+        // The rule policy on its routes: HTTP through the fail-closed filter, the listener's
+        // fail-open filter off there.
+        let secure = vh
+            .routes
+            .iter()
+            .find(|r| r.name.contains("/secure/"))
+            .unwrap();
+        for (name, ..) in EXT_AUTHZ_FILTERS {
+            assert_eq!(
+                per_route_override(&secure.typed_per_filter_config, name),
+                if name == EXT_AUTHZ_FILTER {
+                    Override::CheckSettings(CheckSettings {
+                        service_override: Some(ServiceOverride::HttpService(http.clone())),
+                        ..Default::default()
+                    })
+                } else {
+                    Override::Disabled(true)
+                },
+                "{name}"
+            );
+        }
+        // g1: no policy, no ext_authz filter.
+        let g1 =
+            crate::translate_gateway(&set, &crate::tests::gw("g1"), &Default::default()).unwrap();
+        let l = Listener::decode(g1.listeners[0].value_bytes()).unwrap();
+        let Some(ConfigType::TypedConfig(any)) = &l.filter_chains[0].filters[0].config_type else {
+            panic!()
+        };
+        let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
+        assert!(
+            hcm.http_filters
+                .iter()
+                .all(|f| !f.name.starts_with(EXT_AUTHZ_FILTER))
+        );
+    }
+
+    /// A Gateway whose policies all fail closed gets the fail-closed filters of the service
+    /// types they use, each with one of them as its placeholder service.
+    #[test]
+    fn one_filter_per_service_type_and_failure_mode() {
+        use envoy_types::pb::envoy::config::listener::v3::Listener;
+        use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType;
+        use prost::Message;
+        let set =
+            crate::tests::config(&ext_auth_yaml().replace("failOpen: true", "failOpen: false"));
+        let g0 =
+            crate::translate_gateway(&set, &crate::tests::gw("g0"), &Default::default()).unwrap();
+        let l = Listener::decode(g0.listeners[0].value_bytes()).unwrap();
+        let Some(ConfigType::TypedConfig(any)) = &l.filter_chains[0].filters[0].config_type else {
+            panic!()
+        };
+        let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
+        let ext: Vec<&str> = hcm
+            .http_filters
+            .iter()
+            .map(|f| f.name.as_str())
+            .filter(|n| n.starts_with(EXT_AUTHZ_FILTER))
+            .collect();
+        assert_eq!(ext, [EXT_AUTHZ_FILTER, GRPC_CLOSED]);
+        let cfg = |name: &str| {
+            let Some(HttpFilterConfig::TypedConfig(any)) = &hcm
+                .http_filters
+                .iter()
+                .find(|f| f.name == name)
+                .unwrap()
+                .config_type
+            else {
+                panic!()
+            };
+            ExtAuthz::decode(any.value.as_slice()).unwrap()
+        };
+        let (http, grpc) = (cfg(EXT_AUTHZ_FILTER), cfg(GRPC_CLOSED));
+        for c in [&http, &grpc] {
+            assert!(!c.failure_mode_allow && !c.failure_mode_allow_header_add);
+        }
+        assert!(matches!(http.services, Some(Services::HttpService(_))));
+        assert!(matches!(grpc.services, Some(Services::GrpcService(_))));
+        // Headers are a filter setting: each filter sends its own policies' headers.
+        assert_eq!(
+            http.allowed_headers,
+            Some(exact_list(["x-session".to_owned()]))
+        );
+        assert_eq!(grpc.allowed_headers, None);
     }
 
     /// Envoy rejects a listener whose JWKS has no valid key; the fail-closed one is valid.

@@ -39,17 +39,38 @@ pub struct SecurityPolicySpec {
     pub ext_auth: Option<ExtAuth>,
 }
 
-/// External authorization: Envoy asks an HTTP service (a Backend) about every request; a 2xx
-/// answer lets it through, any other answer is returned to the client (403 when the service
-/// cannot be reached: fail closed).
+/// External authorization: Envoy asks a service (a Backend) about every request, over HTTP
+/// (`http`: a 2xx answer lets it through, any other answer is returned to the client) or gRPC
+/// (`grpc`: `envoy.service.auth.v3.Authorization/Check`; OK lets it through, a denial is
+/// returned). Exactly one of the two. When the service cannot be asked (down, timeout, 5xx),
+/// the request gets 403 (fail closed) unless `failOpen`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ExtAuth {
-    pub http: ExtAuthHttp,
-    /// Request headers sent to the service besides Host, Method, Path, Content-Length and
-    /// Authorization (Envoy always sends those).
+    #[serde(default)]
+    pub http: Option<ExtAuthHttp>,
+    #[serde(default)]
+    pub grpc: Option<ExtAuthGrpc>,
+    /// Let requests through when the service cannot be asked (Envoy's `failure_mode_allow`);
+    /// default false. Envoy then adds `x-envoy-auth-failure-mode-allowed: true` to them.
+    #[serde(default)]
+    pub fail_open: bool,
+    /// Request headers sent to the service. HTTP: besides Host, Method, Path, Content-Length
+    /// and Authorization (Envoy always sends those). gRPC: all headers when empty, else only
+    /// these.
     #[serde(default, rename = "headersToExtAuth")]
     pub headers_to_ext_auth: Vec<Spanned<String>>,
+}
+
+impl ExtAuth {
+    /// The service's Backend references (`http` or `grpc`, whichever is set).
+    pub fn backend_refs(&self) -> &[JwksBackendRef] {
+        match (&self.http, &self.grpc) {
+            (Some(h), _) => &h.backend_refs,
+            (None, Some(g)) => &g.backend_refs,
+            (None, None) => &[],
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -63,6 +84,15 @@ pub struct ExtAuthHttp {
     /// Headers of the service's 2xx answer copied into the request to the backend.
     #[serde(default)]
     pub headers_to_backend: Vec<Spanned<String>>,
+}
+
+/// An `envoy.service.auth.v3.Authorization` gRPC service. Its Backend must speak HTTP/2
+/// (`protocol: grpc` or `h2c`); Ballast does not check that.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExtAuthGrpc {
+    /// Exactly one `ballast.dev` Backend in the policy's namespace.
+    pub backend_refs: Vec<JwksBackendRef>,
 }
 
 /// Client IP allow/deny rules. Rules are checked in order and the first whose principal
@@ -204,6 +234,10 @@ pub struct JwksBackendRef {
     pub group: String,
     pub kind: Spanned<String>,
     pub name: Spanned<String>,
+    /// Accepted for Envoy Gateway compatibility (1..=65535) and ignored: a Backend's
+    /// endpoints carry their own ports (as for HTTPRoute backendRefs).
+    #[serde(default)]
+    pub port: Option<Spanned<u32>>,
 }
 
 /// A ConfigMap key holding a JWKS (`key` default `jwks`, Envoy Gateway's convention).
@@ -319,33 +353,60 @@ pub(crate) fn validate_security_policy(ctx: &mut Ctx, p: &SecurityPolicy) {
         );
     }
     if let Some(e) = &s.ext_auth {
-        if e.http.backend_refs.len() != 1 {
+        let (kind, refs) = match (&e.http, &e.grpc) {
+            (Some(h), None) => ("http", &h.backend_refs),
+            (None, Some(g)) => ("grpc", &g.backend_refs),
+            _ => {
+                ctx.err(
+                    Pos::UNKNOWN,
+                    "spec.extAuth",
+                    "set exactly one of http and grpc",
+                );
+                ("http", &Vec::new())
+            }
+        };
+        if (e.http.is_some() != e.grpc.is_some()) && refs.len() != 1 {
             ctx.err(
                 Pos::UNKNOWN,
-                "spec.extAuth.http.backendRefs",
+                format!("spec.extAuth.{kind}.backendRefs"),
                 "name exactly one Backend",
             );
         }
-        for (k, b) in e.http.backend_refs.iter().enumerate() {
+        for (k, b) in refs.iter().enumerate() {
             if b.group != super::BALLAST_GROUP || b.kind.as_str() != "Backend" {
                 ctx.err(
                     b.kind.pos,
-                    format!("spec.extAuth.http.backendRefs[{k}].kind"),
+                    format!("spec.extAuth.{kind}.backendRefs[{k}].kind"),
                     format!(
                         "unsupported {:?} (group {:?}); expected ballast.dev Backend",
                         b.kind.value, b.group
                     ),
                 );
             }
+            if let Some(p) = &b.port
+                && !(1..=65535).contains(&p.value)
+            {
+                ctx.err(
+                    p.pos,
+                    format!("spec.extAuth.{kind}.backendRefs[{k}].port"),
+                    format!("port {} is out of range 1..=65535", p.value),
+                );
+            }
         }
-        if let Some(p) = &e.http.path
+        if let Some(p) = e.http.as_ref().and_then(|h| h.path.as_ref())
             && !p.starts_with('/')
         {
             ctx.err(p.pos, "spec.extAuth.http.path", "must start with /");
         }
+        let no_headers = Vec::new();
         for (field, list) in [
             ("headersToExtAuth", &e.headers_to_ext_auth),
-            ("http.headersToBackend", &e.http.headers_to_backend),
+            (
+                "http.headersToBackend",
+                e.http
+                    .as_ref()
+                    .map_or(&no_headers, |h| &h.headers_to_backend),
+            ),
         ] {
             for (k, h) in list.iter().enumerate() {
                 if !valid_header_name(h) {
@@ -594,6 +655,86 @@ mod tests {
             "extAuth.http.path",
         ] {
             assert!(all.contains(want), "{want}: {all}");
+        }
+    }
+
+    fn errors(spec: &str) -> String {
+        let text = GW.to_owned()
+            + "---\napiVersion: ballast.dev/v1alpha1\nkind: SecurityPolicy\nmetadata: { name: p }\nspec:\n  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]\n"
+            + spec;
+        match ConfigSet::build([("c.yaml", text)]) {
+            Ok(_) => String::new(),
+            Err(errs) => errs
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
+    #[test]
+    fn ext_auth_grpc_and_fail_open_parse() {
+        let text = GW.to_owned()
+            + "---\napiVersion: ballast.dev/v1alpha1\nkind: SecurityPolicy\nmetadata: { name: p }\nspec:\n  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]\n  extAuth:\n    failOpen: true\n    grpc: { backendRefs: [{ group: ballast.dev, kind: Backend, name: authz, port: 9001 }] }\n";
+        let set = ConfigSet::build([("c.yaml", text)]).unwrap();
+        let p = set.security_policies.values().next().unwrap();
+        let e = p.spec.ext_auth.as_ref().unwrap();
+        assert!(e.fail_open && e.http.is_none());
+        assert_eq!(e.backend_refs().len(), 1);
+        assert_eq!(e.backend_refs()[0].name.as_str(), "authz");
+        assert_eq!(
+            e.backend_refs()[0].port.as_ref().map(|p| p.value),
+            Some(9001)
+        );
+        // failOpen defaults to false.
+        assert_eq!(
+            errors(
+                "  extAuth: { http: { backendRefs: [{ group: ballast.dev, kind: Backend, name: a }] } }\n"
+            ),
+            ""
+        );
+    }
+
+    /// Each mistake is reported with the field path (and position where it has one).
+    #[test]
+    fn ext_auth_mistakes_name_the_field() {
+        let r = "backendRefs: [{ group: ballast.dev, kind: Backend, name: a }]";
+        for (spec, want) in [
+            (
+                format!("  extAuth: {{ http: {{ {r} }}, grpc: {{ {r} }} }}\n"),
+                "spec.extAuth: set exactly one of http and grpc",
+            ),
+            (
+                "  extAuth: { failOpen: true }\n".to_owned(),
+                "spec.extAuth: set exactly one of http and grpc",
+            ),
+            (
+                "  extAuth: { grpc: { backendRefs: [] } }\n".to_owned(),
+                "spec.extAuth.grpc.backendRefs: name exactly one Backend",
+            ),
+            (
+                "  extAuth: { grpc: { backendRefs: [{ kind: Service, name: a }] } }\n".to_owned(),
+                "c.yaml:24:44: SecurityPolicy default/p: spec.extAuth.grpc.backendRefs[0].kind: unsupported",
+            ),
+            (
+                "  extAuth: { grpc: { backendRefs: [{ group: ballast.dev, kind: Backend, name: a, port: 0 }] } }\n".to_owned(),
+                "spec.extAuth.grpc.backendRefs[0].port: port 0 is out of range",
+            ),
+            (
+                format!("  extAuth: {{ grpc: {{ {r}, path: /check }} }}\n"),
+                "c.yaml:24:85: SecurityPolicy default/p: spec.extAuth.grpc.path: unknown field `path`",
+            ),
+            (
+                format!("  extAuth: {{ failOpen: maybe, grpc: {{ {r} }} }}\n"),
+                "c.yaml:24:24: SecurityPolicy default/p: spec.extAuth.failOpen: invalid boolean",
+            ),
+            (
+                format!("  extAuth: {{ headersToExtAuth: [\"x y\"], grpc: {{ {r} }} }}\n"),
+                "spec.extAuth.headersToExtAuth[0]: invalid header name",
+            ),
+        ] {
+            let all = errors(&spec);
+            assert!(all.contains(want), "{spec}: want {want:?} in:\n{all}");
         }
     }
 
