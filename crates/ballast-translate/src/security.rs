@@ -498,7 +498,7 @@ fn service(p: &SecurityPolicy) -> ServiceOverride {
     })
 }
 
-/// The `typed_per_filter_config` entries of `p` (RBAC, jwt_authn, both ext_authz), encoded as
+/// The `typed_per_filter_config` entries of `p` (RBAC, jwt_authn, every ext_authz), encoded as
 /// field `tag` of the message holding them (13 in `Route`, 15 in `VirtualHost`), in key order.
 pub(crate) fn per_filter_config(p: &SecurityPolicy, tag: u32) -> Vec<u8> {
     let rbac = RbacPerRoute {

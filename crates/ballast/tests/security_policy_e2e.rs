@@ -927,6 +927,57 @@ async fn ext_auth_grpc_and_fail_open() {
     assert_eq!(up.last_header("x-auth-user"), None);
 }
 
+/// An `extAuth.grpc` Backend that does not exist: Envoy still takes the Gateway's config (a
+/// route without a policy answers 200) and the policy's route fails closed (403), while the
+/// policy reports `ResolvedRefs=False`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ext_auth_grpc_backend_missing_fails_closed() {
+    let up = Upstream::start("app").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        gateway(port)
+            + &named_rule_route("guarded", "guarded.example.com", "app")
+            + &named_rule_route("open", "open.example.com", "app")
+            + &backend("app", &[up.addr()])
+            + &ext_auth_policy(
+                "guarded",
+                "guarded",
+                "    grpc: { backendRefs: [{ group: ballast.dev, kind: Backend, name: nowhere }] }\n",
+            ),
+    )
+    .unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-ext-auth-missing",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    wait_for(T, POLL, || async {
+        match status_from(A, port, "open.example.com", &[]).await {
+            200 => Ok(()),
+            s => anyhow::bail!("open: {s}"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+    let cases: Vec<Case<'_>> = vec![
+        (A, port, "guarded.example.com", vec!["x-allow: yes"], 403),
+        (A, port, "guarded.example.com", vec![], 403),
+        (A, port, "open.example.com", vec![], 200),
+    ];
+    let before = up.hits();
+    let (wrong, ok) = run_cases(&cases, 5).await;
+    assert!(wrong.is_empty(), "{wrong:#?}\n{}", envoy.log_tail(30));
+    assert_eq!((ok, up.hits() - before), (5, 5));
+    let sources = debug_sources(&ballast).await.to_string();
+    assert!(sources.contains("nowhere"), "{sources}");
+}
+
 /// Four routes with a policy each: `places` reads tokens only from header `x-token`, header
 /// `x-auth` after `Token `, cookie `session` and query parameter `jwt`; `opt` makes the token
 /// optional; `claims` allows only tokens whose claims match (a Deny rule for `sub: mallory`
