@@ -1,6 +1,6 @@
 //! `ballast.dev/v1alpha1` `SecurityPolicy`: who may use the Gateways, listeners, HTTPRoutes or
-//! single route rules it targets: client IP allow/deny lists (`authorization`), JWT
-//! authentication (`jwt`) and external authorization over HTTP or gRPC (`extAuth`). Named
+//! single route rules it targets: allow/deny rules on client IP and token claims
+//! (`authorization`), JWT authentication (`jwt`) and external authorization over HTTP or gRPC (`extAuth`). Named
 //! after Envoy Gateway's `SecurityPolicy`, whose field names it follows where features match.
 //!
 //! Precedence, most specific first: a rule (`HTTPRoute` + `sectionName`), the route, a listener
@@ -95,8 +95,9 @@ pub struct ExtAuthGrpc {
     pub backend_refs: Vec<JwksBackendRef>,
 }
 
-/// Client IP allow/deny rules. Rules are checked in order and the first whose principal
-/// matches decides; without a match `defaultAction` does (default `Deny`, as Envoy Gateway).
+/// Allow/deny rules on the client address and the verified token's claims. Rules are checked
+/// in order and the first whose principal matches decides; without a match `defaultAction`
+/// does (default `Deny`, as Envoy Gateway).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Authorization {
