@@ -1,7 +1,8 @@
 //! `ballast.dev/v1alpha1` `SecurityPolicy`: who may use the Gateways, listeners, HTTPRoutes or
 //! single route rules it targets: allow/deny rules on client IP and token claims
-//! (`authorization`), JWT authentication (`jwt`) and external authorization over HTTP or gRPC (`extAuth`). Named
-//! after Envoy Gateway's `SecurityPolicy`, whose field names it follows where features match.
+//! (`authorization`), JWT authentication (`jwt`) and external authorization over HTTP or gRPC
+//! (`extAuth`). Named after Envoy Gateway's `SecurityPolicy`, whose field names it follows
+//! where features match.
 //!
 //! Precedence, most specific first: a rule (`HTTPRoute` + `sectionName`), the route, a listener
 //! (`Gateway` + `sectionName`), the Gateway. The policy that applies is used as a whole (an
