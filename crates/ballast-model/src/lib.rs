@@ -137,7 +137,7 @@ mod policy_docs_tests {
                 set.config_maps.len(),
                 set.security_policies.len()
             ),
-            (5, 1, 3, 2, 4)
+            (5, 1, 3, 2, 5)
         );
         // The SecurityPolicy examples resolve their local JWKS (the Backends are elsewhere).
         for p in set.security_policies.values() {

@@ -44,7 +44,7 @@ fn render_security(policies: &[SecuritySpec]) -> Vec<String> {
         };
         let body = match variant % 7 {
             0 => "  authorization: { defaultAction: Allow, rules: [{ action: Deny, principal: { clientCIDRs: [10.0.0.0/8] } }] }\n".to_owned(),
-            1 => format!("  jwt: {{ providers: [{{ name: a, issuer: x, localJWKS: {{ inline: '{JWKS}' }} }}] }}\n"),
+            1 => format!("  jwt: {{ optional: true, providers: [{{ name: a, issuer: x, localJWKS: {{ inline: '{JWKS}' }}, extractFrom: {{ headers: [{{ name: x-t }}], cookies: [c], params: [p] }} }}] }}\n  authorization: {{ rules: [{{ action: Allow, principal: {{ jwt: {{ provider: a, claims: [{{ name: sub, values: [u] }}], scopes: [s] }} }} }}] }}\n"),
             2 => "  jwt: { providers: [{ name: a, localJWKS: { valueRef: { kind: ConfigMap, name: jwks } } }, { name: b, localJWKS: { valueRef: { kind: ConfigMap, name: jwks, key: other } } }] }\n  authorization: { rules: [{ action: Allow, principal: { clientCIDRs: [192.168.0.0/16] } }] }\n".to_owned(),
             3 => "  jwt: { providers: [{ name: r, remoteJWKS: { uri: http://keys.test/jwks, backendRefs: [{ group: ballast.dev, kind: Backend, name: b0 }] } }] }\n".to_owned(),
             4 => "  extAuth: { headersToExtAuth: [x-a], http: { backendRefs: [{ group: ballast.dev, kind: Backend, name: b1 }], path: /check } }\n".to_owned(),

@@ -35,8 +35,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use ballast_model::{
-    Authorization, AuthorizationAction, Cidr, ConfigSet, Listener, ObjectKey, SecurityPolicy,
-    TargetKind,
+    Authorization, AuthorizationAction, AuthorizationRule, Cidr, ConfigSet, JwtClaimValueType,
+    Listener, ObjectKey, SecurityPolicy, TargetKind,
 };
 use envoy_types::pb::envoy::config::core::v3::data_source::Specifier;
 use envoy_types::pb::envoy::config::core::v3::http_uri::HttpUpstreamType;
@@ -45,12 +45,20 @@ use envoy_types::pb::envoy::config::core::v3::{CidrRange, DataSource, GrpcServic
 use envoy_types::pb::envoy::config::rbac::v3::permission::Rule;
 use envoy_types::pb::envoy::config::rbac::v3::principal::{Identifier, Set};
 use envoy_types::pb::envoy::config::rbac::v3::rbac::Action as RbacAction;
-use envoy_types::pb::envoy::config::rbac::v3::{Permission, Policy, Principal, Rbac as RbacRules};
+use envoy_types::pb::envoy::config::rbac::v3::{
+    MetadataSource, Permission, Policy, Principal, Rbac as RbacRules, SourcedMetadata,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::list_matcher::MatchPattern as ListPattern;
+use envoy_types::pb::envoy::r#type::matcher::v3::metadata_matcher::PathSegment;
+use envoy_types::pb::envoy::r#type::matcher::v3::metadata_matcher::path_segment::Segment;
+use envoy_types::pb::envoy::r#type::matcher::v3::value_matcher::MatchPattern as ValuePattern;
+use envoy_types::pb::envoy::r#type::matcher::v3::{ListMatcher, MetadataMatcher, ValueMatcher};
 use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::jwt_provider::JwksSourceSpecifier;
 use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::jwt_requirement::RequiresType;
 use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::per_route_config::RequirementSpecifier;
+use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::jwt_provider::NormalizePayload;
 use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::{
-    JwksAsyncFetch, JwtAuthentication, JwtClaimToHeader, JwtProvider, JwtRequirement,
+    JwksAsyncFetch, JwtAuthentication, JwtClaimToHeader, JwtHeader, JwtProvider, JwtRequirement,
     JwtRequirementOrList, PerRouteConfig, RemoteJwks,
 };
 use envoy_types::pb::envoy::config::core::v3::ApiVersion;
@@ -219,8 +227,20 @@ pub(crate) fn apply_hcm(
     for p in policies {
         let Some(jwt) = &p.spec.jwt else { continue };
         let mut names = Vec::new();
+        // Providers that rules of this policy authorize by, and whether by scopes.
+        let mut authorized: BTreeMap<&str, bool> = BTreeMap::new();
+        for j in p
+            .spec
+            .authorization
+            .iter()
+            .flat_map(|a| &a.rules)
+            .filter_map(|r| r.principal.jwt.as_ref())
+        {
+            *authorized.entry(j.provider.as_str()).or_default() |= !j.scopes.is_empty();
+        }
         for pr in &jwt.providers {
             let name = provider_name(p, &pr.name);
+            let extract = &pr.extract_from;
             let resolved = config.security_jwks(p, pr);
             let source = match (&pr.remote_jwks, resolved) {
                 (Some(r), Ok(_)) => JwksSourceSpecifier::RemoteJwks(RemoteJwks {
@@ -267,22 +287,60 @@ pub(crate) fn apply_hcm(
                             ..Default::default()
                         })
                         .collect(),
+                    from_headers: extract
+                        .iter()
+                        .flat_map(|x| &x.headers)
+                        .map(|h| JwtHeader {
+                            name: h.name.to_ascii_lowercase(),
+                            value_prefix: h
+                                .value_prefix
+                                .as_ref()
+                                .map(|v| v.value.clone())
+                                .unwrap_or_default(),
+                        })
+                        .collect(),
+                    from_cookies: extract
+                        .iter()
+                        .flat_map(|x| &x.cookies)
+                        .map(|c| c.value.clone())
+                        .collect(),
+                    from_params: extract
+                        .iter()
+                        .flat_map(|x| &x.params)
+                        .map(|c| c.value.clone())
+                        .collect(),
+                    // Only providers whose claims a rule of the policy matches.
+                    payload_in_metadata: match authorized.get(pr.name.as_str()) {
+                        Some(_) => name.clone(),
+                        None => String::new(),
+                    },
+                    normalize_payload_in_metadata: (authorized.get(pr.name.as_str())
+                        == Some(&true))
+                    .then(|| NormalizePayload {
+                        space_delimited_claims: vec!["scope".to_owned()],
+                    }),
                     ..Default::default()
                 },
             );
             names.push(name);
         }
-        let requirement = if names.len() == 1 {
+        let requirement = if names.len() == 1 && !jwt.optional {
             JwtRequirement {
                 requires_type: Some(RequiresType::ProviderName(names.remove(0))),
             }
         } else {
             JwtRequirement {
                 requires_type: Some(RequiresType::RequiresAny(JwtRequirementOrList {
+                    // Optional: no token passes, a token no provider accepts still fails.
                     requirements: names
                         .into_iter()
-                        .map(|n| JwtRequirement {
-                            requires_type: Some(RequiresType::ProviderName(n)),
+                        .map(RequiresType::ProviderName)
+                        .chain(
+                            jwt.optional
+                                .then(|| RequiresType::AllowMissing(Default::default())),
+                        )
+                        .map(|r| JwtRequirement {
+                            requires_type: Some(r),
                         })
                         .collect(),
                 })),
@@ -310,8 +368,9 @@ pub(crate) fn apply_hcm(
         &requirements,
         &mut jwt,
     );
+    // Authentication before authorization (as Envoy Gateway orders them): RBAC rules match
+    // the payloads jwt_authn verified.
     let mut filters = vec![
-        (RBAC_FILTER, pack_any(Rbac::default()), false),
         (
             JWT_FILTER,
             Any {
@@ -320,6 +379,7 @@ pub(crate) fn apply_hcm(
             },
             false,
         ),
+        (RBAC_FILTER, pack_any(Rbac::default()), false),
     ];
     // ext_authz is off unless a virtual host or route enables it with its policy's service
     // (`service_override`); the filter-level service is only a valid placeholder. One filter
@@ -443,7 +503,7 @@ fn service(p: &SecurityPolicy) -> ServiceOverride {
 pub(crate) fn per_filter_config(p: &SecurityPolicy, tag: u32) -> Vec<u8> {
     let rbac = RbacPerRoute {
         rbac: p.spec.authorization.as_ref().map(|a| Rbac {
-            rules: Some(rbac_rules(a)),
+            rules: Some(rbac_rules(a, |provider| provider_name(p, provider))),
             ..Default::default()
         }),
     };
@@ -515,11 +575,103 @@ fn cidrs(list: &[ballast_model::Spanned<String>]) -> Principal {
     principal(Identifier::OrIds(Set { ids }))
 }
 
+/// A rule's principal: its addresses and its token's claims, ANDed (each when set).
+fn rule_principal(r: &AuthorizationRule, payload_key: &impl Fn(&str) -> String) -> Principal {
+    let mut parts = Vec::new();
+    if !r.principal.client_cidrs.is_empty() {
+        parts.push(cidrs(&r.principal.client_cidrs));
+    }
+    if let Some(j) = &r.principal.jwt {
+        parts.push(jwt_principal(&payload_key(&j.provider), j));
+    }
+    all_of(parts)
+}
+
+fn all_of(mut ids: Vec<Principal>) -> Principal {
+    if ids.len() == 1 {
+        ids.remove(0)
+    } else {
+        principal(Identifier::AndIds(Set { ids }))
+    }
+}
+
+fn any_of(mut ids: Vec<Principal>) -> Principal {
+    if ids.len() == 1 {
+        ids.remove(0)
+    } else {
+        principal(Identifier::OrIds(Set { ids }))
+    }
+}
+
+/// Matches `value` at `path` of the jwt_authn filter's dynamic metadata, where a provider with
+/// `payload_in_metadata` puts its verified payload. Absent (no token, another provider's
+/// token): no match.
+fn payload_matches<'a>(path: impl IntoIterator<Item = &'a str>, value: ValueMatcher) -> Principal {
+    principal(Identifier::SourcedMetadata(SourcedMetadata {
+        metadata_matcher: Some(MetadataMatcher {
+            filter: JWT_FILTER.to_owned(),
+            path: path
+                .into_iter()
+                .map(|k| PathSegment {
+                    segment: Some(Segment::Key(k.to_owned())),
+                })
+                .collect(),
+            value: Some(value),
+            invert: false,
+        }),
+        metadata_source: MetadataSource::Dynamic as i32,
+    }))
+}
+
+fn exact_value(v: &str) -> ValueMatcher {
+    ValueMatcher {
+        match_pattern: Some(ValuePattern::StringMatch(StringMatcher {
+            match_pattern: Some(MatchPattern::Exact(v.to_owned())),
+            ..Default::default()
+        })),
+    }
+}
+
+/// A list value with an element equal to `v`.
+fn contains_value(v: &str) -> ValueMatcher {
+    ValueMatcher {
+        match_pattern: Some(ValuePattern::ListMatch(Box::new(ListMatcher {
+            match_pattern: Some(ListPattern::OneOf(Box::new(exact_value(v)))),
+        }))),
+    }
+}
+
+/// Every claim (one of its values) and every scope of the payload under `key`. Scopes are
+/// list elements because the provider splits `scope` at spaces (`normalize_payload_in_metadata`).
+fn jwt_principal(key: &str, j: &ballast_model::JwtPrincipal) -> Principal {
+    let mut all = Vec::new();
+    for c in &j.claims {
+        let alternatives = c
+            .values
+            .iter()
+            .map(|v| {
+                let value = match c.value_type() {
+                    JwtClaimValueType::String => exact_value(v),
+                    JwtClaimValueType::StringArray => contains_value(v),
+                };
+                payload_matches(std::iter::once(key).chain(c.path()), value)
+            })
+            .collect();
+        all.push(any_of(alternatives));
+    }
+    for scope in &j.scopes {
+        all.push(payload_matches([key, "scope"], contains_value(scope)));
+    }
+    all_of(all)
+}
+
 /// First-match-wins rules as one ALLOW policy: a request is allowed when some Allow rule
 /// matches and no Deny rule before it does, or no Deny rule matches and the default allows.
 /// (Envoy's RBAC has one action per filter; this keeps rule order without a matcher tree, and
 /// one policy keeps the `policies` map to one entry.)
-fn rbac_rules(a: &Authorization) -> RbacRules {
+///
+/// `payload_key` names the metadata key of a provider's verified payload (its Envoy name).
+fn rbac_rules(a: &Authorization, payload_key: impl Fn(&str) -> String) -> RbacRules {
     let mut alternatives = Vec::new();
     let mut denied_before: Vec<Principal> = Vec::new();
     let not_denied = |denied: &[Principal]| {
@@ -530,7 +682,7 @@ fn rbac_rules(a: &Authorization) -> RbacRules {
         )))))
     };
     for r in &a.rules {
-        let m = cidrs(&r.principal.client_cidrs);
+        let m = rule_principal(r, &payload_key);
         match r.action.value {
             AuthorizationAction::Deny => denied_before.push(m),
             AuthorizationAction::Allow if denied_before.is_empty() => alternatives.push(m),
@@ -627,6 +779,7 @@ mod tests {
             action: Spanned::unpositioned(action),
             principal: ballast_model::Principal {
                 client_cidrs: vec![Spanned::unpositioned(cidr.to_owned())],
+                jwt: None,
             },
         }
     }
@@ -649,7 +802,7 @@ mod tests {
     }
 
     fn allowed(a: &Authorization, ip: std::net::Ipv4Addr) -> bool {
-        let rules = rbac_rules(a);
+        let rules = rbac_rules(a, |p| p.to_owned());
         rules
             .policies
             .values()
@@ -700,14 +853,14 @@ mod tests {
             names,
             [
                 "envoy.filters.http.cors",
-                RBAC_FILTER,
                 JWT_FILTER,
+                RBAC_FILTER,
                 "envoy.filters.http.stateful_session",
                 "envoy.filters.http.router"
             ]
         );
         assert_eq!(hcm.use_remote_address, Some(BoolValue { value: true }));
-        let Some(HttpFilterConfig::TypedConfig(jwt)) = &hcm.http_filters[2].config_type else {
+        let Some(HttpFilterConfig::TypedConfig(jwt)) = &hcm.http_filters[1].config_type else {
             panic!()
         };
         let jwt = JwtAuthentication::decode(jwt.value.as_slice()).unwrap();
@@ -844,7 +997,7 @@ mod tests {
         let names: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(
             names[1..5],
-            [RBAC_FILTER, JWT_FILTER, EXT_AUTHZ_FILTER, GRPC_OPEN]
+            [JWT_FILTER, RBAC_FILTER, EXT_AUTHZ_FILTER, GRPC_OPEN]
         );
         let filter = |name: &str| {
             let f = hcm.http_filters.iter().find(|f| f.name == name).unwrap();
@@ -997,6 +1150,192 @@ mod tests {
             Some(exact_list(["x-session".to_owned()]))
         );
         assert_eq!(grpc.allowed_headers, None);
+    }
+
+    /// Gateway `g0` with one listener policy: provider `idp` reading tokens from a header, a
+    /// cookie and a parameter, optional, and rules on its claims and scopes.
+    fn claims_yaml() -> String {
+        let mut y = yaml()
+            .split("---\n")
+            .filter(|d| !d.contains("kind: SecurityPolicy"))
+            .collect::<Vec<_>>()
+            .join("---\n");
+        y += &format!(
+            "---\napiVersion: ballast.dev/v1alpha1\nkind: SecurityPolicy\nmetadata: {{ name: gw }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: Gateway, name: g0 }}]\n  jwt:\n    optional: true\n    providers:\n    - name: idp\n      localJWKS: {{ inline: '{JWKS}' }}\n      extractFrom:\n        headers: [{{ name: X-Token }}, {{ name: x-auth, valuePrefix: 'Token ' }}]\n        cookies: [session]\n        params: [jwt]\n    - name: plain\n      localJWKS: {{ inline: '{JWKS}' }}\n  authorization:\n    rules:\n    - action: Deny\n      principal: {{ jwt: {{ provider: idp, claims: [{{ name: org.team, values: [red, blue] }}] }} }}\n    - action: Allow\n      principal:\n        clientCIDRs: [10.0.0.0/8]\n        jwt: {{ provider: idp, claims: [{{ name: roles, valueType: StringArray, values: [admin] }}], scopes: [read] }}\n"
+        );
+        y
+    }
+
+    /// Exactly what extractFrom, optional and principal.jwt emit: the provider's places and
+    /// payload metadata (scopes split at spaces), `requires_any` with `allow_missing`, and the
+    /// rules as metadata matchers on the jwt_authn filter's payload, in first-match order.
+    #[test]
+    fn jwt_extraction_optional_and_claims_are_emitted_exactly() {
+        use envoy_types::pb::envoy::config::listener::v3::Listener;
+        use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType;
+        use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+        use prost::Message;
+        let set = crate::tests::config(&claims_yaml());
+        let g0 =
+            crate::translate_gateway(&set, &crate::tests::gw("g0"), &Default::default()).unwrap();
+        let l = Listener::decode(g0.listeners[0].value_bytes()).unwrap();
+        let Some(ConfigType::TypedConfig(any)) = &l.filter_chains[0].filters[0].config_type else {
+            panic!()
+        };
+        let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
+        let names: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(
+            names[1..3],
+            [JWT_FILTER, RBAC_FILTER],
+            "authentication first"
+        );
+        let Some(HttpFilterConfig::TypedConfig(jwt)) = &hcm.http_filters[1].config_type else {
+            panic!()
+        };
+        let jwt = JwtAuthentication::decode(jwt.value.as_slice()).unwrap();
+        let idp = &jwt.providers["default/gw/idp"];
+        assert_eq!(
+            idp.from_headers,
+            [
+                JwtHeader {
+                    name: "x-token".into(),
+                    value_prefix: String::new()
+                },
+                JwtHeader {
+                    name: "x-auth".into(),
+                    value_prefix: "Token ".into()
+                }
+            ]
+        );
+        assert_eq!(idp.from_cookies, ["session"]);
+        assert_eq!(idp.from_params, ["jwt"]);
+        assert_eq!(idp.payload_in_metadata, "default/gw/idp");
+        assert_eq!(
+            idp.normalize_payload_in_metadata,
+            Some(NormalizePayload {
+                space_delimited_claims: vec!["scope".into()]
+            })
+        );
+        let plain = &jwt.providers["default/gw/plain"];
+        assert!(
+            plain.from_headers.is_empty()
+                && plain.from_cookies.is_empty()
+                && plain.from_params.is_empty(),
+            "default: Authorization: Bearer"
+        );
+        assert_eq!(plain.payload_in_metadata, "", "no rule uses its claims");
+        assert_eq!(plain.normalize_payload_in_metadata, None);
+        let provider = |n: &str| JwtRequirement {
+            requires_type: Some(RequiresType::ProviderName(n.into())),
+        };
+        assert_eq!(
+            jwt.requirement_map["default/gw"],
+            JwtRequirement {
+                requires_type: Some(RequiresType::RequiresAny(JwtRequirementOrList {
+                    requirements: vec![
+                        provider("default/gw/idp"),
+                        provider("default/gw/plain"),
+                        JwtRequirement {
+                            requires_type: Some(RequiresType::AllowMissing(Default::default()))
+                        }
+                    ]
+                }))
+            }
+        );
+
+        let rc = RouteConfiguration::decode(g0.route_configs[0].value_bytes()).unwrap();
+        let rbac = RbacPerRoute::decode(
+            any_of(&rc.virtual_hosts[0].typed_per_filter_config, RBAC_FILTER)
+                .value
+                .as_slice(),
+        )
+        .unwrap();
+        let rules = rbac.rbac.unwrap().rules.unwrap();
+        let key = "default/gw/idp";
+        let team = |v: &str| payload_matches([key, "org", "team"], exact_value(v));
+        let deny = principal(Identifier::OrIds(Set {
+            ids: vec![team("red"), team("blue")],
+        }));
+        let allow = principal(Identifier::AndIds(Set {
+            ids: vec![
+                cidrs(&[Spanned::unpositioned("10.0.0.0/8".to_owned())]),
+                principal(Identifier::AndIds(Set {
+                    ids: vec![
+                        payload_matches([key, "roles"], contains_value("admin")),
+                        payload_matches([key, "scope"], contains_value("read")),
+                    ],
+                })),
+            ],
+        }));
+        let not_denied = principal(Identifier::NotId(Box::new(principal(Identifier::OrIds(
+            Set { ids: vec![deny] },
+        )))));
+        assert_eq!(
+            rules.policies["ballast"].principals,
+            [principal(Identifier::AndIds(Set {
+                ids: vec![allow, not_denied]
+            }))]
+        );
+        // One matcher, spelled out: dynamic metadata of jwt_authn at the claim's path.
+        let Some(Identifier::SourcedMetadata(m)) =
+            payload_matches([key, "roles"], contains_value("admin")).identifier
+        else {
+            panic!()
+        };
+        assert_eq!(m.metadata_source, MetadataSource::Dynamic as i32);
+        let m = m.metadata_matcher.unwrap();
+        assert_eq!(m.filter, "envoy.filters.http.jwt_authn");
+        assert_eq!(
+            m.path,
+            ["default/gw/idp", "roles"].map(|k| PathSegment {
+                segment: Some(Segment::Key(k.into()))
+            })
+        );
+        assert_eq!(
+            m.value.unwrap().match_pattern,
+            Some(ValuePattern::ListMatch(Box::new(ListMatcher {
+                match_pattern: Some(ListPattern::OneOf(Box::new(ValueMatcher {
+                    match_pattern: Some(ValuePattern::StringMatch(StringMatcher {
+                        match_pattern: Some(MatchPattern::Exact("admin".into())),
+                        ..Default::default()
+                    }))
+                })))
+            })))
+        );
+        assert!(!m.invert);
+    }
+
+    /// A single provider, not optional: its name alone (as before optional existed).
+    #[test]
+    fn required_single_provider_is_its_name() {
+        use envoy_types::pb::envoy::config::listener::v3::Listener;
+        use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType;
+        use prost::Message;
+        let y = claims_yaml().replace("    optional: true\n", "").replace(
+            "    - name: plain\n      localJWKS: { inline: '",
+            "    - name: plain\n      x: { inline: '",
+        );
+        let y = y
+            .split('\n')
+            .filter(|l| !l.contains("- name: plain") && !l.contains("x: { inline:"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let set = crate::tests::config(&y);
+        let g0 =
+            crate::translate_gateway(&set, &crate::tests::gw("g0"), &Default::default()).unwrap();
+        let l = Listener::decode(g0.listeners[0].value_bytes()).unwrap();
+        let Some(ConfigType::TypedConfig(any)) = &l.filter_chains[0].filters[0].config_type else {
+            panic!()
+        };
+        let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
+        let Some(HttpFilterConfig::TypedConfig(jwt)) = &hcm.http_filters[1].config_type else {
+            panic!()
+        };
+        let jwt = JwtAuthentication::decode(jwt.value.as_slice()).unwrap();
+        assert_eq!(
+            jwt.requirement_map["default/gw"].requires_type,
+            Some(RequiresType::ProviderName("default/gw/idp".into()))
+        );
     }
 
     /// Envoy rejects a listener whose JWKS has no valid key; the fail-closed one is valid.

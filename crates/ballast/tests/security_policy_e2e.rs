@@ -54,6 +54,17 @@ spec:
 /// its `Content-Length` body: waiting for the close would add Envoy's delayed-close second to
 /// every local reply.
 async fn status_from(from: IpAddr, port: u16, host: &str, headers: &[&str]) -> u16 {
+    status_path_from(from, port, host, "/", headers).await
+}
+
+/// [`status_from`] for GET `path` (with a query, say).
+async fn status_path_from(
+    from: IpAddr,
+    port: u16,
+    host: &str,
+    path: &str,
+    headers: &[&str],
+) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let exchange = async {
         let sock = tokio::net::TcpSocket::new_v4()?;
@@ -61,7 +72,7 @@ async fn status_from(from: IpAddr, port: u16, host: &str, headers: &[&str]) -> u
         let mut s = sock.connect(loopback(port)).await?;
         let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
         s.write_all(
-            format!("GET / HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n")
+            format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n")
                 .as_bytes(),
         )
         .await?;
@@ -965,4 +976,169 @@ async fn ext_auth_grpc_backend_missing_fails_closed() {
     assert_eq!((ok, up.hits() - before), (5, 5));
     let sources = debug_sources(&ballast).await.to_string();
     assert!(sources.contains("nowhere"), "{sources}");
+}
+
+/// Four routes with a policy each: `places` reads tokens only from header `x-token`, header
+/// `x-auth` after `Token `, cookie `session` and query parameter `jwt`; `opt` makes the token
+/// optional; `claims` allows only tokens whose claims match (a Deny rule for `sub: mallory`
+/// first, then team `red`, `roles` containing `admin` and scope `write`); `optc` is optional
+/// with a claim rule. Every status is counted and only the 200s reach the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jwt_extraction_optional_and_claims() {
+    let up = Upstream::start("app").await.unwrap();
+    let port = ballast_testkit::free_port();
+    let key = JwtSigner::generate("k1");
+    let other = JwtSigner::generate("k1"); // same kid, other key
+    let jwks = key.jwks();
+    let provider = |extra: &str| {
+        format!(
+            "    providers:\n    - name: idp\n      issuer: https://issuer.test\n      localJWKS: {{ inline: '{jwks}' }}\n{extra}"
+        )
+    };
+    let policy = |name: &str, body: String| {
+        format!(
+            "---\napiVersion: ballast.dev/v1alpha1\nkind: SecurityPolicy\nmetadata: {{ name: {name} }}\nspec:\n  targetRefs: [{{ group: gateway.networking.k8s.io, kind: HTTPRoute, name: {name} }}]\n{body}"
+        )
+    };
+    let team_rule = "    - action: Allow\n      principal: { jwt: { provider: idp, claims: [{ name: org.team, values: [red] }] } }\n";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        gateway(port)
+            + &named_rule_route("places", "places.test", "app")
+            + &named_rule_route("opt", "opt.test", "app")
+            + &named_rule_route("claims", "claims.test", "app")
+            + &named_rule_route("optc", "optc.test", "app")
+            + &backend("app", &[up.addr()])
+            + &policy(
+                "places",
+                "  jwt:\n".to_owned()
+                    + &provider("      extractFrom:\n        headers: [{ name: x-token }, { name: x-auth, valuePrefix: 'Token ' }]\n        cookies: [session]\n        params: [jwt]\n"),
+            )
+            + &policy("opt", "  jwt:\n    optional: true\n".to_owned() + &provider(""))
+            + &policy(
+                "claims",
+                "  jwt:\n".to_owned()
+                    + &provider("")
+                    + "  authorization:\n    rules:\n    - action: Deny\n      principal: { jwt: { provider: idp, claims: [{ name: sub, values: [mallory] }] } }\n    - action: Allow\n      principal:\n        jwt:\n          provider: idp\n          claims:\n          - { name: org.team, values: [red] }\n          - { name: roles, valueType: StringArray, values: [admin] }\n          scopes: [write]\n",
+            )
+            + &policy(
+                "optc",
+                "  jwt:\n    optional: true\n".to_owned()
+                    + &provider("")
+                    + "  authorization:\n    rules:\n"
+                    + team_rule,
+            ),
+    )
+    .unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(
+        ballast.xds,
+        "envoy-jwt-claims",
+        "default/edge",
+        AdsMode::Grpc,
+    ))
+    .await
+    .unwrap();
+    let now = unix_now();
+    let token = |signer: &JwtSigner, sub: &str, team: &str, roles: &[&str], scope: &str| {
+        signer.sign(&serde_json::json!({
+            "iss": "https://issuer.test", "sub": sub, "exp": now + 3600,
+            "org": { "team": team }, "roles": roles, "scope": scope,
+        }))
+    };
+    let alice = token(&key, "alice", "red", &["dev", "admin"], "read write");
+    let bearer = |t: &str| format!("Authorization: Bearer {t}");
+    wait_for(T, POLL, || async {
+        match (
+            status_from(A, port, "places.test", &[&format!("x-token: {alice}")]).await,
+            status_from(A, port, "optc.test", &[]).await,
+        ) {
+            (200, 403) => Ok(()),
+            s => anyhow::bail!("places with x-token, optc without token: {s:?}"),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", envoy.log_tail(30)));
+
+    let bad = token(&other, "alice", "red", &["admin"], "write");
+    let bob = token(&key, "bob", "blue", &["admin"], "write");
+    let carol = token(&key, "carol", "red", &["dev"], "write");
+    let dave = token(&key, "dave", "red", &["admin"], "read");
+    let mallory = token(&key, "mallory", "red", &["admin"], "write");
+    let (x_token, x_auth, x_auth_bare, cookie, wrong_cookie, x_token_bearer) = (
+        format!("x-token: {alice}"),
+        format!("x-auth: Token {alice}"),
+        format!("x-auth: {alice}"),
+        format!("Cookie: theme=dark; session={alice}"),
+        format!("Cookie: sid={alice}"),
+        format!("x-token: Bearer {alice}"),
+    );
+    let (alice_b, bad_b, bob_b, carol_b, dave_b, mallory_b) = (
+        bearer(&alice),
+        bearer(&bad),
+        bearer(&bob),
+        bearer(&carol),
+        bearer(&dave),
+        bearer(&mallory),
+    );
+    // (host, path, headers, expected status)
+    let cases: Vec<(&str, String, Vec<&str>, u16)> = vec![
+        // Extraction: each configured place works, anywhere else the token is missing.
+        ("places.test", "/".into(), vec![&x_token], 200),
+        ("places.test", "/".into(), vec![&x_auth], 200),
+        ("places.test", "/".into(), vec![&cookie], 200),
+        ("places.test", format!("/?a=1&jwt={alice}"), vec![], 200),
+        ("places.test", "/".into(), vec![&alice_b], 401),
+        (
+            "places.test",
+            format!("/?access_token={alice}"),
+            vec![],
+            401,
+        ),
+        ("places.test", "/".into(), vec![&wrong_cookie], 401),
+        ("places.test", "/".into(), vec![&x_auth_bare], 401),
+        ("places.test", "/".into(), vec![&x_token_bearer], 401),
+        ("places.test", "/".into(), vec![], 401),
+        // Optional: none passes, a valid one passes, an invalid one does not.
+        ("opt.test", "/".into(), vec![], 200),
+        ("opt.test", "/".into(), vec![&alice_b], 200),
+        ("opt.test", "/".into(), vec![&bad_b], 401),
+        // Claims: all must match; the Deny rule comes first.
+        ("claims.test", "/".into(), vec![&alice_b], 200),
+        ("claims.test", "/".into(), vec![&bob_b], 403),
+        ("claims.test", "/".into(), vec![&carol_b], 403),
+        ("claims.test", "/".into(), vec![&dave_b], 403),
+        ("claims.test", "/".into(), vec![&mallory_b], 403),
+        ("claims.test", "/".into(), vec![], 401),
+        ("claims.test", "/".into(), vec![&bad_b], 401),
+        // Optional with a claim rule: no token is let in by jwt_authn, then denied by RBAC.
+        ("optc.test", "/".into(), vec![], 403),
+        ("optc.test", "/".into(), vec![&alice_b], 200),
+        ("optc.test", "/".into(), vec![&bob_b], 403),
+        ("optc.test", "/".into(), vec![&bad_b], 401),
+    ];
+    let before = up.hits();
+    let mut wrong = Vec::new();
+    let mut ok = 0;
+    for (host, path, headers, want) in &cases {
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let s = status_path_from(A, port, host, path, headers).await;
+            ok += u64::from(s == 200);
+            seen.push(s);
+        }
+        if seen.iter().any(|s| s != want) {
+            wrong.push(format!(
+                "{host}{path} {headers:?}: want {want}, got {seen:?}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}\n{}", envoy.log_tail(30));
+    assert_eq!(ok, 3 * 8);
+    assert_eq!(
+        up.hits() - before,
+        ok,
+        "only allowed requests reach the backend"
+    );
 }

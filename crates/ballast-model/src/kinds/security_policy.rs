@@ -1,7 +1,8 @@
 //! `ballast.dev/v1alpha1` `SecurityPolicy`: who may use the Gateways, listeners, HTTPRoutes or
-//! single route rules it targets: client IP allow/deny lists (`authorization`), JWT
-//! authentication (`jwt`) and external authorization over HTTP or gRPC (`extAuth`). Named
-//! after Envoy Gateway's `SecurityPolicy`, whose field names it follows where features match.
+//! single route rules it targets: allow/deny rules on client IP and token claims
+//! (`authorization`), JWT authentication (`jwt`) and external authorization over HTTP or gRPC
+//! (`extAuth`). Named after Envoy Gateway's `SecurityPolicy`, whose field names it follows
+//! where features match.
 //!
 //! Precedence, most specific first: a rule (`HTTPRoute` + `sectionName`), the route, a listener
 //! (`Gateway` + `sectionName`), the Gateway. The policy that applies is used as a whole (an
@@ -95,8 +96,9 @@ pub struct ExtAuthGrpc {
     pub backend_refs: Vec<JwksBackendRef>,
 }
 
-/// Client IP allow/deny rules. Rules are checked in order and the first whose principal
-/// matches decides; without a match `defaultAction` does (default `Deny`, as Envoy Gateway).
+/// Allow/deny rules on the client address and the verified token's claims. Rules are checked
+/// in order and the first whose principal matches decides; without a match `defaultAction`
+/// does (default `Deny`, as Envoy Gateway).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Authorization {
@@ -130,13 +132,62 @@ pub struct AuthorizationRule {
     pub principal: Principal,
 }
 
+/// Who a rule is about. Every part that is set must match (clientCIDRs and jwt are ANDed).
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Principal {
     /// Client addresses (`10.0.0.0/8`, `2001:db8::/32`, or a single address), as the
     /// connection manager detects them (the ClientPolicy's `clientIPDetection`).
-    #[serde(rename = "clientCIDRs")]
+    #[serde(default, rename = "clientCIDRs")]
     pub client_cidrs: Vec<Spanned<String>>,
+    /// Claims and scopes of the token a provider of this policy's `jwt` verified.
+    #[serde(default)]
+    pub jwt: Option<JwtPrincipal>,
+}
+
+/// Matches requests whose token, verified by `provider`, has every claim (each with one of its
+/// values) and every scope. A request without such a token never matches.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JwtPrincipal {
+    /// A provider of the same policy's `jwt.providers`.
+    pub provider: Spanned<String>,
+    #[serde(default)]
+    pub claims: Vec<JwtClaim>,
+    /// Each must appear in the space-separated `scope` claim (RFC 6749).
+    #[serde(default)]
+    pub scopes: Vec<Spanned<String>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JwtClaim {
+    /// The claim; `a.b` is member `b` of object claim `a`.
+    pub name: Spanned<String>,
+    /// `String` (default): the claim equals one of `values`; `StringArray`: the claim is an
+    /// array containing one of them.
+    #[serde(default)]
+    pub value_type: Option<Spanned<JwtClaimValueType>>,
+    pub values: Vec<Spanned<String>>,
+}
+
+impl JwtClaim {
+    pub fn value_type(&self) -> JwtClaimValueType {
+        self.value_type
+            .as_ref()
+            .map_or(JwtClaimValueType::String, |t| t.value)
+    }
+
+    /// The claim's path in the token's payload.
+    pub fn path(&self) -> impl Iterator<Item = &str> {
+        self.name.split('.')
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum JwtClaimValueType {
+    String,
+    StringArray,
 }
 
 /// A parsed CIDR range.
@@ -177,6 +228,10 @@ impl Cidr {
 pub struct Jwt {
     /// A request must carry a valid token of one of these providers.
     pub providers: Vec<JwtProvider>,
+    /// Let requests without a token through (an invalid token is still refused with 401);
+    /// authorization rules can then tell them apart by `principal.jwt`.
+    #[serde(default)]
+    pub optional: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -197,6 +252,34 @@ pub struct JwtProvider {
     /// Copy claims of the verified token into request headers for the backend.
     #[serde(default)]
     pub claim_to_headers: Vec<ClaimToHeader>,
+    /// Where the token is; absent: `Authorization: Bearer` (Envoy's default, which also
+    /// reads an `access_token` query parameter).
+    #[serde(default)]
+    pub extract_from: Option<JwtExtractor>,
+}
+
+/// Places a provider reads tokens from (all of them; any one may carry it). Setting this
+/// replaces the default `Authorization: Bearer`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JwtExtractor {
+    #[serde(default)]
+    pub headers: Vec<JwtHeaderExtractor>,
+    /// Cookie names.
+    #[serde(default)]
+    pub cookies: Vec<Spanned<String>>,
+    /// Query parameter names.
+    #[serde(default)]
+    pub params: Vec<Spanned<String>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JwtHeaderExtractor {
+    pub name: Spanned<String>,
+    /// Stripped before the token (`"Bearer "`, with its space); absent: the whole value.
+    #[serde(default)]
+    pub value_prefix: Option<Spanned<String>>,
 }
 
 /// The JSON Web Key Set verifying tokens: inline, or a key of a ConfigMap in the policy's
@@ -421,11 +504,19 @@ pub(crate) fn validate_security_policy(ctx: &mut Ctx, p: &SecurityPolicy) {
     }
     if let Some(a) = &s.authorization {
         for (i, r) in a.rules.iter().enumerate() {
-            if r.principal.client_cidrs.is_empty() {
+            if r.principal.client_cidrs.is_empty() && r.principal.jwt.is_none() {
                 ctx.err(
                     r.action.pos,
-                    format!("spec.authorization.rules[{i}].principal.clientCIDRs"),
-                    "a rule needs at least one CIDR",
+                    format!("spec.authorization.rules[{i}].principal"),
+                    "a rule needs clientCIDRs or jwt",
+                );
+            }
+            if let Some(j) = &r.principal.jwt {
+                validate_jwt_principal(
+                    ctx,
+                    s,
+                    j,
+                    &format!("spec.authorization.rules[{i}].principal.jwt"),
                 );
             }
             for (j, c) in r.principal.client_cidrs.iter().enumerate() {
@@ -554,6 +645,9 @@ pub(crate) fn validate_security_policy(ctx: &mut Ctx, p: &SecurityPolicy) {
                     }
                 }
             }
+            if let Some(x) = &pr.extract_from {
+                validate_extractor(ctx, x, pr.name.pos, &format!("{f}.extractFrom"));
+            }
             for (k, c) in pr.claim_to_headers.iter().enumerate() {
                 if c.claim.is_empty() {
                     ctx.err(
@@ -570,6 +664,110 @@ pub(crate) fn validate_security_policy(ctx: &mut Ctx, p: &SecurityPolicy) {
                     );
                 }
             }
+        }
+    }
+}
+
+/// A principal's provider is one of the policy's, and it names at least one claim or scope,
+/// each well formed.
+fn validate_jwt_principal(ctx: &mut Ctx, s: &SecurityPolicySpec, j: &JwtPrincipal, f: &str) {
+    let providers = s.jwt.iter().flat_map(|j| &j.providers);
+    if !providers.clone().any(|p| p.name.value == j.provider.value) {
+        let names: Vec<&str> = providers.map(|p| p.name.as_str()).collect();
+        ctx.err(
+            j.provider.pos,
+            format!("{f}.provider"),
+            if names.is_empty() {
+                format!(
+                    "no provider {:?}: principal.jwt needs spec.jwt with that provider",
+                    j.provider.value
+                )
+            } else {
+                format!(
+                    "no provider {:?} in spec.jwt.providers (have {})",
+                    j.provider.value,
+                    names.join(", ")
+                )
+            },
+        );
+    }
+    if j.claims.is_empty() && j.scopes.is_empty() {
+        ctx.err(
+            j.provider.pos,
+            f.to_owned(),
+            "name at least one of claims and scopes",
+        );
+    }
+    for (k, c) in j.claims.iter().enumerate() {
+        if c.name.is_empty() || c.path().any(str::is_empty) {
+            ctx.err(
+                c.name.pos,
+                format!("{f}.claims[{k}].name"),
+                format!(
+                    "invalid claim name {:?}; use `a` or `a.b` for a nested claim",
+                    c.name.value
+                ),
+            );
+        }
+        if c.values.is_empty() {
+            ctx.err(
+                c.name.pos,
+                format!("{f}.claims[{k}].values"),
+                "name at least one value",
+            );
+        }
+    }
+    for (k, sc) in j.scopes.iter().enumerate() {
+        if sc.is_empty() || sc.contains(char::is_whitespace) {
+            ctx.err(
+                sc.pos,
+                format!("{f}.scopes[{k}]"),
+                format!("invalid scope {:?}; one scope, without spaces", sc.value),
+            );
+        }
+    }
+}
+
+/// At least one place, each a valid header, cookie or parameter name.
+fn validate_extractor(ctx: &mut Ctx, x: &JwtExtractor, pos: Pos, f: &str) {
+    if x.headers.is_empty() && x.cookies.is_empty() && x.params.is_empty() {
+        ctx.err(
+            pos,
+            f.to_owned(),
+            "name at least one of headers, cookies and params (or leave extractFrom out for Authorization: Bearer)",
+        );
+    }
+    for (k, h) in x.headers.iter().enumerate() {
+        if !valid_header_name(&h.name) {
+            ctx.err(
+                h.name.pos,
+                format!("{f}.headers[{k}].name"),
+                format!("invalid header name {:?}", h.name.value),
+            );
+        }
+    }
+    // Cookie names are RFC 6265 tokens; parameters anything non-empty without separators.
+    let token = |v: &str| {
+        !v.is_empty()
+            && v.bytes()
+                .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b))
+    };
+    for (k, c) in x.cookies.iter().enumerate() {
+        if !token(c) {
+            ctx.err(
+                c.pos,
+                format!("{f}.cookies[{k}]"),
+                format!("invalid cookie name {:?}", c.value),
+            );
+        }
+    }
+    for (k, p) in x.params.iter().enumerate() {
+        if p.is_empty() || p.contains(|c: char| c.is_whitespace() || "&=#?".contains(c)) {
+            ctx.err(
+                p.pos,
+                format!("{f}.params[{k}]"),
+                format!("invalid query parameter name {:?}", p.value),
+            );
         }
     }
 }
@@ -736,6 +934,149 @@ mod tests {
             let all = errors(&spec);
             assert!(all.contains(want), "{spec}: want {want:?} in:\n{all}");
         }
+    }
+
+    const JWKS: &str = r#"{"keys":[{"kty":"EC","crv":"P-256","x":"GrmKoLISinHtgZRMslA42Z2S4MTNYpi3Z8dRvmywZ9I","y":"lU0Hcj5rL6i0C6hoxxT8L1hdF6W-1cgZBJe9vOk6qXw"}]}"#;
+
+    /// A `jwt` with provider `idp` and `extra` appended to it, then `rest` after `jwt`.
+    fn jwt_spec(extra: &str, rest: &str) -> String {
+        format!(
+            "  jwt:\n    providers:\n    - name: idp\n      localJWKS: {{ inline: '{JWKS}' }}\n{extra}{rest}"
+        )
+    }
+
+    #[test]
+    fn extract_from_optional_and_claims_parse() {
+        let text = GW.to_owned()
+            + "---\napiVersion: ballast.dev/v1alpha1\nkind: SecurityPolicy\nmetadata: { name: p }\nspec:\n  targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]\n"
+            + &jwt_spec(
+                "      extractFrom:\n        headers: [{ name: x-token }, { name: x-auth, valuePrefix: 'Token ' }]\n        cookies: [session]\n        params: [jwt]\n",
+                "    optional: true\n  authorization:\n    rules:\n    - action: Allow\n      principal:\n        jwt:\n          provider: idp\n          claims: [{ name: org.team, values: [a, b] }, { name: roles, valueType: StringArray, values: [admin] }]\n          scopes: [read]\n",
+            );
+        let set = ConfigSet::build([("c.yaml", text)]).unwrap();
+        let p = set.security_policies.values().next().unwrap();
+        let j = p.spec.jwt.as_ref().unwrap();
+        assert!(j.optional);
+        let x = j.providers[0].extract_from.as_ref().unwrap();
+        assert_eq!(x.headers[0].name.as_str(), "x-token");
+        assert_eq!(x.headers[0].value_prefix, None);
+        assert_eq!(
+            x.headers[1].value_prefix.as_ref().map(|v| v.as_str()),
+            Some("Token ")
+        );
+        assert_eq!(x.cookies[0].as_str(), "session");
+        assert_eq!(x.params[0].as_str(), "jwt");
+        let r = &p.spec.authorization.as_ref().unwrap().rules[0];
+        assert!(r.principal.client_cidrs.is_empty());
+        let pj = r.principal.jwt.as_ref().unwrap();
+        assert_eq!(pj.provider.as_str(), "idp");
+        assert_eq!(pj.claims[0].path().collect::<Vec<_>>(), ["org", "team"]);
+        assert_eq!(pj.claims[0].value_type(), JwtClaimValueType::String);
+        assert_eq!(pj.claims[1].value_type(), JwtClaimValueType::StringArray);
+        assert_eq!(pj.scopes[0].as_str(), "read");
+        // optional defaults to false.
+        assert_eq!(errors(&jwt_spec("", "")), "");
+    }
+
+    /// Each mistake in extractFrom and principal.jwt is reported with its field path (and
+    /// position where it has one).
+    #[test]
+    fn jwt_extraction_and_claim_mistakes_name_the_field() {
+        let allow = |principal: &str| {
+            format!(
+                "  authorization:\n    rules:\n    - action: Allow\n      principal: {principal}\n"
+            )
+        };
+        for (spec, want) in [
+            (
+                jwt_spec("      extractFrom: {}\n", ""),
+                "spec.jwt.providers[0].extractFrom: name at least one of headers, cookies and params",
+            ),
+            (
+                jwt_spec(
+                    "      extractFrom: { headers: [{ name: \"x token\" }] }\n",
+                    "",
+                ),
+                "c.yaml:28:40: SecurityPolicy default/p: spec.jwt.providers[0].extractFrom.headers[0].name: invalid header name \"x token\"",
+            ),
+            (
+                jwt_spec("      extractFrom: { headers: [{ valuePrefix: x }] }\n", ""),
+                "spec.jwt.providers[0].extractFrom.headers[0]: missing field `name`",
+            ),
+            (
+                jwt_spec("      extractFrom: { cookies: [\"a;b\"] }\n", ""),
+                "spec.jwt.providers[0].extractFrom.cookies[0]: invalid cookie name \"a;b\"",
+            ),
+            (
+                jwt_spec("      extractFrom: { params: [\"a=b\"] }\n", ""),
+                "spec.jwt.providers[0].extractFrom.params[0]: invalid query parameter name",
+            ),
+            (
+                jwt_spec("      extractFrom: { query: [a] }\n", ""),
+                "spec.jwt.providers[0].extractFrom.query: unknown field `query`",
+            ),
+            (
+                jwt_spec("", "    optional: sometimes\n"),
+                "spec.jwt.optional: invalid boolean",
+            ),
+            (
+                allow("{}"),
+                "spec.authorization.rules[0].principal: a rule needs clientCIDRs or jwt",
+            ),
+            (
+                allow("{ jwt: { provider: idp, claims: [{ name: sub, values: [a] }] } }"),
+                "spec.authorization.rules[0].principal.jwt.provider: no provider \"idp\": principal.jwt needs spec.jwt",
+            ),
+            (
+                jwt_spec("", &allow("{ jwt: { provider: other, scopes: [read] } }")),
+                "c.yaml:31:37: SecurityPolicy default/p: spec.authorization.rules[0].principal.jwt.provider: no provider \"other\" in spec.jwt.providers (have idp)",
+            ),
+            (
+                jwt_spec("", &allow("{ jwt: { provider: idp } }")),
+                "spec.authorization.rules[0].principal.jwt: name at least one of claims and scopes",
+            ),
+            (
+                jwt_spec(
+                    "",
+                    &allow("{ jwt: { provider: idp, claims: [{ name: a..b, values: [x] }] } }"),
+                ),
+                "spec.authorization.rules[0].principal.jwt.claims[0].name: invalid claim name \"a..b\"",
+            ),
+            (
+                jwt_spec(
+                    "",
+                    &allow("{ jwt: { provider: idp, claims: [{ name: sub, values: [] }] } }"),
+                ),
+                "spec.authorization.rules[0].principal.jwt.claims[0].values: name at least one value",
+            ),
+            (
+                jwt_spec(
+                    "",
+                    &allow(
+                        "{ jwt: { provider: idp, claims: [{ name: sub, valueType: Int, values: [a] }] } }",
+                    ),
+                ),
+                "spec.authorization.rules[0].principal.jwt.claims[0].valueType: unknown variant `Int`",
+            ),
+            (
+                jwt_spec(
+                    "",
+                    &allow("{ jwt: { provider: idp, scopes: [\"read write\"] } }"),
+                ),
+                "spec.authorization.rules[0].principal.jwt.scopes[0]: invalid scope \"read write\"",
+            ),
+        ] {
+            let all = errors(&spec);
+            assert!(all.contains(want), "{spec}: want {want:?} in:\n{all}");
+        }
+        // A principal may combine addresses and claims.
+        assert_eq!(
+            errors(&jwt_spec(
+                "",
+                &allow("{ clientCIDRs: [10.0.0.0/8], jwt: { provider: idp, scopes: [read] } }")
+            )),
+            ""
+        );
     }
 
     proptest! {
