@@ -63,6 +63,8 @@ pub struct EtcdChurnArgs {
 }
 
 const PREFIX: &str = "/ballast/";
+/// Puts in flight at most during the churn.
+const MAX_IN_FLIGHT: usize = 64;
 /// Objects per etcd transaction while loading (etcd's default limit is 128).
 const PER_TXN: usize = 100;
 
@@ -286,11 +288,30 @@ pub async fn run_once(
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate.max(0.001)));
     let duration = Duration::from_secs(args.duration_s);
     let mut put_us = Vec::new();
+    // Puts run concurrently (up to MAX_IN_FLIGHT), so a slow etcd commit does not lower the
+    // offered rate; a Backend with a put in flight is not picked again until it returns, so
+    // a Backend's changes reach etcd in the order the change log has them.
+    let mut in_flight: tokio::task::JoinSet<(usize, Result<u32>)> = tokio::task::JoinSet::new();
+    let mut busy = std::collections::HashSet::new();
+    let mut skipped_full = 0u64;
     let start = Instant::now();
     let result: Result<()> = async {
         while start.elapsed() < duration {
             tick.tick().await;
-            let i = edits.backend((rng.next_u64() % args.backends.max(1) as u64) as usize);
+            while let Some(done) = in_flight.try_join_next() {
+                let (i, r) = done?;
+                busy.remove(&i);
+                put_us.push(r?);
+            }
+            if in_flight.len() >= MAX_IN_FLIGHT || busy.len() >= args.backends {
+                skipped_full += 1;
+                continue;
+            }
+            let mut pick = (rng.next_u64() % args.backends.max(1) as u64) as usize;
+            while busy.contains(&pick) {
+                pick = (pick + 1) % args.backends.max(1);
+            }
+            let i = edits.backend(pick);
             let generation = edits.backend[i];
             let tag = gwconfig::endpoint_port(generation);
             let value = backend_value(i, args.endpoints, generation);
@@ -298,12 +319,26 @@ pub async fn run_once(
             shared
                 .changes
                 .record_key(ResourceType::ClusterLoadAssignment, &cla_name(i), tag, t0);
-            s.client.put(backend_key(i), value).await?;
-            put_us.push(t0.elapsed().as_micros() as u32);
+            busy.insert(i);
+            let client = s.client.clone();
+            in_flight.spawn(async move {
+                let r = client.put(backend_key(i), value).await;
+                (
+                    i,
+                    r.map(|_| t0.elapsed().as_micros() as u32)
+                        .map_err(Into::into),
+                )
+            });
+        }
+        while let Some(done) = in_flight.join_next().await {
+            put_us.push(done?.1?);
         }
         Ok(())
     }
     .await;
+    if skipped_full > 0 {
+        eprintln!("etcd-churn: {skipped_full} ticks skipped with {MAX_IN_FLIGHT} puts in flight");
+    }
     let duration_s = start.elapsed().as_secs_f64();
     let settle_start = Instant::now();
     let undelivered = s.fleet.fleet.wait_all_delivered(timeout).await;
