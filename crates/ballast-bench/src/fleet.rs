@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use ballast_xds::{ResourceType, Snapshot};
@@ -16,11 +16,30 @@ use tokio::task::JoinHandle;
 use crate::client::{self, ClientConfig, ClientState, NackPredicate, Protocol, SharedState};
 
 /// When each change was published: per resource, the versions in publish order.
+///
+/// Entries are keyed by the content-hash version the bench predicts (the
+/// library server), or, with [`ChangeLog::set_by_tag`], by a tag the client
+/// reads from the resource itself ([`crate::client::content_tag`]): for a
+/// server whose versions the bench cannot predict (the binary fed by etcd),
+/// each change writes a tag that is new for its resource, so an ACK still
+/// says which changes it contains.
 #[derive(Default)]
 pub struct ChangeLog {
     tracking: AtomicBool,
+    by_tag: AtomicBool,
+    /// Per resource: (version or tag, publish time, sequence number of the change).
     #[allow(clippy::type_complexity)]
-    pub(crate) log: RwLock<HashMap<(ResourceType, Arc<str>), Vec<(u64, Instant)>>>,
+    pub(crate) log: RwLock<HashMap<(ResourceType, Arc<str>), Vec<(u64, Instant, u32)>>>,
+    /// Per change (by sequence number): how many clients ACKed it and the
+    /// slowest of them (µs), so "every proxy has it" is timed per change.
+    pub(crate) acks: RwLock<Vec<ChangeAcks>>,
+}
+
+/// Who has one change, filled in by the clients as they ACK it.
+#[derive(Default)]
+pub struct ChangeAcks {
+    pub clients: AtomicU32,
+    pub max_us: AtomicU32,
 }
 
 impl ChangeLog {
@@ -30,22 +49,48 @@ impl ChangeLog {
     pub fn is_tracking(&self) -> bool {
         self.tracking.load(Ordering::Acquire)
     }
+    /// Entries are content tags, not versions (set before anything is recorded).
+    pub fn set_by_tag(&self, on: bool) {
+        self.by_tag.store(on, Ordering::Release);
+    }
+    pub fn is_by_tag(&self) -> bool {
+        self.by_tag.load(Ordering::Acquire)
+    }
     /// Must be called before the change is published, so a client that
     /// receives it always finds it.
     pub fn record(&self, ty: ResourceType, name: &str, version: &str, t0: Instant) {
-        let key = (ty, client::intern(name));
-        self.log
-            .write()
-            .entry(key)
-            .or_default()
-            .push((client::version_u64(version), t0));
+        self.record_key(ty, name, client::version_u64(version), t0);
+    }
+    /// [`Self::record`] with the key itself (a version as `u64`, or a tag).
+    pub fn record_key(&self, ty: ResourceType, name: &str, key: u64, t0: Instant) {
+        let name = client::intern(name);
+        // Lock order log → acks, as the clients take them.
+        let mut log = self.log.write();
+        let mut acks = self.acks.write();
+        let seq = acks.len() as u32;
+        acks.push(ChangeAcks::default());
+        log.entry((ty, name)).or_default().push((key, t0, seq));
     }
     /// Number of changes recorded.
     pub fn len(&self) -> usize {
-        self.log.read().values().map(Vec::len).sum()
+        self.acks.read().len()
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+    /// Per change in publish order: (clients that ACKed it, the slowest of
+    /// them in µs from publish to ACK).
+    pub fn per_change(&self) -> Vec<(u32, u32)> {
+        self.acks
+            .read()
+            .iter()
+            .map(|a| {
+                (
+                    a.clients.load(Ordering::Acquire),
+                    a.max_us.load(Ordering::Acquire),
+                )
+            })
+            .collect()
     }
 }
 
@@ -178,6 +223,17 @@ pub struct Fleet {
     pub clients: Vec<SharedState>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// What a fleet has not received of the change log.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Undelivered {
+    /// Changes that at least one client never ACKed.
+    pub lost_changes: usize,
+    /// (client, change) pairs not ACKed.
+    pub missing_deliveries: usize,
+    /// The first few lost changes, described.
+    pub examples: Vec<String>,
 }
 
 /// Totals over a fleet, for reports.
@@ -327,6 +383,46 @@ impl Fleet {
             }
         }
         t
+    }
+
+    /// Changes of the change log that some client has not ACKed (a later
+    /// change of the same resource covers the earlier ones).
+    pub fn undelivered(&self) -> Undelivered {
+        // Lock order client → log, as a client recording an ACK takes them.
+        let clients: Vec<_> = self.clients.iter().map(|c| c.lock()).collect();
+        let log = self.shared.changes.log.read();
+        let mut u = Undelivered::default();
+        for ((ty, name), list) in log.iter() {
+            let seen: Vec<usize> = clients.iter().map(|c| c.changes_seen(name)).collect();
+            let least = seen.iter().copied().min().unwrap_or(list.len());
+            u.lost_changes += list.len().saturating_sub(least);
+            u.missing_deliveries += seen
+                .iter()
+                .map(|s| list.len().saturating_sub(*s))
+                .sum::<usize>();
+            if least < list.len() && u.examples.len() < 5 {
+                let behind = seen.iter().filter(|s| **s < list.len()).count();
+                u.examples.push(format!(
+                    "{ty} {name}: {behind} clients lack change {} of {} (key {})",
+                    least + 1,
+                    list.len(),
+                    list[least].0
+                ));
+            }
+        }
+        u
+    }
+
+    /// Polls until every client has ACKed every logged change, or `timeout`.
+    pub async fn wait_all_delivered(&self, timeout: Duration) -> Undelivered {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let u = self.undelivered();
+            if u.missing_deliveries == 0 || Instant::now() >= deadline {
+                return u;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Every convergence sample of every client (µs), unsorted.

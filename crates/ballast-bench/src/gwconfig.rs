@@ -94,6 +94,13 @@ pub fn route_prefix(j: usize, generation: u64) -> String {
     }
 }
 
+/// The Gateway every config of this module attaches to.
+pub fn gateway_object() -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{ name: {GATEWAY} }}\nspec:\n  gatewayClassName: ballast\n  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]\n  listeners:\n  - {{ name: http, port: {LISTEN_PORT}, protocol: HTTP }}\n"
+    )
+}
+
 /// The directory and the edit counters.
 pub struct GwConfig {
     pub spec: GwSpec,
@@ -102,9 +109,22 @@ pub struct GwConfig {
 }
 
 fn backend_yaml(out: &mut String, i: usize, endpoints: usize, generation: u64, timeout_gen: u64) {
+    out.push_str("---\n");
+    backend_object(out, i, endpoints, generation, timeout_gen);
+}
+
+/// Backend `i` (`b{i:05}`) as one YAML document: `endpoints` endpoints on
+/// [`endpoint_port`]`(generation)`, connect timeout `1000 + timeout_gen` ms.
+pub fn backend_object(
+    out: &mut String,
+    i: usize,
+    endpoints: usize,
+    generation: u64,
+    timeout_gen: u64,
+) {
     let _ = write!(
         out,
-        "---\napiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {{ name: b{i:05} }}\nspec:\n  connectTimeout: {}ms\n  endpoints:\n",
+        "apiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: {{ name: b{i:05} }}\nspec:\n  connectTimeout: {}ms\n  endpoints:\n",
         1000 + timeout_gen
     );
     let port = endpoint_port(generation);
@@ -118,9 +138,15 @@ fn backend_yaml(out: &mut String, i: usize, endpoints: usize, generation: u64, t
 }
 
 fn route_yaml(out: &mut String, i: usize, spec: &GwSpec, generation: u64) {
+    out.push_str("---\n");
+    route_object(out, i, spec, generation);
+}
+
+/// HTTPRoute `i` (`r{i:05}`, hostname `h{i:05}.example.com`) as one YAML document.
+pub fn route_object(out: &mut String, i: usize, spec: &GwSpec, generation: u64) {
     let _ = write!(
         out,
-        "---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{ name: r{i:05} }}\nspec:\n  parentRefs: [{{ name: {GATEWAY} }}]\n  hostnames: [h{i:05}.example.com]\n  rules:\n"
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{ name: r{i:05} }}\nspec:\n  parentRefs: [{{ name: {GATEWAY} }}]\n  hostnames: [h{i:05}.example.com]\n  rules:\n"
     );
     for j in 0..spec.routes_per_vhost {
         let backend = (i * spec.routes_per_vhost + j) % spec.clusters.max(1);
@@ -141,12 +167,7 @@ impl GwConfig {
             spec,
             dir: dir.to_path_buf(),
         };
-        std::fs::write(
-            dir.join("gateway.yaml"),
-            format!(
-                "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{ name: {GATEWAY} }}\nspec:\n  gatewayClassName: ballast\n  addresses: [{{ type: IPAddress, value: 127.0.0.1 }}]\n  listeners:\n  - {{ name: http, port: {LISTEN_PORT}, protocol: HTTP }}\n"
-            ),
-        )?;
+        std::fs::write(dir.join("gateway.yaml"), gateway_object())?;
         for f in 0..cfg.spec.clusters.div_ceil(PER_FILE) {
             cfg.write_backends(f)?;
         }

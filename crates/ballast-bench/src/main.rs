@@ -14,6 +14,7 @@
 //! ballast-bench rest-poll                    # REST 200/304 server time (issue 15)
 //! ballast-bench compare-sovereign              # side by side with sovereign (REST)
 //! ballast-bench envoy-lane                     # real Envoys
+//! ballast-bench etcd-churn                     # W2 through etcd: 1,000 proxies, 100 puts/s
 //! ballast-bench scaling                       # scaling curves + SVG plots
 //! ```
 //!
@@ -28,9 +29,10 @@ use ballast_bench::report::Report;
 use ballast_bench::scenarios::{
     self, burst::BurstArgs, churn::ChurnArgs, cold_start::ColdStartArgs,
     compare_sovereign::CompareSovereignArgs, delta_vs_sotw::DeltaVsSotwArgs,
-    envoy_lane::EnvoyLaneArgs, etcd_lane::EtcdLaneArgs, global_push::GlobalPushArgs,
-    idle_memory::IdleMemoryArgs, large_cold::LargeColdArgs, reconnect::ReconnectArgs,
-    rest_poll::RestPollArgs, route_edit::RouteEditArgs, scaling::ScalingArgs,
+    envoy_lane::EnvoyLaneArgs, etcd_churn::EtcdChurnArgs, etcd_lane::EtcdLaneArgs,
+    global_push::GlobalPushArgs, idle_memory::IdleMemoryArgs, large_cold::LargeColdArgs,
+    reconnect::ReconnectArgs, rest_poll::RestPollArgs, route_edit::RouteEditArgs,
+    scaling::ScalingArgs,
 };
 use ballast_bench::server::{ServerMode, ServerOptions, serve_snapshot};
 use ballast_bench::workload::WorkloadSpec;
@@ -42,8 +44,8 @@ use clap::{Parser, Subcommand};
     about = "Fleet benchmarks for the Ballast xDS server"
 )]
 struct Cli {
-    /// Tiny correctness run (W1 + W2 + W5 over SotW, Delta, REST; W3 + W10 against the
-    /// `ballast` binary); exits non-zero on failure.
+    /// Tiny correctness run (W1 + W2 + W5 over SotW, Delta, REST; W3 + W10 + etcd churn
+    /// against the `ballast` binary, etcd from $BALLAST_ETCD); exits non-zero on failure.
     #[arg(long)]
     smoke: bool,
     /// Where the server under test runs. Report numbers from `child`.
@@ -90,6 +92,8 @@ enum Command {
     EnvoyLane(EnvoyLaneArgs),
     /// etcd write → every real Envoy has the new CDS version; churn through etcd.
     EtcdLane(EtcdLaneArgs),
+    /// W2 through etcd: endpoint puts → every simulated proxy ACKed, `ballast serve --etcd`.
+    EtcdChurn(EtcdChurnArgs),
     /// Memory per proxy and convergence vs fleet size, with SVG plots.
     Scaling(ScalingArgs),
     /// Internal: the server alone, driven over stdin (used by `--server child`).
@@ -171,6 +175,7 @@ fn main() -> Result<()> {
             }
             Some(Command::EnvoyLane(a)) => scenarios::envoy_lane::run(&cli.out, a).await?,
             Some(Command::EtcdLane(a)) => scenarios::etcd_lane::run(&cli.out, a).await?,
+            Some(Command::EtcdChurn(a)) => scenarios::etcd_churn::run(&cli.out, a).await?,
             Some(Command::Scaling(a)) => scenarios::scaling::run(&server, a).await?,
             Some(Command::ServeSnapshot { .. }) => unreachable!("handled above"),
             None => {

@@ -237,6 +237,9 @@ pub struct ClientState {
     pub latencies_us: Vec<u32>,
     /// Per tracked resource, the index of the last change seen in the change log.
     change_idx: HashMap<Arc<str>, usize>,
+    /// Per resource, its content tag as last ACKed (only while the change
+    /// log is keyed by tag).
+    tags: HashMap<Arc<str>, u64>,
     /// Expected-config generation this client last matched, and when.
     pub converged_gen: Option<u64>,
     pub converged_at: Option<Instant>,
@@ -311,9 +314,17 @@ impl ClientState {
         self.event(shared, ty, EventKind::Nack, Instant::now());
     }
 
+    /// How many changes of the change log for `name` this client has ACKed
+    /// (a later change covers the earlier ones it replaced).
+    pub fn changes_seen(&self, name: &str) -> usize {
+        self.change_idx.get(name).map_or(0, |i| i + 1)
+    }
+
     /// Applies an accepted response to the view and records the ACK.
     /// `replace`: the response is the full set of its type (SotW CDS/LDS).
-    /// `removed`: names the server removed (Delta).
+    /// `removed`: names the server removed (Delta). `tags`: content tags of
+    /// the upserts that have one (when the change log is keyed by tag).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn on_ack(
         &mut self,
         shared: &FleetShared,
@@ -321,9 +332,13 @@ impl ClientState {
         type_version: &str,
         replace: bool,
         upserts: &[(Arc<str>, u64)],
+        tags: &[(Arc<str>, u64)],
         removed: &[Arc<str>],
     ) {
         let now = Instant::now();
+        for (n, t) in tags {
+            self.tags.insert(n.clone(), *t);
+        }
         let view = &mut self.view[ty.index()];
         // What changed matters only while the harness times changes.
         let tracking = shared.changes.is_tracking();
@@ -373,12 +388,17 @@ impl ClientState {
         now: Instant,
     ) {
         let log = shared.changes.log.read();
+        let by_tag = shared.changes.is_by_tag();
         for name in changed {
             let Some(list) = log.get(&(ty, name.clone())) else {
                 continue;
             };
-            let version = self.view[ty.index()][name];
-            let Some(idx) = list.iter().rposition(|(v, _)| *v == version) else {
+            let key = if by_tag {
+                self.tags.get(name).copied()
+            } else {
+                self.view[ty.index()].get(name).copied()
+            };
+            let Some(idx) = key.and_then(|k| list.iter().rposition(|(v, _, _)| *v == k)) else {
                 self.stats.unmatched_versions += 1;
                 continue;
             };
@@ -387,9 +407,15 @@ impl ClientState {
                 Some(prev) => prev + 1,
                 None => 0,
             };
-            for (_, t0) in &list[from..=idx] {
+            let acks = shared.changes.acks.read();
+            for (_, t0, seq) in &list[from..=idx] {
                 let us = now.saturating_duration_since(*t0).as_micros();
-                self.latencies_us.push(us.min(u32::MAX as u128) as u32);
+                let us = us.min(u32::MAX as u128) as u32;
+                self.latencies_us.push(us);
+                if let Some(a) = acks.get(*seq as usize) {
+                    a.clients.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    a.max_us.fetch_max(us, std::sync::atomic::Ordering::AcqRel);
+                }
             }
             self.change_idx.insert(name.clone(), idx);
         }
@@ -425,6 +451,34 @@ pub(crate) struct Decoded {
     /// Listener → route configurations it needs; VHDS route configuration →
     /// the namespace of its virtual hosts (its name).
     pub rds: Vec<String>,
+    /// Load assignment → its [`content_tag`].
+    pub tag: Option<u64>,
+}
+
+/// The content tag of a load assignment: its highest endpoint port. The
+/// bench's etcd scenarios give a Backend's endpoints a port that is new for
+/// that Backend on every change, so the tag says which change a load
+/// assignment carries even though its version (a hash of the server's
+/// encoding) cannot be predicted.
+pub fn content_tag(cla: &ClusterLoadAssignment) -> Option<u64> {
+    use ballast_xds::envoy_types::pb::envoy::config::core::v3::address::Address as Addr;
+    use ballast_xds::envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier;
+    use ballast_xds::envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+    cla.endpoints
+        .iter()
+        .flat_map(|l| &l.lb_endpoints)
+        .filter_map(|e| match &e.host_identifier {
+            Some(HostIdentifier::Endpoint(ep)) => ep.address.as_ref(),
+            _ => None,
+        })
+        .filter_map(|a| match &a.address {
+            Some(Addr::SocketAddress(sa)) => match sa.port_specifier {
+                Some(PortSpecifier::PortValue(p)) => Some(u64::from(p)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .max()
 }
 
 /// Decodes one resource like Envoy would before accepting it; the version is
@@ -435,6 +489,7 @@ pub(crate) fn decode(ty: ResourceType, type_url: &str, value: &[u8]) -> Result<D
     }
     let version = version_u64(&ballast_xds::content_version(value));
     let err = |e: prost::DecodeError| format!("cannot decode {ty}: {e}");
+    let mut tag = None;
     let (name, eds, rds) = match ty {
         ResourceType::Cluster => {
             let c = Cluster::decode(value).map_err(err)?;
@@ -452,6 +507,7 @@ pub(crate) fn decode(ty: ResourceType, type_url: &str, value: &[u8]) -> Result<D
         }
         ResourceType::ClusterLoadAssignment => {
             let c = ClusterLoadAssignment::decode(value).map_err(err)?;
+            tag = content_tag(&c);
             (c.cluster_name, None, Vec::new())
         }
         ResourceType::Listener => {
@@ -500,6 +556,7 @@ pub(crate) fn decode(ty: ResourceType, type_url: &str, value: &[u8]) -> Result<D
         version,
         eds,
         rds,
+        tag,
     })
 }
 
@@ -683,6 +740,8 @@ impl Subscriptions {
             self.refs.clear(ty);
         }
         let subscribed = &self.names[ty.index()];
+        let by_tag = cfg.shared.changes.is_by_tag();
+        let mut tags = Vec::new();
         let mut upserts = Vec::with_capacity(decoded.len());
         for (d, version) in &decoded {
             // Envoy ignores resources it did not ask for on named types
@@ -698,6 +757,9 @@ impl Subscriptions {
                 continue;
             }
             self.refs.add(ty, d);
+            if let (true, Some(t)) = (by_tag, d.tag) {
+                tags.push((d.name.clone(), t));
+            }
             upserts.push((d.name.clone(), *version));
         }
         let removed: Vec<Arc<str>> = removed
@@ -716,7 +778,15 @@ impl Subscriptions {
                 resubscribed = Some((dep, previous));
             }
         }
-        st.on_ack(&cfg.shared, ty, type_version, replace, &upserts, &removed);
+        st.on_ack(
+            &cfg.shared,
+            ty,
+            type_version,
+            replace,
+            &upserts,
+            &tags,
+            &removed,
+        );
         Outcome::Ack(resubscribed)
     }
 
@@ -768,5 +838,86 @@ pub(crate) fn nack_status(message: String) -> RpcStatus {
         code: 3,
         message,
         details: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ballast_xds::simple;
+
+    #[test]
+    fn content_tag_is_the_highest_endpoint_port() {
+        let cla =
+            simple::load_assignment("default/b00001", &[("10.0.0.1", 8003), ("10.0.0.2", 8007)]);
+        assert_eq!(content_tag(&cla), Some(8007));
+        let empty = simple::load_assignment("default/b00002", &[]);
+        assert_eq!(content_tag(&empty), None);
+        let d = decode(
+            ResourceType::ClusterLoadAssignment,
+            ResourceType::ClusterLoadAssignment.type_url(),
+            &cla.encode_to_vec(),
+        )
+        .unwrap();
+        assert_eq!((&*d.name, d.tag), ("default/b00001", Some(8007)));
+    }
+
+    /// Keyed by tag, an ACK of a later change covers the earlier ones of the same resource;
+    /// a tag nobody published is counted, not matched.
+    #[test]
+    fn changes_keyed_by_tag_are_matched_and_counted_per_change() {
+        let shared = FleetShared::default();
+        shared.set_check_on_ack(false);
+        shared.changes.set_by_tag(true);
+        shared.changes.set_tracking(true);
+        let ty = ResourceType::ClusterLoadAssignment;
+        let t0 = Instant::now();
+        for tag in [8001, 8002, 8003] {
+            shared.changes.record_key(ty, "default/b1", tag, t0);
+        }
+        let name = intern("default/b1");
+        let mut c = ClientState::default();
+        c.on_ack(
+            &shared,
+            ty,
+            "v1",
+            false,
+            &[(name.clone(), 1)],
+            &[(name.clone(), 8002)],
+            &[],
+        );
+        assert_eq!((c.changes_seen("default/b1"), c.latencies_us.len()), (2, 2));
+        // The same content again changes nothing; a tag nobody wrote is unmatched.
+        c.on_ack(
+            &shared,
+            ty,
+            "v1",
+            false,
+            &[(name.clone(), 1)],
+            &[(name.clone(), 8002)],
+            &[],
+        );
+        c.on_ack(
+            &shared,
+            ty,
+            "v2",
+            false,
+            &[(name.clone(), 2)],
+            &[(name.clone(), 9999)],
+            &[],
+        );
+        assert_eq!(c.stats.unmatched_versions, 1);
+        c.on_ack(
+            &shared,
+            ty,
+            "v3",
+            false,
+            &[(name.clone(), 3)],
+            &[(name, 8003)],
+            &[],
+        );
+        assert_eq!((c.changes_seen("default/b1"), c.latencies_us.len()), (3, 3));
+        let per_change: Vec<u32> = shared.changes.per_change().iter().map(|p| p.0).collect();
+        assert_eq!(per_change, vec![1, 1, 1]);
     }
 }

@@ -11,6 +11,7 @@ pub mod cold_start;
 pub mod compare_sovereign;
 pub mod delta_vs_sotw;
 pub mod envoy_lane;
+pub mod etcd_churn;
 pub mod etcd_lane;
 pub mod global_push;
 pub mod idle_memory;

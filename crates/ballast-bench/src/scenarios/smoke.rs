@@ -1,7 +1,8 @@
 //! `--smoke`: a tiny fleet (5 proxies, 10 clusters, 2 s of churn) over SotW,
 //! Delta and REST, checking correctness only — every client converges to the
 //! expected config, no NACK, every change reaches every client — never timing.
-//! `scripts/test` and `cargo test` run it so the tool keeps working.
+//! `scripts/test` and `cargo test` run it so the tool keeps working. The CLI's `--smoke` also
+//! runs tiny W3, W10 and etcd-churn against the real `ballast` binary (etcd: `$BALLAST_ETCD`).
 
 use std::time::Duration;
 
@@ -227,5 +228,44 @@ async fn binary_checks(
         w3.rows.len(),
         cell(&w10, "converged_after_burst_ms")
     ));
+    etcd_checks(out, opts, report, failures).await
+}
+
+/// Tiny etcd churn (issue #12): `ballast serve --etcd`, 3 proxies per protocol, 20 puts in
+/// 1 s; every change must reach every proxy. Needs etcd (`$BALLAST_ETCD`, as the e2e tests).
+async fn etcd_checks(
+    out: &std::path::Path,
+    opts: &SmokeOptions,
+    report: &mut Report,
+    failures: &mut Vec<String>,
+) -> Result<()> {
+    use super::etcd_churn::{self, EtcdChurnArgs};
+    let args = EtcdChurnArgs {
+        proxies: 3,
+        backends: 20,
+        endpoints: 2,
+        rate: 20.0,
+        duration_s: 1,
+        protocols: vec![Protocol::Sotw, Protocol::Delta],
+        runs: 1,
+        members: 1,
+        timeout_s: opts.timeout.as_secs(),
+        seed: 3,
+        ballast_args: Vec::new(),
+    };
+    let mut done = Vec::new();
+    for &protocol in &args.protocols {
+        let c = etcd_churn::run_once(out, &args, protocol, args.seed).await?;
+        for f in etcd_churn::correctness_failures(&c) {
+            failures.push(format!("etcd churn {protocol}: {f}"));
+        }
+        done.push(format!(
+            "{protocol} {} changes × {} proxies, {} lost",
+            c.changes, args.proxies, c.undelivered.lost_changes
+        ));
+    }
+    report
+        .notes
+        .push(format!("etcd churn: {}", done.join("; ")));
     Ok(())
 }
