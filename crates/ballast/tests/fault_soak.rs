@@ -86,11 +86,14 @@ enum Disk {
 
 #[derive(Clone, Copy, Debug)]
 enum Step {
-    Kill(usize),
+    /// SIGKILL replica k and restart it; with `edit`, a good edit lands while it is down.
+    Kill(usize, bool),
     Term(usize),
     CutAll,
     Takeover(usize),
-    SyntaxError { leave: bool },
+    SyntaxError {
+        leave: bool,
+    },
     MissingBackend,
     InvalidRouteWithGoodEdit,
     MassDelete,
@@ -99,8 +102,8 @@ enum Step {
 }
 
 fn pick(rng: &mut Rng) -> Step {
-    match rng.below(10) {
-        0 => Step::Kill(rng.below(2)),
+    match rng.below(11) {
+        0 => Step::Kill(rng.below(2), rng.coin()),
         1 => Step::Term(rng.below(2)),
         2 => Step::CutAll,
         3 => Step::Takeover(rng.below(2)),
@@ -109,6 +112,7 @@ fn pick(rng: &mut Rng) -> Step {
         6 => Step::InvalidRouteWithGoodEdit,
         7 => Step::MassDelete,
         8 => Step::GoodEdit,
+        9 => Step::RestartOnSyntaxError(rng.below(2)),
         _ => Step::Burst(2 + rng.below(4)),
     }
 }
@@ -301,6 +305,17 @@ impl Soak {
                 let b = r.proc.as_ref().expect("every replica runs between steps");
                 let (code, body) = b.get("/readyz").await?;
                 ensure!(code == 200, "replica {}: /readyz {code} {body}", r.admin);
+                if self.disk == Disk::Good {
+                    // The files are good: no replica still reports an error.
+                    let (_, body) = b.get("/debug/sources").await?;
+                    let v: serde_json::Value = serde_json::from_str(&body)?;
+                    let errors = &v["sources"][0]["errors"];
+                    ensure!(
+                        errors == &serde_json::json!([]),
+                        "replica {}: errors {errors}",
+                        r.admin
+                    );
+                }
             }
             Ok(())
         })
@@ -352,15 +367,12 @@ impl Soak {
         self.disk = Disk::Good;
     }
 
-    async fn restart(&mut self, k: usize, term: bool) -> Result<()> {
+    /// SIGTERM replica k, wait for it to exit, start it again.
+    async fn terminate_restart(&mut self, k: usize) -> Result<()> {
         let mut b = self.replicas[k].proc.take().expect("running");
-        if term {
-            b.terminate();
-            if b.wait_exit(T).is_none() {
-                bail!("replica {k} did not exit after SIGTERM:\n{}", b.log_tail());
-            }
-        } else {
-            b.kill();
+        b.terminate();
+        if b.wait_exit(T).is_none() {
+            bail!("replica {k} did not exit after SIGTERM:\n{}", b.log_tail());
         }
         drop(b);
         // Envoys on the dead replica reconnect (round-robin may land on it: refused, retried).
@@ -372,12 +384,25 @@ impl Soak {
 
     async fn run(&mut self, rng: &mut Rng, step: Step) -> Result<String> {
         Ok(match step {
-            Step::Kill(k) => {
-                self.restart(k, false).await?;
-                format!("SIGKILL + restart replica {k}")
+            Step::Kill(k, edit) => {
+                let mut b = self.replicas[k].proc.take().expect("running");
+                b.kill();
+                drop(b);
+                let what = if edit {
+                    let what = good_change(rng, &mut self.model);
+                    self.write_model();
+                    format!(", {what} while it is down")
+                } else {
+                    String::new()
+                };
+                self.proxy.cut_all();
+                self.start_replica(k);
+                self.wait_ready(k).await;
+                self.wait_reconnected().await?;
+                format!("SIGKILL replica {k}, cut streams{what}, restart")
             }
             Step::Term(k) => {
-                self.restart(k, true).await?;
+                self.terminate_restart(k).await?;
                 format!("SIGTERM + restart replica {k}")
             }
             Step::CutAll => {
@@ -405,6 +430,23 @@ impl Soak {
                     self.write_model();
                 }
                 format!("YAML syntax error (left on disk: {leave})")
+            }
+            Step::RestartOnSyntaxError(k) => {
+                let text = routes_text(&self.model) + "---\nkind: HTTPRoute\n  metadata: [\n";
+                self.write_routes(&text);
+                self.disk = Disk::Syntax;
+                self.wait_error_seen().await?;
+                let mut b = self.replicas[k].proc.take().expect("running");
+                b.kill();
+                drop(b);
+                self.proxy.cut_all();
+                self.start_replica(k);
+                self.wait_ready(k).await;
+                self.wait_reconnected().await?;
+                self.settled().await?;
+                self.write_model();
+                self.wait_guard_held(false).await?;
+                format!("YAML syntax error, SIGKILL + restart replica {k}, fix")
             }
             Step::MissingBackend => {
                 let present: Vec<usize> = self.model.keys().copied().collect();
