@@ -82,6 +82,8 @@ enum Disk {
     /// The file has a YAML syntax error (left by a bad edit): ballast keeps its last good
     /// objects; a replica restarted now has none, so its guard holds the removal.
     Syntax,
+    /// One route in the file is invalid (it keeps its last good version).
+    Invalid,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -94,6 +96,9 @@ enum Step {
     SyntaxError {
         leave: bool,
     },
+    /// A YAML syntax error on disk while replica k restarts: it has no last good objects for
+    /// that file, so its guard must hold the removal against its state file.
+    RestartOnSyntaxError(usize),
     MissingBackend,
     InvalidRouteWithGoodEdit,
     MassDelete,
@@ -478,6 +483,7 @@ impl Soak {
                     }
                 }
                 self.write_routes(&text);
+                self.disk = Disk::Invalid;
                 self.wait_error_seen().await?;
                 self.settled().await?;
                 self.write_model();
