@@ -444,11 +444,23 @@ impl Soak {
                 let mut b = self.replicas[k].proc.take().expect("running");
                 b.kill();
                 drop(b);
+                // Both Envoys on the restarted replica alone: only its guard stands between
+                // them and an empty route table.
+                let all = self.proxy.backends();
+                self.proxy.set_backends(vec![self.replicas[k].xds]);
                 self.proxy.cut_all();
                 self.start_replica(k);
                 self.wait_ready(k).await;
                 self.wait_reconnected().await?;
+                let b = self.ballast(k);
+                wait_for(T, POLL, || async {
+                    let v = b.metric("ballast_guard_held").await?;
+                    ensure!(v > 0.0, "restarted replica {k}: ballast_guard_held {v}");
+                    Ok(())
+                })
+                .await?;
                 self.settled().await?;
+                self.proxy.set_backends(all);
                 self.write_model();
                 self.wait_guard_held(false).await?;
                 format!("YAML syntax error, SIGKILL + restart replica {k}, fix")
