@@ -548,18 +548,14 @@ fn check_changes(prev: &Snapshot, next: &Snapshot) -> Option<bool> {
         }
         let mut old = p.resources.iter().peekable();
         for (name, r) in n.resources.iter() {
-            let mut before = None;
-            while let Some((k, v)) = old.peek() {
-                match (***k).cmp(&**name) {
-                    Ordering::Less => return None, // removed
-                    Ordering::Equal => {
-                        before = Some(*v);
-                        old.next();
-                        break;
-                    }
-                    Ordering::Greater => break,
+            let before = match old.peek().map(|(k, v)| ((***k).cmp(&**name), *v)) {
+                Some((Ordering::Less, _)) => return None, // removed
+                Some((Ordering::Equal, v)) => {
+                    old.next();
+                    Some(v)
                 }
-            }
+                _ => None,
+            };
             match before {
                 Some(b) if Arc::ptr_eq(b, r) => {}
                 Some(b) => {
