@@ -151,7 +151,9 @@ pub struct Book {
 }
 
 impl Book {
-    /// Counts everything (a gateway's first publish).
+    /// Counts everything (the pipeline does it from the inventory it judges a first publish
+    /// with).
+    #[cfg(test)]
     pub fn new(snapshot: Arc<Snapshot>) -> Book {
         let routes = Inventory::of(&snapshot).routes.len();
         Book { snapshot, routes }
@@ -767,11 +769,15 @@ mod book_tests {
         listeners: BTreeMap<u8, Vec<(u8, bool)>>,
         /// Route configuration → (virtual hosts in reverse order, host → routes as (name or
         /// none, prefix)).
-        rcs: BTreeMap<u8, (bool, BTreeMap<u8, Vec<(Option<u8>, u8)>>)>,
+        rcs: BTreeMap<u8, (bool, Hosts)>,
     }
 
+    /// A virtual host's routes: (name or none, prefix).
+    type Routes = Vec<(Option<u8>, u8)>;
+    type Hosts = BTreeMap<u8, Routes>;
+
     /// One edit: what, which, and two parameters.
-    type Op = (u8, u8, u8, Vec<(Option<u8>, u8)>);
+    type Op = (u8, u8, u8, Routes);
 
     impl Model {
         fn apply(&mut self, (what, a, b, routes): &Op) {
