@@ -49,6 +49,46 @@ pub enum StateError {
 /// Inventories by gateway (`namespace/name`), as published.
 pub type Inventories = BTreeMap<String, Arc<Inventory>>;
 
+/// What the state file records for one gateway: its published snapshot, whose inventory is
+/// taken when the file is written (at most once per [`MIN_WRITE_INTERVAL`], off the pipeline,
+/// instead of copying every name on every publish), or a restart baseline not replaced yet.
+#[derive(Clone, Debug)]
+pub enum Recorded {
+    Snapshot(Arc<ballast_xds::Snapshot>),
+    Inventory(Arc<Inventory>),
+}
+
+impl Recorded {
+    pub fn inventory(&self) -> Arc<Inventory> {
+        match self {
+            Recorded::Snapshot(s) => Arc::new(Inventory::of(s)),
+            Recorded::Inventory(i) => i.clone(),
+        }
+    }
+}
+
+/// Identity, not content: a new publish is a new record.
+impl PartialEq for Recorded {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Recorded::Snapshot(a), Recorded::Snapshot(b)) => Arc::ptr_eq(a, b),
+            (Recorded::Inventory(a), Recorded::Inventory(b)) => Arc::ptr_eq(a, b) || a == b,
+            _ => false,
+        }
+    }
+}
+
+/// Records by gateway (`namespace/name`), as published.
+pub type Records = BTreeMap<String, Recorded>;
+
+/// The inventories of `records`, for the file.
+pub fn inventories(records: &Records) -> Inventories {
+    records
+        .iter()
+        .map(|(k, r)| (k.clone(), r.inventory()))
+        .collect()
+}
+
 #[derive(Serialize, Deserialize)]
 struct FileV1 {
     format: u64,
@@ -206,12 +246,12 @@ pub fn write(dir: &Path, gateways: &Inventories) -> Result<(), StateError> {
 
 /// Writes the latest inventories whenever they change, at most once per
 /// [`MIN_WRITE_INTERVAL`], off the async threads.
-pub async fn writer(dir: PathBuf, mut rx: watch::Receiver<Arc<Inventories>>) {
+pub async fn writer(dir: PathBuf, mut rx: watch::Receiver<Arc<Records>>) {
     let mut failing = false;
     while rx.changed().await.is_ok() {
         let latest = rx.borrow_and_update().clone();
         let d = dir.clone();
-        match tokio::task::spawn_blocking(move || write(&d, &latest)).await {
+        match tokio::task::spawn_blocking(move || write(&d, &inventories(&latest))).await {
             Ok(Ok(())) => {
                 if failing {
                     info!(path = %path_in(&dir).display(), "guard: state file written again");
@@ -286,13 +326,13 @@ pub async fn load_etcd(
 pub async fn writer_etcd(
     client: ballast_etcd::Client,
     key: String,
-    mut rx: watch::Receiver<Arc<Inventories>>,
+    mut rx: watch::Receiver<Arc<Records>>,
 ) {
     let path = etcd_path(&key);
     let mut failing = false;
     // The initial value is a placeholder, not a publish: never overwrite the stored baseline
     // with it.
-    let mut written: Option<Arc<Inventories>> = Some(rx.borrow_and_update().clone());
+    let mut written: Option<Arc<Records>> = Some(rx.borrow_and_update().clone());
     loop {
         let pending = written.as_ref() != Some(&*rx.borrow());
         if !pending && rx.changed().await.is_err() {
@@ -302,7 +342,15 @@ pub async fn writer_etcd(
         if written.as_ref() == Some(&latest) {
             continue;
         }
-        match client.put(key.as_str(), encode(&latest)).await {
+        let bytes = {
+            let l = latest.clone();
+            match tokio::task::spawn_blocking(move || encode(&inventories(&l))).await {
+                Ok(b) => b,
+                // The task panicked: nothing to lose by trying here.
+                Err(_) => encode(&inventories(&latest)),
+            }
+        };
+        match client.put(key.as_str(), bytes).await {
             Ok(_) => {
                 if failing {
                     info!(path = %path.display(), "guard: state written to etcd again");

@@ -298,7 +298,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     } else {
         crate::state::load_or_warn(&opts.state_dir)
     };
-    let (state_tx, state_rx) = watch::channel(Arc::new(crate::state::Inventories::new()));
+    let (state_tx, state_rx) = watch::channel(Arc::new(crate::state::Records::new()));
     let mut state_task = match &etcd_state {
         Some(e) => tokio::spawn(crate::state::writer_etcd(
             e.client.clone(),

@@ -23,9 +23,9 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use crate::guard::{GuardConfig, Inventory, judge};
+use crate::guard::{Book, GuardConfig, Inventory, judge, judge_removal};
 use crate::metrics::{GatewayLabel, Metrics, SourceLabel};
-use crate::state::Inventories;
+use crate::state::{Recorded, Records};
 
 /// What the pipeline knows, for `/readyz`, `/debug/*` and `ballast status`.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -90,7 +90,8 @@ struct Held {
     /// `None`: the gateway itself was removed.
     snapshot: Option<Arc<Snapshot>>,
     variants: Variants,
-    inventory: Inventory,
+    /// The guard's book of `snapshot` (`None` with it).
+    book: Option<Book>,
     deadline: tokio::time::Instant,
     status: HeldStatus,
 }
@@ -103,14 +104,14 @@ pub struct Pipeline {
     pub status: watch::Sender<PipelineStatus>,
     /// Inventories from the state file (issue 16), by gateway.
     pub baseline: BTreeMap<ObjectKey, Inventory>,
-    /// Receives every gateway's last published inventory for the state file.
-    pub state: Option<watch::Sender<Arc<Inventories>>>,
+    /// Receives every gateway's last published snapshot for the state file.
+    pub state: Option<watch::Sender<Arc<Records>>>,
     /// Non-ADS transports Envoys have asked over (set by the grouper).
     pub demand: watch::Receiver<BTreeSet<XdsTransport>>,
 }
 
-/// Published snapshots and their inventories, by gateway.
-type Published = BTreeMap<ObjectKey, (Arc<Snapshot>, Arc<Inventory>)>;
+/// Published snapshots (in the guard's books), by gateway.
+type Published = BTreeMap<ObjectKey, Book>;
 
 fn group_of(key: &ObjectKey) -> String {
     format!("{}/{}", key.namespace, key.name)
@@ -158,7 +159,7 @@ impl Pipeline {
                         "translated"
                     );
                     for (key, resources) in &out.changed {
-                        let prev = published.get(key).map(|p| p.0.clone());
+                        let prev = published.get(key).map(|p| p.snapshot.clone());
                         let mut vs = Variants::new();
                         for (t, o) in &mut variant_outs {
                             let Some(r) = o.changed.remove(key) else {
@@ -268,7 +269,7 @@ impl Pipeline {
                     for key in due {
                         let h = held.remove(&key).expect("due");
                         warn!(gateway = %key, reason = %h.status.reason, "guard: settle period over and the source still says so; applying");
-                        self.publish(&key, h.snapshot, h.variants, Arc::new(h.inventory), &mut published, &mut baseline);
+                        self.publish(&key, h.snapshot, h.variants, h.book, &mut published, &mut baseline);
                     }
                 }
             }
@@ -285,24 +286,36 @@ impl Pipeline {
         held: &mut BTreeMap<ObjectKey, Held>,
         baseline: &mut BTreeMap<ObjectKey, Inventory>,
     ) {
-        let inventory = snapshot.as_deref().map(Inventory::of).unwrap_or_default();
-        let (current, origin) = match published.get(key) {
-            Some(p) => (Some(&*p.1), HoldOrigin::Live),
-            None => (baseline.get(key), HoldOrigin::Restart),
+        // Against the published snapshot: by what changed. Against the state file's
+        // baseline (a first publish after a restart): by a full inventory, once.
+        let (verdict, book, origin) = match published.get(key) {
+            Some(p) => {
+                let next = snapshot
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(Snapshot::default()));
+                let (removal, book) = p.next(next);
+                (
+                    judge_removal(&self.guard, &removal),
+                    snapshot.is_some().then_some(book),
+                    HoldOrigin::Live,
+                )
+            }
+            None => {
+                let inventory = snapshot.as_deref().map(Inventory::of).unwrap_or_default();
+                let verdict = judge(&self.guard, baseline.get(key), &inventory);
+                let book = snapshot.clone().map(|s| Book {
+                    snapshot: s,
+                    routes: inventory.routes.len(),
+                });
+                (verdict, book, HoldOrigin::Restart)
+            }
         };
-        match judge(&self.guard, current, &inventory) {
+        match verdict {
             None => {
                 if held.remove(key).is_some() {
                     info!(gateway = %key, "guard: the source changed its mind; hold released");
                 }
-                self.publish(
-                    key,
-                    snapshot,
-                    variants,
-                    Arc::new(inventory),
-                    published,
-                    baseline,
-                );
+                self.publish(key, snapshot, variants, book, published, baseline);
             }
             Some(reason) => {
                 let reason = match origin {
@@ -319,7 +332,7 @@ impl Pipeline {
                         // Still a mass removal: keep the original deadline, hold the latest.
                         h.snapshot = snapshot;
                         h.variants.extend(variants);
-                        h.inventory = inventory;
+                        h.book = book;
                         h.status.reason = reason;
                     }
                     None => {
@@ -333,7 +346,7 @@ impl Pipeline {
                             Held {
                                 snapshot,
                                 variants,
-                                inventory,
+                                book,
                                 deadline: tokio::time::Instant::now() + self.guard.settle,
                                 status: HeldStatus {
                                     reason,
@@ -358,7 +371,7 @@ impl Pipeline {
         key: &ObjectKey,
         snapshot: Option<Arc<Snapshot>>,
         variants: Variants,
-        inventory: Arc<Inventory>,
+        book: Option<Book>,
         published: &mut Published,
         baseline: &mut BTreeMap<ObjectKey, Inventory>,
     ) {
@@ -409,9 +422,9 @@ impl Pipeline {
                 .iter()
                 .map(|t| (t.short_name(), snap.version(*t).to_string()))
                 .collect(),
-            listeners: inventory.listeners.len(),
-            routes: inventory.routes.len(),
-            clusters: inventory.clusters.len(),
+            listeners: snap.resources(ResourceType::Listener).len(),
+            routes: book.as_ref().map_or(0, |b| b.routes),
+            clusters: snap.resources(ResourceType::Cluster).len(),
             held: None,
             removed: snapshot.is_none(),
             error: None,
@@ -419,10 +432,13 @@ impl Pipeline {
         self.status.send_modify(|s| {
             s.gateways.insert(group.clone(), gs);
         });
-        if snapshot.is_some() {
-            published.insert(key.clone(), (snap, inventory));
-        } else {
-            published.remove(key);
+        match book {
+            Some(b) => {
+                published.insert(key.clone(), b);
+            }
+            None => {
+                published.remove(key);
+            }
         }
         if from_baseline {
             self.status.send_modify(|s| {
@@ -432,13 +448,13 @@ impl Pipeline {
         if let Some(state) = &self.state {
             // Gateways still waiting on their baseline keep it in the file: a
             // second restart during the hold must not forget it.
-            let all: Inventories = published
+            let all: Records = published
                 .iter()
-                .map(|(k, (_, inv))| (group_of(k), inv.clone()))
+                .map(|(k, b)| (group_of(k), Recorded::Snapshot(b.snapshot.clone())))
                 .chain(
                     baseline
                         .iter()
-                        .map(|(k, inv)| (group_of(k), Arc::new(inv.clone()))),
+                        .map(|(k, inv)| (group_of(k), Recorded::Inventory(Arc::new(inv.clone())))),
                 )
                 .collect();
             state.send_replace(Arc::new(all));
@@ -539,7 +555,7 @@ spec:
     struct Run {
         cache: SnapshotCache,
         status: watch::Receiver<PipelineStatus>,
-        state: watch::Receiver<Arc<Inventories>>,
+        state: watch::Receiver<Arc<Records>>,
         _task: tokio::task::JoinHandle<()>,
     }
 
@@ -547,7 +563,7 @@ spec:
         let source = Box::new(StaticSource::from_files("t", [("t.yaml", CONFIG)]).unwrap());
         let cache = SnapshotCache::new();
         let (status_tx, status) = watch::channel(PipelineStatus::default());
-        let (state_tx, state) = watch::channel(Arc::new(Inventories::new()));
+        let (state_tx, state) = watch::channel(Arc::new(Records::new()));
         let pipeline = Pipeline {
             cache: cache.clone(),
             metrics: Metrics::new(),
@@ -614,6 +630,7 @@ spec:
             r.state
                 .borrow()
                 .get("default/edge")
+                .map(|r| r.inventory())
                 .is_some_and(|i| i.clusters.len() == 1 && !i.clusters.contains("lost0"))
         })
         .await;
