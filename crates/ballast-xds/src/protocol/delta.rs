@@ -18,8 +18,8 @@ use super::subscription::{
     Subscription, WILDCARD, empty_first_request_is_wildcard, namespace_members, namespace_of,
 };
 use super::{
-    ClientViews, DeltaResponse, Nonces, RequestOutcome, Seeker, TypeView, find_version,
-    hard_refs_ready, referenced_by_client, resume_holds_removals, share_if_whole, without_names,
+    DeltaResponse, Progress, RequestOutcome, Seeker, StreamCore, TypeState, find_version,
+    hard_refs_ready, referenced_by_client, share_if_whole, without_names,
 };
 use crate::resource::{Resource, ResourceType};
 use crate::snapshot::{ResourceMap, Snapshot, TypeChanges};
@@ -117,6 +117,15 @@ impl Plan {
             && self.absent.is_empty()
             && self.probes.is_empty()
     }
+}
+
+/// What [`DeltaType::send`] put on the wire.
+struct Outgoing {
+    upserts: Vec<Arc<Resource>>,
+    /// Removed and absent names, sorted.
+    removed: Vec<Arc<str>>,
+    /// Load assignments to send again after this CDS response.
+    refetch: Vec<Arc<str>>,
 }
 
 impl DeltaType {
@@ -249,6 +258,233 @@ impl DeltaType {
             acked.remove(n);
         }
     }
+
+    /// A first request reporting `initial_resource_versions`: what we know
+    /// of them is held; a version we do not know means the client holds
+    /// *something* under that name (`unknown`).
+    fn resume(
+        &mut self,
+        ty: ResourceType,
+        versions: &std::collections::HashMap<String, String>,
+        current: Option<&Arc<Snapshot>>,
+        history: &[Arc<Snapshot>],
+    ) {
+        let mut held = ResourceMap::new();
+        for (name, version) in versions {
+            match find_version(current, history, ty, name, version) {
+                Some(res) => {
+                    held.insert(res.name_arc().clone(), res);
+                }
+                None => {
+                    self.unknown.insert(name.as_str().into(), version.clone());
+                }
+            }
+        }
+        self.acked = match current {
+            Some(snap) => share_if_whole(held, snap.resources(ty)),
+            None => Arc::new(held),
+        };
+    }
+
+    /// The client rejected `f` with `message`: the rejected versions are
+    /// not sent again; a NACK of one resource (or one removal) is about it,
+    /// of several, any may have been applied (see `maybe`).
+    fn apply_nack(&mut self, ty: ResourceType, f: InFlight, message: &str) -> RequestOutcome {
+        let partial = f.upserts.len() + f.uncertain.len() + f.removed.len() > 1;
+        self.keep_uncertain(&f, false);
+        if !partial {
+            // The client kept what it had before: what it held when
+            // it asked again is held; a rejected probe is no longer
+            // sent, and stays possibly held (a client may reject
+            // what it accepted before: its references stay safe).
+            let names = f.upserts.iter().map(|r| r.name_arc()).chain(&f.removed);
+            for n in names {
+                let probe = f.upserts.iter().find(|r| r.name_arc() == n).and_then(|r| {
+                    self.maybe
+                        .get(n)
+                        .filter(|m| m.version() == r.version())
+                        .cloned()
+                });
+                if probe.is_some() {
+                    self.maybe.remove(n);
+                }
+                if let Some(old) = self.asked.remove(n) {
+                    Arc::make_mut(&mut self.acked).insert(n.clone(), old);
+                } else if let Some(m) = probe {
+                    self.older.entry(n.clone()).or_default().push(m);
+                }
+            }
+        }
+        for r in &f.upserts {
+            self.rejected
+                .insert(r.name_arc().clone(), r.version_arc().clone());
+            if partial {
+                put(&mut self.older, &mut self.maybe, r.clone());
+            }
+        }
+        for n in &f.removed {
+            if self.acked.contains_key(n) || self.unknown.contains_key(n) {
+                self.rejected.insert(n.clone(), REMOVAL.into());
+            }
+            if partial && let Some(old) = self.acked.get(n).cloned() {
+                Arc::make_mut(&mut self.acked).remove(n);
+                self.maybe.entry(n.clone()).or_insert(old);
+            }
+            if partial {
+                // Its version no longer says what the client holds.
+                self.unknown.remove(n);
+            }
+        }
+        self.clean = None;
+        let info = NackInfo {
+            version: f.version,
+            nonce: f.nonce,
+            message: message.to_string(),
+        };
+        let outcome = RequestOutcome::nacked(ty, &info);
+        self.nack = Some(info);
+        outcome
+    }
+
+    /// Nothing to send: the type is clean against `whole` unless something
+    /// was held back; if no rejected version is still wanted (the config
+    /// moved on or went back to what the client kept), the client is in
+    /// sync and the NACK is history.
+    fn settle(&mut self, whole: &Arc<ResourceMap>, held: bool) {
+        self.clean = (!held).then(|| whole.clone());
+        if self.nack.is_some() {
+            let still_wanted = self.rejected.iter().any(|(n, v)| match whole.get(n) {
+                Some(r) => r.version() == &**v,
+                None => &**v == REMOVAL,
+            });
+            if !still_wanted {
+                self.nack = None;
+                self.rejected.clear();
+            }
+        }
+    }
+
+    /// Records `plan` as sent (what fits of it: the rest is planned again
+    /// once this part is ACKed) and in flight; returns what goes on the wire
+    /// and the load assignments to send again with it.
+    fn send(
+        &mut self,
+        ty: ResourceType,
+        nonce: Arc<str>,
+        version: Arc<str>,
+        plan: Plan,
+        whole: &Arc<ResourceMap>,
+        max_bytes: usize,
+    ) -> Outgoing {
+        self.clean = None;
+        let Plan {
+            mut upserts,
+            mut removed,
+            mut absent,
+            probes,
+            mut held,
+        } = plan;
+        if let Some(first) = probes.first() {
+            // Probes go alone, after everything else.
+            if upserts.is_empty() && removed.is_empty() && absent.is_empty() {
+                upserts.push(first.clone());
+                held |= probes.len() > 1;
+            } else {
+                held = true;
+            }
+        }
+        // Over the size limit: send a first part; the rest is planned again
+        // once it is ACKed (the client does not hold it yet), so references
+        // to it wait as for anything not yet delivered.
+        held |= split(max_bytes, &mut upserts, &mut removed, &mut absent);
+        if !self.answer.is_empty() {
+            for n in upserts
+                .iter()
+                .map(|r| r.name_arc())
+                .chain(&removed)
+                .chain(&absent)
+            {
+                self.answer.remove(n);
+                if self.sub.is_namespaced()
+                    && let Some(ns) = namespace_of(n)
+                {
+                    self.answer.remove(ns);
+                }
+            }
+        }
+        self.told_absent.extend(absent.iter().cloned());
+        // Removed names the client subscribed to explicitly are answered.
+        self.told_absent
+            .extend(removed.iter().filter(|n| self.sub.contains(n)).cloned());
+        let mut all_removed = removed;
+        all_removed.extend(absent);
+        // Sorted: looked up while in flight.
+        all_removed.sort_unstable();
+        self.last_nonce = Some(nonce.clone());
+        self.sent_version = Some(version.clone());
+        let refetch = if ty == ResourceType::Cluster {
+            self.rebuilt_endpoints(&upserts)
+        } else {
+            Vec::new()
+        };
+        self.in_flight = Some(InFlight {
+            nonce,
+            version,
+            upserts: upserts.clone(),
+            uncertain: Vec::new(),
+            removed: all_removed.clone(),
+            clean_after: (!held).then(|| whole.clone()),
+        });
+        Outgoing {
+            upserts,
+            removed: all_removed,
+            refetch,
+        }
+    }
+
+    /// Load assignments (sorted) of the clusters in `upserts` that the
+    /// client holds, or may hold from a NACKed response, at another version:
+    /// Envoy rebuilds such a cluster and waits for its endpoints again.
+    fn rebuilt_endpoints(&self, upserts: &[Arc<Resource>]) -> Vec<Arc<str>> {
+        let mut held = Seeker::new(&*self.acked);
+        let mut refetch: Vec<Arc<str>> = upserts
+            .iter()
+            .filter(|r| {
+                held.get(r.name())
+                    .or_else(|| self.maybe.get(r.name()))
+                    .or_else(|| self.asked.get(r.name()))
+                    .is_some_and(|old| old.version() != r.version())
+            })
+            .flat_map(|r| r.refs().iter())
+            .filter(|x| x.ty == ResourceType::ClusterLoadAssignment)
+            .map(|x| x.name.clone())
+            .collect();
+        refetch.sort_unstable();
+        refetch.dedup();
+        refetch
+    }
+
+    /// The client forgets what it unsubscribed from (names the wildcard no
+    /// longer covers, or everything once the wildcard goes).
+    fn forget(&mut self, unsubscribe: &[String]) {
+        let dropped: Vec<&String> = unsubscribe.iter().filter(|n| !self.sub.covers(n)).collect();
+        for n in dropped {
+            if self.acked.contains_key(n.as_str()) {
+                Arc::make_mut(&mut self.acked).remove(n.as_str());
+            }
+            self.unknown.remove(n.as_str());
+            self.told_absent.remove(n.as_str());
+            self.rejected.remove(n.as_str());
+            self.maybe.remove(n.as_str());
+            self.asked.remove(n.as_str());
+            self.older.remove(n.as_str());
+            self.answer.remove(n.as_str());
+        }
+        if self.acked.keys().any(|n| !self.sub.covers(n)) {
+            let sub = &self.sub;
+            Arc::make_mut(&mut self.acked).retain(|n, _| sub.covers(n));
+        }
+    }
 }
 
 /// Puts `r` in `to` (`maybe` or `asked`); a different version it replaces
@@ -319,18 +555,7 @@ fn split(
 /// The Delta protocol for one stream (ADS or a per-type service).
 #[derive(Debug)]
 pub struct DeltaMachine {
-    only: Option<ResourceType>,
-    types: [Option<DeltaType>; crate::resource::TYPE_COUNT],
-    nonces: Nonces,
-    snapshot: Option<Arc<Snapshot>>,
-    /// The client reported resources it holds (`initial_resource_versions`):
-    /// it resumes from an earlier stream, and removals wait until the types
-    /// that may reference them were requested ([`super::resume_holds_removals`]).
-    resumed: bool,
-    /// The resume hold was lifted (the driver gave up waiting for requests).
-    resume_released: bool,
-    /// A response was sent on this stream (else a keepalive is owed).
-    answered: bool,
+    core: StreamCore<DeltaType>,
     /// Responses are split to stay under this many bytes (the clients'
     /// default gRPC message limit), each part with its own nonce and ACK.
     max_response_bytes: usize,
@@ -343,13 +568,7 @@ impl DeltaMachine {
     /// A machine for ADS (`None`) or for one type's service.
     pub fn new(only: Option<ResourceType>) -> Self {
         DeltaMachine {
-            only,
-            types: Default::default(),
-            nonces: Nonces::default(),
-            snapshot: None,
-            resumed: false,
-            resume_released: false,
-            answered: false,
+            core: StreamCore::new(only),
             max_response_bytes: crate::server::stream::MAX_RESPONSE_BYTES,
             #[cfg(test)]
             scoped_plans: 0,
@@ -365,7 +584,7 @@ impl DeltaMachine {
 
     /// The group's snapshot changed (or the cache became ready).
     pub fn set_snapshot(&mut self, snapshot: Option<Arc<Snapshot>>) {
-        self.snapshot = snapshot;
+        self.core.snapshot = snapshot;
     }
 
     /// Whether `req` reports resources the client holds from an earlier
@@ -378,7 +597,7 @@ impl DeltaMachine {
     /// Stops holding removals for requests that have not come (see
     /// [`super::resume_holds_removals`]); for clients that never send them.
     pub fn release_resume_hold(&mut self) {
-        self.resume_released = true;
+        self.core.resume_released = true;
     }
 
     /// Applies one client request: subscriptions, ACK or NACK.
@@ -395,99 +614,32 @@ impl DeltaMachine {
         req: &DeltaDiscoveryRequest,
         history: &[Arc<Snapshot>],
     ) -> RequestOutcome {
-        let ty = match super::request_type(&req.type_url, self.only) {
+        let ty = match self.core.request_type(&req.type_url) {
             Ok(ty) => ty,
             Err(ignored) => return ignored,
         };
-        let first = self.types[ty.index()].is_none();
-        let known = self.snapshot.as_ref().map(|s| s.resources(ty).clone());
-        let st = self.types[ty.index()].get_or_insert_with(DeltaType::default);
+        let first = !self.core.requested(ty);
+        let known = self.core.snapshot.as_ref().map(|s| s.resources(ty).clone());
+        let st = self.core.types[ty].get_or_insert_with(DeltaType::default);
         if first {
             st.sub.set_namespaced(ty.is_namespaced());
         }
         let mut outcome = RequestOutcome::Subscribed { ty };
         if first && !req.initial_resource_versions.is_empty() {
-            self.resumed = true;
-            let mut held = ResourceMap::new();
-            for (name, version) in &req.initial_resource_versions {
-                match find_version(self.snapshot.as_ref(), history, ty, name, version) {
-                    Some(res) => {
-                        held.insert(res.name_arc().clone(), res);
-                    }
-                    None => {
-                        st.unknown.insert(name.as_str().into(), version.clone());
-                    }
-                }
-            }
-            st.acked = match &known {
-                Some(whole) => share_if_whole(held, whole),
-                None => Arc::new(held),
-            };
+            self.core.resumed = true;
+            st.resume(
+                ty,
+                &req.initial_resource_versions,
+                self.core.snapshot.as_ref(),
+                history,
+            );
         }
         if !req.response_nonce.is_empty()
             && st.in_flight.as_ref().map(|f| &*f.nonce) == Some(req.response_nonce.as_str())
         {
             let f = st.in_flight.take().expect("matched");
             if let Some(err) = &req.error_detail {
-                // A NACK of one resource (or one removal) is about it; of
-                // several, any may have been applied (see `maybe`).
-                let partial = f.upserts.len() + f.uncertain.len() + f.removed.len() > 1;
-                st.keep_uncertain(&f, false);
-                if !partial {
-                    // The client kept what it had before: what it held when
-                    // it asked again is held; a rejected probe is no longer
-                    // sent, and stays possibly held (a client may reject
-                    // what it accepted before: its references stay safe).
-                    let names = f.upserts.iter().map(|r| r.name_arc()).chain(&f.removed);
-                    for n in names {
-                        let probe = f.upserts.iter().find(|r| r.name_arc() == n).and_then(|r| {
-                            st.maybe
-                                .get(n)
-                                .filter(|m| m.version() == r.version())
-                                .cloned()
-                        });
-                        if probe.is_some() {
-                            st.maybe.remove(n);
-                        }
-                        if let Some(old) = st.asked.remove(n) {
-                            Arc::make_mut(&mut st.acked).insert(n.clone(), old);
-                        } else if let Some(m) = probe {
-                            st.older.entry(n.clone()).or_default().push(m);
-                        }
-                    }
-                }
-                for r in &f.upserts {
-                    st.rejected
-                        .insert(r.name_arc().clone(), r.version_arc().clone());
-                    if partial {
-                        put(&mut st.older, &mut st.maybe, r.clone());
-                    }
-                }
-                for n in &f.removed {
-                    if st.acked.contains_key(n) || st.unknown.contains_key(n) {
-                        st.rejected.insert(n.clone(), REMOVAL.into());
-                    }
-                    if partial && let Some(old) = st.acked.get(n).cloned() {
-                        Arc::make_mut(&mut st.acked).remove(n);
-                        st.maybe.entry(n.clone()).or_insert(old);
-                    }
-                    if partial {
-                        // Its version no longer says what the client holds.
-                        st.unknown.remove(n);
-                    }
-                }
-                st.clean = None;
-                st.nack = Some(NackInfo {
-                    version: f.version.clone(),
-                    nonce: f.nonce.clone(),
-                    message: err.message.clone(),
-                });
-                outcome = RequestOutcome::Nack {
-                    ty,
-                    version: f.version,
-                    nonce: f.nonce,
-                    message: err.message.clone(),
-                };
+                outcome = st.apply_nack(ty, f, &err.message);
             } else {
                 st.apply_ack(&f);
                 st.acked_version = Some(f.version.clone());
@@ -522,29 +674,7 @@ impl DeltaMachine {
             );
         }
         if !req.resource_names_unsubscribe.is_empty() {
-            let dropped: Vec<&String> = req
-                .resource_names_unsubscribe
-                .iter()
-                .filter(|n| !st.sub.covers(n))
-                .collect();
-            for n in dropped {
-                // The client forgets what it unsubscribed from.
-                if st.acked.contains_key(n.as_str()) {
-                    Arc::make_mut(&mut st.acked).remove(n.as_str());
-                }
-                st.unknown.remove(n.as_str());
-                st.told_absent.remove(n.as_str());
-                st.rejected.remove(n.as_str());
-                st.maybe.remove(n.as_str());
-                st.asked.remove(n.as_str());
-                st.older.remove(n.as_str());
-                st.answer.remove(n.as_str());
-            }
-            // Wildcard removed: drop what is no longer covered.
-            if st.acked.keys().any(|n| !st.sub.covers(n)) {
-                let sub = &st.sub;
-                Arc::make_mut(&mut st.acked).retain(|n, _| sub.covers(n));
-            }
+            st.forget(&req.resource_names_unsubscribe);
         }
         outcome
     }
@@ -554,8 +684,7 @@ impl DeltaMachine {
     /// empty one (module docs).
     pub fn next_response(&mut self) -> Option<DeltaResponse> {
         let resp = self.next_planned().or_else(|| self.keepalive());
-        self.answered |= resp.is_some();
-        resp
+        self.core.answered(resp)
     }
 
     /// A response with no resources and no removals, on a stream that has
@@ -563,12 +692,12 @@ impl DeltaMachine {
     /// update only to wildcard watches: nothing happens at all), so on ADS it
     /// waits for such a request when what the client holds says one is coming.
     fn keepalive(&mut self) -> Option<DeltaResponse> {
-        if self.answered {
+        if self.core.answered {
             return None;
         }
-        let snap = self.snapshot.as_ref()?;
+        let snap = self.core.snapshot.as_ref()?;
         let idle = |ty: &ResourceType| {
-            self.types[ty.index()]
+            self.core.types[*ty]
                 .as_ref()
                 .is_some_and(|st| st.in_flight.is_none())
         };
@@ -577,17 +706,12 @@ impl DeltaMachine {
             .find(|ty| !empty_first_request_is_wildcard(*ty) && idle(ty));
         let ty = match named {
             Some(ty) => ty,
-            None if self.only.is_none()
-                && !self.resume_released
-                && super::named_request_expected(|t| self.types[t.index()].is_some(), self) =>
-            {
-                return None;
-            }
+            None if self.core.named_request_expected() => return None,
             None => ResourceType::ALL.into_iter().find(idle)?,
         };
         let version = snap.version(ty).clone();
-        let nonce = self.nonces.next();
-        let st = self.types[ty.index()].as_mut().expect("found");
+        let nonce = self.core.nonces.next();
+        let st = self.core.types[ty].as_mut().expect("found");
         st.last_nonce = Some(nonce.clone());
         st.sent_version = Some(version.clone());
         st.in_flight = Some(InFlight {
@@ -608,200 +732,135 @@ impl DeltaMachine {
         })
     }
 
+    /// The response of the first type, in make-before-break order, with
+    /// something to send: planned (over changed names when it can be), then
+    /// sent, or settled when there is nothing to send.
     fn next_planned(&mut self) -> Option<DeltaResponse> {
-        let snap = self.snapshot.clone()?;
+        let snap = self.core.snapshot.clone()?;
         // First for every type: a resolved version of a later type may lift
         // a hold on an earlier one (unknown references), and a call that
         // returns `None` must mean there is nothing to send.
         for ty in ResourceType::ALL {
-            if self.types[ty.index()].is_some() {
+            if self.core.requested(ty) {
                 self.resolve_unknown(ty, &snap);
             }
         }
         for ty in ResourceType::ALL {
-            let ready = matches!(&self.types[ty.index()], Some(st) if st.in_flight.is_none());
-            if !ready {
+            let Some(plan) = self.plan_next(ty, &snap) else {
                 continue;
-            }
+            };
             let whole = snap.resources(ty);
-            let st = self.types[ty.index()].as_mut().expect("checked");
-            // Shared subscription names move to the new map when its keys are
-            // the same, so old maps are not kept alive.
-            st.sub.follow(whole, |m| snap.same_keys_since(ty, m));
-            let st = self.types[ty.index()].as_ref().expect("checked");
-            let walked;
-            let changed;
-            let scope = match &st.clean {
-                None => Scope::All,
-                Some(base) => match snap.changed_since(ty, base) {
-                    Some(names) if names.is_empty() => continue,
-                    Some(names) => {
-                        changed = names;
-                        Scope::Names(&changed)
-                    }
-                    None => {
-                        walked = TypeChanges::between(base, whole);
-                        Scope::Names(walked.names())
-                    }
-                },
-            };
-            let scoped = matches!(scope, Scope::Names(_));
-            let plan = self.plan(ty, &snap, scope);
-            #[cfg(test)]
-            if scoped {
-                self.scoped_plans += 1;
-                let full = self.plan(ty, &snap, Scope::All);
-                assert_eq!(
-                    plan, full,
-                    "{ty}: incremental plan differs from the full plan"
-                );
-            }
-            let _ = scoped;
-            let st = self.types[ty.index()].as_mut().expect("checked");
+            let st = self.core.types[ty].as_mut().expect("checked");
             if plan.is_empty() {
-                st.clean = (!plan.held).then(|| whole.clone());
-                // Nothing to send: if no rejected version is still wanted (the
-                // config moved on or went back to what the client kept), the
-                // client is in sync and the NACK is history.
-                if st.nack.is_some() {
-                    let still_wanted = st.rejected.iter().any(|(n, v)| match whole.get(n) {
-                        Some(r) => r.version() == &**v,
-                        None => &**v == REMOVAL,
-                    });
-                    if !still_wanted {
-                        st.nack = None;
-                        st.rejected.clear();
-                    }
-                }
+                st.settle(whole, plan.held);
                 continue;
             }
-            st.clean = None;
-            let nonce = self.nonces.next();
+            let nonce = self.core.nonces.next();
             let version = snap.version(ty).clone();
-            let Plan {
-                mut upserts,
-                mut removed,
-                mut absent,
-                probes,
-                mut held,
-            } = plan;
-            if let Some(first) = probes.first() {
-                // Probes go alone, after everything else.
-                if upserts.is_empty() && removed.is_empty() && absent.is_empty() {
-                    upserts.push(first.clone());
-                    held |= probes.len() > 1;
-                } else {
-                    held = true;
-                }
-            }
-            // Over the size limit: send a first part; the rest is planned
-            // again once it is ACKed (the client does not hold it yet), so
-            // references to it wait as for anything not yet delivered.
-            held |= split(
+            let out = st.send(
+                ty,
+                nonce.clone(),
+                version.clone(),
+                plan,
+                whole,
                 self.max_response_bytes,
-                &mut upserts,
-                &mut removed,
-                &mut absent,
             );
-            if !st.answer.is_empty() {
-                for n in upserts
-                    .iter()
-                    .map(|r| r.name_arc())
-                    .chain(&removed)
-                    .chain(&absent)
-                {
-                    st.answer.remove(n);
-                    if st.sub.is_namespaced()
-                        && let Some(ns) = namespace_of(n)
-                    {
-                        st.answer.remove(ns);
-                    }
-                }
-            }
-            st.told_absent.extend(absent.iter().cloned());
-            // Removed names the client subscribed to explicitly are answered.
-            st.told_absent
-                .extend(removed.iter().filter(|n| st.sub.contains(n)).cloned());
-            let mut all_removed = removed;
-            all_removed.extend(absent);
-            // Sorted: looked up while in flight.
-            all_removed.sort_unstable();
-            st.last_nonce = Some(nonce.clone());
-            st.sent_version = Some(version.clone());
-            // Envoy rebuilds a modified cluster and waits for its endpoints
-            // again without subscribing anew: they must be sent again, so the
-            // client no longer counts as holding them (it is warming, too).
-            let mut refetch: Vec<Arc<str>> = if ty == ResourceType::Cluster {
-                let mut held = Seeker::new(&*st.acked);
-                upserts
-                    .iter()
-                    .filter(|r| {
-                        // Or may hold it, from a NACKed response.
-                        held.get(r.name())
-                            .or_else(|| st.maybe.get(r.name()))
-                            .or_else(|| st.asked.get(r.name()))
-                            .is_some_and(|old| old.version() != r.version())
-                    })
-                    .flat_map(|r| r.refs().iter())
-                    .filter(|x| x.ty == ResourceType::ClusterLoadAssignment)
-                    .map(|x| x.name.clone())
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            refetch.sort_unstable();
-            refetch.dedup();
-            st.in_flight = Some(InFlight {
-                nonce: nonce.clone(),
-                version: version.clone(),
-                upserts: upserts.clone(),
-                uncertain: Vec::new(),
-                removed: all_removed.clone(),
-                clean_after: (!held).then(|| whole.clone()),
-            });
-            if !refetch.is_empty()
-                && let Some(eds) = self.types[ResourceType::ClusterLoadAssignment.index()].as_mut()
-            {
-                if let Some(kept) = without_names(&eds.acked, &refetch) {
-                    eds.acked = Arc::new(kept);
-                }
-                eds.clean = None;
-                // An EDS response still in flight went out before this one: the client
-                // applies it to the old cluster. Its ACK must not count the rebuilt clusters'
-                // endpoints as held, nor mark EDS clean against the whole map (the next plan
-                // would then consider only changed names and skip the refetch): else the
-                // follow-up is empty and Envoy waits its 15 s initial fetch timeout, holding
-                // every later CDS update meanwhile. Refetched upserts become uncertain: an
-                // ACK leaves them possibly held (`asked`: re-sent, references protected), a
-                // NACK maybe held.
-                if let Some(f) = eds.in_flight.as_mut() {
-                    f.clean_after = None;
-                    if f.upserts
-                        .iter()
-                        .any(|r| refetch.binary_search(r.name_arc()).is_ok())
-                    {
-                        let (again, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut f.upserts)
-                            .into_iter()
-                            .partition(|r| refetch.binary_search(r.name_arc()).is_ok());
-                        f.upserts = kept;
-                        f.uncertain.extend(again);
-                    }
-                }
+            if !out.refetch.is_empty() {
+                self.refetch_endpoints(&out.refetch);
             }
             return Some(DeltaResponse {
                 ty,
                 system_version: version,
                 nonce,
-                resources: upserts,
-                removed: all_removed,
+                resources: out.upserts,
+                removed: out.removed,
             });
         }
         None
     }
 
+    /// The plan for `ty` if it may be planned now (requested, nothing in
+    /// flight) and anything changed since it was last clean: over the
+    /// changed names only when it can be (test builds check that against
+    /// the full plan).
+    fn plan_next(&mut self, ty: ResourceType, snap: &Snapshot) -> Option<Plan> {
+        let st = self.core.types[ty].as_mut()?;
+        if st.in_flight.is_some() {
+            return None;
+        }
+        let whole = snap.resources(ty);
+        // Shared subscription names move to the new map when its keys are
+        // the same, so old maps are not kept alive.
+        st.sub.follow(whole, |m| snap.same_keys_since(ty, m));
+        let st = self.core.types[ty].as_ref().expect("checked");
+        let walked;
+        let changed;
+        let scope = match &st.clean {
+            None => Scope::All,
+            Some(base) => match snap.changed_since(ty, base) {
+                Some(names) if names.is_empty() => return None,
+                Some(names) => {
+                    changed = names;
+                    Scope::Names(&changed)
+                }
+                None => {
+                    walked = TypeChanges::between(base, whole);
+                    Scope::Names(walked.names())
+                }
+            },
+        };
+        let scoped = matches!(scope, Scope::Names(_));
+        let plan = self.plan(ty, snap, scope);
+        #[cfg(test)]
+        if scoped {
+            self.scoped_plans += 1;
+            let full = self.plan(ty, snap, Scope::All);
+            assert_eq!(
+                plan, full,
+                "{ty}: incremental plan differs from the full plan"
+            );
+        }
+        let _ = scoped;
+        Some(plan)
+    }
+
+    /// Envoy rebuilds a modified cluster and waits for its endpoints again
+    /// without subscribing anew: `names` (sorted) must be sent again, so the
+    /// client no longer counts as holding them (it is warming, too).
+    fn refetch_endpoints(&mut self, names: &[Arc<str>]) {
+        let Some(eds) = self.core.types[ResourceType::ClusterLoadAssignment].as_mut() else {
+            return;
+        };
+        if let Some(kept) = without_names(&eds.acked, names) {
+            eds.acked = Arc::new(kept);
+        }
+        eds.clean = None;
+        // An EDS response still in flight went out before this one: the client
+        // applies it to the old cluster. Its ACK must not count the rebuilt clusters'
+        // endpoints as held, nor mark EDS clean against the whole map (the next plan
+        // would then consider only changed names and skip the refetch): else the
+        // follow-up is empty and Envoy waits its 15 s initial fetch timeout, holding
+        // every later CDS update meanwhile. Refetched upserts become uncertain: an
+        // ACK leaves them possibly held (`asked`: re-sent, references protected), a
+        // NACK maybe held.
+        if let Some(f) = eds.in_flight.as_mut() {
+            f.clean_after = None;
+            if f.upserts
+                .iter()
+                .any(|r| names.binary_search(r.name_arc()).is_ok())
+            {
+                let (again, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut f.upserts)
+                    .into_iter()
+                    .partition(|r| names.binary_search(r.name_arc()).is_ok());
+                f.upserts = kept;
+                f.uncertain.extend(again);
+            }
+        }
+    }
+
     /// Client-declared versions that match a resource we serve become known content.
     fn resolve_unknown(&mut self, ty: ResourceType, snap: &Snapshot) {
-        let st = self.types[ty.index()].as_mut().expect("requested");
+        let st = self.core.types[ty].as_mut().expect("requested");
         if st.unknown.is_empty() {
             return;
         }
@@ -826,7 +885,7 @@ impl DeltaMachine {
     /// the names that changed since a map the type was clean against — which
     /// is the same, since every other name would plan to nothing.
     fn plan(&self, ty: ResourceType, snap: &Snapshot, scope: Scope<'_>) -> Plan {
-        let st = self.types[ty.index()].as_ref().expect("requested");
+        let st = self.core.types[ty].as_ref().expect("requested");
         let whole = snap.resources(ty);
         let mut plan = Plan::default();
         // Candidates come in name order: the client's view is walked once.
@@ -855,7 +914,7 @@ impl DeltaMachine {
             if rejected && !probe {
                 return;
             }
-            if !hard_refs_ready(res, snap, self) || self.removal_in_flight_under(res, snap) {
+            if !hard_refs_ready(res, snap, &self.core) || self.removal_in_flight_under(res, snap) {
                 plan.held = true;
             } else if probe {
                 plan.probes.push(res.clone());
@@ -983,11 +1042,19 @@ impl DeltaMachine {
             plan.absent.sort();
             plan.absent.dedup();
         }
+        self.gate_removals(ty, &mut plan, gone);
+        plan
+    }
+
+    /// Break after unlink: an absent name or a removal that something the
+    /// client holds still references waits (`held`), and so does every
+    /// removal while a resumed stream cannot see all referrers yet.
+    fn gate_removals(&self, ty: ResourceType, plan: &mut Plan, gone: Vec<&Arc<str>>) {
         if !plan.absent.is_empty() {
             // A name the client subscribed to again (answered as removed)
             // may still be used by what it holds, with the copy it kept:
             // the answer waits, like any removal.
-            let refd = referenced_by_client(self);
+            let refd = referenced_by_client(&self.core);
             let before = plan.absent.len();
             plan.absent.retain(|n| !refd.contains(&(ty, n.clone())));
             plan.held |= plan.absent.len() < before;
@@ -1000,13 +1067,13 @@ impl DeltaMachine {
             // requested: wait. And resources the client holds at versions we
             // do not know (a replica with another history) may reference
             // anything: removals wait until they are replaced or removed.
-            let hold = self.resume_holds_removals(ty)
+            let hold = self.core.resume_holds_removals(ty)
                 || super::referrers(ty).iter().any(|r| {
-                    self.types[r.index()]
+                    self.core.types[*r]
                         .as_ref()
                         .is_some_and(|t| !t.unknown.is_empty())
                 });
-            let refd = referenced_by_client(self);
+            let refd = referenced_by_client(&self.core);
             for name in gone {
                 if refd.contains(&(ty, name.clone())) || hold {
                     plan.held = true;
@@ -1017,14 +1084,13 @@ impl DeltaMachine {
             plan.removed.sort();
             plan.removed.dedup();
         }
-        plan
     }
 
     /// A hard reference of `res` (or its cluster's endpoints) is being
     /// removed by a response in flight: the client will not have it.
     fn removal_in_flight_under(&self, res: &Resource, snap: &Snapshot) -> bool {
         let removals = |ty: ResourceType| {
-            self.types[ty.index()]
+            self.core.types[ty]
                 .as_ref()
                 .and_then(|t| t.in_flight.as_ref())
                 .map(|f| &f.removed[..])
@@ -1058,67 +1124,40 @@ impl DeltaMachine {
         })
     }
 
-    /// Resumed, and still waiting for the client's other first requests.
-    fn resume_pending(&self) -> bool {
-        self.resumed && !self.resume_released && self.only.is_none()
-    }
-
-    fn resume_holds_removals(&self, ty: ResourceType) -> bool {
-        self.resume_pending()
-            && resume_holds_removals(ty, |t| self.types[t.index()].is_some(), self)
-    }
-
     /// Per-type state, for status pages and CSDS.
     pub fn status(&self) -> Vec<TypeStatus> {
-        ResourceType::ALL
-            .into_iter()
-            .filter_map(|ty| {
-                let st = self.types[ty.index()].as_ref()?;
-                let state = super::sync_state(
-                    st.nack.is_some(),
-                    st.in_flight.is_some(),
-                    st.sent_version.is_some(),
-                );
-                Some(TypeStatus {
-                    ty,
-                    wildcard: st.sub.is_wildcard(),
-                    subscribed: st.sub.len(),
-                    sent_version: st.sent_version.clone(),
-                    sent_nonce: st.last_nonce.clone(),
-                    acked_version: st.acked_version.clone(),
-                    acked: st.acked.clone(),
-                    nack: st.nack.clone(),
-                    state,
-                })
-            })
-            .collect()
+        self.core.status()
     }
 }
 
-impl ClientViews for DeltaMachine {
-    fn view(&self, ty: ResourceType) -> TypeView<'_> {
-        match self.types[ty.index()].as_ref() {
-            None => TypeView::NotRequested {
-                resume_pending: self.resume_pending(),
-            },
-            Some(st) => TypeView::Requested {
-                sub: &st.sub,
-                acked: &st.acked,
-            },
-        }
+impl TypeState for DeltaType {
+    fn sub(&self) -> &Subscription {
+        &self.sub
+    }
+
+    fn acked(&self) -> &Arc<ResourceMap> {
+        &self.acked
     }
 
     fn for_each_held(&self, f: &mut dyn FnMut(&Resource)) {
-        for st in self.types.iter().flatten() {
-            st.acked.values().for_each(|r| f(r));
-            // What the client may hold is referenced too: not removed under it.
-            st.maybe.values().for_each(|r| f(r));
-            st.asked.values().for_each(|r| f(r));
-            st.older.values().flatten().for_each(|r| f(r));
-            if let Some(fl) = &st.in_flight {
-                fl.upserts.iter().for_each(|r| f(r));
-                fl.uncertain.iter().for_each(|r| f(r));
-            }
+        self.acked.values().for_each(|r| f(r));
+        // What the client may hold is referenced too: not removed under it.
+        self.maybe.values().for_each(|r| f(r));
+        self.asked.values().for_each(|r| f(r));
+        self.older.values().flatten().for_each(|r| f(r));
+        if let Some(fl) = &self.in_flight {
+            fl.upserts.iter().for_each(|r| f(r));
+            fl.uncertain.iter().for_each(|r| f(r));
+        }
+    }
+
+    fn progress(&self) -> Progress<'_> {
+        Progress {
+            sent_version: self.sent_version.as_ref(),
+            last_nonce: self.last_nonce.as_ref(),
+            acked_version: self.acked_version.as_ref(),
+            nack: self.nack.as_ref(),
+            in_flight: self.in_flight.is_some(),
         }
     }
 }
@@ -1227,7 +1266,7 @@ mod tests {
         assert!(m.next_response().is_none());
 
         let edited = vhds_snapshot(50, "-new");
-        edited.record_changes_from(m.snapshot.as_ref().unwrap());
+        edited.record_changes_from(m.core.snapshot.as_ref().unwrap());
         m.set_snapshot(Some(edited));
         let r = m.next_response().expect("the edit");
         let names: Vec<&str> = r.resources.iter().map(|v| v.name()).collect();
@@ -1237,7 +1276,7 @@ mod tests {
 
         // Fewer hosts: the ones gone are removed by name.
         let fewer = vhds_snapshot(48, "-new");
-        fewer.record_changes_from(m.snapshot.as_ref().unwrap());
+        fewer.record_changes_from(m.core.snapshot.as_ref().unwrap());
         m.set_snapshot(Some(fewer));
         let r = m.next_response().expect("removals");
         assert!(r.resources.is_empty());
@@ -1330,7 +1369,7 @@ mod tests {
         let took = start.elapsed();
         eprintln!("100,000 + 100,000 names: {took:?}");
         assert!(took < std::time::Duration::from_secs(15), "{took:?}");
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert_eq!(st.sub.len(), 1);
     }
 
@@ -1399,7 +1438,7 @@ mod tests {
             ack(&mut m, &r);
         }
         let eds = ResourceType::ClusterLoadAssignment;
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert!(Arc::ptr_eq(&st.acked, s1.resources(eds)));
         let s2 = snapshot(1000, 2, Some(&s1));
         assert_eq!(s2.changes(eds).unwrap().names().len(), 1);
@@ -1412,7 +1451,7 @@ mod tests {
         ack(&mut m, &r);
         assert!(m.next_response().is_none());
         assert!(m.scoped_plans > before);
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert!(Arc::ptr_eq(&st.acked, s2.resources(eds)));
         assert!(st.sub.names_are_keys_of(s2.resources(eds)));
         // A snapshot that skips one (no recorded change set against the
@@ -1454,7 +1493,7 @@ mod tests {
         assert!(m.next_response().is_none(), "only one");
         ack(&mut m, &r);
         assert!(m.next_response().is_none());
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert!(Arc::ptr_eq(&st.acked, s1.resources(eds)));
 
         let mut per_type = DeltaMachine::new(Some(cds));
@@ -1524,7 +1563,7 @@ mod tests {
             "the rebuilt cluster's endpoints follow the CDS response"
         );
         // Settled: held at the current version, nothing more to send.
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert!(
             st.acked
                 .get("c0001")

@@ -23,9 +23,11 @@ pub(crate) mod delta;
 mod sorted;
 pub(crate) mod sotw;
 pub(crate) mod sotw_request;
+mod stream_core;
 pub(crate) mod subscription;
 
-pub(crate) use sorted::Seeker;
+pub(crate) use sorted::{Seeker, share_if_whole, without_names};
+pub(crate) use stream_core::{PerType, Progress, StreamCore, TypeState};
 
 #[cfg(test)]
 mod sim;
@@ -328,36 +330,6 @@ pub(crate) fn find_version(
         .cloned()
 }
 
-/// `map` without `names` (sorted, deduplicated), in one walk of both (a global
-/// cluster change names every load assignment); `None` when none is in `map`.
-pub(crate) fn without_names(map: &ResourceMap, names: &[Arc<str>]) -> Option<ResourceMap> {
-    let mut gone = names.iter().peekable();
-    let kept: ResourceMap = map
-        .iter()
-        .filter(|(n, _)| {
-            while gone.next_if(|g| ***g < ***n).is_some() {}
-            gone.next_if(|g| ***g == ***n).is_none()
-        })
-        .map(|(n, r)| (n.clone(), r.clone()))
-        .collect();
-    (kept.len() != map.len()).then_some(kept)
-}
-
-/// Builds a map, sharing the snapshot's own `Arc` when the selection is the
-/// whole snapshot type (the common wildcard case): no per-stream copy.
-pub(crate) fn share_if_whole(map: ResourceMap, whole: &Arc<ResourceMap>) -> Arc<ResourceMap> {
-    if map.len() == whole.len()
-        && map
-            .iter()
-            .zip(whole.iter())
-            .all(|((_, a), (_, b))| Arc::ptr_eq(a, b))
-    {
-        whole.clone()
-    } else {
-        Arc::new(map)
-    }
-}
-
 /// The type a request is for, or why it is ignored (unknown type, or another
 /// type than a per-type service serves).
 pub(crate) fn request_type(
@@ -375,20 +347,6 @@ pub(crate) fn request_type(
         });
     }
     Ok(ty)
-}
-
-/// Where a type stands on a stream, from its NACK / in-flight / sent state.
-pub(crate) fn sync_state(nacked: bool, in_flight: bool, sent: bool) -> crate::status::SyncState {
-    use crate::status::SyncState;
-    if nacked {
-        SyncState::Error
-    } else if in_flight {
-        SyncState::Stale
-    } else if !sent {
-        SyncState::NotSent
-    } else {
-        SyncState::Synced
-    }
 }
 
 /// Per-stream nonce source: unique on the stream, never reused.

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crate::resource::Resource;
+use crate::snapshot::ResourceMap;
 
 /// Lookups of names in a sorted map, in one walk when they come in order
 /// (a resource's references are sorted): a route configuration naming
@@ -84,6 +85,105 @@ impl<'a, V> Seeker<'a, V> {
             Some((k, v))
         } else {
             None
+        }
+    }
+}
+
+/// `map` without `names` (sorted, deduplicated), in one walk of both (a global
+/// cluster change names every load assignment); `None` when none is in `map`.
+pub(crate) fn without_names(map: &ResourceMap, names: &[Arc<str>]) -> Option<ResourceMap> {
+    let mut gone = names.iter().peekable();
+    let kept: ResourceMap = map
+        .iter()
+        .filter(|(n, _)| {
+            while gone.next_if(|g| ***g < ***n).is_some() {}
+            gone.next_if(|g| ***g == ***n).is_none()
+        })
+        .map(|(n, r)| (n.clone(), r.clone()))
+        .collect();
+    (kept.len() != map.len()).then_some(kept)
+}
+
+/// Builds a map, sharing the snapshot's own `Arc` when the selection is the
+/// whole snapshot type (the common wildcard case): no per-stream copy.
+pub(crate) fn share_if_whole(map: ResourceMap, whole: &Arc<ResourceMap>) -> Arc<ResourceMap> {
+    if map.len() == whole.len()
+        && map
+            .iter()
+            .zip(whole.iter())
+            .all(|((_, a), (_, b))| Arc::ptr_eq(a, b))
+    {
+        whole.clone()
+    } else {
+        Arc::new(map)
+    }
+}
+
+/// Name order of the maps, with the interned (shared) case first.
+pub(crate) fn cmp_names(a: &Arc<str>, b: &Arc<str>) -> std::cmp::Ordering {
+    if Arc::ptr_eq(a, b) {
+        std::cmp::Ordering::Equal
+    } else {
+        (**a).cmp(&**b)
+    }
+}
+
+/// Every key of `a` is a key of `b` (a walk of both maps in order).
+pub(crate) fn keys_subset(a: &Arc<ResourceMap>, b: &Arc<ResourceMap>) -> bool {
+    if a.is_empty() || Arc::ptr_eq(a, b) {
+        return true;
+    }
+    if a.len() > b.len() {
+        return false;
+    }
+    let mut bs = b.keys();
+    'outer: for ka in a.keys() {
+        for kb in bs.by_ref() {
+            if Arc::ptr_eq(ka, kb) || ka == kb {
+                continue 'outer;
+            }
+            if kb > ka {
+                return false;
+            }
+        }
+        return false;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    fn map(names: &BTreeSet<String>) -> Arc<ResourceMap> {
+        Arc::new(
+            names
+                .iter()
+                .map(|n| {
+                    let r = Resource::new(&crate::simple::load_assignment(n, &[("127.0.0.1", 80)]))
+                        .expect("valid");
+                    (r.name_arc().clone(), r)
+                })
+                .collect(),
+        )
+    }
+
+    proptest! {
+        /// The one-walk helpers answer like plain set operations.
+        #[test]
+        fn walks_answer_like_set_operations(
+            a in proptest::collection::btree_set("[a-d]{1,2}", 0..12),
+            b in proptest::collection::btree_set("[a-d]{1,2}", 0..12),
+        ) {
+            let (ma, mb) = (map(&a), map(&b));
+            prop_assert_eq!(keys_subset(&ma, &mb), a.is_subset(&b));
+            let names: Vec<Arc<str>> = b.iter().map(|n| Arc::from(n.as_str())).collect();
+            let kept: Option<BTreeSet<String>> = without_names(&ma, &names)
+                .map(|m| m.keys().map(|k| k.to_string()).collect());
+            let want: BTreeSet<String> = a.difference(&b).cloned().collect();
+            prop_assert_eq!(kept, (want.len() != a.len()).then_some(want));
         }
     }
 }

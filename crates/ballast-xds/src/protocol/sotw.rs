@@ -16,11 +16,12 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 
+use super::sorted::{cmp_names, keys_subset};
 use super::sotw_request::{NamesKey, SotwRequest};
-use super::subscription::{Subscription, empty_first_request_is_wildcard};
+use super::subscription::{SotwChange, Subscription, empty_first_request_is_wildcard};
 use super::{
-    ClientViews, Nonces, RequestOutcome, Seeker, SotwResponse, TypeView, hard_refs_ready,
-    referenced_by_client, resume_holds_removals, share_if_whole, without_names,
+    Progress, RequestOutcome, Seeker, SotwResponse, StreamCore, TypeState, hard_refs_ready,
+    referenced_by_client, share_if_whole, without_names,
 };
 use crate::resource::{Resource, ResourceType};
 use crate::snapshot::{ResourceMap, Snapshot};
@@ -76,6 +77,208 @@ impl SotwType {
             && self.acked_version.is_some()
             && self.last_sent_version == self.acked_version
     }
+
+    /// The client accepted `f`: it holds what `f` sent.
+    fn apply_ack(&mut self, ty: ResourceType, f: InFlight) -> RequestOutcome {
+        // Absence from an EDS/RDS/SDS response removes nothing at the
+        // client: it keeps what it had until it unsubscribes (what it holds
+        // is always covered by its subscription).
+        if ty.is_full_state_in_sotw() || keys_subset(&self.acked, &f.resources) {
+            self.acked = f.resources;
+        } else {
+            Arc::make_mut(&mut self.acked)
+                .extend(f.resources.iter().map(|(n, r)| (n.clone(), r.clone())));
+        }
+        self.acked_version = Some(f.version.clone());
+        if ty.is_full_state_in_sotw() {
+            // The client holds exactly what it acknowledged.
+            self.unresolved = false;
+            self.maybe = None;
+        }
+        self.nack = None;
+        RequestOutcome::Ack {
+            ty,
+            version: f.version,
+            nonce: f.nonce,
+        }
+    }
+
+    /// The client rejected `f` with `message`: recorded, so that version is
+    /// not sent again; the client keeps what it had, except removals.
+    fn apply_nack(&mut self, ty: ResourceType, f: InFlight, message: &str) -> RequestOutcome {
+        let info = NackInfo {
+            version: f.version,
+            nonce: f.nonce,
+            message: message.to_string(),
+        };
+        let outcome = RequestOutcome::nacked(ty, &info);
+        self.nack = Some(info);
+        if ty.is_full_state_in_sotw() && !keys_subset(&self.acked, &f.resources) {
+            // Envoy's CDS and LDS apply a NACKed response's removals (what
+            // it lacks): the client no longer has those (found by the
+            // hostile model in sim.rs).
+            let sent = &f.resources;
+            Arc::make_mut(&mut self.acked).retain(|n, _| sent.contains_key(n));
+        }
+        outcome
+    }
+
+    /// Applies the request's `resource_names`; `None` when they are the
+    /// list applied last (an ACK repeats them), which is then not even
+    /// decoded: applying it again would change nothing.
+    fn apply_names(
+        &mut self,
+        ty: ResourceType,
+        names: Names<'_>,
+        first: bool,
+        known: Option<&Arc<ResourceMap>>,
+    ) -> Option<SotwChange> {
+        let legacy_wildcard = first && empty_first_request_is_wildcard(ty);
+        match names {
+            Names::Wire(w) if self.names_key == Some(w.names_key()) => None,
+            Names::Wire(w) => {
+                self.names_key = Some(w.names_key());
+                Some(self.sub.apply_sotw_with(&w.names(), legacy_wildcard, known))
+            }
+            Names::List(list) => {
+                self.names_key = None;
+                Some(self.sub.apply_sotw_with(list, legacy_wildcard, known))
+            }
+        }
+    }
+
+    /// A first request, and newly subscribed names, are answered even when
+    /// nothing changed.
+    fn owe_answer(&mut self, ty: ResourceType, first: bool, added: &[Arc<str>]) {
+        if first {
+            // Even one that subscribes to nothing (an empty EDS/RDS/SDS
+            // list: "not interested").
+            self.must_answer = true;
+        }
+        if added.is_empty() {
+            return;
+        }
+        self.must_answer = true;
+        if !first && !ty.is_full_state_in_sotw() && added.iter().any(|n| self.acked.contains_key(n))
+        {
+            // Newly requested names are always (re)sent: a client keeps
+            // only what it asked for by name, so what it held under a
+            // wildcard (or we believe it holds) may not be there.
+            let acked = Arc::make_mut(&mut self.acked);
+            for n in added {
+                acked.remove(n);
+            }
+        }
+    }
+
+    /// A first request reporting `version`: the client resumes from an
+    /// earlier stream, and gating starts from what it holds.
+    fn resume(
+        &mut self,
+        ty: ResourceType,
+        version: &str,
+        current: Option<&Arc<Snapshot>>,
+        history: &[Arc<Snapshot>],
+    ) {
+        if let Some((version, held)) = held_at_version(ty, &self.sub, version, current, history) {
+            // The client holds exactly that content: gating (and the
+            // removal gate of other types) starts from it.
+            self.acked = held;
+            self.acked_version = Some(version);
+        } else if ty.is_full_state_in_sotw() {
+            self.unresolved = true;
+        }
+        if self.unresolved || !ty.is_full_state_in_sotw() {
+            let maybe = maybe_held(&self.sub, &self.acked, ty, current, history);
+            self.maybe = (!maybe.is_empty()).then(|| maybe.into());
+        }
+    }
+
+    /// The client drops what it no longer subscribes to.
+    fn drop_unsubscribed(&mut self) {
+        if self.acked.keys().any(|n| !self.sub.covers(n)) {
+            let sub = &self.sub;
+            Arc::make_mut(&mut self.acked).retain(|n, _| sub.covers(n));
+        }
+    }
+
+    /// A resuming client already holds exactly `plan` at `version`: nothing
+    /// to send (failover to a replica with the same config costs nothing).
+    fn resumed_at(&mut self, plan: &Arc<ResourceMap>, version: &Arc<str>) -> bool {
+        if self.last_sent_version.is_some() || self.client_version.as_deref() != Some(&**version) {
+            return false;
+        }
+        self.acked = plan.clone();
+        self.acked_version = Some(version.clone());
+        self.last_sent_version = Some(version.clone());
+        self.must_answer = false;
+        true
+    }
+
+    /// Whether a response of `plan` at `version` would tell the client
+    /// nothing (or what it rejected); if so, the state notes what the client
+    /// holds instead.
+    fn nothing_to_tell(&mut self, ty: ResourceType, plan: &Plan, version: &Arc<str>) -> bool {
+        let rejected = self.nack.as_ref().is_some_and(|n| n.version == *version);
+        let changed = self.last_sent_version.as_ref() != Some(version);
+        // For EDS/RDS/SDS, absence from a SotW response does not remove
+        // anything at the client: when the client already holds everything
+        // in the plan, a push would tell it nothing.
+        let only_drops = !ty.is_full_state_in_sotw() && plan.all_held;
+        if !(rejected || !(changed || self.must_answer) || (only_drops && !self.must_answer)) {
+            return false;
+        }
+        if !rejected && (only_drops || self.acked_version.as_ref() == Some(version)) {
+            // The client holds what we want it to have (e.g. the config
+            // went back to the version it kept after a NACK): in sync.
+            self.nack = None;
+        }
+        if self.acked_version.as_ref() == Some(version)
+            && self.last_sent_version == self.acked_version
+            && self.acked.len() == plan.resources.len()
+            && !Arc::ptr_eq(&self.acked, &plan.resources)
+        {
+            // Same content (the version is its hash; an EDS/RDS client may
+            // hold more than its last version names, hence the length):
+            // hold on to the newest map, so the next publish is planned
+            // from its change set (or not at all).
+            self.acked = plan.resources.clone();
+        }
+        self.must_answer = false;
+        true
+    }
+
+    /// Records a response of `plan` at `version` as sent and in flight, and
+    /// returns what goes on the wire.
+    fn send(
+        &mut self,
+        ty: ResourceType,
+        nonce: Arc<str>,
+        version: Arc<str>,
+        plan: Arc<ResourceMap>,
+        known_wire: Option<Arc<ResourceMap>>,
+    ) -> Arc<ResourceMap> {
+        self.must_answer = false;
+        self.last_sent_version = Some(version.clone());
+        self.last_nonce = Some(nonce.clone());
+        // EDS/RDS/SDS: what the client holds at the planned version is not
+        // repeated (absence removes nothing; Envoy and gRPC update only the
+        // resources a response carries). The version still names the whole
+        // plan, which is what the client holds once it ACKs.
+        let wire = if ty.is_full_state_in_sotw() {
+            plan.clone()
+        } else if let Some(w) = known_wire {
+            w
+        } else {
+            not_held(&plan, &self.acked)
+        };
+        self.in_flight = Some(InFlight {
+            nonce,
+            version,
+            resources: plan,
+        });
+        wire
+    }
 }
 
 #[derive(Debug)]
@@ -117,13 +320,16 @@ impl PlanFlags {
     }
 }
 
-/// Name order of the maps, with the interned (shared) case first.
-fn cmp_names(a: &Arc<str>, b: &Arc<str>) -> std::cmp::Ordering {
-    if Arc::ptr_eq(a, b) {
-        std::cmp::Ordering::Equal
-    } else {
-        (**a).cmp(&**b)
-    }
+/// One walk of a type's candidates ([`SotwMachine::walk`]).
+struct Walk<'a> {
+    /// Each candidate at the version to plan, in name order.
+    picks: Vec<(&'a Arc<str>, &'a Arc<Resource>)>,
+    /// Acknowledged resources no candidate names (full-state types only):
+    /// the plan drops them unless something still uses them.
+    gone: Vec<(&'a Arc<str>, &'a Arc<Resource>)>,
+    out: PlanFlags,
+    /// Every pick is the snapshot's own resource (so far).
+    is_whole: bool,
 }
 
 fn same_version(a: &Arc<Resource>, b: &Arc<Resource>) -> bool {
@@ -133,18 +339,7 @@ fn same_version(a: &Arc<Resource>, b: &Arc<Resource>) -> bool {
 /// The State-of-the-World protocol for one stream (ADS or a per-type service).
 #[derive(Debug)]
 pub struct SotwMachine {
-    only: Option<ResourceType>,
-    types: [Option<SotwType>; crate::resource::TYPE_COUNT],
-    nonces: Nonces,
-    snapshot: Option<Arc<Snapshot>>,
-    /// The client reported a version it holds on a first request: it resumes
-    /// from an earlier stream, and removals wait until the types that may
-    /// reference them were requested ([`super::resume_holds_removals`]).
-    resumed: bool,
-    /// The resume hold was lifted (the driver gave up waiting for requests).
-    resume_released: bool,
-    /// A response was sent on this stream (else a keepalive is owed).
-    answered: bool,
+    core: StreamCore<SotwType>,
     /// Plans made from the change set (tests check the fast path is taken).
     #[cfg(test)]
     pub(crate) fast_plans: usize,
@@ -157,13 +352,7 @@ impl SotwMachine {
     /// `only`: the one type a per-type service (CDS, EDS, ...) serves; `None` for ADS.
     pub fn new(only: Option<ResourceType>) -> Self {
         SotwMachine {
-            only,
-            types: Default::default(),
-            nonces: Nonces::default(),
-            snapshot: None,
-            resumed: false,
-            resume_released: false,
-            answered: false,
+            core: StreamCore::new(only),
             #[cfg(test)]
             fast_plans: 0,
             #[cfg(test)]
@@ -174,7 +363,7 @@ impl SotwMachine {
     /// The snapshot to serve; `None` while the server is not ready for this
     /// stream's group (requests are then held, never answered).
     pub fn set_snapshot(&mut self, snapshot: Option<Arc<Snapshot>>) {
-        self.snapshot = snapshot;
+        self.core.snapshot = snapshot;
     }
 
     /// Whether `req` may be the first of its type on a stream that resumes
@@ -187,7 +376,7 @@ impl SotwMachine {
     /// Stops holding removals for requests that have not come (see
     /// [`super::resume_holds_removals`]); for clients that never send them.
     pub fn release_resume_hold(&mut self) {
-        self.resume_released = true;
+        self.core.resume_released = true;
     }
 
     /// Applies one client request: subscription, ACK, NACK or stale nonce.
@@ -217,19 +406,22 @@ impl SotwMachine {
         self.handle(&req.req, Names::Wire(req), history)
     }
 
+    /// One request, in the order its fields matter: its type, its answer to
+    /// the latest response (ACK, NACK or stale), its names, then — on a
+    /// first request that reports a version — what the client holds already.
     fn handle(
         &mut self,
         req: &DiscoveryRequest,
         names: Names<'_>,
         history: &[Arc<Snapshot>],
     ) -> RequestOutcome {
-        let ty = match super::request_type(&req.type_url, self.only) {
+        let ty = match self.core.request_type(&req.type_url) {
             Ok(ty) => ty,
             Err(ignored) => return ignored,
         };
-        let first = self.types[ty.index()].is_none();
-        let known = self.snapshot.as_ref().map(|s| s.resources(ty).clone());
-        let st = self.types[ty.index()].get_or_insert_with(SotwType::default);
+        let first = !self.core.requested(ty);
+        let known = self.core.snapshot.as_ref().map(|s| s.resources(ty).clone());
+        let st = self.core.types[ty].get_or_insert_with(SotwType::default);
         let mut outcome = RequestOutcome::Subscribed { ty };
         if first {
             if !req.version_info.is_empty() {
@@ -245,123 +437,28 @@ impl SotwMachine {
                 };
             }
             if let Some(f) = st.in_flight.take() {
-                if let Some(err) = &req.error_detail {
-                    let info = NackInfo {
-                        version: f.version.clone(),
-                        nonce: f.nonce.clone(),
-                        message: err.message.clone(),
-                    };
-                    outcome = RequestOutcome::Nack {
-                        ty,
-                        version: f.version,
-                        nonce: f.nonce,
-                        message: err.message.clone(),
-                    };
-                    st.nack = Some(info);
-                    if ty.is_full_state_in_sotw() && !keys_subset(&st.acked, &f.resources) {
-                        // Envoy's CDS and LDS apply a NACKed response's
-                        // removals (what it lacks): the client no longer has
-                        // those (found by the hostile model in sim.rs).
-                        let sent = &f.resources;
-                        Arc::make_mut(&mut st.acked).retain(|n, _| sent.contains_key(n));
-                    }
-                } else {
-                    // Absence from an EDS/RDS/SDS response removes nothing
-                    // at the client: it keeps what it had until it unsubscribes
-                    // (what it holds is always covered by its subscription).
-                    if ty.is_full_state_in_sotw() || keys_subset(&st.acked, &f.resources) {
-                        st.acked = f.resources;
-                    } else {
-                        Arc::make_mut(&mut st.acked)
-                            .extend(f.resources.iter().map(|(n, r)| (n.clone(), r.clone())));
-                    }
-                    st.acked_version = Some(f.version.clone());
-                    if ty.is_full_state_in_sotw() {
-                        // The client holds exactly what it acknowledged.
-                        st.unresolved = false;
-                        st.maybe = None;
-                    }
-                    st.nack = None;
-                    outcome = RequestOutcome::Ack {
-                        ty,
-                        version: f.version,
-                        nonce: f.nonce,
-                    };
-                }
+                outcome = match &req.error_detail {
+                    Some(err) => st.apply_nack(ty, f, &err.message),
+                    None => st.apply_ack(ty, f),
+                };
             }
         }
-        let (added, changed) = match names {
-            // The list the subscription holds already: applying it again
-            // would change nothing.
-            Names::Wire(w) if st.names_key == Some(w.names_key()) => {
+        let change = match st.apply_names(ty, names, first, known.as_ref()) {
+            Some(change) => change,
+            None => {
                 #[cfg(test)]
                 {
                     self.names_skipped += 1;
                 }
-                (vec![], false)
-            }
-            Names::Wire(w) => {
-                st.names_key = Some(w.names_key());
-                st.sub.apply_sotw_with(
-                    &w.names(),
-                    first && empty_first_request_is_wildcard(ty),
-                    known.as_ref(),
-                )
-            }
-            Names::List(list) => {
-                st.names_key = None;
-                st.sub.apply_sotw_with(
-                    list,
-                    first && empty_first_request_is_wildcard(ty),
-                    known.as_ref(),
-                )
+                SotwChange::default()
             }
         };
-        if first {
-            // Every first request is answered, even one that subscribes to
-            // nothing (an empty EDS/RDS/SDS list: "not interested").
-            st.must_answer = true;
-        }
-        if !added.is_empty() {
-            st.must_answer = true;
-            if !first
-                && !ty.is_full_state_in_sotw()
-                && added.iter().any(|n| st.acked.contains_key(n))
-            {
-                // Newly requested names are always (re)sent: a client keeps
-                // only what it asked for by name, so what it held under a
-                // wildcard (or we believe it holds) may not be there.
-                let acked = Arc::make_mut(&mut st.acked);
-                for n in &added {
-                    acked.remove(n);
-                }
-            }
-        }
+        st.owe_answer(ty, first, &change.added);
         if first && !req.version_info.is_empty() {
-            self.resumed = true;
-            let current = self.snapshot.clone();
-            let st = self.types[ty.index()].as_mut().expect("inserted");
-            if let Some((version, held)) =
-                held_at_version(ty, &st.sub, &req.version_info, current.as_ref(), history)
-            {
-                // The client holds exactly that content: gating (and the
-                // removal gate of other types) starts from it.
-                st.acked = held;
-                st.acked_version = Some(version);
-            } else if ty.is_full_state_in_sotw() {
-                st.unresolved = true;
-            }
-            if st.unresolved || !ty.is_full_state_in_sotw() {
-                let maybe = maybe_held(&st.sub, &st.acked, ty, current.as_ref(), history);
-                st.maybe = (!maybe.is_empty()).then(|| maybe.into());
-            }
-            return outcome;
-        }
-        let st = self.types[ty.index()].as_mut().expect("inserted");
-        if changed && st.acked.keys().any(|n| !st.sub.covers(n)) {
-            // The client drops what it no longer subscribes to.
-            let sub = &st.sub;
-            Arc::make_mut(&mut st.acked).retain(|n, _| sub.covers(n));
+            self.core.resumed = true;
+            st.resume(ty, &req.version_info, self.core.snapshot.as_ref(), history);
+        } else if change.changed {
+            st.drop_unsubscribed();
         }
         outcome
     }
@@ -372,17 +469,15 @@ impl SotwMachine {
     /// of a stream that owes the client nothing is a keepalive (module docs).
     pub fn next_response(&mut self) -> Option<SotwResponse> {
         let resp = self.next_planned().or_else(|| self.keepalive());
-        self.answered |= resp.is_some();
-        resp
+        self.core.answered(resp)
     }
 
     /// A one-shot fetch (REST, gRPC `Fetch*`): no stream, so no keepalive; a
     /// client that is current gets no response (REST: 304 Not Modified).
     pub(crate) fn for_fetch(ty: ResourceType) -> Self {
-        SotwMachine {
-            answered: true,
-            ..SotwMachine::new(Some(ty))
-        }
+        let mut m = SotwMachine::new(Some(ty));
+        m.core.answered = true;
+        m
     }
 
     /// A type the client holds exactly what we would send it, with nothing
@@ -402,17 +497,16 @@ impl SotwMachine {
     /// coming: a per-type CDS/LDS stream, or a client whose clusters and
     /// listeners name no endpoints, routes or secrets served on this stream.
     fn keepalive(&mut self) -> Option<SotwResponse> {
-        if self.answered || self.snapshot.is_none() {
+        if self.core.answered || self.core.snapshot.is_none() {
             return None;
         }
         let named = ResourceType::ALL.into_iter().find(|ty| {
-            !ty.is_full_state_in_sotw()
-                && self.types[ty.index()].as_ref().is_some_and(Self::settled)
+            !ty.is_full_state_in_sotw() && self.core.types[*ty].as_ref().is_some_and(Self::settled)
         });
         let (ty, wire) = match named {
             Some(ty) => (ty, Arc::new(ResourceMap::new())),
             None => {
-                if self.named_request_expected() {
+                if self.core.named_request_expected() {
                     return None;
                 }
                 // The smallest full-state type, repeated as the client holds it.
@@ -420,25 +514,21 @@ impl SotwMachine {
                     .into_iter()
                     .filter(|ty| {
                         ty.is_full_state_in_sotw()
-                            && self.types[ty.index()].as_ref().is_some_and(Self::settled)
+                            && self.core.types[*ty].as_ref().is_some_and(Self::settled)
                     })
                     .min_by_key(|ty| {
-                        let st = self.types[ty.index()].as_ref().expect("settled");
+                        let st = self.core.types[*ty].as_ref().expect("settled");
                         st.acked
                             .values()
                             .map(|r| r.any_bytes().len())
                             .sum::<usize>()
                     })?;
-                let acked = self.types[ty.index()]
-                    .as_ref()
-                    .expect("settled")
-                    .acked
-                    .clone();
+                let acked = self.core.types[ty].as_ref().expect("settled").acked.clone();
                 (ty, acked)
             }
         };
-        let nonce = self.nonces.next();
-        let st = self.types[ty.index()].as_mut().expect("settled");
+        let nonce = self.core.nonces.next();
+        let st = self.core.types[ty].as_mut().expect("settled");
         let version = st.acked_version.clone().expect("settled");
         st.last_nonce = Some(nonce.clone());
         st.in_flight = Some(InFlight {
@@ -454,153 +544,37 @@ impl SotwMachine {
         })
     }
 
-    /// On ADS, a request for EDS, RDS or SDS is still to come
-    /// ([`super::named_request_expected`]).
-    fn named_request_expected(&self) -> bool {
-        self.only.is_none()
-            && !self.resume_released
-            && super::named_request_expected(|t| self.types[t.index()].is_some(), self)
-    }
-
+    /// The response of the first type, in make-before-break order, that has
+    /// something to tell the client: planned, worth sending, then sent.
     fn next_planned(&mut self) -> Option<SotwResponse> {
-        let snap = self.snapshot.clone()?;
+        let snap = self.core.snapshot.clone()?;
         for ty in ResourceType::ALL {
-            let ready = matches!(&self.types[ty.index()], Some(st) if st.in_flight.is_none());
-            if !ready {
+            if !self.ready_to_plan(ty, &snap) {
                 continue;
             }
-            if let Some(st) = self.types[ty.index()].as_mut() {
-                // Shared subscription names move to the new map when its keys
-                // are the same, so old maps are not kept alive.
-                st.sub
-                    .follow(snap.resources(ty), |m| snap.same_keys_since(ty, m));
-            }
-            if self.types[ty.index()]
-                .as_ref()
-                .is_some_and(|st| st.unresolved)
-                && self.resume_holds_removals(ty)
-            {
-                // We do not know what the client holds and cannot yet see what
-                // it uses: any full-state answer could remove something in use.
-                continue;
-            }
-            if let Some(st) = self.types[ty.index()].as_mut()
-                && st.settled_on(snap.resources(ty))
-            {
-                // The client acknowledged exactly this map and nothing was sent
-                // since: nothing to plan (O(1) on every ACK of a large type).
-                st.nack = None;
-                continue;
-            }
-            let Plan {
-                resources: plan,
-                held_missing,
-                all_held: only_drops,
-                mut refetch_eds,
-                wire: known_wire,
-            } = match self.plan_changed(ty, &snap) {
-                Some(p) => {
-                    #[cfg(test)]
-                    {
-                        self.check_plan_changed(ty, &snap, &p);
-                        self.fast_plans += 1;
-                    }
-                    p
-                }
-                None => self.plan(ty, &snap),
-            };
-            if held_missing && !ty.is_full_state_in_sotw() {
+            let plan = self.plan_now(ty, &snap);
+            if plan.held_missing && !ty.is_full_state_in_sotw() {
                 // A subscribed resource the client lacks is held back (its
                 // clusters are not warm yet). Answering without it would tell
                 // the client it does not exist — Envoy would warm a listener
                 // with no routes. Wait until it can be sent.
                 continue;
             }
-            let version: Arc<str> = if Arc::ptr_eq(&plan, snap.resources(ty)) {
-                snap.version(ty).clone()
-            } else {
-                set_version(plan.iter().map(|(n, r)| (&**n, r.version()))).into()
-            };
-            let st = self.types[ty.index()].as_mut().expect("checked");
-            if st.last_sent_version.is_none() && st.client_version.as_deref() == Some(&*version) {
-                // A resuming client already holds exactly this: nothing to send
-                // (failover to a replica with the same config costs nothing).
-                st.acked = plan;
-                st.acked_version = Some(version.clone());
-                st.last_sent_version = Some(version);
-                st.must_answer = false;
+            let version = plan_version(ty, &plan.resources, &snap);
+            let st = self.core.types[ty].as_mut().expect("checked");
+            if st.resumed_at(&plan.resources, &version) || st.nothing_to_tell(ty, &plan, &version) {
                 continue;
             }
-            let rejected = st.nack.as_ref().is_some_and(|n| n.version == version);
-            let changed = st.last_sent_version.as_ref() != Some(&version);
-            // For EDS/RDS/SDS, absence from a SotW response does not remove
-            // anything at the client: when the client already holds everything
-            // in the plan, a push would tell it nothing.
-            let only_drops = !ty.is_full_state_in_sotw() && only_drops;
-            if rejected || !(changed || st.must_answer) || (only_drops && !st.must_answer) {
-                if !rejected && (only_drops || st.acked_version.as_ref() == Some(&version)) {
-                    // The client holds what we want it to have (e.g. the config
-                    // went back to the version it kept after a NACK): in sync.
-                    st.nack = None;
-                }
-                if st.acked_version.as_ref() == Some(&version)
-                    && st.last_sent_version == st.acked_version
-                    && st.acked.len() == plan.len()
-                    && !Arc::ptr_eq(&st.acked, &plan)
-                {
-                    // Same content (the version is its hash; an EDS/RDS client
-                    // may hold more than its last version names, hence the
-                    // length): hold on to the newest map, so the next publish
-                    // is planned from its change set (or not at all).
-                    st.acked = plan;
-                }
-                st.must_answer = false;
-                continue;
-            }
-            let nonce = self.nonces.next();
-            st.must_answer = false;
-            st.last_sent_version = Some(version.clone());
-            st.last_nonce = Some(nonce.clone());
-            // EDS/RDS/SDS: what the client holds at the planned version is
-            // not repeated (absence removes nothing; Envoy and gRPC update
-            // only the resources a response carries). The version still names
-            // the whole plan, which is what the client holds once it ACKs.
-            let wire = if ty.is_full_state_in_sotw() {
-                plan.clone()
-            } else if let Some(w) = known_wire {
-                w
-            } else {
-                not_held(&plan, &st.acked)
-            };
-            st.in_flight = Some(InFlight {
-                nonce: nonce.clone(),
-                version: version.clone(),
-                resources: plan,
-            });
-            if !refetch_eds.is_empty()
-                && let Some(eds) = self.types[ResourceType::ClusterLoadAssignment.index()].as_mut()
-            {
-                // Envoy rebuilds a modified cluster and waits for its
-                // endpoints again (same EDS names, so no new subscription):
-                // the client no longer counts as holding them (routes to the
-                // cluster wait, as for a new one), and they follow this
-                // response even though they did not change.
-                refetch_eds.sort_unstable();
-                refetch_eds.dedup();
-                eds.must_answer = true;
-                if let Some(kept) = without_names(&eds.acked, &refetch_eds) {
-                    eds.acked = Arc::new(kept);
-                }
-                // An EDS response still in flight went out before this one:
-                // the client applies it to the old cluster, so its ACK must
-                // not count the rebuilt clusters' endpoints as held (else
-                // they are never re-sent and Envoy waits its 15 s initial
-                // fetch timeout, holding every later CDS update meanwhile).
-                if let Some(f) = eds.in_flight.as_mut()
-                    && let Some(kept) = without_names(&f.resources, &refetch_eds)
-                {
-                    f.resources = Arc::new(kept);
-                }
+            let nonce = self.core.nonces.next();
+            let wire = st.send(
+                ty,
+                nonce.clone(),
+                version.clone(),
+                plan.resources,
+                plan.wire,
+            );
+            if !plan.refetch_eds.is_empty() {
+                self.refetch_endpoints(plan.refetch_eds);
             }
             return Some(SotwResponse {
                 ty,
@@ -612,13 +586,83 @@ impl SotwMachine {
         None
     }
 
+    /// Whether `ty` is worth planning now: requested, nothing in flight, not
+    /// waiting on the resume hold, and not already settled on this map.
+    fn ready_to_plan(&mut self, ty: ResourceType, snap: &Snapshot) -> bool {
+        let Some(st) = self.core.types[ty].as_mut() else {
+            return false;
+        };
+        if st.in_flight.is_some() {
+            return false;
+        }
+        // Shared subscription names move to the new map when its keys are
+        // the same, so old maps are not kept alive.
+        st.sub
+            .follow(snap.resources(ty), |m| snap.same_keys_since(ty, m));
+        if st.unresolved && self.core.resume_holds_removals(ty) {
+            // We do not know what the client holds and cannot yet see what
+            // it uses: any full-state answer could remove something in use.
+            return false;
+        }
+        let st = self.core.types[ty].as_mut().expect("requested");
+        if st.settled_on(snap.resources(ty)) {
+            // The client acknowledged exactly this map and nothing was sent
+            // since: nothing to plan (O(1) on every ACK of a large type).
+            st.nack = None;
+            return false;
+        }
+        true
+    }
+
+    /// The plan for `ty`: from the change set when it can be (test builds
+    /// check it against the full plan), else in full.
+    fn plan_now(&mut self, ty: ResourceType, snap: &Snapshot) -> Plan {
+        match self.plan_changed(ty, snap) {
+            Some(p) => {
+                #[cfg(test)]
+                {
+                    self.check_plan_changed(ty, snap, &p);
+                    self.fast_plans += 1;
+                }
+                p
+            }
+            None => self.plan(ty, snap),
+        }
+    }
+
+    /// Envoy rebuilds a modified cluster and waits for its endpoints again
+    /// (same EDS names, so no new subscription): the client no longer counts
+    /// as holding `names` (routes to the cluster wait, as for a new one), and
+    /// they follow the CDS response even though they did not change.
+    fn refetch_endpoints(&mut self, mut names: Vec<Arc<str>>) {
+        let Some(eds) = self.core.types[ResourceType::ClusterLoadAssignment].as_mut() else {
+            return;
+        };
+        names.sort_unstable();
+        names.dedup();
+        eds.must_answer = true;
+        if let Some(kept) = without_names(&eds.acked, &names) {
+            eds.acked = Arc::new(kept);
+        }
+        // An EDS response still in flight went out before this one: the
+        // client applies it to the old cluster, so its ACK must not count
+        // the rebuilt clusters' endpoints as held (else they are never
+        // re-sent and Envoy waits its 15 s initial fetch timeout, holding
+        // every later CDS update meanwhile).
+        if let Some(f) = eds.in_flight.as_mut()
+            && let Some(kept) = without_names(&f.resources, &names)
+        {
+            f.resources = Arc::new(kept);
+        }
+    }
+
     /// [`SotwMachine::plan`] in O(changes): when the client holds exactly an
     /// earlier snapshot's whole map (same names) and nothing is pending, only
     /// the names changed since are looked at, and the plan is the snapshot's
     /// own map. `None` when anything needs the full plan (a change held back
     /// by its references, a removal, a NACK, a resume, a partial subscription).
     fn plan_changed(&self, ty: ResourceType, snap: &Snapshot) -> Option<Plan> {
-        let st = self.types[ty.index()].as_ref()?;
+        let st = self.core.types[ty].as_ref()?;
         let whole = snap.resources(ty);
         if st.in_flight.is_some()
             || st.unresolved
@@ -650,7 +694,7 @@ impl SotwMachine {
             if same_version(held, res) {
                 continue;
             }
-            if !hard_refs_ready(res, snap, self) || self.removing_hard_ref(res) {
+            if !hard_refs_ready(res, snap, &self.core) || self.removing_hard_ref(res) {
                 return None;
             }
             out.all_held = false;
@@ -674,7 +718,7 @@ impl SotwMachine {
     #[cfg(test)]
     fn check_plan_changed(&self, ty: ResourceType, snap: &Snapshot, fast: &Plan) {
         let full = self.plan(ty, snap);
-        let st = self.types[ty.index()].as_ref().expect("requested");
+        let st = self.core.types[ty].as_ref().expect("requested");
         let content = |m: &ResourceMap| -> Vec<(String, String)> {
             m.iter()
                 .map(|(n, r)| (n.to_string(), r.version().to_string()))
@@ -711,75 +755,14 @@ impl SotwMachine {
     /// (the common case): this runs per stream per push, so it is what a
     /// global push costs.
     fn plan(&self, ty: ResourceType, snap: &Snapshot) -> Plan {
-        let st = self.types[ty.index()].as_ref().expect("requested");
+        let st = self.core.types[ty].as_ref().expect("requested");
         let whole = snap.resources(ty);
-        let full = ty.is_full_state_in_sotw();
-        let candidates: Box<dyn Iterator<Item = (&Arc<str>, &Arc<Resource>)> + '_> =
-            if st.sub.is_wildcard() || st.sub.is_keys_of(whole) {
-                Box::new(whole.iter())
-            } else {
-                Box::new(st.sub.iter().filter_map(|n| whole.get_key_value(&**n)))
-            };
-        let mut picks: Vec<(&Arc<str>, &Arc<Resource>)> = Vec::with_capacity(whole.len());
-        // Acknowledged resources no candidate names (full-state types only).
-        let mut gone: Vec<(&Arc<str>, &Arc<Resource>)> = Vec::new();
-        let mut acked = st.acked.iter().peekable();
-        let mut out = PlanFlags {
-            held_missing: false,
-            all_held: true,
-            refetch_eds: Vec::new(),
-        };
-        let mut is_whole = true;
-        for (name, res) in candidates {
-            let mut held = None;
-            while let Some(&(k, v)) = acked.peek() {
-                match cmp_names(k, name) {
-                    std::cmp::Ordering::Less => {
-                        if full && st.sub.covers(k) {
-                            gone.push((k, v));
-                        }
-                        acked.next();
-                    }
-                    std::cmp::Ordering::Equal => {
-                        held = Some(v);
-                        acked.next();
-                        break;
-                    }
-                    std::cmp::Ordering::Greater => break,
-                }
-            }
-            let unchanged = held.is_some_and(|h| same_version(h, res));
-            let pick = match held {
-                Some(h) if unchanged => h,
-                _ if hard_refs_ready(res, snap, self) && !self.removing_hard_ref(res) => res,
-                Some(old) => old,
-                None => {
-                    out.held_missing = true;
-                    is_whole = false;
-                    continue;
-                }
-            };
-            is_whole &= Arc::ptr_eq(pick, res);
-            match held {
-                Some(h) if same_version(h, pick) => {}
-                Some(_) => {
-                    out.all_held = false;
-                    if ty == ResourceType::Cluster {
-                        out.refetch_eds.extend(
-                            pick.refs()
-                                .iter()
-                                .filter(|x| x.ty == ResourceType::ClusterLoadAssignment)
-                                .map(|x| x.name.clone()),
-                        );
-                    }
-                }
-                None => out.all_held = false,
-            }
-            picks.push((name, pick));
-        }
-        if full {
-            gone.extend(acked.filter(|(k, _)| st.sub.covers(k)));
-        }
+        let Walk {
+            picks,
+            gone,
+            mut out,
+            is_whole,
+        } = self.walk(ty, st, snap);
         let unresolved_maybe = st.maybe.as_ref().filter(|_| st.unresolved);
         if gone.is_empty() && unresolved_maybe.is_none() {
             let resources = if is_whole && picks.len() == whole.len() {
@@ -800,7 +783,7 @@ impl SotwMachine {
             .collect();
         if let Some(maybe) = unresolved_maybe {
             // Keep whatever the client's other resources use.
-            let refd = referenced_by_client(self);
+            let refd = referenced_by_client(&self.core);
             for old in maybe.iter() {
                 let name = old.name_arc();
                 if !plan.contains_key(name) && refd.contains(&(ty, name.clone())) {
@@ -809,35 +792,116 @@ impl SotwMachine {
                 }
             }
         }
-        if !gone.is_empty() && self.resume_holds_removals(ty) {
-            for (name, old) in gone {
-                plan.insert(name.clone(), old.clone());
-            }
-        } else if !gone.is_empty() {
-            let refd = referenced_by_client(self);
-            for (name, old) in gone {
-                if refd.contains(&(ty, name.clone())) {
-                    plan.insert(name.clone(), old.clone());
-                }
-            }
-        }
+        self.keep_in_use(ty, &mut plan, gone);
         out.with(share_if_whole(plan, whole))
     }
 
-    /// Resumed, and still waiting for the client's other first requests.
-    fn resume_pending(&self) -> bool {
-        self.resumed && !self.resume_released && self.only.is_none()
+    /// The subscribed resources of `ty` in the snapshot, each at the version
+    /// the ordering allows (the new one, the one the client holds, or none
+    /// yet), beside what the client acknowledged and no candidate names.
+    fn walk<'a>(&self, ty: ResourceType, st: &'a SotwType, snap: &'a Snapshot) -> Walk<'a> {
+        let whole = snap.resources(ty);
+        let full = ty.is_full_state_in_sotw();
+        let candidates: Box<dyn Iterator<Item = (&Arc<str>, &Arc<Resource>)> + '_> =
+            if st.sub.is_wildcard() || st.sub.is_keys_of(whole) {
+                Box::new(whole.iter())
+            } else {
+                Box::new(st.sub.iter().filter_map(|n| whole.get_key_value(&**n)))
+            };
+        let mut w = Walk {
+            picks: Vec::with_capacity(whole.len()),
+            gone: Vec::new(),
+            out: PlanFlags {
+                held_missing: false,
+                all_held: true,
+                refetch_eds: Vec::new(),
+            },
+            is_whole: true,
+        };
+        let mut acked = st.acked.iter().peekable();
+        for (name, res) in candidates {
+            let mut held = None;
+            while let Some(&(k, v)) = acked.peek() {
+                match cmp_names(k, name) {
+                    std::cmp::Ordering::Less => {
+                        if full && st.sub.covers(k) {
+                            w.gone.push((k, v));
+                        }
+                        acked.next();
+                    }
+                    std::cmp::Ordering::Equal => {
+                        held = Some(v);
+                        acked.next();
+                        break;
+                    }
+                    std::cmp::Ordering::Greater => break,
+                }
+            }
+            let unchanged = held.is_some_and(|h| same_version(h, res));
+            let pick = match held {
+                Some(h) if unchanged => h,
+                _ if hard_refs_ready(res, snap, &self.core) && !self.removing_hard_ref(res) => res,
+                Some(old) => old,
+                None => {
+                    w.out.held_missing = true;
+                    w.is_whole = false;
+                    continue;
+                }
+            };
+            w.is_whole &= Arc::ptr_eq(pick, res);
+            match held {
+                Some(h) if same_version(h, pick) => {}
+                Some(_) => {
+                    w.out.all_held = false;
+                    if ty == ResourceType::Cluster {
+                        w.out.refetch_eds.extend(
+                            pick.refs()
+                                .iter()
+                                .filter(|x| x.ty == ResourceType::ClusterLoadAssignment)
+                                .map(|x| x.name.clone()),
+                        );
+                    }
+                }
+                None => w.out.all_held = false,
+            }
+            w.picks.push((name, pick));
+        }
+        if full {
+            w.gone.extend(acked.filter(|(k, _)| st.sub.covers(k)));
+        }
+        w
     }
 
-    fn resume_holds_removals(&self, ty: ResourceType) -> bool {
-        self.resume_pending()
-            && resume_holds_removals(ty, |t| self.types[t.index()].is_some(), self)
+    /// Break after unlink: of the acknowledged resources the plan drops
+    /// (`gone`), those something the client holds still references stay —
+    /// all of them while a resumed stream cannot see every referrer yet.
+    fn keep_in_use(
+        &self,
+        ty: ResourceType,
+        plan: &mut ResourceMap,
+        gone: Vec<(&Arc<str>, &Arc<Resource>)>,
+    ) {
+        if gone.is_empty() {
+            return;
+        }
+        if self.core.resume_holds_removals(ty) {
+            for (name, old) in gone {
+                plan.insert(name.clone(), old.clone());
+            }
+            return;
+        }
+        let refd = referenced_by_client(&self.core);
+        for (name, old) in gone {
+            if refd.contains(&(ty, name.clone())) {
+                plan.insert(name.clone(), old.clone());
+            }
+        }
     }
 
     /// A cluster `res` routes to is left out of the CDS response in flight:
     /// the client is about to remove it (found by the hostile model).
     fn removing_hard_ref(&self, res: &Resource) -> bool {
-        let Some(f) = self.types[ResourceType::Cluster.index()]
+        let Some(f) = self.core.types[ResourceType::Cluster]
             .as_ref()
             .and_then(|t| t.in_flight.as_ref())
         else {
@@ -850,28 +914,17 @@ impl SotwMachine {
 
     /// Per-type state, for status pages and CSDS.
     pub fn status(&self) -> Vec<TypeStatus> {
-        ResourceType::ALL
-            .into_iter()
-            .filter_map(|ty| {
-                let st = self.types[ty.index()].as_ref()?;
-                let state = super::sync_state(
-                    st.nack.is_some(),
-                    st.in_flight.is_some(),
-                    st.last_sent_version.is_some(),
-                );
-                Some(TypeStatus {
-                    ty,
-                    wildcard: st.sub.is_wildcard(),
-                    subscribed: st.sub.len(),
-                    sent_version: st.last_sent_version.clone(),
-                    sent_nonce: st.last_nonce.clone(),
-                    acked_version: st.acked_version.clone(),
-                    acked: st.acked.clone(),
-                    nack: st.nack.clone(),
-                    state,
-                })
-            })
-            .collect()
+        self.core.status()
+    }
+}
+
+/// The version naming `plan`: the snapshot's own when the plan is its
+/// whole map (no hashing), else the hash of the plan's names and versions.
+fn plan_version(ty: ResourceType, plan: &Arc<ResourceMap>, snap: &Snapshot) -> Arc<str> {
+    if Arc::ptr_eq(plan, snap.resources(ty)) {
+        snap.version(ty).clone()
+    } else {
+        set_version(plan.iter().map(|(n, r)| (&**n, r.version()))).into()
     }
 }
 
@@ -958,54 +1011,35 @@ fn not_held(plan: &Arc<ResourceMap>, acked: &ResourceMap) -> Arc<ResourceMap> {
     }
 }
 
-/// Every key of `a` is a key of `b` (a walk of both maps in order).
-fn keys_subset(a: &Arc<ResourceMap>, b: &Arc<ResourceMap>) -> bool {
-    if a.is_empty() || Arc::ptr_eq(a, b) {
-        return true;
+impl TypeState for SotwType {
+    fn sub(&self) -> &Subscription {
+        &self.sub
     }
-    if a.len() > b.len() {
-        return false;
-    }
-    let mut bs = b.keys();
-    'outer: for ka in a.keys() {
-        for kb in bs.by_ref() {
-            if Arc::ptr_eq(ka, kb) || ka == kb {
-                continue 'outer;
-            }
-            if kb > ka {
-                return false;
-            }
-        }
-        return false;
-    }
-    true
-}
 
-impl ClientViews for SotwMachine {
-    fn view(&self, ty: ResourceType) -> TypeView<'_> {
-        match self.types[ty.index()].as_ref() {
-            None => TypeView::NotRequested {
-                resume_pending: self.resume_pending(),
-            },
-            Some(st) => TypeView::Requested {
-                sub: &st.sub,
-                acked: &st.acked,
-            },
-        }
+    fn acked(&self) -> &Arc<ResourceMap> {
+        &self.acked
     }
 
     fn for_each_held(&self, f: &mut dyn FnMut(&Resource)) {
-        for st in self.types.iter().flatten() {
-            st.acked.values().for_each(|r| f(r));
-            if let Some(maybe) = &st.maybe {
-                maybe
-                    .iter()
-                    .filter(|r| st.sub.covers(r.name()) && !st.acked.contains_key(r.name()))
-                    .for_each(|r| f(r));
-            }
-            if let Some(fl) = &st.in_flight {
-                fl.resources.values().for_each(|r| f(r));
-            }
+        self.acked.values().for_each(|r| f(r));
+        if let Some(maybe) = &self.maybe {
+            maybe
+                .iter()
+                .filter(|r| self.sub.covers(r.name()) && !self.acked.contains_key(r.name()))
+                .for_each(|r| f(r));
+        }
+        if let Some(fl) = &self.in_flight {
+            fl.resources.values().for_each(|r| f(r));
+        }
+    }
+
+    fn progress(&self) -> Progress<'_> {
+        Progress {
+            sent_version: self.last_sent_version.as_ref(),
+            last_nonce: self.last_nonce.as_ref(),
+            acked_version: self.acked_version.as_ref(),
+            nack: self.nack.as_ref(),
+            in_flight: self.in_flight.is_some(),
         }
     }
 }
@@ -1049,7 +1083,7 @@ mod tests {
             let n = if r.ty == eds { names.clone() } else { vec![] };
             ack(&mut m, &r, &n);
         }
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert!(Arc::ptr_eq(&st.acked, s1.resources(eds)));
         let s2 = snapshot(1000, 2, Some(&s1));
         let s3 = snapshot(1000, 3, Some(&s2));
@@ -1066,7 +1100,7 @@ mod tests {
         assert!(m.fast_plans > before, "planned from the change chain");
         ack(&mut m, &r, &names);
         assert!(m.next_response().is_none());
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert!(Arc::ptr_eq(&st.acked, s3.resources(eds)));
         drop(keep);
     }
@@ -1100,7 +1134,7 @@ mod tests {
         assert!(m.next_response().is_none(), "only one");
         ack(&mut m, &r, &names);
         assert!(m.next_response().is_none());
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert_eq!(st.acked.len(), 3, "the client still holds everything");
         // Changes are pushed as before.
         let s2 = snapshot(3, 2, Some(&s1));
@@ -1151,7 +1185,7 @@ mod tests {
         // Dropping a name is decoded too: the next ACK has two names.
         send(&mut m, &["c0000"], &r2.nonce);
         assert_eq!(m.names_skipped, 1);
-        let st = m.types[eds.index()].as_ref().unwrap();
+        let st = m.core.types[eds].as_ref().unwrap();
         assert_eq!(st.sub.len(), 1);
     }
 

@@ -97,6 +97,16 @@ fn intern(name: &str, known: Option<&Arc<ResourceMap>>) -> Arc<str> {
     }
 }
 
+/// What a SotW `resource_names` list changed in a [`Subscription`].
+#[derive(Debug, Default)]
+pub(crate) struct SotwChange {
+    /// Names that became subscribed (and `"*"` if wildcard was turned on):
+    /// they must be answered even if nothing changed.
+    pub(crate) added: Vec<Arc<str>>,
+    /// The subscription is not what it was (names may also have gone).
+    pub(crate) changed: bool,
+}
+
 impl Subscription {
     pub(crate) fn is_wildcard(&self) -> bool {
         self.wildcard
@@ -220,7 +230,7 @@ impl Subscription {
     /// which must be answered even if nothing changed.
     #[cfg(test)]
     pub(crate) fn apply_sotw(&mut self, names: &[String], first: bool) -> Vec<Arc<str>> {
-        self.apply_sotw_with(names, first, None).0
+        self.apply_sotw_with(names, first, None).added
     }
 
     /// [`Subscription::apply_sotw`], interning names with `known` (the
@@ -230,7 +240,7 @@ impl Subscription {
         names: &[String],
         first: bool,
         known: Option<&Arc<ResourceMap>>,
-    ) -> (Vec<Arc<str>>, bool) {
+    ) -> SotwChange {
         if names.is_empty() {
             let before = (self.wildcard, self.legacy, self.len());
             let turned_on = (first || self.legacy) && !self.wildcard;
@@ -247,11 +257,11 @@ impl Subscription {
             } else {
                 vec![]
             };
-            return (added, changed);
+            return SotwChange { added, changed };
         }
         let wildcard = names.iter().any(|n| n == WILDCARD);
         if !self.legacy && wildcard == self.wildcard && self.same_names(names) {
-            return (vec![], false);
+            return SotwChange::default();
         }
         let new: BTreeSet<Arc<str>> = names
             .iter()
@@ -268,7 +278,10 @@ impl Subscription {
         if let Some(k) = known {
             self.share_with(k);
         }
-        (added, true)
+        SotwChange {
+            added,
+            changed: true,
+        }
     }
 
     /// Applies a Delta request's subscribe/unsubscribe lists.

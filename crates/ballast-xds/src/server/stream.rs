@@ -21,7 +21,7 @@ use crate::events::{StreamKind, XdsEvent};
 use crate::protocol::delta::DeltaMachine;
 use crate::protocol::sotw::SotwMachine;
 use crate::protocol::sotw_request::SotwRequest;
-use crate::protocol::{DeltaResponse, RequestOutcome, SotwResponse};
+use crate::protocol::{DeltaResponse, PerType, RequestOutcome, SotwResponse};
 use crate::resource::ResourceType;
 use crate::snapshot::Snapshot;
 use crate::status::TypeStatus;
@@ -207,8 +207,7 @@ async fn run<M: Machine>(
     let mut ready_rx = shared.cache.watch_ready();
     // Frees the group's cache slot when the stream ends, if then unused.
     let mut snap_rx = shared.cache.watch_group(&group);
-    let mut sent_at: [Option<(Arc<str>, Instant)>; crate::resource::TYPE_COUNT] =
-        Default::default();
+    let mut sent_at: PerType<Option<(Arc<str>, Instant)>> = PerType::default();
 
     // Status pages and CSDS read the machine when asked (the lock is never
     // held across an await or while taking the registry's).
@@ -272,7 +271,7 @@ async fn run<M: Machine>(
                 });
             }
             debug!(%ty, %version, %nonce, resources, removed, bytes, "send");
-            sent_at[ty.index()] = Some((nonce, Instant::now()));
+            sent_at[ty] = Some((nonce, Instant::now()));
             tokio::select! {
                 r = tx.send(Ok(resp)) => if r.is_err() {
                     return Ok(()); // client went away
@@ -317,7 +316,7 @@ fn record(
     node: &Arc<str>,
     group: &Arc<str>,
     outcome: &RequestOutcome,
-    sent_at: &mut [Option<(Arc<str>, Instant)>; crate::resource::TYPE_COUNT],
+    sent_at: &mut PerType<Option<(Arc<str>, Instant)>>,
 ) {
     match outcome {
         RequestOutcome::Subscribed { ty } => observer.on_event(&XdsEvent::Request {
@@ -325,7 +324,7 @@ fn record(
             ty: *ty,
         }),
         RequestOutcome::Ack { ty, version, nonce } => {
-            let latency = match &sent_at[ty.index()] {
+            let latency = match &sent_at[*ty] {
                 Some((n, at)) if n == nonce => at.elapsed(),
                 _ => Default::default(),
             };
