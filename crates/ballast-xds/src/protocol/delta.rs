@@ -924,157 +924,19 @@ impl DeltaMachine {
     fn plan(&self, ty: ResourceType, snap: &Snapshot, scope: Scope<'_>) -> Plan {
         let st = self.core.types[ty].as_ref().expect("requested");
         let whole = snap.resources(ty);
-        let mut plan = Plan::default();
-        // Candidates come in name order: the client's view is walked once.
-        let mut held = Seeker::new(&*st.acked);
-        let mut consider = |res: &Arc<Resource>, plan: &mut Plan| {
-            // A response the client NACKed may have left another version.
-            if held
-                .get(res.name())
-                .is_some_and(|h| Arc::ptr_eq(h, res) || h.version() == res.version())
-                && st
-                    .maybe
-                    .get(res.name())
-                    .is_none_or(|m| m.version() == res.version())
-            {
-                return;
-            }
-            let rejected = st
-                .rejected
-                .get(res.name())
-                .is_some_and(|v| **v == *res.version());
-            let probe = rejected
-                && st
-                    .maybe
-                    .get(res.name())
-                    .is_some_and(|m| m.version() == res.version());
-            if rejected && !probe {
-                return;
-            }
-            if !hard_refs_ready(res, snap, &self.core) || self.removal_in_flight_under(res, snap) {
-                plan.held = true;
-            } else if probe {
-                plan.probes.push(res.clone());
-            } else {
-                plan.upserts.push(res.clone());
-            }
+        let mut p = Planner {
+            m: self,
+            st,
+            snap,
+            whole,
+            held: Seeker::new(&*st.acked),
+            plan: Plan::default(),
         };
-        let removable = |n: &Arc<str>| {
-            !whole.contains_key(n)
-                && st.sub.covers(n)
-                && st.rejected.get(n).is_none_or(|v| &**v != REMOVAL)
+        let gone = match scope {
+            Scope::All => p.over_all(),
+            Scope::Names(names) => p.over_names(names),
         };
-        let is_absent = |n: &Arc<str>| {
-            !whole.contains_key(n)
-                && !st.acked.contains_key(n)
-                && !st.unknown.contains_key(n)
-                && !st.maybe.contains_key(n)
-                && !st.asked.contains_key(n)
-                && !st.older.contains_key(n)
-                && !st.told_absent.contains(n)
-        };
-        // A subscribed namespace with members is answered by them.
-        let has_members =
-            |n: &str| st.sub.is_namespaced() && namespace_members(whole, n).next().is_some();
-        let mut gone: Vec<&Arc<str>> = Vec::new();
-        match scope {
-            Scope::All => {
-                if st.sub.is_wildcard() {
-                    whole.values().for_each(|r| consider(r, &mut plan));
-                } else if st.sub.is_namespaced() {
-                    // Names and their namespaces' members, in name order.
-                    let mut cands: BTreeMap<&Arc<str>, &Arc<Resource>> = BTreeMap::new();
-                    for name in st.sub.iter() {
-                        if let Some((k, r)) = whole.get_key_value(name) {
-                            cands.insert(k, r);
-                        }
-                        cands.extend(namespace_members(whole, name));
-                    }
-                    cands.values().for_each(|r| consider(r, &mut plan));
-                } else {
-                    let mut known = Seeker::new(&**whole);
-                    for name in st.sub.iter() {
-                        if let Some(res) = known.get(name) {
-                            consider(res, &mut plan);
-                        }
-                    }
-                }
-                // Sorted names against sorted maps: one walk each.
-                let mut known = Seeker::new(&**whole);
-                gone.extend(
-                    st.acked
-                        .keys()
-                        .filter(|n| !known.contains_key(n) && removable(n)),
-                );
-                gone.extend(st.unknown.keys().filter(|n| removable(n)));
-                gone.extend(
-                    st.maybe
-                        .keys()
-                        .chain(st.asked.keys())
-                        .chain(st.older.keys())
-                        .filter(|n| !whole.contains_key(*n) && removable(n)),
-                );
-                let mut known = Seeker::new(&**whole);
-                let mut held = Seeker::new(&*st.acked);
-                plan.absent = st
-                    .sub
-                    .iter()
-                    .filter(|n| {
-                        !known.contains_key(n)
-                            && !held.contains_key(n)
-                            && is_absent(n)
-                            && !has_members(n)
-                    })
-                    .cloned()
-                    .collect();
-                // Unsubscribed names the wildcard covers that do not exist.
-                plan.absent.extend(
-                    st.answer
-                        .iter()
-                        .filter(|n| !st.sub.contains(n) && is_absent(n))
-                        .cloned(),
-                );
-                plan.absent.sort();
-                plan.absent.dedup();
-            }
-            Scope::Names(names) => {
-                let mut known = Seeker::new(&**whole);
-                for name in names {
-                    match known.get(name) {
-                        Some(res) => {
-                            if st.sub.covers(name) {
-                                consider(res, &mut plan);
-                            }
-                        }
-                        None => {
-                            if (st.acked.contains_key(name)
-                                || st.unknown.contains_key(name)
-                                || st.maybe.contains_key(name)
-                                || st.asked.contains_key(name)
-                                || st.older.contains_key(name))
-                                && removable(name)
-                            {
-                                gone.push(name);
-                            }
-                            if st.sub.contains(name) && is_absent(name) && !has_members(name) {
-                                plan.absent.push(name.clone());
-                            }
-                            // The last member of a namespace went: the
-                            // namespace is answered as absent, as in full.
-                            if let Some(ns) = namespace_of(name)
-                                && st.sub.is_namespaced()
-                                && let Some(ns) = st.sub.iter().find(|n| ***n == *ns)
-                                && !whole.contains_key(ns)
-                                && is_absent(ns)
-                                && !has_members(ns)
-                            {
-                                plan.absent.push(ns.clone());
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        let mut plan = p.plan;
         if st.sub.is_namespaced() {
             plan.absent.sort();
             plan.absent.dedup();
@@ -1164,6 +1026,190 @@ impl DeltaMachine {
     /// Per-type state, for status pages and CSDS.
     pub fn status(&self) -> Vec<TypeStatus> {
         self.core.status()
+    }
+}
+
+/// One plan of a type being computed ([`DeltaMachine::plan`]): what it
+/// reads, and the plan it fills.
+struct Planner<'a> {
+    m: &'a DeltaMachine,
+    st: &'a DeltaType,
+    snap: &'a Snapshot,
+    whole: &'a Arc<ResourceMap>,
+    /// The client's view: candidates come in name order, so it is walked once.
+    held: Seeker<'a>,
+    plan: Plan,
+}
+
+impl<'a> Planner<'a> {
+    /// Whether `res` is sent now (an upsert, or a probe of a maybe-held
+    /// version), held back by the ordering, or not needed.
+    fn consider(&mut self, res: &Arc<Resource>) {
+        let st = self.st;
+        // A response the client NACKed may have left another version.
+        if self
+            .held
+            .get(res.name())
+            .is_some_and(|h| Arc::ptr_eq(h, res) || h.version() == res.version())
+            && st
+                .maybe
+                .get(res.name())
+                .is_none_or(|m| m.version() == res.version())
+        {
+            return;
+        }
+        let rejected = st
+            .rejected
+            .get(res.name())
+            .is_some_and(|v| **v == *res.version());
+        let probe = rejected
+            && st
+                .maybe
+                .get(res.name())
+                .is_some_and(|m| m.version() == res.version());
+        if rejected && !probe {
+            return;
+        }
+        if !hard_refs_ready(res, self.snap, &self.m.core)
+            || self.m.removal_in_flight_under(res, self.snap)
+        {
+            self.plan.held = true;
+        } else if probe {
+            self.plan.probes.push(res.clone());
+        } else {
+            self.plan.upserts.push(res.clone());
+        }
+    }
+
+    /// `n` is gone from the snapshot and its removal may be sent (it is
+    /// covered, and that removal was not rejected).
+    fn removable(&self, n: &Arc<str>) -> bool {
+        !self.whole.contains_key(n)
+            && self.st.sub.covers(n)
+            && self.st.rejected.get(n).is_none_or(|v| &**v != REMOVAL)
+    }
+
+    /// Nothing of `n` exists, nor may the client hold it, nor was it told.
+    fn is_absent(&self, n: &Arc<str>) -> bool {
+        let st = self.st;
+        !self.whole.contains_key(n)
+            && !st.acked.contains_key(n)
+            && !st.unknown.contains_key(n)
+            && !st.maybe.contains_key(n)
+            && !st.asked.contains_key(n)
+            && !st.older.contains_key(n)
+            && !st.told_absent.contains(n)
+    }
+
+    /// A subscribed namespace with members is answered by them.
+    fn has_members(&self, n: &str) -> bool {
+        self.st.sub.is_namespaced() && namespace_members(self.whole, n).next().is_some()
+    }
+
+    /// Plans every subscribed name and everything the client may hold;
+    /// returns the names gone from the snapshot.
+    fn over_all(&mut self) -> Vec<&'a Arc<str>> {
+        let (st, whole) = (self.st, self.whole);
+        if st.sub.is_wildcard() {
+            whole.values().for_each(|r| self.consider(r));
+        } else if st.sub.is_namespaced() {
+            // Names and their namespaces' members, in name order.
+            let mut cands: BTreeMap<&Arc<str>, &Arc<Resource>> = BTreeMap::new();
+            for name in st.sub.iter() {
+                if let Some((k, r)) = whole.get_key_value(name) {
+                    cands.insert(k, r);
+                }
+                cands.extend(namespace_members(whole, name));
+            }
+            cands.values().for_each(|r| self.consider(r));
+        } else {
+            let mut known = Seeker::new(&**whole);
+            for name in st.sub.iter() {
+                if let Some(res) = known.get(name) {
+                    self.consider(res);
+                }
+            }
+        }
+        // Sorted names against sorted maps: one walk each.
+        let mut gone: Vec<&'a Arc<str>> = Vec::new();
+        let mut known = Seeker::new(&**whole);
+        gone.extend(
+            st.acked
+                .keys()
+                .filter(|n| !known.contains_key(n) && self.removable(n)),
+        );
+        gone.extend(st.unknown.keys().filter(|n| self.removable(n)));
+        gone.extend(
+            st.maybe
+                .keys()
+                .chain(st.asked.keys())
+                .chain(st.older.keys())
+                .filter(|n| !whole.contains_key(*n) && self.removable(n)),
+        );
+        let mut known = Seeker::new(&**whole);
+        let mut held = Seeker::new(&*st.acked);
+        let mut absent: Vec<Arc<str>> = st
+            .sub
+            .iter()
+            .filter(|n| {
+                !known.contains_key(n)
+                    && !held.contains_key(n)
+                    && self.is_absent(n)
+                    && !self.has_members(n)
+            })
+            .cloned()
+            .collect();
+        // Unsubscribed names the wildcard covers that do not exist.
+        absent.extend(
+            st.answer
+                .iter()
+                .filter(|n| !st.sub.contains(n) && self.is_absent(n))
+                .cloned(),
+        );
+        absent.sort();
+        absent.dedup();
+        self.plan.absent = absent;
+        gone
+    }
+
+    /// Plans only `names` (sorted), which changed since a map the type was
+    /// clean against; returns those of them gone from the snapshot.
+    fn over_names(&mut self, names: &'a [Arc<str>]) -> Vec<&'a Arc<str>> {
+        let (st, whole) = (self.st, self.whole);
+        let mut gone = Vec::new();
+        let mut known = Seeker::new(&**whole);
+        for name in names {
+            if let Some(res) = known.get(name) {
+                if st.sub.covers(name) {
+                    self.consider(res);
+                }
+                continue;
+            }
+            if (st.acked.contains_key(name)
+                || st.unknown.contains_key(name)
+                || st.maybe.contains_key(name)
+                || st.asked.contains_key(name)
+                || st.older.contains_key(name))
+                && self.removable(name)
+            {
+                gone.push(name);
+            }
+            if st.sub.contains(name) && self.is_absent(name) && !self.has_members(name) {
+                self.plan.absent.push(name.clone());
+            }
+            // The last member of a namespace went: the namespace is
+            // answered as absent, as in full.
+            if let Some(ns) = namespace_of(name)
+                && st.sub.is_namespaced()
+                && let Some(ns) = st.sub.iter().find(|n| ***n == *ns)
+                && !whole.contains_key(ns)
+                && self.is_absent(ns)
+                && !self.has_members(ns)
+            {
+                self.plan.absent.push(ns.clone());
+            }
+        }
+        gone
     }
 }
 

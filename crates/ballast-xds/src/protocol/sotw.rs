@@ -443,16 +443,12 @@ impl SotwMachine {
                 };
             }
         }
-        let change = match st.apply_names(ty, names, first, known.as_ref()) {
-            Some(change) => change,
-            None => {
-                #[cfg(test)]
-                {
-                    self.names_skipped += 1;
-                }
-                SotwChange::default()
-            }
-        };
+        let applied = st.apply_names(ty, names, first, known.as_ref());
+        #[cfg(test)]
+        if applied.is_none() {
+            self.names_skipped += 1;
+        }
+        let change = applied.unwrap_or_default();
         st.owe_answer(ty, first, &change.added);
         if first && !req.version_info.is_empty() {
             self.core.resumed = true;
