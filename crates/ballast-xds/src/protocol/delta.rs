@@ -1632,7 +1632,7 @@ mod tests {
                 initial_resource_versions: at(&s1),
                 ..Default::default()
             },
-            &[s2.clone()],
+            std::slice::from_ref(&s2),
         );
         let st = m.core.types[eds].as_ref().unwrap();
         assert!(!Arc::ptr_eq(&st.acked, s2.resources(eds)));
