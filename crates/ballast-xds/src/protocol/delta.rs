@@ -269,6 +269,12 @@ impl DeltaType {
         current: Option<&Arc<Snapshot>>,
         history: &[Arc<Snapshot>],
     ) {
+        if let Some(whole) = whole_at_versions(ty, versions, current, history) {
+            // A client in sync when its stream dropped: it holds a
+            // published map exactly, shared instead of copied per stream.
+            self.acked = whole;
+            return;
+        }
         let mut held = ResourceMap::new();
         for (name, version) in versions {
             match find_version(current, history, ty, name, version) {
@@ -485,6 +491,37 @@ impl DeltaType {
             Arc::make_mut(&mut self.acked).retain(|n, _| sub.covers(n));
         }
     }
+}
+
+/// The map of `ty` in the current or a recent snapshot that holds exactly
+/// the names and versions of `versions` (a client's
+/// `initial_resource_versions`), if any. Versions are content hashes, so a
+/// match is the content the client holds. O(n) per distinct map tried; a
+/// map that differs usually fails at its first changed name.
+fn whole_at_versions(
+    ty: ResourceType,
+    versions: &std::collections::HashMap<String, String>,
+    current: Option<&Arc<Snapshot>>,
+    history: &[Arc<Snapshot>],
+) -> Option<Arc<ResourceMap>> {
+    let mut tried: Vec<&Arc<ResourceMap>> = Vec::new();
+    for snap in current.into_iter().chain(history) {
+        let whole = snap.resources(ty);
+        if whole.len() != versions.len()
+            || whole.is_empty()
+            || tried.iter().any(|t| Arc::ptr_eq(t, whole))
+        {
+            continue;
+        }
+        tried.push(whole);
+        if whole
+            .iter()
+            .all(|(n, r)| versions.get(&**n).is_some_and(|v| v == r.version()))
+        {
+            return Some(whole.clone());
+        }
+    }
+    None
 }
 
 /// Puts `r` in `to` (`maybe` or `asked`); a different version it replaces
@@ -1549,6 +1586,67 @@ mod tests {
         assert_eq!(r.ty, cds);
         assert!(r.resources.is_empty() && r.removed.is_empty());
         assert!(per_type.next_response().is_none());
+    }
+
+    /// A client that resumes holding exactly a published map (current or
+    /// recent) shares that map, before the stream even has a snapshot; a
+    /// version no map has, or one name missing, and it gets its own map of
+    /// what it reported, unknown versions apart.
+    #[test]
+    fn a_resume_at_a_published_map_shares_it() {
+        let s1 = snapshot(4, 1, None);
+        let s2 = snapshot(4, 2, Some(&s1));
+        let eds = ResourceType::ClusterLoadAssignment;
+        let names: Vec<String> = (0..4).map(|i| format!("c{i}")).collect();
+        let resume = |versions: std::collections::HashMap<String, String>| {
+            let mut m = DeltaMachine::new(None);
+            m.handle_request_with_history(
+                &DeltaDiscoveryRequest {
+                    type_url: eds.type_url().into(),
+                    resource_names_subscribe: names.clone(),
+                    initial_resource_versions: versions,
+                    ..Default::default()
+                },
+                &[s2.clone(), s1.clone()],
+            );
+            m
+        };
+        let at = |s: &Arc<Snapshot>| -> std::collections::HashMap<String, String> {
+            s.resources(eds)
+                .iter()
+                .map(|(n, r)| (n.to_string(), r.version().to_string()))
+                .collect()
+        };
+        for s in [&s1, &s2] {
+            let m = resume(at(s));
+            let st = m.core.types[eds].as_ref().unwrap();
+            assert!(Arc::ptr_eq(&st.acked, s.resources(eds)));
+            assert!(st.unknown.is_empty());
+        }
+        // s1's versions, with s1 no longer in the history: c1 is unknown.
+        let mut m = DeltaMachine::new(None);
+        m.handle_request_with_history(
+            &DeltaDiscoveryRequest {
+                type_url: eds.type_url().into(),
+                resource_names_subscribe: names.clone(),
+                initial_resource_versions: at(&s1),
+                ..Default::default()
+            },
+            std::slice::from_ref(&s2),
+        );
+        let st = m.core.types[eds].as_ref().unwrap();
+        assert!(!Arc::ptr_eq(&st.acked, s2.resources(eds)));
+        assert_eq!(st.acked.len(), 3);
+        assert!(st.unknown.contains_key("c1"));
+        // One fewer name, and one version nobody published.
+        let mut partial = at(&s1);
+        partial.remove("c3");
+        partial.insert("c0".into(), "other".into());
+        let m = resume(partial);
+        let st = m.core.types[eds].as_ref().unwrap();
+        assert_eq!(st.acked.len(), 2);
+        assert_eq!(st.unknown.len(), 1);
+        assert!(st.unknown.contains_key("c0"));
     }
 
     /// Delta twin of the SotW etcd-lane stall (`sotw::tests::an_eds_ack_older_
