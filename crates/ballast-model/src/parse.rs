@@ -813,6 +813,14 @@ mod tests {
         assert_eq!(b.spec.endpoints.capacity(), 1);
     }
 
+    /// Rules are the bulk of a large config (17,000 in W4): the rarely set optional blocks are
+    /// boxed so a plain rule stays small.
+    #[test]
+    fn a_route_rule_is_small() {
+        let size = std::mem::size_of::<HttpRouteRule>();
+        assert!(size <= 128, "HttpRouteRule is {size} bytes");
+    }
+
     #[test]
     fn canonical_example_parses_unchanged() {
         let objs = objects(CANONICAL);
