@@ -246,8 +246,27 @@ pub fn load(paths: &[PathBuf]) -> Result<Loaded, Vec<ConfigError>> {
 /// sees them as pointer-equal. The result is the same as parsing every text afresh.
 #[derive(Debug, Default)]
 pub struct Loader {
-    /// Display path → (text, parse) of the files read last time.
-    cache: HashMap<String, (String, FileParse)>,
+    /// Display path → (text digest, parse) of the files read last time.
+    cache: HashMap<String, (TextDigest, FileParse)>,
+}
+
+/// What a file's text is compared by between loads: its length and 128-bit xxh3. Keeping the
+/// texts themselves cost as much memory as the config's size (3.4 MB for W4, issue #13) for
+/// nothing but this comparison; an accidental 128-bit collision is not a practical concern,
+/// and whoever can write config files can change the config anyway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TextDigest {
+    len: usize,
+    hash: u128,
+}
+
+impl TextDigest {
+    fn of(text: &str) -> Self {
+        TextDigest {
+            len: text.len(),
+            hash: xxhash_rust::xxh3::xxh3_128(text.as_bytes()),
+        }
+    }
 }
 
 impl Loader {
@@ -266,11 +285,12 @@ impl Loader {
             let name = f.display().to_string();
             let parse = match read_one(f) {
                 Ok(text) => {
+                    let digest = TextDigest::of(&text);
                     let parse = match self.cache.remove(&name) {
-                        Some((old, parse)) if old == text => parse,
+                        Some((old, parse)) if old == digest => parse,
                         _ => parse_file_report(&name, &text),
                     };
-                    cache.insert(name.clone(), (text, parse.clone()));
+                    cache.insert(name.clone(), (digest, parse.clone()));
                     parse
                 }
                 Err(e) => FileParse::unreadable(e.at(f)),
