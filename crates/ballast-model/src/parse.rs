@@ -492,11 +492,13 @@ fn finish(
             Object::HttpRoute(Arc::new(r))
         }
         Typed::Spec(metadata, TypedSpec::Backend(spec)) => {
-            let b = Backend {
+            let mut b = Backend {
                 metadata,
                 spec,
                 source,
             };
+            // Kept for the process's life: no spare room (see `shrink_route`).
+            b.spec.endpoints.shrink_to_fit();
             validate::backend(&mut ctx, &b);
             Object::Backend(Arc::new(b))
         }
@@ -731,6 +733,29 @@ fn apply_route_defaults(spec: &mut HttpRouteSpec) {
             rule.matches.push(crate::kinds::HttpRouteMatch::default());
         }
     }
+    shrink_route(spec);
+}
+
+/// Drops the spare capacity serde leaves in a route's lists. serde-saphyr gives no size hint, so
+/// each list grows by doubling from 4: one backendRef or match holds room for four, five rules
+/// room for eight. Routes are kept for the process's life, and at 17,000 rules (issue #13, W4)
+/// that slack was 20 MB of the heap.
+fn shrink_route(spec: &mut HttpRouteSpec) {
+    spec.parent_refs.shrink_to_fit();
+    spec.hostnames.shrink_to_fit();
+    spec.rules.shrink_to_fit();
+    for rule in &mut spec.rules {
+        rule.matches.shrink_to_fit();
+        for m in &mut rule.matches {
+            m.headers.shrink_to_fit();
+            m.query_params.shrink_to_fit();
+        }
+        rule.filters.shrink_to_fit();
+        rule.backend_refs.shrink_to_fit();
+        for b in &mut rule.backend_refs {
+            b.filters.shrink_to_fit();
+        }
+    }
 }
 
 #[cfg(test)]
@@ -766,6 +791,34 @@ mod tests {
                     .join("\n")
             )
         })
+    }
+
+    #[test]
+    fn parsed_route_and_backend_lists_have_no_spare_capacity() {
+        let objs = objects(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: { name: r }\nspec:\n  parentRefs: [{ name: edge }]\n  hostnames: [a.example.com]\n  rules:\n  - matches: [{ path: { type: PathPrefix, value: /a } }]\n    backendRefs: [{ group: ballast.dev, kind: Backend, name: b }]\n  - backendRefs: [{ group: ballast.dev, kind: Backend, name: b }]\n  - {}\n  - {}\n  - {}\n---\napiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: { name: b }\nspec:\n  endpoints: [{ address: 10.0.0.1, port: 80 }]\n",
+        );
+        let [Object::HttpRoute(r), Object::Backend(b)] = &objs[..] else {
+            panic!("{objs:?}")
+        };
+        let spec = &r.spec;
+        assert_eq!(spec.rules.len(), 5);
+        assert_eq!(spec.rules.capacity(), 5);
+        assert_eq!(spec.parent_refs.capacity(), 1);
+        assert_eq!(spec.hostnames.capacity(), 1);
+        for rule in &spec.rules {
+            assert_eq!(rule.matches.capacity(), rule.matches.len());
+            assert_eq!(rule.backend_refs.capacity(), rule.backend_refs.len());
+        }
+        assert_eq!(b.spec.endpoints.capacity(), 1);
+    }
+
+    /// Rules are the bulk of a large config (17,000 in W4): the rarely set optional blocks are
+    /// boxed so a plain rule stays small.
+    #[test]
+    fn a_route_rule_is_small() {
+        let size = std::mem::size_of::<HttpRouteRule>();
+        assert!(size <= 128, "HttpRouteRule is {size} bytes");
     }
 
     #[test]

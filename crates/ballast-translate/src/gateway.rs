@@ -391,14 +391,17 @@ fn encode_reusing<M: XdsResource + PartialEq + Clone>(
     resource
 }
 
-fn count_up(map: &mut BTreeMap<ObjectKey, u32>, keys: &BTreeSet<ObjectKey>) {
+fn count_up<'a>(map: &mut BTreeMap<ObjectKey, u32>, keys: impl IntoIterator<Item = &'a ObjectKey>) {
     for k in keys {
         *map.entry(k.clone()).or_default() += 1;
     }
 }
 
 /// Decrements; returns the keys that dropped to zero (and were removed).
-fn count_down(map: &mut BTreeMap<ObjectKey, u32>, keys: &BTreeSet<ObjectKey>) -> Vec<ObjectKey> {
+fn count_down<'a>(
+    map: &mut BTreeMap<ObjectKey, u32>,
+    keys: impl IntoIterator<Item = &'a ObjectKey>,
+) -> Vec<ObjectKey> {
     let mut gone = Vec::new();
     for k in keys {
         if let Some(n) = map.get_mut(k) {

@@ -178,7 +178,7 @@ impl GrpcRouteSpec {
                 backend_refs: r.backend_refs.clone(),
                 timeouts: None,
                 retry: None,
-                session_persistence: r.session_persistence.clone(),
+                session_persistence: r.session_persistence.clone().map(Box::new),
             })
             .collect();
         if rules.is_empty() {

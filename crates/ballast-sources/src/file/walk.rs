@@ -259,7 +259,8 @@ pub struct Loader {
 /// One file as read last time.
 #[derive(Debug)]
 struct Cached {
-    text: String,
+    /// Length and hash of the text, to tell an edit from a rewrite of the same bytes.
+    digest: TextDigest,
     parse: FileParse,
     /// The file's stamp when read, if it can be trusted to tell a later change (see
     /// [`FileStamp::settled`]): then an unchanged stamp means unchanged text, and the file
@@ -314,6 +315,25 @@ impl FileStamp {
     }
 }
 
+/// What a file's text is compared by between loads: its length and 128-bit xxh3. Keeping the
+/// texts themselves cost as much memory as the config's size (3.4 MB for W4, issue #13) for
+/// nothing but this comparison; an accidental 128-bit collision is not a practical concern,
+/// and whoever can write config files can change the config anyway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TextDigest {
+    len: usize,
+    hash: u128,
+}
+
+impl TextDigest {
+    fn of(text: &str) -> Self {
+        TextDigest {
+            len: text.len(),
+            hash: xxhash_rust::xxh3::xxh3_128(text.as_bytes()),
+        }
+    }
+}
+
 impl Loader {
     /// Reads the discovered files and assembles one set over `prev`, the set served now
     /// ([`ConfigSet::assemble`]: invalid objects keep their version in `prev`). `Err` with every
@@ -346,15 +366,16 @@ impl Loader {
             let before = fs::metadata(f).ok();
             let parse = match read_one(f) {
                 Ok(text) => {
+                    let digest = TextDigest::of(&text);
                     let parse = match old {
-                        Some(c) if c.text == text => c.parse,
+                        Some(c) if c.digest == digest => c.parse,
                         _ => parse_file_report(&name, &text),
                     };
                     let stamp = before.and_then(|m| FileStamp::settled(&m, read_at));
                     cache.insert(
                         name.clone(),
                         Cached {
-                            text,
+                            digest,
                             parse: parse.clone(),
                             stamp,
                         },
