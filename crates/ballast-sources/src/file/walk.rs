@@ -242,10 +242,11 @@ pub fn load(paths: &[PathBuf]) -> Result<Loaded, Vec<ConfigError>> {
 
 /// Reads config files, remembering each file's parse from the previous load.
 ///
-/// Every load still reads every file (that is what makes it atomic and simple), but only a file
-/// whose text changed is parsed again: editing one route among thousands costs one file's
-/// parse, and the unchanged files' objects keep their `Arc`s, so `ConfigSet::diff` downstream
-/// sees them as pointer-equal. The result is the same as parsing every text afresh.
+/// Every load looks at every file, but a file whose stamp (size, inode, mtime, ctime) is
+/// unchanged since a read that could tell is not read again, and one that is read is parsed
+/// again only if its text's digest changed: editing one route among thousands costs one file's
+/// read and parse, and the unchanged files' objects keep their `Arc`s, so `ConfigSet::diff`
+/// downstream sees them as pointer-equal. The result is the same as parsing every text afresh.
 ///
 /// The set is assembled incrementally too ([`Assembler`]): only the objects of files whose
 /// parse changed are judged again, over the set served now.
