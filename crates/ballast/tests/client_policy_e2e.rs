@@ -39,6 +39,22 @@ fn leaf(ca: &Ca, san: &str) -> (String, String) {
     (cert.pem(), key.serialize_pem())
 }
 
+/// `config` written to a fresh directory, a Ballast serving it (ready), and a real Envoy of
+/// Gateway `default/edge` on that Ballast; the directory lives as long as the returned guard.
+async fn serve_with_envoy(
+    config: &str,
+    node: &str,
+    ads: AdsMode,
+) -> (tempfile::TempDir, Ballast, Envoy) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let ballast = Ballast::serve_ready(dir.path()).await;
+    let envoy = Envoy::start(&EnvoyConfig::new(ballast.xds, node, "default/edge", ads))
+        .await
+        .unwrap();
+    (dir, ballast, envoy)
+}
+
 fn indent(pem: &str) -> String {
     pem.lines().map(|l| format!("    {l}\n")).collect()
 }
@@ -139,17 +155,8 @@ spec:
         indent(&client_ca.pem)
     ) + &route("app", "secure.example.com", "app")
         + &backend("app", &[up.addr()]);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-client-policy",
-        "default/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let (_dir, _ballast, envoy) =
+        serve_with_envoy(&config, "envoy-client-policy", AdsMode::Grpc).await;
     let p = certs.path();
     wait_for(T, POLL, || async {
         match curl(port, p, Some("client"), &[]).await {
@@ -221,17 +228,8 @@ spec:
   targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]
   enableProxyProtocol: true
 ";
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-proxy-protocol",
-        "default/edge",
-        AdsMode::DeltaGrpc,
-    ))
-    .await
-    .unwrap();
+    let (_dir, _ballast, envoy) =
+        serve_with_envoy(&config, "envoy-proxy-protocol", AdsMode::DeltaGrpc).await;
     let addr = loopback(port);
     let request = "GET / HTTP/1.1\r\nHost: app.example.com\r\nConnection: close\r\n\r\n";
     let with_header = format!("PROXY TCP4 203.0.113.7 127.0.0.1 40000 {port}\r\n{request}");
@@ -269,17 +267,7 @@ spec:
   targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: http }]
   clientIPDetection: { xForwardedFor: { numTrustedHops: 1 } }
 ";
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-xff",
-        "default/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let (_dir, _ballast, envoy) = serve_with_envoy(&config, "envoy-xff", AdsMode::Grpc).await;
     let request = "GET / HTTP/1.1\r\nHost: app.example.com\r\nX-Forwarded-For: 198.51.100.9, 203.0.113.5\r\nConnection: close\r\n\r\n";
     wait_for(T, POLL, || async {
         match raw_status(loopback(port), request.as_bytes()).await {
@@ -360,17 +348,7 @@ spec:
   targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: keep }]
   path: { disableMergeSlashes: true, escapedSlashesAction: UnescapeAndForward }
 ";
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-path",
-        "default/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let (_dir, _ballast, envoy) = serve_with_envoy(&config, "envoy-path", AdsMode::Grpc).await;
     let [merge, keep, plain] = ports.map(loopback);
     wait_for(T, POLL, || async {
         for a in [merge, keep, plain] {
@@ -440,17 +418,8 @@ spec:
   targetRefs: [{ group: gateway.networking.k8s.io, kind: Gateway, name: edge }]
   connection: { connectionLimit: { value: 2 } }
 ";
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-connection-limit",
-        "default/edge",
-        AdsMode::DeltaGrpc,
-    ))
-    .await
-    .unwrap();
+    let (_dir, _ballast, envoy) =
+        serve_with_envoy(&config, "envoy-connection-limit", AdsMode::DeltaGrpc).await;
     let addr = loopback(port);
     // Hold two connections, each proven open by a 200 on it (retried while config arrives
     // and while earlier probe connections are still being counted down).
@@ -554,17 +523,7 @@ spec:
         indent(&srv_key),
     ) + &route("app", "secure.example.com", "app")
         + &backend("app", &[up.addr()]);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-alpn",
-        "default/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let (_dir, _ballast, envoy) = serve_with_envoy(&config, "envoy-alpn", AdsMode::Grpc).await;
     let p = certs.path();
     wait_for(T, POLL, || async {
         for port in [h2_port, h1_port] {
@@ -740,17 +699,7 @@ spec:
         indent(&srv_key),
     ) + &route("app", "secure.example.com", "app")
         + &backend("app", &[up.addr()]);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-http3",
-        "default/edge",
-        AdsMode::Grpc,
-    ))
-    .await
-    .unwrap();
+    let (_dir, ballast, envoy) = serve_with_envoy(&config, "envoy-http3", AdsMode::Grpc).await;
     let p = certs.path();
     let (status, alt_svc) = wait_for(T, POLL, || async {
         match curl_alt_svc(port, p).await {
@@ -910,17 +859,8 @@ spec:
     backendRefs: [{ group: ballast.dev, kind: Backend, name: raw }]
 "
         + &backend("raw", &[raw.addr]);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
-    let ballast = Ballast::serve_ready(dir.path()).await;
-    let envoy = Envoy::start(&EnvoyConfig::new(
-        ballast.xds,
-        "envoy-http10",
-        "default/edge",
-        AdsMode::DeltaGrpc,
-    ))
-    .await
-    .unwrap();
+    let (_dir, _ballast, envoy) =
+        serve_with_envoy(&config, "envoy-http10", AdsMode::DeltaGrpc).await;
     let http10 = b"GET / HTTP/1.0\r\n\r\n";
     let http11 = b"GET / HTTP/1.1\r\nHost: app.example.com\r\nConnection: close\r\n\r\n";
     for p in ports {
