@@ -27,6 +27,9 @@ use serde::{Deserialize, Serialize};
 
 /// The entry format this build writes and reads.
 pub const FORMAT: u64 = 1;
+/// The minimum time between two syncs: under churn the entries lag the served set by at most
+/// this much, and cost at most one batch of writes a second.
+pub const MIN_WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// The directory inside the state dir.
 pub const DIR_NAME: &str = "last-good";
 
@@ -179,6 +182,9 @@ pub struct LastGood {
     stored: HashMap<ObjectId, Object>,
     /// Entry files that could not be used: removed at the first sync.
     junk: Vec<PathBuf>,
+    /// Until the first sync: `stored` holds the objects read at open, to be replaced by the
+    /// served ones.
+    adopt: bool,
 }
 
 impl LastGood {
@@ -229,7 +235,15 @@ impl LastGood {
                 }
             }
         }
-        (LastGood { dir, stored, junk }, restored)
+        (
+            LastGood {
+                dir,
+                stored,
+                junk,
+                adopt: true,
+            },
+            restored,
+        )
     }
 
     pub fn dir(&self) -> &Path {
@@ -264,6 +278,10 @@ impl LastGood {
             let id = id_of(&o);
             served_ids.insert(id.clone());
             if self.stored.get(&id).is_some_and(|s| same(s, &o)) {
+                if self.adopt {
+                    // The served object's `Arc`, not a second copy of the whole config.
+                    self.stored.insert(id, o);
+                }
                 continue;
             }
             let file = o.source().file.to_string();
@@ -303,6 +321,7 @@ impl LastGood {
                 Err(e) => out.errors.push(format!("removing {}: {e}", path.display())),
             }
         }
+        self.adopt = false;
         if dirty {
             // The renames and removals themselves must survive a power loss.
             if let Err(e) = std::fs::File::open(&self.dir).and_then(|d| d.sync_all()) {
