@@ -264,7 +264,6 @@ impl LastGood {
     pub fn sync(&mut self, served: &ConfigSet) -> Synced {
         let mut out = Synced::default();
         let mut texts: BTreeMap<String, Option<String>> = BTreeMap::new();
-        let mut served_ids = std::collections::HashSet::with_capacity(served.len());
         let mut dirty = false;
         // First: an unusable entry may sit where a served object's entry is written now.
         for path in std::mem::take(&mut self.junk) {
@@ -276,7 +275,6 @@ impl LastGood {
         }
         for o in served.objects() {
             let id = id_of(&o);
-            served_ids.insert(id.clone());
             if self.stored.get(&id).is_some_and(|s| same(s, &o)) {
                 if self.adopt {
                     // The served object's `Arc`, not a second copy of the whole config.
@@ -304,7 +302,7 @@ impl LastGood {
         let gone: Vec<ObjectId> = self
             .stored
             .keys()
-            .filter(|id| !served_ids.contains(*id))
+            .filter(|id| served.get(id.kind, &id.key).is_none())
             .cloned()
             .collect();
         for id in gone {

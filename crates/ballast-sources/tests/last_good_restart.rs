@@ -262,3 +262,37 @@ async fn without_state_the_invalid_object_is_not_served() {
     assert_eq!(host(&s, "r1"), None);
     assert!(errors(&s).iter().all(|e| !e.contains("restored")));
 }
+
+#[tokio::test]
+async fn a_first_load_that_fails_whole_keeps_the_state_for_the_next() {
+    // The restart finds a configured path missing (the load is rejected whole, nothing is
+    // served); once it appears, the broken object is still restored.
+    let d = tempfile::tempdir().unwrap();
+    let (cfg, state) = (d.path().join("cfg"), d.path().join("state"));
+    let extra = d.path().join("extra.yaml");
+    fs::create_dir_all(&cfg).unwrap();
+    write(&cfg.join("backend.yaml"), BACKEND);
+    write(&cfg.join("r1.yaml"), &route("r1", "r1.example.com"));
+    write(&extra, &route("x", "x.example.com"));
+    let paths = vec![cfg.clone(), extra.clone()];
+    let mut rx = start(paths.clone(), &state);
+    until(&mut rx, "sync", |s| s.synced).await;
+    entries(&state, 3).await;
+    drop(rx);
+    write(&cfg.join("r1.yaml"), "kind: [HTTPRoute\n");
+    fs::remove_file(&extra).unwrap();
+    let mut rx = start(paths, &state);
+    let s = until(&mut rx, "the missing path reported", |s| {
+        errors(s).iter().any(|e| e.contains("extra.yaml"))
+    })
+    .await;
+    assert!(!s.synced && s.config.is_none());
+    write(&extra, &route("x", "x.example.com"));
+    let s = until(&mut rx, "sync", |s| s.synced).await;
+    assert_eq!(
+        host(&s, "r1").as_deref(),
+        Some("r1.example.com"),
+        "restored"
+    );
+    assert_eq!(host(&s, "x").as_deref(), Some("x.example.com"));
+}

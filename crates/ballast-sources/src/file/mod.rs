@@ -216,7 +216,7 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
     } = source;
     // The last good documents of the previous run: the first load falls back on them.
     let mut restored = Restored::default();
-    let mut seed: Option<ConfigSet> = None;
+    let mut seed: Option<Arc<ConfigSet>> = None;
     let mut persist: Option<tokio_watch::Sender<Option<Arc<ConfigSet>>>> = None;
     if let Some(dir) = last_good {
         let opened = tokio::task::spawn_blocking(move || crate::last_good::LastGood::open(dir));
@@ -227,7 +227,7 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
                 }
                 tracing::info!(source = %name, dir = %store.dir().display(), objects = found.set.len(), "last good state: loaded");
                 restored = Restored::new(store.dir(), &found.set);
-                seed = (!found.set.is_empty()).then_some(found.set);
+                seed = (!found.set.is_empty()).then(|| Arc::new(found.set));
                 let (ptx, prx) = tokio_watch::channel(None);
                 tokio::spawn(persist_last_good(name.clone(), store, prx));
                 persist = Some(ptx);
@@ -261,11 +261,14 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
             let p = paths.clone();
             // Only this task publishes, so the config read here is still current at publish.
             let prev = tx.borrow().config.clone();
-            // Until something is served, the previous run's last good objects stand in for
-            // the set served now.
-            let seed = if prev.is_none() { seed.take() } else { None };
+            // Until something is served (a first load may fail: a path missing), the previous
+            // run's last good objects stand in for the set served now.
+            if prev.is_some() {
+                seed = None;
+            }
+            let seed = seed.clone();
             let joined = tokio::task::spawn_blocking(move || {
-                let (complete, result) = w.load(&p, prev.as_deref().or(seed.as_ref()));
+                let (complete, result) = w.load(&p, prev.as_deref().or(seed.as_deref()));
                 (w, complete, result)
             })
             .await;
