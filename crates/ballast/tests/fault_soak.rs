@@ -7,8 +7,9 @@
 //! its own Gateway) through it, through a schedule of steps drawn from a seed: SIGKILL or
 //! SIGTERM and restart of a replica, every xDS connection cut, a replica taking over alone,
 //! bad edits (YAML syntax error, a route naming a missing Backend, an invalid route next to a
-//! good edit, a file deleting most routes so the guard holds) and good edits (add, remove,
-//! move routes; bursts of them).
+//! good edit, a file deleting most routes so the guard holds; a replica restarted into an
+//! invalid route or a broken file, which serves their last good versions from its state dir)
+//! and good edits (add, remove, move routes; bursts of them).
 //!
 //! After every step: no non-2xx on the stable hosts (steady traffic through both Envoys), no
 //! listener removed and no LDS/CDS update rejected, and once settled each Envoy serves exactly
@@ -82,7 +83,8 @@ enum Disk {
     /// The file has a YAML syntax error (left by a bad edit): ballast keeps its last good
     /// objects, and a replica restarted now serves them from its state dir (`last-good/`).
     Syntax,
-    /// One route in the file is invalid (it keeps its last good version).
+    /// One route in the file is invalid (it keeps its last good version, also in a replica
+    /// restarted meanwhile: from its state dir).
     Invalid,
 }
 
@@ -536,8 +538,29 @@ impl Soak {
                 self.disk = Disk::Invalid;
                 self.wait_error_seen().await?;
                 self.settled().await?;
+                // A replica restarted into the invalid route serves its last good version from
+                // its state dir: the Envoys it serves keep the route (no rng draw: seeds replay).
+                let k = bad % self.replicas.len();
+                self.wait_state_current(k).await?;
+                let mut b = self.replicas[k].proc.take().expect("running");
+                b.kill();
+                drop(b);
+                // Both Envoys on the restarted replica alone.
+                let all = self.proxy.backends();
+                self.proxy.set_backends(vec![self.replicas[k].xds]);
+                self.proxy.cut_all();
+                self.start_replica(k);
+                self.wait_ready(k).await;
+                self.wait_reconnected().await?;
+                let (_, body) = self.ballast(k).get("/debug/sources").await?;
+                ensure!(
+                    body.contains(&format!("HTTPRoute default/r{bad}: restored from state")),
+                    "restarted replica {k}: {body}"
+                );
+                self.settled().await?;
+                self.proxy.set_backends(all);
                 self.write_model();
-                format!("invalid h{bad} (kept) + {what}")
+                format!("invalid h{bad} (kept) + {what}, SIGKILL + restart replica {k} (restored)")
             }
             Step::MassDelete => {
                 self.write_routes("");
