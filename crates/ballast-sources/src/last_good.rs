@@ -18,7 +18,7 @@
 //! once per batch) and only when its object changed. A corrupt entry or one of another format
 //! version is a warning and is not used; nothing here ever keeps the server from starting.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -175,12 +175,21 @@ pub struct Synced {
     pub errors: Vec<String>,
 }
 
+/// What one sync must do: objects to capture and write, entries to remove, and (on the first
+/// sync only) the unchanged served objects to keep in place of the ones read at open.
+#[derive(Debug, Default)]
+struct Plan {
+    changed: Vec<(ObjectId, Object)>,
+    gone: Vec<ObjectId>,
+    unchanged: Vec<Object>,
+}
+
 /// The stored last good documents of one source, and what they hold (kept in memory as the
 /// objects they reload to, which share their `Arc`s with the served set).
 #[derive(Debug)]
 pub struct LastGood {
     dir: PathBuf,
-    stored: HashMap<ObjectId, Object>,
+    stored: BTreeMap<ObjectId, Object>,
     /// Entry files that could not be used: removed at the first sync.
     junk: Vec<PathBuf>,
     /// Until the first sync: `stored` holds the objects read at open, to be replaced by the
@@ -192,7 +201,7 @@ impl LastGood {
     /// Reads every entry in `dir` (missing: none). Never fails: unusable entries are warnings.
     pub fn open(dir: PathBuf) -> (LastGood, Restored) {
         let mut restored = Restored::default();
-        let mut stored = HashMap::new();
+        let mut stored = BTreeMap::new();
         let mut junk = Vec::new();
         let mut paths: Vec<PathBuf> = match std::fs::read_dir(&dir) {
             Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
@@ -274,18 +283,16 @@ impl LastGood {
             }
         }
         // The objects that changed, then their files, each read and split once.
-        let mut changed = Vec::new();
-        for o in served.objects() {
-            let id = id_of(&o);
-            if self.stored.get(&id).is_some_and(|s| same(s, &o)) {
-                if self.adopt {
-                    // The served object's `Arc`, not a second copy of the whole config.
-                    self.stored.insert(id, o);
-                }
-                continue;
+        let plan = self
+            .plan_merged(served)
+            .unwrap_or_else(|| self.plan_lookup(served));
+        if self.adopt {
+            // The served objects' `Arc`s, not a second copy of the whole config.
+            for o in plan.unchanged {
+                self.stored.insert(id_of(&o), o);
             }
-            changed.push((id, o));
         }
+        let changed = plan.changed;
         let texts: BTreeMap<&str, Option<String>> = changed
             .iter()
             .map(|(_, o)| &*o.source().file)
@@ -344,12 +351,7 @@ impl LastGood {
                 Err(e) => out.errors.push(e),
             }
         }
-        let gone: Vec<ObjectId> = self
-            .stored
-            .keys()
-            .filter(|id| served.get(id.kind, &id.key).is_none())
-            .cloned()
-            .collect();
+        let gone = plan.gone;
         for id in gone {
             let path = self.dir.join(entry_name(&id));
             match std::fs::remove_file(&path) {
@@ -373,6 +375,65 @@ impl LastGood {
             }
         }
         out
+    }
+
+    /// What a sync must do, from one ordered walk of `served` beside the stored entries (both
+    /// by kind, namespace, name): no allocation for an unchanged object, which is nearly all of
+    /// them on a reload. `None` if `served` does not list its objects in that order.
+    fn plan_merged(&self, served: &ConfigSet) -> Option<Plan> {
+        let mut plan = Plan::default();
+        let mut stored = self.stored.iter().peekable();
+        let mut last: Option<Object> = None;
+        for o in served.objects() {
+            let m = o.metadata();
+            let here = (o.kind(), m.namespace.as_str(), m.name.as_str());
+            if let Some(l) = &last {
+                let lm = l.metadata();
+                if (l.kind(), lm.namespace.as_str(), lm.name.as_str()) >= here {
+                    return None;
+                }
+            }
+            while let Some((id, _)) = stored.next_if(|(id, _)| {
+                (id.kind, id.key.namespace.as_str(), id.key.name.as_str()) < here
+            }) {
+                plan.gone.push(id.clone());
+            }
+            match stored.next_if(|(id, _)| {
+                (id.kind, id.key.namespace.as_str(), id.key.name.as_str()) == here
+            }) {
+                Some((_, s)) if same(s, &o) => {
+                    if self.adopt {
+                        plan.unchanged.push(o.clone());
+                    }
+                }
+                _ => plan.changed.push((id_of(&o), o.clone())),
+            }
+            last = Some(o);
+        }
+        plan.gone.extend(stored.map(|(id, _)| id.clone()));
+        Some(plan)
+    }
+
+    /// [`Self::plan_merged`] by a lookup per object: whatever the order.
+    fn plan_lookup(&self, served: &ConfigSet) -> Plan {
+        let mut plan = Plan::default();
+        for o in served.objects() {
+            let id = id_of(&o);
+            if self.stored.get(&id).is_some_and(|s| same(s, &o)) {
+                if self.adopt {
+                    plan.unchanged.push(o);
+                }
+            } else {
+                plan.changed.push((id, o));
+            }
+        }
+        plan.gone = self
+            .stored
+            .keys()
+            .filter(|id| served.get(id.kind, &id.key).is_none())
+            .cloned()
+            .collect();
+        plan
     }
 
     fn write_entry(&self, id: &ObjectId, entry: &Entry) -> Result<(), String> {
@@ -594,6 +655,51 @@ mod tests {
             let s = lg.sync(&served);
             assert_eq!(s.written, 1, "{s:?}");
             assert!(LastGood::open(state.clone()).1.warnings.is_empty());
+        }
+    }
+
+    #[test]
+    fn the_ordered_walk_plans_what_the_lookups_plan() {
+        let (_t, file, state) = setup();
+        let text = |names: &[&str], host: &str| -> String {
+            names
+                .iter()
+                .map(|n| format!("---\n{}", route(n, host)))
+                .collect::<String>()
+                + "---\napiVersion: ballast.dev/v1alpha1\nkind: Backend\nmetadata: { name: b, namespace: z }\nspec:\n  endpoints: [{ address: 10.0.0.1, port: 80 }]\n"
+        };
+        std::fs::write(&file, text(&["a", "c", "e", "g"], "x.example")).unwrap();
+        let (mut lg, _) = LastGood::open(state);
+        let plan_ids = |p: Plan| {
+            let mut changed: Vec<ObjectId> = p.changed.into_iter().map(|(id, _)| id).collect();
+            changed.sort();
+            let mut gone = p.gone;
+            gone.sort();
+            let mut unchanged: Vec<ObjectId> = p.unchanged.iter().map(id_of).collect();
+            unchanged.sort();
+            (changed, gone, unchanged)
+        };
+        for (names, host) in [
+            (&["a", "c", "e", "g"][..], "x.example"),
+            (&["a", "b", "e", "h"][..], "x.example"),
+            (&["0", "a", "e"][..], "y.example"),
+            (&[][..], "y.example"),
+            (&["z", "c"][..], "y.example"),
+        ] {
+            std::fs::write(&file, text(names, host)).unwrap();
+            let served = load(&file);
+            for adopt in [true, false] {
+                lg.adopt = adopt;
+                let merged = lg.plan_merged(&served).expect("objects() is ordered");
+                assert_eq!(
+                    plan_ids(merged),
+                    plan_ids(lg.plan_lookup(&served)),
+                    "{names:?}"
+                );
+            }
+            lg.adopt = false;
+            let s = lg.sync(&served);
+            assert!(s.errors.is_empty() && s.uncaptured.is_empty(), "{s:?}");
         }
     }
 
