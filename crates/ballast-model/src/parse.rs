@@ -42,9 +42,20 @@ pub fn parse_file(path: &str, text: &str) -> Result<Vec<Object>, ConfigErrors> {
 /// objects, the invalid ones by identity (so their last good version can be kept), errors no
 /// object can be blamed for (a YAML syntax error, a document without a name), skipped kinds.
 pub fn parse_file_report(path: &str, text: &str) -> FileParse {
+    parse_document_report(path, 0, text)
+}
+
+/// Parses one document of a file, `line_offset` file lines after its start, as
+/// [`parse_file_report`] parses it inside the whole file (same positions): for text kept per
+/// document, e.g. the last good state, without parsing a padded copy of the file.
+pub fn parse_document_report(path: &str, line_offset: u32, text: &str) -> FileParse {
     let file: Arc<str> = Arc::from(path);
     let mut out = FileParse::default();
     for doc in split_documents(text) {
+        let doc = DocText {
+            line_offset: doc.line_offset.saturating_add(line_offset),
+            text: doc.text,
+        };
         match parse_document(&file, doc) {
             Ok(Parsed::Empty) => {}
             Ok(Parsed::Object(o)) => out.objects.push(o),
@@ -1179,6 +1190,31 @@ spec:
         assert!(objects("---\n---\n...\n").is_empty());
         let text = format!("%YAML 1.2\n---\n# c\n{CANONICAL}\n...\n---\n\n---\n");
         assert_eq!(objects(&text).len(), 3);
+    }
+
+    #[test]
+    fn documents_parse_alone_as_in_their_file() {
+        let text = "# head\napiVersion: v1\nkind: ConfigMap\nmetadata: { name: a }\ndata: { k: v }\n---\n\n\
+                    apiVersion: v1\nkind: ConfigMap\nmetadata: { name: b }\ndata: { k: [1 }\n--- \n\
+                    apiVersion: v1\nkind: ConfigMap\nmetadata: { name: c }\ndata: { k: w }\n";
+        let whole = parse_file_report("f.yaml", text);
+        let mut alone = FileParse::default();
+        for (offset, doc) in split_yaml_documents(text) {
+            let p = parse_document_report("f.yaml", offset, doc);
+            alone.objects.extend(p.objects);
+            alone.invalid.extend(p.invalid);
+            alone.file_errors.extend(p.file_errors);
+        }
+        assert_eq!(whole.objects.len(), 2);
+        assert_eq!(whole, alone);
+        for (a, b) in whole.objects.iter().zip(&alone.objects) {
+            assert_eq!(a.source(), b.source());
+        }
+        assert_eq!(
+            whole.errors(),
+            alone.errors(),
+            "errors at the same positions"
+        );
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod catalog;
 pub mod etcd;
 pub mod etcd_keys;
 pub mod file;
+pub mod last_good;
 mod merge;
 mod state;
 

@@ -7,8 +7,9 @@
 //! its own Gateway) through it, through a schedule of steps drawn from a seed: SIGKILL or
 //! SIGTERM and restart of a replica, every xDS connection cut, a replica taking over alone,
 //! bad edits (YAML syntax error, a route naming a missing Backend, an invalid route next to a
-//! good edit, a file deleting most routes so the guard holds) and good edits (add, remove,
-//! move routes; bursts of them).
+//! good edit, a file deleting most routes so the guard holds; a replica restarted into an
+//! invalid route or a broken file, which serves their last good versions from its state dir)
+//! and good edits (add, remove, move routes; bursts of them).
 //!
 //! After every step: no non-2xx on the stable hosts (steady traffic through both Envoys), no
 //! listener removed and no LDS/CDS update rejected, and once settled each Envoy serves exactly
@@ -80,9 +81,10 @@ enum Disk {
     /// The file is the model.
     Good,
     /// The file has a YAML syntax error (left by a bad edit): ballast keeps its last good
-    /// objects; a replica restarted now has none, so its guard holds the removal.
+    /// objects, and a replica restarted now serves them from its state dir (`last-good/`).
     Syntax,
-    /// One route in the file is invalid (it keeps its last good version).
+    /// One route in the file is invalid (it keeps its last good version, also in a replica
+    /// restarted meanwhile: from its state dir).
     Invalid,
 }
 
@@ -96,8 +98,9 @@ enum Step {
     SyntaxError {
         leave: bool,
     },
-    /// A YAML syntax error on disk while replica k restarts: it has no last good objects for
-    /// that file, so its guard must hold the removal against its state file.
+    /// A YAML syntax error on disk while replica k restarts: it serves that file's last good
+    /// objects from its state dir ("restored from state"), so nothing is removed and its guard
+    /// has nothing to hold.
     RestartOnSyntaxError(usize),
     MissingBackend,
     InvalidRouteWithGoodEdit,
@@ -362,6 +365,39 @@ impl Soak {
         Ok(())
     }
 
+    /// Replica k's stored last good routes are the model (the state lags a publish by at most
+    /// a second): a restart into a broken file then restores exactly the model.
+    async fn wait_state_current(&self, k: usize) -> Result<()> {
+        let dir = self.replicas[k].state.path().join("last-good");
+        wait_for(T, POLL, || async {
+            let mut stored = Model::new();
+            for e in std::fs::read_dir(&dir)?.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(rest) = name.strip_prefix("HTTPRoute.default.r") else {
+                    continue;
+                };
+                let i: usize = rest.split('.').next().unwrap_or("").parse()?;
+                let text = std::fs::read_to_string(e.path())?;
+                let t = if text.contains("name: missing }") {
+                    Target::Missing
+                } else {
+                    let n = (0..UPSTREAMS.len())
+                        .find(|n| text.contains(&format!("name: b{n} }}")))
+                        .ok_or_else(|| anyhow::anyhow!("{name}: no backend"))?;
+                    Target::Up(n)
+                };
+                stored.insert(i, t);
+            }
+            ensure!(
+                stored == self.model,
+                "replica {k}: stored {stored:?}, model {:?}",
+                self.model
+            );
+            Ok(())
+        })
+        .await
+    }
+
     fn write_routes(&mut self, text: &str) {
         write_atomic(&self.routes, text);
     }
@@ -374,6 +410,7 @@ impl Soak {
 
     /// SIGTERM replica k, wait for it to exit, start it again.
     async fn terminate_restart(&mut self, k: usize) -> Result<()> {
+        self.wait_state_current(k).await?;
         let mut b = self.replicas[k].proc.take().expect("running");
         b.terminate();
         if b.wait_exit(T).is_none() {
@@ -390,6 +427,7 @@ impl Soak {
     async fn run(&mut self, rng: &mut Rng, step: Step) -> Result<String> {
         Ok(match step {
             Step::Kill(k, edit) => {
+                self.wait_state_current(k).await?;
                 let mut b = self.replicas[k].proc.take().expect("running");
                 b.kill();
                 drop(b);
@@ -441,11 +479,12 @@ impl Soak {
                 self.write_routes(&text);
                 self.disk = Disk::Syntax;
                 self.wait_error_seen().await?;
+                self.wait_state_current(k).await?;
                 let mut b = self.replicas[k].proc.take().expect("running");
                 b.kill();
                 drop(b);
-                // Both Envoys on the restarted replica alone: only its guard stands between
-                // them and an empty route table.
+                // Both Envoys on the restarted replica alone: it must serve the broken file's
+                // objects from its state, so there is no removal for the guard to hold.
                 let all = self.proxy.backends();
                 self.proxy.set_backends(vec![self.replicas[k].xds]);
                 self.proxy.cut_all();
@@ -453,17 +492,18 @@ impl Soak {
                 self.wait_ready(k).await;
                 self.wait_reconnected().await?;
                 let b = self.ballast(k);
-                wait_for(T, POLL, || async {
-                    let v = b.metric("ballast_guard_held").await?;
-                    ensure!(v > 0.0, "restarted replica {k}: ballast_guard_held {v}");
-                    Ok(())
-                })
-                .await?;
+                let (_, body) = b.get("/debug/sources").await?;
+                ensure!(
+                    body.contains("routes.yaml:1:1: restored from state"),
+                    "restarted replica {k}: {body}"
+                );
                 self.settled().await?;
+                let v = b.metric("ballast_guard_held").await?;
+                ensure!(v == 0.0, "restarted replica {k}: ballast_guard_held {v}");
                 self.proxy.set_backends(all);
                 self.write_model();
                 self.wait_guard_held(false).await?;
-                format!("YAML syntax error, SIGKILL + restart replica {k}, fix")
+                format!("YAML syntax error, SIGKILL + restart replica {k} (restored), fix")
             }
             Step::MissingBackend => {
                 let present: Vec<usize> = self.model.keys().copied().collect();
@@ -498,8 +538,29 @@ impl Soak {
                 self.disk = Disk::Invalid;
                 self.wait_error_seen().await?;
                 self.settled().await?;
+                // A replica restarted into the invalid route serves its last good version from
+                // its state dir: the Envoys it serves keep the route (no rng draw: seeds replay).
+                let k = bad % self.replicas.len();
+                self.wait_state_current(k).await?;
+                let mut b = self.replicas[k].proc.take().expect("running");
+                b.kill();
+                drop(b);
+                // Both Envoys on the restarted replica alone.
+                let all = self.proxy.backends();
+                self.proxy.set_backends(vec![self.replicas[k].xds]);
+                self.proxy.cut_all();
+                self.start_replica(k);
+                self.wait_ready(k).await;
+                self.wait_reconnected().await?;
+                let (_, body) = self.ballast(k).get("/debug/sources").await?;
+                ensure!(
+                    body.contains(&format!("HTTPRoute default/r{bad}: restored from state")),
+                    "restarted replica {k}: {body}"
+                );
+                self.settled().await?;
+                self.proxy.set_backends(all);
                 self.write_model();
-                format!("invalid h{bad} (kept) + {what}")
+                format!("invalid h{bad} (kept) + {what}, SIGKILL + restart replica {k} (restored)")
             }
             Step::MassDelete => {
                 self.write_routes("");

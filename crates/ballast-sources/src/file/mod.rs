@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use ballast_model::{ConfigError, ConfigErrors, ConfigSet};
+use ballast_model::{ConfigError, ConfigErrors, ConfigSet, Object, ObjectId, ObjectRef};
 use notify::{Config, PollWatcher, RecommendedWatcher, Watcher};
 use tokio::sync::{Notify, watch as tokio_watch};
 use tokio::time::{Instant, sleep, sleep_until};
@@ -57,6 +57,9 @@ pub struct FileSource {
     paths: Vec<PathBuf>,
     options: FileSourceOptions,
     name: String,
+    /// Where each served object's last good document is kept across restarts
+    /// ([`crate::last_good`]); `None`: not kept.
+    last_good: Option<PathBuf>,
 }
 
 impl FileSource {
@@ -73,7 +76,16 @@ impl FileSource {
             paths,
             options,
             name,
+            last_good: None,
         }
+    }
+
+    /// Keeps each served object's last good document in `<state_dir>/last-good` and, at start,
+    /// serves it for an object (or a file) that no longer parses or validates, as if Ballast
+    /// had kept running (invariant 8 across a restart).
+    pub fn with_last_good(mut self, state_dir: &std::path::Path) -> Self {
+        self.last_good = Some(crate::last_good::dir_in(state_dir));
+        self
     }
 
     /// `file:` and the paths, comma-separated (the name in [`SourceState`]).
@@ -200,7 +212,29 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
         paths,
         options,
         name,
+        last_good,
     } = source;
+    // The last good documents of the previous run: the first load falls back on them.
+    let mut restored = Restored::default();
+    let mut seed: Option<Arc<ConfigSet>> = None;
+    let mut persist: Option<tokio_watch::Sender<Option<Arc<ConfigSet>>>> = None;
+    if let Some(dir) = last_good {
+        let opened = tokio::task::spawn_blocking(move || crate::last_good::LastGood::open(dir));
+        match opened.await {
+            Ok((store, found)) => {
+                for w in &found.warnings {
+                    tracing::warn!(source = %name, "last good state: ignoring an entry: {w}");
+                }
+                tracing::info!(source = %name, dir = %store.dir().display(), objects = found.set.len(), "last good state: loaded");
+                restored = Restored::new(store.dir(), &found.set);
+                seed = (!found.set.is_empty()).then(|| Arc::new(found.set));
+                let (ptx, prx) = tokio_watch::channel(None);
+                tokio::spawn(persist_last_good(name.clone(), store, prx));
+                persist = Some(ptx);
+            }
+            Err(e) => tracing::warn!(source = %name, error = %e, "last good state: cannot be read"),
+        }
+    }
     let paths: Arc<[PathBuf]> = paths.into();
     let wake = Arc::new(Notify::new());
     let mut worker = Some(Worker {
@@ -227,8 +261,14 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
             let p = paths.clone();
             // Only this task publishes, so the config read here is still current at publish.
             let prev = tx.borrow().config.clone();
+            // Until something is served (a first load may fail: a path missing), the previous
+            // run's last good objects stand in for the set served now.
+            if prev.is_some() {
+                seed = None;
+            }
+            let seed = seed.clone();
             let joined = tokio::task::spawn_blocking(move || {
-                let (complete, result) = w.load(&p, prev.as_deref());
+                let (complete, result) = w.load(&p, prev.as_deref().or(seed.as_deref()));
                 (w, complete, result)
             })
             .await;
@@ -241,8 +281,26 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
             };
             worker = Some(w);
             retry_at = (!complete).then(|| Instant::now() + WATCH_RETRY);
+            let result = result.map(|mut loaded| {
+                restored.annotate(&mut loaded);
+                loaded
+            });
             publish(&tx, &name, result, first);
             first = false;
+            if let Some(ptx) = &persist {
+                let served = tx.borrow().config.clone();
+                ptx.send_if_modified(|p| {
+                    let changed = match (&*p, &served) {
+                        (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
+                        (None, None) => false,
+                        _ => true,
+                    };
+                    if changed {
+                        *p = served;
+                    }
+                    changed
+                });
+            }
         }
 
         // Wait for the next burst of events to settle (or a retry to fall due).
@@ -327,6 +385,149 @@ fn publish(
                 initial,
                 "config rejected, keeping the last good config:\n{text}"
             );
+        }
+    }
+}
+
+/// Writes the served set's last good documents whenever it changes, at most once per
+/// [`crate::last_good::MIN_WRITE_INTERVAL`], off the async threads. Ends with the source.
+async fn persist_last_good(
+    name: String,
+    mut store: crate::last_good::LastGood,
+    mut rx: tokio_watch::Receiver<Option<Arc<ConfigSet>>>,
+) {
+    let mut failing = false;
+    while rx.changed().await.is_ok() {
+        let Some(set) = rx.borrow_and_update().clone() else {
+            continue;
+        };
+        let joined = tokio::task::spawn_blocking(move || {
+            let synced = store.sync(&set);
+            (store, synced)
+        })
+        .await;
+        let synced;
+        (store, synced) = match joined {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(source = %name, error = %e, "last good state: writer failed");
+                return;
+            }
+        };
+        if synced.errors.is_empty() {
+            if failing {
+                tracing::info!(source = %name, "last good state: written again");
+            }
+            failing = false;
+        } else {
+            if !failing {
+                tracing::warn!(source = %name, errors = %synced.errors.join("; "), "last good state: cannot write; a restart into an invalid object may not find its last good version");
+            }
+            failing = true;
+        }
+        if !synced.uncaptured.is_empty() {
+            tracing::debug!(source = %name, objects = synced.uncaptured.len(), "last good state: files changed since the load; capturing on the next change");
+        }
+        tracing::debug!(source = %name, written = synced.written, removed = synced.removed, stored = store.len(), "last good state: synced");
+        tokio::time::sleep(crate::last_good::MIN_WRITE_INTERVAL).await;
+    }
+}
+
+/// The objects served from the previous run's last good state (not from the files), so their
+/// rejections say so, exactly as a live fallback is reported plus "restored from state".
+#[derive(Debug, Default)]
+struct Restored {
+    dir: String,
+    objects: std::collections::HashMap<ObjectId, Object>,
+}
+
+impl Restored {
+    fn new(dir: &std::path::Path, set: &ConfigSet) -> Self {
+        Restored {
+            dir: dir.display().to_string(),
+            objects: set
+                .objects()
+                .map(|o| {
+                    let id = ObjectId {
+                        kind: o.kind(),
+                        key: o.key(),
+                    };
+                    (id, o)
+                })
+                .collect(),
+        }
+    }
+
+    /// Adds a "restored from state" error to each rejection (and held file) served from the
+    /// state, and forgets the restored objects no longer served that way.
+    fn annotate(&mut self, loaded: &mut walk::Loaded) {
+        if self.objects.is_empty() {
+            return;
+        }
+        let set = &loaded.set;
+        let report = &mut loaded.report;
+        let served = |id: &ObjectId, o: &Object| {
+            set.get(id.kind, &id.key)
+                .is_some_and(|s| s == *o && s.source() == o.source())
+        };
+        let held: std::collections::BTreeSet<Arc<str>> =
+            report.held_files.iter().cloned().collect();
+        let rejected: std::collections::HashSet<ObjectId> =
+            report.rejected.iter().map(|r| r.id.clone()).collect();
+        self.objects.retain(|id, o| {
+            served(id, o) && (rejected.contains(id) || held.contains(&o.source().file))
+        });
+        let mut notes = Vec::new();
+        for r in &mut report.rejected {
+            if let (Some(o), Some(src)) = (self.objects.get(&r.id), &r.serving)
+                && o.source() == src
+            {
+                let note = ConfigError {
+                    file: src.file.clone(),
+                    pos: src.pos,
+                    object: Some(ObjectRef {
+                        kind: r.id.kind,
+                        namespace: r.id.key.namespace.clone(),
+                        name: Some(r.id.key.name.clone()),
+                    }),
+                    field: None,
+                    message: format!(
+                        "restored from state: serving its last good version from {} (saved by a previous run)",
+                        self.dir
+                    ),
+                };
+                r.errors.push(note.clone());
+                notes.push(note);
+            }
+        }
+        for file in &held {
+            let n = self
+                .objects
+                .values()
+                .filter(|o| {
+                    !rejected.contains(&ObjectId {
+                        kind: o.kind(),
+                        key: o.key(),
+                    }) && o.source().file == *file
+                })
+                .count();
+            if n > 0 {
+                notes.push(ConfigError {
+                    file: file.clone(),
+                    pos: ballast_model::Pos::new(1, 1),
+                    object: None,
+                    field: None,
+                    message: format!(
+                        "restored from state: serving the last good version of {n} object{} of this file from {} (saved by a previous run)",
+                        if n == 1 { "" } else { "s" },
+                        self.dir
+                    ),
+                });
+            }
+        }
+        if !notes.is_empty() {
+            report.errors.extend(notes);
+            report.errors.sort();
         }
     }
 }

@@ -196,6 +196,8 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
                 initial_delay: opts.initial_sync_delay,
             },
         )
+        // Last known good, not the guard: kept with or without --no-guard.
+        .with_last_good(&opts.state_dir)
     });
     let source: Box<dyn Source> = match (file_source, etcd_source) {
         (Some(f), None) => Box::new(f),
