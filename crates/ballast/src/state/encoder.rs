@@ -531,8 +531,11 @@ mod tests {
         listeners: BTreeMap<u8, Vec<(u8, bool)>>,
         /// Route configuration → its virtual hosts in order: (host name, routes as (name or
         /// none, prefix)). Names may repeat (a set counts them once).
-        rcs: BTreeMap<u8, Vec<(u8, Vec<(Option<u8>, u8)>)>>,
+        rcs: BTreeMap<u8, Vec<(u8, Routes)>>,
     }
+
+    /// A virtual host's routes: (name or none, prefix).
+    type Routes = Vec<(Option<u8>, u8)>;
 
     /// xorshift: deterministic, so a failure reproduces.
     struct Rng(u64);
@@ -545,7 +548,7 @@ mod tests {
             (self.0 % n) as u8
         }
 
-        fn routes(&mut self) -> Vec<(Option<u8>, u8)> {
+        fn routes(&mut self) -> Routes {
             (0..self.below(4))
                 .map(|_| ((self.below(2) == 0).then(|| self.below(4)), self.below(6)))
                 .collect()
