@@ -1604,6 +1604,18 @@ fn diff_map<T: PartialEq>(
 /// Whether two parses of a file are the same, sources included (object equality ignores
 /// them). Cached parses share their objects, so this is mostly pointer comparisons.
 fn same_parse(a: &FileParse, b: &FileParse) -> bool {
+    // A file not read again hands over a clone of its cached parse: the same objects, so
+    // pointer identity decides without touching them (1,000 files × 100 objects at 50,000
+    // routes were 5 % of an edit in cache misses).
+    let same_objects = a.objects.len() == b.objects.len()
+        && a.objects.iter().zip(&b.objects).all(|(x, y)| x.ptr_eq(y));
+    if same_objects
+        && a.invalid == b.invalid
+        && a.file_errors == b.file_errors
+        && a.skipped == b.skipped
+    {
+        return true;
+    }
     a == b
         && a.objects
             .iter()
@@ -1632,6 +1644,8 @@ pub struct Assembler {
     rejected: BTreeMap<ObjectId, Rejected>,
     /// The set last returned: `prev` must be it for the state above to hold.
     last: Option<LastSet>,
+    /// How many objects the last assembly changed from `prev` ([`Assembler::changes`]).
+    changes: Option<usize>,
 }
 
 /// What identifies the set an [`Assembler`] returned last, cheaply: its size and where
@@ -1655,6 +1669,14 @@ impl Assembler {
             Some(p) if self.continues(p) => self.apply(p, files),
             _ => self.rebuild(prev, files),
         }
+    }
+
+    /// How many objects the last assembly added, removed or modified relative to the `prev`
+    /// it was given — `prev.diff(&set).len()`, counted from the objects it re-judged instead
+    /// of by a walk of both sets (8.5 % of a route edit at 50,000 routes was that walk, for a
+    /// log line). `None` when it assembled from scratch.
+    pub fn changes(&self) -> Option<usize> {
+        self.changes
     }
 
     /// Whether `prev` is (equal to) the set returned last.
@@ -1846,6 +1868,19 @@ impl Assembler {
         }
         let mut set = prev.clone();
         let judged = self.judge(Some(prev), &mut set, &held, touched);
+        self.changes = Some(
+            judged
+                .iter()
+                .filter(|(id, served)| {
+                    let was = prev.get(id.kind, &id.key);
+                    match (&was, served) {
+                        (Some(a), Some(b)) => !a.ptr_eq(b) && a != b,
+                        (None, None) => false,
+                        _ => true,
+                    }
+                })
+                .count(),
+        );
         self.files = files;
         self.last = Some(LastSet {
             len: set.len(),
@@ -2367,6 +2402,10 @@ spec:
                 let (want, want_report) = ConfigSet::assemble(prev.as_ref(), parses.clone());
                 let (got, got_report) = assembler.assemble(prev.as_ref(), parses);
                 prop_assert_eq!(&got, &want);
+                // Continuing from the set it returned, it counts the changes without a diff.
+                if let Some(p) = prev.as_ref() {
+                    prop_assert_eq!(assembler.changes(), Some(p.diff(&got).len()));
+                }
                 prop_assert_eq!(&got_report, &want_report);
                 let sources = |s: &ConfigSet| s.objects().map(|o| o.source().clone()).collect::<Vec<_>>();
                 prop_assert_eq!(sources(&got), sources(&want));

@@ -20,6 +20,9 @@ use tracing::{info, warn};
 
 use crate::guard::Inventory;
 
+mod encoder;
+pub use encoder::Encoder;
+
 /// The format this build writes and reads.
 pub const FORMAT: u64 = 1;
 pub const FILE_NAME: &str = "guard-state.json";
@@ -191,48 +194,63 @@ pub fn load_or_warn(dir: &Path) -> Loaded {
     }
 }
 
+impl GatewayV1 {
+    fn of(inv: &Inventory) -> GatewayV1 {
+        GatewayV1 {
+            listeners: inv.listeners.iter().cloned().collect(),
+            clusters: inv.clusters.iter().cloned().collect(),
+            routes: inv
+                .routes
+                .iter()
+                .map(|(rc, vh, id)| (rc.clone(), vh.clone(), hex_encode(id)))
+                .collect(),
+        }
+    }
+}
+
+fn now_secs() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
 /// The state document for `gateways` (JSON, `format` first).
 pub fn encode(gateways: &Inventories) -> Vec<u8> {
+    encode_at(gateways, now_secs())
+}
+
+/// [`encode`] with the given `written_at` (seconds since the epoch).
+pub fn encode_at(gateways: &Inventories, written_at: f64) -> Vec<u8> {
     let file = FileV1 {
         format: FORMAT,
-        written_at: SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0),
+        written_at,
         gateways: gateways
             .iter()
-            .map(|(name, inv)| {
-                (
-                    name.clone(),
-                    GatewayV1 {
-                        listeners: inv.listeners.iter().cloned().collect(),
-                        clusters: inv.clusters.iter().cloned().collect(),
-                        routes: inv
-                            .routes
-                            .iter()
-                            .map(|(rc, vh, id)| (rc.clone(), vh.clone(), hex_encode(id)))
-                            .collect(),
-                    },
-                )
-            })
+            .map(|(name, inv)| (name.clone(), GatewayV1::of(inv)))
             .collect(),
     };
     serde_json::to_vec(&file).expect("serializable")
 }
 
 /// Writes `gateways` to the state file in `dir`, atomically.
+#[cfg(test)]
 pub fn write(dir: &Path, gateways: &Inventories) -> Result<(), StateError> {
+    write_bytes(dir, &encode(gateways))
+}
+
+/// Writes an encoded state document to the state file in `dir`, atomically.
+pub fn write_bytes(dir: &Path, bytes: &[u8]) -> Result<(), StateError> {
     let path = path_in(dir);
     let err = |source| StateError::Write {
         path: path.clone(),
         source,
     };
-    let bytes = encode(gateways);
     std::fs::create_dir_all(dir).map_err(err)?;
     let tmp = dir.join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
+        f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, &path)?;
         // The rename itself must survive a power loss.
@@ -248,10 +266,22 @@ pub fn write(dir: &Path, gateways: &Inventories) -> Result<(), StateError> {
 /// [`MIN_WRITE_INTERVAL`], off the async threads.
 pub async fn writer(dir: PathBuf, mut rx: watch::Receiver<Arc<Records>>) {
     let mut failing = false;
+    // Moved to the blocking thread for each write and back; lost only if a write panics.
+    let mut encoder = Some(Encoder::default());
     while rx.changed().await.is_ok() {
         let latest = rx.borrow_and_update().clone();
         let d = dir.clone();
-        match tokio::task::spawn_blocking(move || write(&d, &inventories(&latest))).await {
+        let mut enc = encoder.take().unwrap_or_default();
+        let done = tokio::task::spawn_blocking(move || {
+            let r = write_bytes(&d, &enc.encode(&latest, now_secs()));
+            (enc, r)
+        })
+        .await
+        .map(|(enc, r)| {
+            encoder = Some(enc);
+            r
+        });
+        match done {
             Ok(Ok(())) => {
                 if failing {
                     info!(path = %path_in(&dir).display(), "guard: state file written again");
@@ -330,6 +360,7 @@ pub async fn writer_etcd(
 ) {
     let path = etcd_path(&key);
     let mut failing = false;
+    let mut encoder = Some(Encoder::default());
     // The initial value is a placeholder, not a publish: never overwrite the stored baseline
     // with it.
     let mut written: Option<Arc<Records>> = Some(rx.borrow_and_update().clone());
@@ -344,8 +375,17 @@ pub async fn writer_etcd(
         }
         let bytes = {
             let l = latest.clone();
-            match tokio::task::spawn_blocking(move || encode(&inventories(&l))).await {
-                Ok(b) => b,
+            let mut enc = encoder.take().unwrap_or_default();
+            match tokio::task::spawn_blocking(move || {
+                let b = enc.encode(&l, now_secs());
+                (enc, b)
+            })
+            .await
+            {
+                Ok((enc, b)) => {
+                    encoder = Some(enc);
+                    b
+                }
                 // The task panicked: nothing to lose by trying here.
                 Err(_) => encode(&inventories(&latest)),
             }

@@ -389,4 +389,32 @@ impl Object {
             Object::SecurityPolicy(o) => &o.source,
         }
     }
+
+    /// Whether both are the same allocation (so equal, sources included) — without reading
+    /// either: comparing a file's cached parse with itself touches no object memory.
+    pub fn ptr_eq(&self, other: &Object) -> bool {
+        fn at<T>(a: &Arc<T>) -> *const () {
+            Arc::as_ptr(a).cast()
+        }
+        let p = |o: &Object| match o {
+            Object::Gateway(a) => at(a),
+            Object::HttpRoute(a) => at(a),
+            Object::Backend(a) => at(a),
+            Object::Secret(a) => at(a),
+            Object::BackendPolicy(a) => at(a),
+            Object::ConfigMap(a) => at(a),
+            Object::BackendTlsPolicy(a) => at(a),
+            Object::ClientPolicy(a) => at(a),
+            Object::GrpcRoute(a) => at(a),
+            Object::Service(a) => at(a),
+            Object::EndpointSlice(a) => at(a),
+            Object::ReferenceGrant(a) => at(a),
+            Object::Namespace(a) => at(a),
+            Object::TlsRoute(a) => at(a),
+            Object::TcpRoute(a) => at(a),
+            Object::RateLimitPolicy(a) => at(a),
+            Object::SecurityPolicy(a) => at(a),
+        };
+        self.kind() == other.kind() && p(self) == p(other)
+    }
 }

@@ -231,6 +231,9 @@ pub struct Loaded {
     pub set: ConfigSet,
     pub files: usize,
     pub report: LoadReport,
+    /// Objects added, removed or modified relative to the set the load was assembled over
+    /// (`prev.diff(&set).len()`), when known without comparing the sets.
+    pub changes: Option<usize>,
 }
 
 /// Discovers and reads every file and builds one set, as at a cold start: invalid objects are
@@ -395,6 +398,7 @@ impl Loader {
                 set,
                 files: files.len(),
                 report,
+                changes: self.assembler.changes(),
             })
         } else {
             // This set is not served: the next load starts from the one that is.
