@@ -57,6 +57,10 @@ struct Cli {
     /// Worker threads of the client fleet runtime (default: all cores).
     #[arg(long, global = true)]
     client_threads: Option<usize>,
+    /// Publish pacing of the library server under test
+    /// (`XdsServerBuilder::push_interval`, ms; 0: off, the default).
+    #[arg(long, global = true, default_value_t = 0)]
+    push_interval_ms: u64,
     /// Directory for the JSON results.
     #[arg(long, global = true, default_value = "bench-results")]
     out: PathBuf,
@@ -106,6 +110,8 @@ enum Command {
         threads: usize,
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: SocketAddr,
+        #[arg(long, default_value_t = 0)]
+        push_interval_ms: u64,
     },
 }
 
@@ -131,18 +137,24 @@ fn main() -> Result<()> {
         endpoints,
         threads,
         listen,
+        push_interval_ms,
     }) = cli.command
     {
         let spec = WorkloadSpec {
             clusters,
             endpoints,
         };
-        return runtime(Some(threads))?.block_on(serve_snapshot(spec, listen));
+        return runtime(Some(threads))?.block_on(serve_snapshot(
+            spec,
+            listen,
+            std::time::Duration::from_millis(push_interval_ms),
+        ));
     }
     let server = ServerOptions {
         mode: cli.server,
         threads: cli.server_threads,
         exe: None,
+        push_interval: std::time::Duration::from_millis(cli.push_interval_ms),
     };
     let rt = runtime(cli.client_threads)?;
     rt.block_on(async {

@@ -47,6 +47,8 @@ pub struct ServerOptions {
     pub threads: usize,
     /// The `ballast-bench` binary for child mode (default: this executable).
     pub exe: Option<PathBuf>,
+    /// `XdsServerBuilder::push_interval` (zero: off, the library default).
+    pub push_interval: Duration,
 }
 
 impl Default for ServerOptions {
@@ -55,6 +57,7 @@ impl Default for ServerOptions {
             mode: ServerMode::InProcess,
             threads: 2,
             exe: None,
+            push_interval: Duration::ZERO,
         }
     }
 }
@@ -106,7 +109,10 @@ impl BenchServer {
         std_listener.set_nonblocking(true)?;
         let addr = std_listener.local_addr()?;
         let (tx, rx) = oneshot::channel::<()>();
-        let server = XdsServer::builder(cache.clone()).grouper(grouper()).build();
+        let server = XdsServer::builder(cache.clone())
+            .grouper(grouper())
+            .push_interval(opts.push_interval)
+            .build();
         runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
             let _ = server
@@ -136,6 +142,10 @@ impl BenchServer {
             .args(["--endpoints", &spec.endpoints.to_string()])
             .args(["--threads", &opts.threads.to_string()])
             .args(["--listen", "127.0.0.1:0"])
+            .args([
+                "--push-interval-ms",
+                &opts.push_interval.as_millis().to_string(),
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -275,7 +285,11 @@ impl Drop for BenchServer {
 /// `ballast-bench serve-snapshot`: the server alone, serving the workload and
 /// applying changes read from stdin (`ep <cluster> <counter>`, `global <gen>`,
 /// `quit`). Prints `listening <addr>` when ready and `ok` after each change.
-pub async fn serve_snapshot(spec: WorkloadSpec, listen: SocketAddr) -> Result<()> {
+pub async fn serve_snapshot(
+    spec: WorkloadSpec,
+    listen: SocketAddr,
+    push_interval: Duration,
+) -> Result<()> {
     use std::io::Write;
     let mut workload = Workload::new(spec);
     let cache = SnapshotCache::new();
@@ -283,7 +297,10 @@ pub async fn serve_snapshot(spec: WorkloadSpec, listen: SocketAddr) -> Result<()
     cache.set_ready(true);
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
-    let server = XdsServer::builder(cache.clone()).grouper(grouper()).build();
+    let server = XdsServer::builder(cache.clone())
+        .grouper(grouper())
+        .push_interval(push_interval)
+        .build();
     let (tx, rx) = oneshot::channel::<()>();
     let serving = tokio::spawn(server.serve_with_shutdown(listener, async {
         let _ = rx.await;

@@ -13,7 +13,7 @@ use ballast_xds::envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
 use common::client::Delta;
-use common::{fixture, ready_server};
+use common::{fixture, ready_paced_server, ready_server};
 
 fn names(r: &DeltaDiscoveryResponse) -> Vec<&str> {
     r.resources.iter().map(|r| r.name.as_str()).collect()
@@ -600,4 +600,27 @@ async fn route_to_a_cluster_with_endpoints_from_elsewhere_is_not_held() {
         ["r1"],
         "the route is not held for x's endpoints"
     );
+}
+
+/// Publish pacing (`push_interval`): a publish soon after the stream took a
+/// snapshot is not pushed at once; once the interval is over, the stream
+/// pushes the newest snapshot only, skipping the ones in between.
+#[tokio::test]
+async fn paced_publishes_are_pushed_once_at_the_newest_version() {
+    let (cache, s) = ready_paced_server(fixture(&["a"], "a", 1), Duration::from_secs(5)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribed(EDS, &["a"]).await;
+    cache.set_snapshot("g", fixture(&["a"], "a", 2));
+    c.expect_quiet().await;
+    let newest = fixture(&["a"], "a", 3);
+    let want = newest.get(EDS, "a").unwrap().version().to_string();
+    cache.set_snapshot("g", newest);
+    let r = c.recv().await;
+    assert_eq!(names(&r), ["a"]);
+    assert_eq!(
+        r.resources[0].version, want,
+        "one push, at the newest version"
+    );
+    c.ack(&r).await;
+    c.expect_quiet().await;
 }

@@ -10,7 +10,7 @@ use ballast_xds::ResourceType::{
 };
 use ballast_xds::SnapshotCache;
 use common::client::Sotw;
-use common::{fixture, names, ready_server};
+use common::{fixture, names, ready_paced_server, ready_server};
 
 const GRACE: Duration = Duration::from_secs(30);
 
@@ -685,4 +685,23 @@ async fn route_to_a_cluster_with_endpoints_from_elsewhere_is_not_held() {
         ["r1"],
         "the route is not held for x's endpoints"
     );
+}
+
+/// Publish pacing (`push_interval`): a publish soon after the stream took a
+/// snapshot is not pushed at once; once the interval is over, the stream
+/// pushes the newest snapshot only, skipping the ones in between.
+#[tokio::test]
+async fn paced_publishes_are_pushed_once_at_the_newest_version() {
+    let (cache, s) = ready_paced_server(fixture(&["a"], "a", 1), Duration::from_secs(5)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.synced(EDS, &["a"]).await;
+    cache.set_snapshot("g", fixture(&["a"], "a", 2));
+    c.expect_quiet().await;
+    let newest = fixture(&["a"], "a", 3);
+    let want = newest.version(EDS).to_string();
+    cache.set_snapshot("g", newest);
+    let r = c.recv().await;
+    assert_eq!(r.version_info, want, "one push, at the newest version");
+    c.ack(&r, &["a"]).await;
+    c.expect_quiet().await;
 }

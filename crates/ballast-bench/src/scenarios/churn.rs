@@ -117,6 +117,12 @@ pub async fn run(server: &ServerOptions, args: &ChurnArgs) -> Result<Report> {
     report.notes.push(
         "no debounce: the library cache publishes every change; SotW EDS pushes carry only the load assignments that changed (every SotW ACK still lists all 1,000 names)".into(),
     );
+    if !server.push_interval.is_zero() {
+        report.notes.push(format!(
+            "push interval {} ms (XdsServerBuilder::push_interval): each stream takes a new snapshot at most once per interval",
+            server.push_interval.as_millis()
+        ));
+    }
     if server.mode == crate::server::ServerMode::InProcess {
         report.notes.push(
             "in-process: server CPU excludes snapshot building (done by the bench); RSS includes the clients".into(),

@@ -83,7 +83,14 @@ impl SotwType {
         // Absence from an EDS/RDS/SDS response removes nothing at the
         // client: it keeps what it had until it unsubscribes (what it holds
         // is always covered by its subscription).
-        if ty.is_full_state_in_sotw() || keys_subset(&self.acked, &f.resources) {
+        // What the client holds is covered by its subscription, so when the
+        // subscribed names are the keys of what was sent (O(1): shared), it
+        // holds nothing beyond it: no walk of 1,000 names per ACK (W2).
+        let covers_held = self.sub.is_keys_of(&f.resources) && {
+            debug_assert!(keys_subset(&self.acked, &f.resources));
+            true
+        };
+        if ty.is_full_state_in_sotw() || covers_held || keys_subset(&self.acked, &f.resources) {
             self.acked = f.resources;
         } else {
             Arc::make_mut(&mut self.acked)
@@ -1100,6 +1107,52 @@ mod tests {
         assert!(Arc::ptr_eq(&st.acked, s3.resources(eds)));
         drop(keep);
     }
+    /// A stream further behind than the recorded changes reach (the cache's
+    /// history dropped the snapshots between) is planned in full once, and
+    /// the next publish is planned from the change chain again: its
+    /// subscription moves to the new map's keys although the chain cannot
+    /// say they are the same (issue #13, W2 SotW at 1,000 proxies).
+    #[test]
+    fn a_stream_behind_the_history_gets_back_to_the_change_chain() {
+        let s1 = snapshot(1000, 1, None);
+        let mut m = SotwMachine::new(None);
+        m.set_snapshot(Some(s1.clone()));
+        let names: Vec<String> = (0..1000).map(|i| format!("c{i:04}")).collect();
+        let eds = ResourceType::ClusterLoadAssignment;
+        for (ty, subscribe) in [(ResourceType::Cluster, vec![]), (eds, names.clone())] {
+            m.handle_request(&DiscoveryRequest {
+                type_url: ty.type_url().into(),
+                resource_names: subscribe,
+                ..Default::default()
+            });
+        }
+        while let Some(r) = m.next_response() {
+            let n = if r.ty == eds { names.clone() } else { vec![] };
+            ack(&mut m, &r, &n);
+        }
+        // Twenty publishes nobody keeps: the chain back to s1 is broken.
+        let mut last = s1.clone();
+        for port in 2..22 {
+            last = snapshot(1000, port, Some(&last));
+        }
+        assert!(!last.same_keys_since(eds, s1.resources(eds)));
+        m.set_snapshot(Some(last.clone()));
+        let r = m.next_response().expect("the change");
+        assert_eq!(r.ty, eds);
+        assert_eq!(
+            r.resources.keys().map(|k| &**k).collect::<Vec<_>>(),
+            ["c0001"]
+        );
+        ack(&mut m, &r, &names);
+        assert!(m.next_response().is_none());
+        let next = snapshot(1000, 99, Some(&last));
+        m.set_snapshot(Some(next.clone()));
+        let before = m.fast_plans;
+        let r = m.next_response().expect("the next change");
+        assert_eq!(&r.version, next.version(eds));
+        assert!(m.fast_plans > before, "planned from the change chain again");
+    }
+
     /// Issue 8 §1: a stream resumed at the current versions sends exactly one
     /// response — EDS, empty, at the version the client holds — once the
     /// snapshot is known and the EDS request its clusters announce has come.

@@ -184,7 +184,12 @@ impl Subscription {
     }
 
     /// Moves shared names to `map` when its keys are the same (so an old map
-    /// is not kept alive): O(1) with the snapshot's recorded changes.
+    /// is not kept alive): O(1) with the snapshot's recorded changes. When
+    /// those do not reach back (a stream more publishes behind than the
+    /// cache's history), the keys are compared in one walk (interned, so
+    /// mostly by address): otherwise the names stay on the old map and every
+    /// later plan of the stream takes the slow path, a lookup per name (W2
+    /// SotW at 1,000 proxies, issue #13).
     pub(crate) fn follow(
         &mut self,
         map: &Arc<ResourceMap>,
@@ -192,7 +197,7 @@ impl Subscription {
     ) {
         if let Names::Keys(m) = &self.names
             && !Arc::ptr_eq(m, map)
-            && keys_same(m)
+            && (keys_same(m) || same_keys(m, map))
         {
             self.names = Names::Keys(map.clone());
         }
@@ -388,6 +393,11 @@ impl Subscription {
         }
         out
     }
+}
+
+/// `a` and `b` have the same keys (one walk; interned keys compare by address).
+fn same_keys(a: &ResourceMap, b: &ResourceMap) -> bool {
+    a.len() == b.len() && a.keys().zip(b.keys()).all(|(x, y)| x == y)
 }
 
 #[cfg(test)]

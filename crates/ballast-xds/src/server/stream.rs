@@ -225,6 +225,12 @@ async fn run<M: Machine>(
     let mut pending = Some(first);
     let resume_deadline = tokio::time::Instant::now() + RESUME_HOLD;
     let mut resume_released = false;
+    // Publish pacing (`XdsServerBuilder::push_interval`): the snapshot last
+    // taken from the group, and when the stream may take a newer one.
+    let pace = shared.push_interval;
+    let mut taken: Option<Arc<Snapshot>> = None;
+    let mut next_take: Option<tokio::time::Instant> = None;
+    let mut serving = false;
     loop {
         if let Some(req) = pending.take() {
             // Only a request reporting what the client holds looks at the
@@ -238,19 +244,30 @@ async fn run<M: Machine>(
             let outcome = machine.lock().handle(&req, &history);
             record(&*observer, &node_id, handle.group(), &outcome, &mut sent_at);
         }
-        let current = if *ready_rx.borrow_and_update() {
-            snap_rx.borrow_and_update().clone()
-        } else {
-            None
-        };
-        let current = guard.filter(
-            current,
-            || shared.cache.history(&group),
-            &*observer,
-            &node_id,
-            handle.group(),
-        );
-        machine.lock().set_snapshot(current);
+        let ready = *ready_rx.borrow_and_update();
+        if !paced(ready, serving, &guard, next_take) {
+            let current = if ready {
+                snap_rx.borrow_and_update().clone()
+            } else {
+                None
+            };
+            if !pace.is_zero()
+                && let Some(c) = &current
+                && !taken.as_ref().is_some_and(|t| Arc::ptr_eq(t, c))
+            {
+                next_take = Some(tokio::time::Instant::now() + pace);
+            }
+            taken = current.clone();
+            let current = guard.filter(
+                current,
+                || shared.cache.history(&group),
+                &*observer,
+                &node_id,
+                handle.group(),
+            );
+            serving = current.is_some();
+            machine.lock().set_snapshot(current);
+        }
         loop {
             let next = machine.lock().next();
             let Some(resp) = next else { break };
@@ -288,6 +305,9 @@ async fn run<M: Machine>(
                 bytes,
             });
         }
+        // While paced, publishes do not wake the stream: it takes the
+        // newest snapshot once the interval is over.
+        let waiting = paced(ready, serving, &guard, next_take);
         tokio::select! {
             msg = requests.message() => match msg {
                 Ok(Some(req)) => pending = Some(req),
@@ -301,13 +321,36 @@ async fn run<M: Machine>(
             // keeps its config and reconnects to another replica).
             _ = drain.cancelled() => return Err(super::shutting_down()),
             r = ready_rx.changed() => { if r.is_err() { return Ok(()); } }
-            r = snap_rx.changed() => { if r.is_err() { return Ok(()); } }
+            r = snap_rx.changed(), if !waiting => { if r.is_err() { return Ok(()); } }
+            _ = sleep_until_some(next_take), if waiting => {}
             _ = guard.wake() => {}
             _ = tokio::time::sleep_until(resume_deadline), if !resume_released => {
                 resume_released = true;
                 machine.lock().release_resume_hold();
             }
         }
+    }
+}
+
+/// Whether the stream keeps the snapshot it has for now (publish pacing):
+/// only while it serves one, the group is ready, no resume guard is holding
+/// its first push, and the interval since it took that snapshot is not over.
+fn paced(
+    ready: bool,
+    serving: bool,
+    guard: &ResumeGuard,
+    next_take: Option<tokio::time::Instant>,
+) -> bool {
+    ready
+        && serving
+        && !guard.is_holding()
+        && next_take.is_some_and(|t| tokio::time::Instant::now() < t)
+}
+
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

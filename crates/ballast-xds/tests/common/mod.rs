@@ -79,6 +79,26 @@ pub async fn start_with(
         .grace(grace)
         .observer(observer)
         .build();
+    serve(cache, server).await
+}
+
+/// A ready server for `snap` (group `g`) whose streams take a new snapshot
+/// at most once per `interval` (`XdsServerBuilder::push_interval`).
+pub async fn ready_paced_server(snap: Snapshot, interval: Duration) -> (SnapshotCache, Running) {
+    init_tracing();
+    let cache = SnapshotCache::new();
+    cache.set_snapshot("g", snap);
+    cache.set_ready(true);
+    let server = XdsServer::builder(cache.clone())
+        .grouper(one_group())
+        .push_interval(interval)
+        .build();
+    let running = serve(cache.clone(), server).await;
+    (cache, running)
+}
+
+/// Serves `server` on a loopback port.
+pub async fn serve(cache: SnapshotCache, server: XdsServer) -> Running {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = oneshot::channel();
