@@ -433,6 +433,19 @@ mod tests {
         }
     }
 
+    /// A machine keeps only the types its client requested: an idle ADS
+    /// proxy uses four of the six, and a type's state is hundreds of bytes.
+    #[test]
+    fn a_machine_without_types_is_small() {
+        let sizes = [
+            ("SotW", std::mem::size_of::<SotwMachine>()),
+            ("Delta", std::mem::size_of::<DeltaMachine>()),
+        ];
+        for (_, size) in sizes {
+            assert!(size <= 256, "machine sizes (bytes): {sizes:?}");
+        }
+    }
+
     /// The response channel holds a block of 32 slots for the life of the
     /// stream: a slot is a pointer, not a response (88 bytes for Delta).
     #[test]
