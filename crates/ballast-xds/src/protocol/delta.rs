@@ -657,7 +657,7 @@ impl DeltaMachine {
         };
         let first = !self.core.requested(ty);
         let known = self.core.snapshot.as_ref().map(|s| s.resources(ty).clone());
-        let st = self.core.types[ty].get_or_insert_with(DeltaType::default);
+        let st = self.core.types[ty].get_or_insert_with(Box::default);
         if first {
             st.sub.set_namespaced(ty.is_namespaced());
         }

@@ -428,7 +428,7 @@ impl SotwMachine {
         };
         let first = !self.core.requested(ty);
         let known = self.core.snapshot.as_ref().map(|s| s.resources(ty).clone());
-        let st = self.core.types[ty].get_or_insert_with(SotwType::default);
+        let st = self.core.types[ty].get_or_insert_with(Box::default);
         let mut outcome = RequestOutcome::Subscribed { ty };
         if first {
             if !req.version_info.is_empty() {
@@ -504,7 +504,8 @@ impl SotwMachine {
             return None;
         }
         let named = ResourceType::ALL.into_iter().find(|ty| {
-            !ty.is_full_state_in_sotw() && self.core.types[*ty].as_ref().is_some_and(Self::settled)
+            !ty.is_full_state_in_sotw()
+                && self.core.types[*ty].as_deref().is_some_and(Self::settled)
         });
         let (ty, wire) = match named {
             Some(ty) => (ty, Arc::new(ResourceMap::new())),
@@ -517,7 +518,7 @@ impl SotwMachine {
                     .into_iter()
                     .filter(|ty| {
                         ty.is_full_state_in_sotw()
-                            && self.core.types[*ty].as_ref().is_some_and(Self::settled)
+                            && self.core.types[*ty].as_deref().is_some_and(Self::settled)
                     })
                     .min_by_key(|ty| {
                         let st = self.core.types[*ty].as_ref().expect("settled");

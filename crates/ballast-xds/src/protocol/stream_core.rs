@@ -99,7 +99,9 @@ pub(crate) trait TypeState {
 pub(crate) struct StreamCore<T> {
     /// The one type a per-type service serves; `None` for ADS.
     pub(super) only: Option<ResourceType>,
-    pub(super) types: PerType<Option<T>>,
+    /// Boxed: a type's state is hundreds of bytes and a stream (an idle
+    /// proxy) requests only some types, so the others cost a pointer.
+    pub(super) types: PerType<Option<Box<T>>>,
     pub(super) nonces: Nonces,
     /// The snapshot to serve; `None` while the server is not ready for this
     /// stream's group (requests are then held, never answered).

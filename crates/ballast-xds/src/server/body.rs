@@ -27,24 +27,29 @@ use super::limits::{self, Limits, NameCount};
 use crate::events::XdsObserver;
 use crate::protocol::sotw_request::SotwRequest;
 
+/// What a stream's task sends to its response body. The message is boxed:
+/// the channel allocates a block of 32 slots for the life of the stream, so
+/// a slot's size is paid 32 times per idle proxy.
+pub(crate) type Outgoing<R> = Result<Box<R>, Status>;
+
 /// The response body of one streaming call: messages from `rx`, then trailers
 /// (`grpc-status: 0` when the channel closes, or the error sent on it).
 pub(crate) struct ResponseBody<R> {
-    rx: mpsc::Receiver<Result<R, Status>>,
+    rx: mpsc::Receiver<Outgoing<R>>,
     current: Option<Writing<R>>,
     done: bool,
 }
 
 /// The message being written.
 struct Writing<R> {
-    msg: R,
+    msg: Box<R>,
     pos: WritePos,
     chunks: Chunks,
     complete: bool,
 }
 
 impl<R> ResponseBody<R> {
-    pub(crate) fn new(rx: mpsc::Receiver<Result<R, Status>>) -> Self {
+    pub(crate) fn new(rx: mpsc::Receiver<Outgoing<R>>) -> Self {
         ResponseBody {
             rx,
             current: None,

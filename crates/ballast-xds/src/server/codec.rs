@@ -116,9 +116,16 @@ impl WireMessage for DeltaResponse {
 
 /// Resource bytes at least this long are sent as their own chunk, shared with
 /// the snapshot; shorter pieces are copied into the current chunk.
-pub(crate) const SHARE_MIN: usize = 1024;
-/// Size of the chunks that small pieces are copied into.
-pub(crate) const CHUNK: usize = 16 * 1024;
+///
+/// Every chunk is one entry in h2's per-connection send queue, a slab that
+/// never shrinks: it keeps room for as many frames as were ever queued at
+/// once (up to hyper's 400 KiB of buffered data per stream). Copying up to
+/// 16 KiB costs less than a frame, and keeps that slab at a few entries per
+/// idle proxy instead of one per resource of a large response.
+pub(crate) const SHARE_MIN: usize = 16 * 1024;
+/// Size of the chunks that small pieces are copied into (few queued frames
+/// per response, see [`SHARE_MIN`]).
+pub(crate) const CHUNK: usize = 64 * 1024;
 
 /// The chunks of one gRPC message being written: a 5-byte gRPC header, then
 /// the message (total `len` bytes after the header).
@@ -513,6 +520,25 @@ mod tests {
         check_delta(&many[..500], &["gone".to_string()]);
         let removed: Vec<String> = (0..5000).map(|i| format!("removed-{i}")).collect();
         check_delta(&many[..10], &removed);
+    }
+
+    /// A large response of small and mid-size resources goes out in a few
+    /// chunks of [`CHUNK`] bytes, not one (or two) per resource: each chunk
+    /// holds a slot of the connection's send queue while queued, and the
+    /// queue keeps its largest size for the life of the connection.
+    #[test]
+    fn a_large_response_of_small_resources_is_few_chunks() {
+        let resources: Vec<_> = (0..400)
+            .map(|i| sized(&format!("c{i:05}"), 500 + (i % 4) * 1000))
+            .collect();
+        let resp = sotw_of(&resources, "v1", "1");
+        let len = resp.encoded_len();
+        let chunks = chunks_of(&resp).len();
+        assert!(
+            chunks <= len / CHUNK + 2,
+            "{chunks} chunks for {len} bytes of {} resources",
+            resources.len()
+        );
     }
 
     proptest::proptest! {

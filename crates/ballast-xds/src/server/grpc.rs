@@ -249,8 +249,8 @@ where
         Ok(None) => return Status::internal("no response computed").into_http(),
         Err(status) => return status.into_http(),
     };
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<SotwResponse, Status>>(1);
-    tx.try_send(Ok(resp)).expect("room for one");
+    let (tx, rx) = tokio::sync::mpsc::channel::<super::body::Outgoing<SotwResponse>>(1);
+    tx.try_send(Ok(Box::new(resp))).expect("room for one");
     drop(tx);
     let mut out = http::Response::new(Body::new(ResponseBody::new(rx)));
     out.headers_mut().insert(

@@ -131,7 +131,7 @@ impl Machine for DeltaMachine {
     }
 }
 
-pub(crate) type RespTx<R> = mpsc::Sender<Result<R, Status>>;
+pub(crate) type RespTx<R> = mpsc::Sender<super::body::Outgoing<R>>;
 
 /// Spawns the task serving one stream and returns the receiving end of its responses.
 pub(crate) fn spawn<M: Machine>(
@@ -141,35 +141,50 @@ pub(crate) fn spawn<M: Machine>(
     requests: RequestStream<M::Req>,
     permit: super::limits::Permit,
     peer: Option<Arc<crate::security::PeerIdentity>>,
-) -> mpsc::Receiver<Result<M::Resp, Status>> {
+) -> mpsc::Receiver<super::body::Outgoing<M::Resp>> {
     let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(task(server, machine, kind, requests, permit, peer, tx));
+    rx
+}
+
+/// The future of one stream's task. It is alive for as long as the stream
+/// (an idle proxy keeps it forever), so its size is memory per proxy.
+fn task<M: Machine>(
+    server: XdsServer,
+    machine: M,
+    kind: StreamKind,
+    requests: RequestStream<M::Req>,
+    permit: super::limits::Permit,
+    peer: Option<Arc<crate::security::PeerIdentity>>,
+    tx: RespTx<M::Resp>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let span = info_span!(
         "xds_stream",
         kind = kind.label(),
         node = tracing::field::Empty
     );
-    tokio::spawn(
-        async move {
-            let shared = &server.shared;
-            if let Err(status) = run(shared, machine, kind, requests, permit, &tx, peer).await {
-                // A client that stopped reading must not keep a draining
-                // server's task alive: the status waits at most the grace.
-                let bound = if shared.drain.is_cancelled() {
-                    shared.shutdown_grace
-                } else {
-                    std::time::Duration::MAX
-                };
-                let _ = tokio::time::timeout(bound, tx.send(Err(status))).await;
-            }
+    // On the heap, not in the future: the machine is large (a state per
+    // type) and an `async fn` argument would be held twice.
+    let machine = Arc::new(parking_lot::Mutex::new(machine));
+    async move {
+        let shared = &server.shared;
+        if let Err(status) = run(shared, machine, kind, requests, permit, &tx, peer).await {
+            // A client that stopped reading must not keep a draining
+            // server's task alive: the status waits at most the grace.
+            let bound = if shared.drain.is_cancelled() {
+                shared.shutdown_grace
+            } else {
+                std::time::Duration::MAX
+            };
+            let _ = tokio::time::timeout(bound, tx.send(Err(status))).await;
         }
-        .instrument(span),
-    );
-    rx
+    }
+    .instrument(span)
 }
 
 async fn run<M: Machine>(
     shared: &Shared,
-    machine: M,
+    machine: Arc<parking_lot::Mutex<M>>,
     kind: StreamKind,
     mut requests: RequestStream<M::Req>,
     mut permit: super::limits::Permit,
@@ -178,8 +193,10 @@ async fn run<M: Machine>(
 ) -> Result<(), Status> {
     let drain = &shared.drain;
     // The first request names the node; nothing is sent before we know it.
+    // Requests are boxed: a decoded request is hundreds of bytes, and a
+    // local held across an await is part of the task's future.
     let first = tokio::select! {
-        msg = requests.message() => msg?,
+        msg = requests.message() => msg?.map(Box::new),
         _ = drain.cancelled() => return Err(super::shutting_down()),
     };
     let Some(first) = first else {
@@ -211,7 +228,6 @@ async fn run<M: Machine>(
 
     // Status pages and CSDS read the machine when asked (the lock is never
     // held across an await or while taking the registry's).
-    let machine = Arc::new(parking_lot::Mutex::new(machine));
     {
         let m = machine.clone();
         handle.set_status_source(Arc::new(move || m.lock().status()));
@@ -240,7 +256,7 @@ async fn run<M: Machine>(
             } else {
                 Vec::new()
             };
-            guard.observe(&req, tokio::time::Instant::now());
+            guard.observe(&*req, tokio::time::Instant::now());
             let outcome = machine.lock().handle(&req, &history);
             record(&*observer, &node_id, handle.group(), &outcome, &mut sent_at);
         }
@@ -290,7 +306,7 @@ async fn run<M: Machine>(
             debug!(%ty, %version, %nonce, resources, removed, bytes, "send");
             sent_at[ty] = Some((nonce, Instant::now()));
             tokio::select! {
-                r = tx.send(Ok(resp)) => if r.is_err() {
+                r = tx.send(Ok(Box::new(resp))) => if r.is_err() {
                     return Ok(()); // client went away
                 },
                 _ = drain.cancelled() => return Err(super::shutting_down()),
@@ -310,7 +326,7 @@ async fn run<M: Machine>(
         let waiting = paced(ready, serving, &guard, next_take);
         tokio::select! {
             msg = requests.message() => match msg {
-                Ok(Some(req)) => pending = Some(req),
+                Ok(Some(req)) => pending = Some(Box::new(req)),
                 Ok(None) => return Ok(()),
                 Err(status) => {
                     debug!(%status, "stream ended");
@@ -401,5 +417,84 @@ fn record(
         RequestOutcome::WrongType { type_url } => {
             warn!(%type_url, "request for another type on a per-type stream ignored")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SnapshotCache;
+    use crate::server::limits::Limits;
+    use http_body::Frame;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    struct Silent;
+    impl http_body::Body for Silent {
+        type Data = bytes::Bytes;
+        type Error = Status;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<bytes::Bytes>, Status>>> {
+            Poll::Pending
+        }
+    }
+
+    /// Bytes of the task future serving one stream of machine `M`.
+    fn task_size<M: Machine>(machine: M, kind: StreamKind) -> usize {
+        let server = XdsServer::builder(SnapshotCache::new()).build();
+        let shared = &server.shared;
+        let observer = shared.observer.clone();
+        let requests = RequestStream::<M::Req>::new(Silent, &Limits::default(), observer);
+        let permit = shared
+            .stream_counts
+            .open(&shared.limits, &*shared.observer, None)
+            .expect("permit");
+        let (tx, _rx) = mpsc::channel(1);
+        let fut = task(server.clone(), machine, kind, requests, permit, None, tx);
+        std::mem::size_of_val(&fut)
+    }
+
+    /// Every idle proxy keeps its stream's task: a few KiB here is a large
+    /// part of the memory per proxy (W8, docs/benchmarks.md). The machine
+    /// and the decoded requests live on the heap, not in the future.
+    #[test]
+    fn a_stream_task_is_small() {
+        let sizes = [
+            (
+                "SotW",
+                task_size(SotwMachine::new(None), StreamKind::Sotw(None)),
+            ),
+            (
+                "Delta",
+                task_size(DeltaMachine::new(None), StreamKind::Delta(None)),
+            ),
+        ];
+        for (_, size) in sizes {
+            assert!(size <= 3 * 1024, "stream task sizes (bytes): {sizes:?}");
+        }
+    }
+
+    /// A machine keeps only the types its client requested: an idle ADS
+    /// proxy uses four of the six, and a type's state is hundreds of bytes.
+    #[test]
+    fn a_machine_without_types_is_small() {
+        let sizes = [
+            ("SotW", std::mem::size_of::<SotwMachine>()),
+            ("Delta", std::mem::size_of::<DeltaMachine>()),
+        ];
+        for (_, size) in sizes {
+            assert!(size <= 256, "machine sizes (bytes): {sizes:?}");
+        }
+    }
+
+    /// The response channel holds a block of 32 slots for the life of the
+    /// stream: a slot is a pointer, not a response (88 bytes for Delta).
+    #[test]
+    fn a_response_channel_slot_is_a_pointer() {
+        use crate::server::body::Outgoing;
+        assert!(std::mem::size_of::<Outgoing<DeltaResponse>>() <= 16);
+        assert!(std::mem::size_of::<Outgoing<SotwResponse>>() <= 16);
     }
 }
