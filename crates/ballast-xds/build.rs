@@ -83,6 +83,10 @@ fn main() {
 /// message type among the emitted shapes, and whether it is a map itself.
 type ShapeField = (u32, usize, bool);
 
+/// Messages by full name: whether each is a map entry, and its message
+/// fields (number, type's full name, repeated).
+type Messages = std::collections::BTreeMap<String, (bool, Vec<(u32, String, bool)>)>;
+
 /// Rust source of the tables `src/map_shapes.rs` walks for canonical versions:
 /// every message (of the whole set, so any packed `Any` is covered) that can
 /// hold a `map` field, directly or through message fields or `Any`, with just
@@ -92,13 +96,8 @@ fn map_shapes(set: &FileDescriptorSet) -> String {
     use prost_types::field_descriptor_proto::{Label, Type};
     const ANY: &str = "google.protobuf.Any";
     // Full name (no leading dot) -> (is map entry, message fields: number, type, repeated).
-    let mut msgs: std::collections::BTreeMap<String, (bool, Vec<(u32, String, bool)>)> =
-        Default::default();
-    fn collect(
-        prefix: &str,
-        list: &[DescriptorProto],
-        out: &mut std::collections::BTreeMap<String, (bool, Vec<(u32, String, bool)>)>,
-    ) {
+    let mut msgs = Messages::default();
+    fn collect(prefix: &str, list: &[DescriptorProto], out: &mut Messages) {
         for m in list {
             let name = format!("{prefix}.{}", m.name());
             let entry = m.options.as_ref().is_some_and(|o| o.map_entry());
