@@ -25,10 +25,13 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod cache;
+// Only proto-JSON (and the tests) decode descriptors; versions use `map_shapes`.
+#[cfg(any(feature = "rest", test))]
 mod descriptors;
 mod events;
 #[cfg(feature = "rest")]
 pub mod json;
+mod map_shapes;
 mod protocol;
 mod registry;
 mod resource;

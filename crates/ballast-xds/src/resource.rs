@@ -215,7 +215,8 @@ impl Resource {
         }
         let value = msg.encode_to_vec();
         // Maps are encoded in HashMap order: hash a canonical form (§3.5).
-        let version = crate::version::message_version(descriptor(M::TYPE), &value);
+        let full_name = M::TYPE.type_url().rsplit('/').next().unwrap_or_default();
+        let version = crate::version::message_version(full_name, &value);
         Ok(Arc::new(Self::assemble(
             M::TYPE,
             name.into(),
@@ -356,25 +357,6 @@ impl Resource {
             value: self.value_bytes().to_vec(),
         }
     }
-}
-
-/// The descriptor of a resource type's message (for canonical versions).
-fn descriptor(ty: ResourceType) -> &'static prost_reflect::MessageDescriptor {
-    static DESCRIPTORS: std::sync::LazyLock<Vec<prost_reflect::MessageDescriptor>> =
-        std::sync::LazyLock::new(|| {
-            ResourceType::ALL
-                .iter()
-                .map(|t| {
-                    let name = t.type_url().rsplit('/').next().unwrap_or_default();
-                    crate::descriptors::served()
-                        .get_message_by_name(name)
-                        .expect("every resource type is in the served descriptors")
-                })
-                .collect()
-        });
-    let d = &DESCRIPTORS[ResourceType::ALL.iter().position(|t| *t == ty).unwrap_or(0)];
-    debug_assert!(ty.type_url().ends_with(d.full_name()));
-    d
 }
 
 /// An Envoy message that can be served as an xDS resource.

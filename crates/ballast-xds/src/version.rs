@@ -2,21 +2,57 @@
 //! version on every replica and after every restart, so a proxy that fails over
 //! receives nothing it already has.
 
-use prost_reflect::{Kind, MessageDescriptor};
 use xxhash_rust::xxh3::Xxh3;
+
+use crate::map_shapes::Shape;
 
 /// Version of one resource: a hash of its encoded bytes.
 pub fn content_version(bytes: &[u8]) -> String {
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
 }
 
-/// Version of one encoded message of type `desc`: the hash of its canonical
-/// encoding, in which the entries of every `map` field (also inside `Any`s)
-/// are sorted. prost writes maps in `HashMap` order, which differs between
-/// processes, so equal content could otherwise get different versions.
-/// Costs one scan of the bytes; a second pass and a copy only when some map
-/// has two or more entries.
-pub(crate) fn message_version(desc: &MessageDescriptor, bytes: &[u8]) -> String {
+/// What the canonical walk needs to know of a message type: where its maps
+/// are. Served by the generated [`Shape`] tables; the tests also walk the
+/// decoded descriptors with it to prove the tables say the same.
+pub(crate) trait Schema: Sized {
+    /// The type named `full_name` (an `Any`'s payload), if it is known and can
+    /// hold a map.
+    fn named(full_name: &str) -> Option<Self>;
+    /// Whether this is `google.protobuf.Any`.
+    fn is_any(&self) -> bool;
+    /// Field `number`'s message type and whether it is a map field, if it is a
+    /// message field worth following.
+    fn message_field(&self, number: u32) -> Option<(Self, bool)>;
+}
+
+impl Schema for Shape {
+    fn named(full_name: &str) -> Option<Self> {
+        Shape::of(full_name)
+    }
+    fn is_any(&self) -> bool {
+        Shape::is_any(*self)
+    }
+    fn message_field(&self, number: u32) -> Option<(Self, bool)> {
+        self.field(number)
+    }
+}
+
+/// Version of one encoded message of type `full_name` (no leading dot): the
+/// hash of its canonical encoding, in which the entries of every `map` field
+/// (also inside `Any`s) are sorted. prost writes maps in `HashMap` order,
+/// which differs between processes, so equal content could otherwise get
+/// different versions. Costs one scan of the bytes; a second pass and a copy
+/// only when some map has two or more entries; no scan at all for a type that
+/// cannot hold a map.
+pub(crate) fn message_version(full_name: &str, bytes: &[u8]) -> String {
+    match Shape::of(full_name) {
+        Some(shape) => version_with(&shape, bytes),
+        None => content_version(bytes),
+    }
+}
+
+/// [`message_version`] walking `desc`'s schema.
+fn version_with<S: Schema>(desc: &S, bytes: &[u8]) -> String {
     if needs_sorting(desc, bytes, 0) {
         let mut out = Vec::with_capacity(bytes.len());
         canonical_into(desc, bytes, &mut out, 0);
@@ -85,16 +121,12 @@ fn fields(buf: &[u8]) -> Fields<'_> {
 }
 
 /// The message type of a length-delimited field's payload, if it is one.
-fn message_kind(desc: &MessageDescriptor, number: u32) -> Option<(MessageDescriptor, bool)> {
-    let f = desc.get_field(number)?;
-    match f.kind() {
-        Kind::Message(m) => Some((m, f.is_map())),
-        _ => None,
-    }
+fn message_kind<S: Schema>(desc: &S, number: u32) -> Option<(S, bool)> {
+    desc.message_field(number)
 }
 
 /// The type packed in an `Any`'s payload and the payload's value bytes.
-fn any_content(any: &[u8]) -> Option<(MessageDescriptor, &[u8])> {
+fn any_content<S: Schema>(any: &[u8]) -> Option<(S, &[u8])> {
     let (mut url, mut value) = (None, None);
     for f in fields(any) {
         match f.number {
@@ -105,17 +137,15 @@ fn any_content(any: &[u8]) -> Option<(MessageDescriptor, &[u8])> {
     }
     let url = std::str::from_utf8(url?).ok()?;
     let name = url.rsplit('/').next()?;
-    Some((crate::descriptors::message(name)?, value?))
+    Some((S::named(name)?, value?))
 }
 
-const ANY: &str = "google.protobuf.Any";
-
-fn needs_sorting(desc: &MessageDescriptor, bytes: &[u8], depth: u32) -> bool {
+fn needs_sorting<S: Schema>(desc: &S, bytes: &[u8], depth: u32) -> bool {
     if depth > MAX_DEPTH {
         return false;
     }
-    if desc.full_name() == ANY {
-        return any_content(bytes).is_some_and(|(d, v)| needs_sorting(&d, v, depth + 1));
+    if desc.is_any() {
+        return any_content::<S>(bytes).is_some_and(|(d, v)| needs_sorting(&d, v, depth + 1));
     }
     let mut last_map: Option<u32> = None;
     let mut maps_seen: Vec<u32> = Vec::new();
@@ -141,13 +171,13 @@ fn needs_sorting(desc: &MessageDescriptor, bytes: &[u8], depth: u32) -> bool {
 
 /// Writes `bytes` with every map's entries sorted (recursively); lengths are
 /// unchanged, so length prefixes are copied as they are.
-fn canonical_into(desc: &MessageDescriptor, bytes: &[u8], out: &mut Vec<u8>, depth: u32) {
+fn canonical_into<S: Schema>(desc: &S, bytes: &[u8], out: &mut Vec<u8>, depth: u32) {
     if depth > MAX_DEPTH {
         out.extend_from_slice(bytes);
         return;
     }
-    if desc.full_name() == ANY {
-        canonical_any(bytes, out, depth);
+    if desc.is_any() {
+        canonical_any::<S>(bytes, out, depth);
         return;
     }
     let mut it = fields(bytes);
@@ -187,8 +217,8 @@ fn canonical_into(desc: &MessageDescriptor, bytes: &[u8], out: &mut Vec<u8>, dep
     out.extend_from_slice(&bytes[it.pos..]);
 }
 
-fn canonical_any(bytes: &[u8], out: &mut Vec<u8>, depth: u32) {
-    let content = any_content(bytes);
+fn canonical_any<S: Schema>(bytes: &[u8], out: &mut Vec<u8>, depth: u32) {
+    let content = any_content::<S>(bytes);
     let mut it = fields(bytes);
     for f in it.by_ref() {
         match (&content, f.number, f.payload) {
@@ -249,11 +279,27 @@ mod tests {
 
     /// The same Struct content built in different insertion orders (and so
     /// different HashMap orders) has one version; other content another.
+    /// The decoded descriptors as a schema: the reference the generated
+    /// tables are checked against.
+    impl Schema for prost_reflect::MessageDescriptor {
+        fn named(full_name: &str) -> Option<Self> {
+            crate::descriptors::message(full_name)
+        }
+        fn is_any(&self) -> bool {
+            self.full_name() == "google.protobuf.Any"
+        }
+        fn message_field(&self, number: u32) -> Option<(Self, bool)> {
+            let f = self.get_field(number)?;
+            match f.kind() {
+                prost_reflect::Kind::Message(m) => Some((m, f.is_map())),
+                _ => None,
+            }
+        }
+    }
+
     #[test]
     fn map_order_does_not_change_the_version() {
-        let desc = crate::descriptors::pool()
-            .get_message_by_name("google.protobuf.Struct")
-            .unwrap();
+        let desc = "google.protobuf.Struct";
         let keys: Vec<String> = (0..64).map(|i| format!("key-{i}")).collect();
         let a = build(&keys).encode_to_vec();
         let mut rev = keys.clone();
@@ -261,20 +307,141 @@ mod tests {
         let b = build(&rev).encode_to_vec();
         assert_ne!(a, b, "the encodings differ (HashMap order)");
         assert_ne!(content_version(&a), content_version(&b));
-        assert_eq!(message_version(&desc, &a), message_version(&desc, &b));
+        assert_eq!(message_version(desc, &a), message_version(desc, &b));
         let mut other = build(&keys);
         other.fields.insert("key-0".into(), string("changed"));
         assert_ne!(
-            message_version(&desc, &other.encode_to_vec()),
-            message_version(&desc, &a)
+            message_version(desc, &other.encode_to_vec()),
+            message_version(desc, &a)
         );
         // No map with two entries: the plain content hash, no copy needed.
         let one = Struct {
             fields: [("only".to_string(), string("x"))].into(),
         }
         .encode_to_vec();
-        assert!(!needs_sorting(&desc, &one, 0));
-        assert_eq!(message_version(&desc, &one), content_version(&one));
+        assert!(!needs_sorting(&Shape::of(desc).unwrap(), &one, 0));
+        assert_eq!(message_version(desc, &one), content_version(&one));
+    }
+
+    /// Every message field of every type in the full descriptor set is in
+    /// the generated tables exactly when it is a map or its type can hold one,
+    /// and a type has a shape exactly when it is `Any` or has such a field: the
+    /// tables are the descriptors, minus what cannot change a version.
+    #[test]
+    fn shapes_equal_the_descriptors() {
+        let pool = crate::descriptors::pool();
+        let mut shaped = 0;
+        for m in pool.all_messages() {
+            let shape = Shape::of(m.full_name());
+            let mut follows = m.full_name() == "google.protobuf.Any";
+            for f in m.fields() {
+                let prost_reflect::Kind::Message(t) = f.kind() else {
+                    assert!(shape.is_none_or(|s| s.field(f.number()).is_none()));
+                    continue;
+                };
+                let want = (f.is_map() || Shape::of(t.full_name()).is_some())
+                    .then(|| (Shape::of(t.full_name()), f.is_map()));
+                let got = shape.and_then(|s| s.field(f.number()));
+                match (want, got) {
+                    (None, None) => {}
+                    (Some((ty, map)), Some((s, smap))) => {
+                        assert_eq!(map, smap, "{}.{}", m.full_name(), f.name());
+                        assert_eq!(ty.and_then(|t| t.name()), s.name(), "{}", f.full_name());
+                        follows = true;
+                    }
+                    (w, g) => panic!("{}: want {w:?}, table has {g:?}", f.full_name()),
+                }
+            }
+            assert_eq!(shape.is_some(), follows, "{}", m.full_name());
+            shaped += usize::from(follows);
+        }
+        assert!(shaped > 100, "only {shaped} types can hold a map");
+    }
+
+    use envoy_types::pb::envoy::config::core::v3::Metadata;
+    use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+    use envoy_types::pb::google::protobuf::Any;
+    use proptest::prelude::*;
+
+    /// A Struct from `(key, nested keys)` pairs, inserted in the given order.
+    fn structure(entries: &[(u8, Vec<u8>)]) -> Struct {
+        let mut s = Struct::default();
+        for (k, inner) in entries {
+            let v = if inner.is_empty() {
+                string(&format!("v{k}"))
+            } else {
+                Value {
+                    kind: Some(VKind::StructValue(Struct {
+                        fields: inner
+                            .iter()
+                            .map(|i| (format!("i{i}"), string("x")))
+                            .collect(),
+                    })),
+                }
+            };
+            s.fields.insert(format!("k{k}"), v);
+        }
+        s
+    }
+
+    fn pack<M: prost::Name>(m: &M) -> Any {
+        Any {
+            type_url: M::type_url(),
+            value: m.encode_to_vec(),
+        }
+    }
+
+    proptest! {
+        /// The version walked over the generated tables equals the one walked
+        /// over the decoded descriptors, for listeners holding maps at several
+        /// depths: metadata Structs, `Any`s packing Structs and Metadata,
+        /// typed filter metadata.
+        #[test]
+        fn table_versions_equal_descriptor_versions(
+            entries in proptest::collection::vec(
+                (any::<u8>(), proptest::collection::vec(any::<u8>(), 0..4)), 0..8),
+            filters in proptest::collection::vec(0u8..3, 0..4),
+        ) {
+            let st = structure(&entries);
+            let mut md = Metadata::default();
+            for (k, _) in &entries {
+                md.filter_metadata.insert(format!("f{k}"), st.clone());
+                md.typed_filter_metadata.insert(format!("t{k}"), pack(&st));
+            }
+            let chain = FilterChain {
+                filters: filters
+                    .iter()
+                    .map(|&f| Filter {
+                        name: format!("f{f}"),
+                        config_type: Some(filter::ConfigType::TypedConfig(match f {
+                            0 => pack(&st),
+                            1 => pack(&md),
+                            _ => pack(&envoy_types::pb::google::protobuf::Duration::default()),
+                        })),
+                    })
+                    .collect(),
+                metadata: Some(md.clone()),
+                ..Default::default()
+            };
+            let l = Listener {
+                name: "l".into(),
+                metadata: Some(md),
+                filter_chains: vec![chain],
+                ..Default::default()
+            };
+            let bytes = l.encode_to_vec();
+            let name = "envoy.config.listener.v3.Listener";
+            let desc = crate::descriptors::pool().get_message_by_name(name).unwrap();
+            prop_assert_eq!(message_version(name, &bytes), version_with(&desc, &bytes));
+            let sbytes = st.encode_to_vec();
+            let sdesc = crate::descriptors::pool()
+                .get_message_by_name("google.protobuf.Struct")
+                .unwrap();
+            prop_assert_eq!(
+                message_version("google.protobuf.Struct", &sbytes),
+                version_with(&sdesc, &sbytes)
+            );
+        }
     }
 
     #[test]

@@ -9,7 +9,6 @@
 //! file is a warning and the server starts without a baseline.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -222,15 +221,76 @@ pub fn encode(gateways: &Inventories) -> Vec<u8> {
 
 /// [`encode`] with the given `written_at` (seconds since the epoch).
 pub fn encode_at(gateways: &Inventories, written_at: f64) -> Vec<u8> {
-    let file = FileV1 {
+    serde_json::to_vec(&FileOut {
         format: FORMAT,
         written_at,
-        gateways: gateways
-            .iter()
-            .map(|(name, inv)| (name.clone(), GatewayV1::of(inv)))
-            .collect(),
-    };
-    serde_json::to_vec(&file).expect("serializable")
+        gateways,
+    })
+    .expect("serializable")
+}
+
+/// [`FileV1`] as written: borrowed from the inventories, route ids hex-encoded
+/// as they are written, so writing the file copies no name (at W4, issue #13,
+/// owned copies of every name and the whole document in memory were 3.3 MB
+/// on top of the heap's peak, the first write coming right after the first
+/// publish).
+#[derive(Serialize)]
+struct FileOut<'a> {
+    format: u64,
+    written_at: f64,
+    #[serde(serialize_with = "gateways_out")]
+    gateways: &'a Inventories,
+}
+
+impl<'a> FileOut<'a> {
+    fn new(gateways: &'a Inventories) -> Self {
+        FileOut {
+            format: FORMAT,
+            written_at: now_secs(),
+            gateways,
+        }
+    }
+}
+
+fn gateways_out<S: serde::Serializer>(g: &&Inventories, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(g.iter().map(|(name, inv)| (name, GatewayOut(inv))))
+}
+
+/// One [`GatewayV1`], borrowed.
+struct GatewayOut<'a>(&'a Inventory);
+
+impl Serialize for GatewayOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut g = s.serialize_struct("GatewayV1", 3)?;
+        g.serialize_field("listeners", &self.0.listeners)?;
+        g.serialize_field("clusters", &self.0.clusters)?;
+        g.serialize_field("routes", &RoutesOut(&self.0.routes))?;
+        g.end()
+    }
+}
+
+struct RoutesOut<'a>(&'a std::collections::BTreeSet<(String, String, Vec<u8>)>);
+
+impl Serialize for RoutesOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|(rc, vh, id)| (rc, vh, Hex(id))))
+    }
+}
+
+/// Bytes as lowercase hex, written without an intermediate `String`.
+struct Hex<'a>(&'a [u8]);
+
+impl std::fmt::Display for Hex<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+impl Serialize for Hex<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
 }
 
 /// Writes `gateways` to the state file in `dir`, atomically.
@@ -433,10 +493,6 @@ pub fn default_dir() -> PathBuf {
     PathBuf::from(".ballast-state")
 }
 
-fn hex_encode(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
         return None;
@@ -467,6 +523,44 @@ mod tests {
             ("a/b".into(), inv(0)),
         ]
         .into()
+    }
+
+    /// The document written from borrowed inventories is the one the owned
+    /// [`FileV1`] (what `decode` reads) serializes to, byte for byte.
+    #[test]
+    fn streamed_encoding_equals_the_owned_document() {
+        let g = sample();
+        // A fixed time: a float read back from JSON need not print the same.
+        let written_at = 1_796_133_453.25;
+        let streamed = serde_json::to_vec(&FileOut {
+            written_at,
+            ..FileOut::new(&g)
+        })
+        .unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&encode(&g)).unwrap();
+        let owned = FileV1 {
+            format: FORMAT,
+            written_at,
+            gateways: g
+                .iter()
+                .map(|(name, inv)| {
+                    let hex = |id: &Vec<u8>| id.iter().map(|b| format!("{b:02x}")).collect();
+                    let g = GatewayV1 {
+                        listeners: inv.listeners.iter().cloned().collect(),
+                        clusters: inv.clusters.iter().cloned().collect(),
+                        routes: inv
+                            .routes
+                            .iter()
+                            .map(|(rc, vh, id)| (rc.clone(), vh.clone(), hex(id)))
+                            .collect(),
+                    };
+                    (name.clone(), g)
+                })
+                .collect(),
+        };
+        assert_eq!(streamed, serde_json::to_vec(&owned).unwrap());
+        let first = &doc["gateways"]["default/edge"]["routes"][0];
+        assert_eq!(*first, serde_json::json!(["rc", "vh0", "00ff00"]));
     }
 
     #[test]
