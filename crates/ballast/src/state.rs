@@ -9,6 +9,7 @@
 //! file is a warning and the server starts without a baseline.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -240,16 +241,6 @@ struct FileOut<'a> {
     written_at: f64,
     #[serde(serialize_with = "gateways_out")]
     gateways: &'a Inventories,
-}
-
-impl<'a> FileOut<'a> {
-    fn new(gateways: &'a Inventories) -> Self {
-        FileOut {
-            format: FORMAT,
-            written_at: now_secs(),
-            gateways,
-        }
-    }
 }
 
 fn gateways_out<S: serde::Serializer>(g: &&Inventories, s: S) -> Result<S::Ok, S::Error> {
@@ -493,6 +484,10 @@ pub fn default_dir() -> PathBuf {
     PathBuf::from(".ballast-state")
 }
 
+fn hex_encode(b: &[u8]) -> String {
+    Hex(b).to_string()
+}
+
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
         return None;
@@ -532,11 +527,7 @@ mod tests {
         let g = sample();
         // A fixed time: a float read back from JSON need not print the same.
         let written_at = 1_796_133_453.25;
-        let streamed = serde_json::to_vec(&FileOut {
-            written_at,
-            ..FileOut::new(&g)
-        })
-        .unwrap();
+        let streamed = encode_at(&g, written_at);
         let doc: serde_json::Value = serde_json::from_slice(&encode(&g)).unwrap();
         let owned = FileV1 {
             format: FORMAT,
