@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::{Arc, OnceLock, Weak};
 
 use crate::resource::{Ref, Resource, ResourceError, ResourceType, XdsResource};
-use crate::version::set_version;
+use crate::version::SetHash;
 
 /// Resources of one type keyed by name (sorted: versions and responses are deterministic).
 pub type ResourceMap = BTreeMap<Arc<str>, Arc<Resource>>;
@@ -16,14 +16,40 @@ pub type ResourceMap = BTreeMap<Arc<str>, Arc<Resource>>;
 #[derive(Clone, Debug)]
 pub struct TypeResources {
     version: Arc<str>,
+    /// What `version` is made from, kept to update it by changes.
+    hash: SetHash,
     resources: Arc<ResourceMap>,
 }
 
 impl TypeResources {
     fn new(resources: ResourceMap) -> Self {
-        let version = set_version(resources.iter().map(|(n, r)| (&**n, r.version())));
+        let mut hash = SetHash::default();
+        for (n, r) in &resources {
+            hash.add(n, r.version());
+        }
         TypeResources {
-            version: version.into(),
+            version: hash.version().into(),
+            hash,
+            resources: Arc::new(resources),
+        }
+    }
+
+    /// `resources`, which differ from `prev`'s by `diff`: hashes only those.
+    fn updated(prev: &TypeResources, resources: ResourceMap, diff: &TypeDiff) -> Self {
+        let mut hash = prev.hash;
+        for old in &diff.gone {
+            hash.remove(old.name(), old.version());
+        }
+        for (new, old) in &diff.changed {
+            if let Some(old) = old {
+                hash.remove(old.name(), old.version());
+            }
+            hash.add(new.name(), new.version());
+        }
+        debug_assert_eq!(hash.count(), resources.len() as u64);
+        TypeResources {
+            version: hash.version().into(),
+            hash,
             resources: Arc::new(resources),
         }
     }
@@ -465,7 +491,10 @@ impl SnapshotBuilder {
             types[i] = Some(match (prev, merged.entries) {
                 (Some(p), None) => p.clone(),
                 (None, None) => TypeResources::new(ResourceMap::new()),
-                (_, Some(entries)) => TypeResources::new(entries.into_iter().collect()),
+                (Some(p), Some(entries)) => {
+                    TypeResources::updated(p, entries.into_iter().collect(), &merged.diff)
+                }
+                (None, Some(entries)) => TypeResources::new(entries.into_iter().collect()),
             });
             built[i] = merged.diff;
         }
@@ -516,6 +545,8 @@ struct TypeDiff {
     keys_changed: bool,
     /// Some name was removed.
     removed: bool,
+    /// The removed resources.
+    gone: Vec<Arc<Resource>>,
 }
 
 /// One type merged with the previous snapshot's map.
@@ -590,6 +621,7 @@ fn merge_type(list: &[Arc<Resource>], prev: Option<&TypeResources>) -> Option<Me
                     // A name gone.
                     diverge(&mut entries, prefix);
                     diff.names.push(k.clone());
+                    diff.gone.push(v.clone());
                     diff.keys_changed = true;
                     diff.removed = true;
                     old.next();
@@ -629,8 +661,9 @@ fn merge_type(list: &[Arc<Resource>], prev: Option<&TypeResources>) -> Option<Me
     }
     if old.peek().is_some() {
         diverge(&mut entries, prefix);
-        for (k, _) in old {
+        for (k, v) in old {
             diff.names.push(k.clone());
+            diff.gone.push(v.clone());
         }
         diff.keys_changed = true;
         diff.removed = true;
@@ -870,6 +903,9 @@ mod tests {
                 match (&fresh, &reused) {
                     (Ok(a), Ok(b)) => {
                         prop_assert_eq!(names(a), names(b));
+                        for ty in ResourceType::ALL {
+                            prop_assert_eq!(a.version(ty), b.version(ty), "{}", ty);
+                        }
                         prop_assert!(b.checked);
                         if let Some(p) = &prev {
                             assert_built_changes(p, b)?;
