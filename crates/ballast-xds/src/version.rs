@@ -2,8 +2,6 @@
 //! version on every replica and after every restart, so a proxy that fails over
 //! receives nothing it already has.
 
-use xxhash_rust::xxh3::Xxh3;
-
 use crate::map_shapes::Shape;
 
 /// Version of one resource: a hash of its encoded bytes.
@@ -232,20 +230,56 @@ fn canonical_any<S: Schema>(bytes: &[u8], out: &mut Vec<u8>, depth: u32) {
     out.extend_from_slice(&bytes[it.pos..]);
 }
 
-/// Version of a set of resources: a hash of the sorted (name, version) pairs.
-/// The iterator must yield names in sorted order (BTreeMap order).
+/// Version of a set of resources: a hash of its (name, version) pairs.
 pub(crate) fn set_version<'a>(items: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
-    let mut h = Xxh3::new();
-    let mut n = 0u64;
+    let mut acc = SetHash::default();
     for (name, version) in items {
+        acc.add(name, version);
+    }
+    acc.version()
+}
+
+/// An order-independent hash of a set of distinct (name, version) pairs: the
+/// wrapping sum of each pair's 128-bit hash, and the count. Updating it by a
+/// set's changes gives what hashing the whole set gives, so a snapshot
+/// built from the previous one hashes only the resources that changed (one
+/// route edit among 50,000 virtual hosts hashed all 50,000 names).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SetHash {
+    sum: u128,
+    count: u64,
+}
+
+impl SetHash {
+    fn pair(name: &str, version: &str) -> u128 {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
         h.update(&(name.len() as u64).to_le_bytes());
         h.update(name.as_bytes());
         h.update(&(version.len() as u64).to_le_bytes());
         h.update(version.as_bytes());
-        n += 1;
+        h.digest128()
     }
-    h.update(&n.to_le_bytes());
-    format!("{:016x}", h.digest())
+    /// Adds a pair not in the set.
+    pub(crate) fn add(&mut self, name: &str, version: &str) {
+        self.sum = self.sum.wrapping_add(Self::pair(name, version));
+        self.count += 1;
+    }
+    /// Removes a pair that is in the set.
+    pub(crate) fn remove(&mut self, name: &str, version: &str) {
+        self.sum = self.sum.wrapping_sub(Self::pair(name, version));
+        self.count -= 1;
+    }
+    /// How many pairs.
+    pub(crate) fn count(&self) -> u64 {
+        self.count
+    }
+    /// The set's version string.
+    pub(crate) fn version(&self) -> String {
+        let mut bytes = [0u8; 24];
+        bytes[..16].copy_from_slice(&self.sum.to_le_bytes());
+        bytes[16..].copy_from_slice(&self.count.to_le_bytes());
+        format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes))
+    }
 }
 
 #[cfg(test)]
@@ -442,6 +476,24 @@ mod tests {
                 version_with(&sdesc, &sbytes)
             );
         }
+    }
+
+    /// Adding and removing pairs gives the version of hashing the resulting set.
+    #[test]
+    fn set_hash_updates_equal_hashing_afresh() {
+        let mut h = SetHash::default();
+        h.add("a", "1");
+        h.add("b", "2");
+        h.add("c", "3");
+        h.remove("b", "2");
+        h.remove("c", "3");
+        h.add("c", "4");
+        assert_eq!(h.version(), set_version([("a", "1"), ("c", "4")]));
+        assert_eq!(h.count(), 2);
+        h.remove("a", "1");
+        h.remove("c", "4");
+        assert_eq!(h, SetHash::default());
+        assert_eq!(h.version(), set_version([]));
     }
 
     #[test]

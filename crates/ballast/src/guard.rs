@@ -148,6 +148,10 @@ pub struct Book {
     pub snapshot: Arc<Snapshot>,
     /// Distinct route identities in `snapshot`, as [`Inventory::routes`] counts them.
     pub routes: usize,
+    /// `snapshot`'s [`Inventory`] is that of the book this one followed
+    /// ([`Book::next`]): the state file need not be written again (a route's
+    /// backend edited among 10,000 routes changes no name and no route id).
+    pub same_inventory: bool,
 }
 
 impl Book {
@@ -156,7 +160,11 @@ impl Book {
     #[cfg(test)]
     pub fn new(snapshot: Arc<Snapshot>) -> Book {
         let routes = Inventory::of(&snapshot).routes.len();
-        Book { snapshot, routes }
+        Book {
+            snapshot,
+            routes,
+            same_inventory: false,
+        }
     }
 
     /// What publishing `next` instead of this book's snapshot would remove (equal to
@@ -185,6 +193,17 @@ impl Book {
             routes: (routes.removed, self.routes),
             clusters: count(ResourceType::Cluster),
         };
+        // No name removed and as many names: the same names.
+        let same_names = |ty| {
+            old.resources(ty).len() == next.resources(ty).len()
+                && match ty {
+                    ResourceType::Listener => removal.listeners.0 == 0,
+                    _ => removal.clusters.0 == 0,
+                }
+        };
+        let same_inventory = !routes.ids_changed
+            && same_names(ResourceType::Listener)
+            && same_names(ResourceType::Cluster);
         debug_assert!(
             routes.dropped <= self.routes + routes.added,
             "the dropped ids were counted in this book"
@@ -195,6 +214,7 @@ impl Book {
             Book {
                 snapshot: next,
                 routes: total,
+                same_inventory,
             },
         )
     }
@@ -274,10 +294,13 @@ struct RouteDelta {
     dropped: usize,
     /// Counted in the new version's part that changed (joins the total).
     added: usize,
+    /// Some changed part has other identities than before.
+    ids_changed: bool,
 }
 
 impl RouteDelta {
     fn add(&mut self, old: Ids, new: Ids) {
+        self.ids_changed |= old != new;
         self.removed += old.difference(&new).count();
         self.dropped += old.len();
         self.added += new.len();
@@ -980,6 +1003,11 @@ mod book_tests {
                     "case {case} step {step}: {model:?}"
                 );
                 assert_eq!(next_book.routes, next_inv.routes.len(), "case {case}");
+                assert_eq!(
+                    next_book.same_inventory,
+                    inv == next_inv,
+                    "case {case} step {step}: {model:?}"
+                );
                 book = next_book;
                 inv = next_inv;
             }

@@ -206,6 +206,10 @@ impl<T: TypeState> ClientViews for StreamCore<T> {
             st.for_each_held(f);
         }
     }
+
+    fn acked_map(&self, ty: ResourceType) -> Option<&Arc<ResourceMap>> {
+        self.types[ty].as_ref().map(|st| st.acked())
+    }
 }
 
 impl RequestOutcome {

@@ -306,6 +306,7 @@ impl Pipeline {
                 let book = snapshot.clone().map(|s| Book {
                     snapshot: s,
                     routes: inventory.routes.len(),
+                    same_inventory: false,
                 });
                 (verdict, book, HoldOrigin::Restart)
             }
@@ -376,6 +377,10 @@ impl Pipeline {
         baseline: &mut BTreeMap<ObjectKey, Inventory>,
     ) {
         let from_baseline = baseline.remove(key).is_some();
+        // The state file holds inventories: one that did not change need not be rewritten
+        // (taking every gateway's inventory is O(config)).
+        let same_inventory =
+            !from_baseline && snapshot.is_some() && book.as_ref().is_some_and(|b| b.same_inventory);
         let group = group_of(key);
         // A removed gateway's proxies get an empty snapshot: the deletion was
         // deliberate (and passed the guard), not an accident of the control plane.
@@ -445,7 +450,9 @@ impl Pipeline {
                 s.guard.restart_baseline = baseline.keys().map(group_of).collect()
             });
         }
-        if let Some(state) = &self.state {
+        if let Some(state) = &self.state
+            && !same_inventory
+        {
             // Gateways still waiting on their baseline keep it in the file: a
             // second restart during the hold must not forget it.
             let all: Records = published
