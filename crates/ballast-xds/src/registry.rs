@@ -50,6 +50,12 @@ struct Evictions {
 /// current runtime. Disarmed (`None`) once the task clears it itself.
 struct Sweeping(Option<Arc<Inner>>);
 
+impl Sweeping {
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
 impl Drop for Sweeping {
     fn drop(&mut self) {
         if let Some(inner) = &self.0 {
@@ -273,7 +279,7 @@ impl NodeRegistry {
             let mut guard = Sweeping(Some(self.inner.clone()));
             rt.spawn(async move {
                 registry.sweep().await;
-                guard.0 = None;
+                guard.disarm();
             });
         }
     }

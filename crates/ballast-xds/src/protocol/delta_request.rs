@@ -154,9 +154,7 @@ impl DeltaRequest {
                     return None;
                 }
                 let at = raw.len() - buf.remaining();
-                let Some((entry, used)) = entry(&raw[at..], at as u32) else {
-                    return None;
-                };
+                let (entry, used) = entry(&raw[at..], at as u32)?;
                 buf.advance(used);
                 entries.push(entry);
             } else if req
