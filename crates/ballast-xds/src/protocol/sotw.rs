@@ -138,6 +138,15 @@ impl SotwType {
             Names::Wire(w) if self.names_key == Some(w.names_key()) => None,
             Names::Wire(w) => {
                 self.names_key = Some(w.names_key());
+                if let Some(k) = known
+                    && !k.is_empty()
+                    && !k.contains_key(super::subscription::WILDCARD)
+                    && w.names_are_keys_of(k)
+                {
+                    // Every name of the type, as Envoy's first EDS request
+                    // asks: shared, never decoded.
+                    return Some(self.sub.apply_sotw_keys(k));
+                }
                 Some(self.sub.apply_sotw_with(&w.names(), legacy_wildcard, known))
             }
             Names::List(list) => {
