@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 
+use super::delta_request::{DeltaRequest, InitialVersions};
 use super::subscription::{
     Subscription, WILDCARD, empty_first_request_is_wildcard, namespace_members, namespace_of,
 };
@@ -261,28 +262,29 @@ impl DeltaType {
 
     /// A first request reporting `initial_resource_versions`: what we know
     /// of them is held; a version we do not know means the client holds
-    /// *something* under that name (`unknown`).
+    /// *something* under that name (`unknown`). Says whether the client
+    /// holds a published map exactly (shared as `acked`).
     fn resume(
         &mut self,
         ty: ResourceType,
-        versions: &std::collections::HashMap<String, String>,
+        versions: &InitialVersions,
         current: Option<&Arc<Snapshot>>,
         history: &[Arc<Snapshot>],
-    ) {
+    ) -> bool {
         if let Some(whole) = whole_at_versions(ty, versions, current, history) {
             // A client in sync when its stream dropped: it holds a
             // published map exactly, shared instead of copied per stream.
             self.acked = whole;
-            return;
+            return true;
         }
         let mut held = ResourceMap::new();
-        for (name, version) in versions {
+        for (name, version) in versions.iter() {
             match find_version(current, history, ty, name, version) {
                 Some(res) => {
                     held.insert(res.name_arc().clone(), res);
                 }
                 None => {
-                    self.unknown.insert(name.as_str().into(), version.clone());
+                    self.unknown.insert(name.into(), version.to_string());
                 }
             }
         }
@@ -290,6 +292,26 @@ impl DeltaType {
             Some(snap) => share_if_whole(held, snap.resources(ty)),
             None => Arc::new(held),
         };
+        false
+    }
+
+    /// After a first request that resumed at the published map `acked`:
+    /// a plan against that map would send nothing and hold nothing back
+    /// when every subscribed name is in it (nothing to answer as absent)
+    /// and no version is unknown, so the type is clean against it and its
+    /// first plan covers only the names changed since (W5: one load
+    /// assignment, not the whole map). O(names), once per resumed type.
+    fn clean_after_resume(&mut self) {
+        if !self.unknown.is_empty() || self.sub.is_namespaced() || self.acked.is_empty() {
+            return;
+        }
+        let covered = self.sub.is_keys_of(&self.acked) || {
+            let mut held = Seeker::new(&*self.acked);
+            self.sub.len() <= self.acked.len() && self.sub.iter().all(|n| held.contains_key(n))
+        };
+        if covered {
+            self.clean = Some(self.acked.clone());
+        }
     }
 
     /// The client rejected `f` with `message`: the rejected versions are
@@ -500,7 +522,7 @@ impl DeltaType {
 /// map that differs usually fails at its first changed name.
 fn whole_at_versions(
     ty: ResourceType,
-    versions: &std::collections::HashMap<String, String>,
+    versions: &InitialVersions,
     current: Option<&Arc<Snapshot>>,
     history: &[Arc<Snapshot>],
 ) -> Option<Arc<ResourceMap>> {
@@ -514,9 +536,11 @@ fn whole_at_versions(
             continue;
         }
         tried.push(whole);
+        // Both sorted by name (bytes order, as `str`'s): one walk.
         if whole
             .iter()
-            .all(|(n, r)| versions.get(&**n).is_some_and(|v| v == r.version()))
+            .zip(versions.iter_bytes())
+            .all(|((n, r), (vn, vv))| n.as_bytes() == vn && r.version().as_bytes() == vv)
         {
             return Some(whole.clone());
         }
@@ -627,6 +651,7 @@ impl DeltaMachine {
     /// Whether `req` reports resources the client holds from an earlier
     /// stream: the driver then passes the group's recent snapshots to
     /// [`DeltaMachine::handle_request_with_history`].
+    #[cfg_attr(not(feature = "unstable-internals"), allow(dead_code))]
     pub fn resumes(req: &DeltaDiscoveryRequest) -> bool {
         !req.initial_resource_versions.is_empty()
     }
@@ -651,6 +676,29 @@ impl DeltaMachine {
         req: &DeltaDiscoveryRequest,
         history: &[Arc<Snapshot>],
     ) -> RequestOutcome {
+        let versions = InitialVersions::from_map(&req.initial_resource_versions);
+        self.handle(req, &versions, history)
+    }
+
+    /// [`DeltaMachine::handle_request_with_history`] for a request decoded
+    /// from the wire: its `initial_resource_versions` are walked as received
+    /// (issue #13, W5).
+    pub(crate) fn handle_wire_request(
+        &mut self,
+        req: &DeltaRequest,
+        history: &[Arc<Snapshot>],
+    ) -> RequestOutcome {
+        self.handle(&req.req, &req.versions, history)
+    }
+
+    /// One request; `versions` stand for its `initial_resource_versions`
+    /// (those of `req` are not read).
+    fn handle(
+        &mut self,
+        req: &DeltaDiscoveryRequest,
+        versions: &InitialVersions,
+        history: &[Arc<Snapshot>],
+    ) -> RequestOutcome {
         let ty = match self.core.request_type(&req.type_url) {
             Ok(ty) => ty,
             Err(ignored) => return ignored,
@@ -662,14 +710,10 @@ impl DeltaMachine {
             st.sub.set_namespaced(ty.is_namespaced());
         }
         let mut outcome = RequestOutcome::Subscribed { ty };
-        if first && !req.initial_resource_versions.is_empty() {
+        let mut resumed_whole = false;
+        if first && !versions.is_empty() {
             self.core.resumed = true;
-            st.resume(
-                ty,
-                &req.initial_resource_versions,
-                self.core.snapshot.as_ref(),
-                history,
-            );
+            resumed_whole = st.resume(ty, versions, self.core.snapshot.as_ref(), history);
         }
         if !req.response_nonce.is_empty()
             && st.in_flight.as_ref().map(|f| &*f.nonce) == Some(req.response_nonce.as_str())
@@ -712,6 +756,9 @@ impl DeltaMachine {
         }
         if !req.resource_names_unsubscribe.is_empty() {
             st.forget(&req.resource_names_unsubscribe);
+        }
+        if resumed_whole {
+            st.clean_after_resume();
         }
         outcome
     }
@@ -1647,6 +1694,71 @@ mod tests {
         assert_eq!(st.acked.len(), 2);
         assert_eq!(st.unknown.len(), 1);
         assert!(st.unknown.contains_key("c0"));
+    }
+
+    /// W5 (issue #13): a client resumes holding the previous map, one load
+    /// assignment changed since. Each type starts clean against the map it
+    /// resumed at, so its first plan covers only the names changed since
+    /// (test builds check it against the full plan) and sends that one. A
+    /// subscribed name the map lacks (answered as absent) is planned in full.
+    #[test]
+    fn a_resume_at_an_earlier_map_plans_only_the_changes_since() {
+        let s1 = snapshot(100, 1, None);
+        let s2 = snapshot(100, 2, Some(&s1));
+        let (cds, eds) = (ResourceType::Cluster, ResourceType::ClusterLoadAssignment);
+        let names: Vec<String> = (0..100).map(|i| format!("c{i}")).collect();
+        let first = |ty: ResourceType, sub: Vec<String>| {
+            DeltaRequest::through_wire(&DeltaDiscoveryRequest {
+                type_url: ty.type_url().into(),
+                resource_names_subscribe: sub,
+                initial_resource_versions: s1
+                    .resources(ty)
+                    .iter()
+                    .map(|(n, r)| (n.to_string(), r.version().to_string()))
+                    .collect(),
+                ..Default::default()
+            })
+        };
+        let history = [s2.clone(), s1.clone()];
+        let mut m = DeltaMachine::new(None);
+        m.set_snapshot(Some(s2.clone()));
+        m.handle_wire_request(&first(cds, vec![]), &history);
+        m.handle_wire_request(&first(eds, names.clone()), &history);
+        for ty in [cds, eds] {
+            let st = m.core.types[ty].as_ref().unwrap();
+            assert!(Arc::ptr_eq(&st.acked, s1.resources(ty)));
+            assert!(
+                st.clean
+                    .as_ref()
+                    .is_some_and(|c| Arc::ptr_eq(c, s1.resources(ty)))
+            );
+        }
+        let r = m.next_response().expect("the change");
+        // CDS is the same map: not planned at all.
+        assert!(Arc::ptr_eq(s1.resources(cds), s2.resources(cds)));
+        assert_eq!(m.scoped_plans, 1, "EDS, over its one change");
+        assert_eq!(r.ty, eds);
+        let sent: Vec<&str> = r.resources.iter().map(|r| r.name()).collect();
+        assert_eq!(sent, ["c1"]);
+        assert!(r.removed.is_empty());
+        ack(&mut m, &r);
+        assert!(m.next_response().is_none());
+        let st = m.core.types[eds].as_ref().unwrap();
+        assert!(Arc::ptr_eq(&st.acked, s2.resources(eds)));
+
+        // One more subscribed name than the map holds: not clean, planned in full.
+        let mut m = DeltaMachine::new(None);
+        m.set_snapshot(Some(s2.clone()));
+        let mut more = names.clone();
+        more.push("gone".into());
+        m.handle_wire_request(&first(eds, more), &history);
+        let st = m.core.types[eds].as_ref().unwrap();
+        assert!(st.clean.is_none());
+        let r = m.next_response().expect("the change and the absent name");
+        assert_eq!(m.scoped_plans, 0);
+        let sent: Vec<&str> = r.resources.iter().map(|r| r.name()).collect();
+        assert_eq!(sent, ["c1"]);
+        assert_eq!(r.removed, [Arc::<str>::from("gone")]);
     }
 
     /// Delta twin of the SotW etcd-lane stall (`sotw::tests::an_eds_ack_older_

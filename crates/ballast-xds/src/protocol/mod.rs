@@ -20,6 +20,7 @@
 //! [`delta`]).
 
 pub(crate) mod delta;
+pub(crate) mod delta_request;
 mod sorted;
 pub(crate) mod sotw;
 pub(crate) mod sotw_request;

@@ -260,6 +260,14 @@ fn wire(m: &mut SotwMachine, req: &DiscoveryRequest, history: &[Arc<Snapshot>]) 
     m.handle_wire_request(&req, history);
 }
 
+/// Hands `req` to the machine as the gRPC stream does: encoded, then decoded
+/// with `initial_resource_versions` kept as the received bytes (issue #13),
+/// so the Delta models check that path (and a resume's clean start) too.
+fn wire_delta(m: &mut DeltaMachine, req: &DeltaDiscoveryRequest, history: &[Arc<Snapshot>]) {
+    let req = crate::protocol::delta_request::DeltaRequest::through_wire(req);
+    m.handle_wire_request(&req, history);
+}
+
 fn run_sotw(ops: &[Op]) -> Result<(), String> {
     let mut m = SotwMachine::new(None);
     let mut c = Client::default();
@@ -450,8 +458,8 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
         resource_names_unsubscribe: u,
         ..Default::default()
     };
-    m.handle_request(&sub(ResourceType::Cluster, vec![], vec![]));
-    m.handle_request(&sub(ResourceType::Listener, vec![], vec![]));
+    wire_delta(&mut m, &sub(ResourceType::Cluster, vec![], vec![]), &[]);
+    wire_delta(&mut m, &sub(ResourceType::Listener, vec![], vec![]), &[]);
     let step = |m: &mut DeltaMachine, c: &mut Client| -> Result<bool, String> {
         let Some(resp) = m.next_response() else {
             for ty in [
@@ -467,7 +475,7 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
                         c.views[ty.index()].remove(n);
                     }
                     c.subs[ty.index()] = w;
-                    m.handle_request(&sub(ty, s, u));
+                    wire_delta(m, &sub(ty, s, u), &[]);
                     return Ok(true);
                 }
             }
@@ -501,7 +509,7 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
                 message: "no".into(),
                 details: vec![],
             });
-            m.handle_request(&ack);
+            wire_delta(m, &ack, &[]);
             return Ok(true);
         }
         for r in &resp.resources {
@@ -511,7 +519,7 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
             c.views[i].remove(&**n);
         }
         c.check_make_before_break()?;
-        m.handle_request(&ack);
+        wire_delta(m, &ack, &[]);
         Ok(true)
     };
     for op in ops {
@@ -549,7 +557,7 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
                         .iter()
                         .map(|(n, res)| (n.clone(), res.version().to_string()))
                         .collect();
-                    m.handle_request_with_history(&r, &history);
+                    wire_delta(&mut m, &r, &history);
                     for _ in 0..n {
                         if !step(&mut m, &mut c)? {
                             break;
@@ -814,7 +822,7 @@ impl DeltaWorld {
                 self.h.awaiting.insert((ty, n.clone()));
             }
         }
-        self.m.handle_request_with_history(&req, &self.history);
+        wire_delta(&mut self.m, &req, &self.history);
         while let Some(r) = self.m.next_response() {
             self.inbox.push_back(r);
         }

@@ -145,6 +145,15 @@ impl SotwType {
             Names::Wire(w) if self.names_key == Some(w.names_key()) => None,
             Names::Wire(w) => {
                 self.names_key = Some(w.names_key());
+                if let Some(k) = known
+                    && !k.is_empty()
+                    && !k.contains_key(super::subscription::WILDCARD)
+                    && w.names_are_keys_of(k)
+                {
+                    // Every name of the type, as Envoy's first EDS request
+                    // asks: shared, never decoded.
+                    return Some(self.sub.apply_sotw_keys(k));
+                }
                 Some(self.sub.apply_sotw_with(&w.names(), legacy_wildcard, known))
             }
             Names::List(list) => {
@@ -948,9 +957,9 @@ fn held_at_version(
             if &**snap.version(ty) == version {
                 return Some((snap.version(ty).clone(), whole.clone()));
             }
-            if sub.is_wildcard() {
-                continue;
-            }
+            // What it would hold is `whole`, whose set version is the
+            // snapshot's: not this one (no copy of the map to find that out).
+            continue;
         }
         let held: ResourceMap = sub
             .iter()
@@ -974,9 +983,21 @@ fn maybe_held(
     history: &[Arc<Snapshot>],
 ) -> Vec<Arc<Resource>> {
     let mut out: Vec<Arc<Resource>> = Vec::new();
+    if !sub.is_wildcard() && {
+        let mut held = Seeker::new(acked);
+        sub.iter().all(|n| held.contains_key(n))
+    } {
+        // Every subscribed name is held (a client resumed at a version we
+        // know, W5): one walk instead of a lookup per name and snapshot.
+        return out;
+    }
     let mut seen = std::collections::HashSet::new();
     for snap in current.into_iter().chain(history) {
         let map = snap.resources(ty);
+        if std::ptr::eq(&**map, acked) {
+            // Nothing in it is missing from `acked`.
+            continue;
+        }
         let mut take = |r: &Arc<Resource>| {
             if !acked.contains_key(r.name())
                 && seen.insert((r.name_arc().clone(), r.version_arc().clone()))

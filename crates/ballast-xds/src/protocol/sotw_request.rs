@@ -90,6 +90,32 @@ impl SotwRequest {
         self.key.count
     }
 
+    /// Whether the names are exactly the keys of `map`, in order (no
+    /// `String`s: compared as the received bytes).
+    pub(crate) fn names_are_keys_of<V>(
+        &self,
+        map: &std::collections::BTreeMap<std::sync::Arc<str>, V>,
+    ) -> bool {
+        if self.key.count != map.len() {
+            return false;
+        }
+        let mut keys = map.keys();
+        let mut buf = self.raw.clone();
+        while buf.has_remaining() {
+            let (tag, wire_type) = decode_key(&mut buf).expect("decoded before");
+            if tag == RESOURCE_NAMES && wire_type == WireType::LengthDelimited {
+                let name = take_len_delimited(&mut buf).expect("decoded before");
+                if keys.next().is_none_or(|k| k.as_bytes() != &name[..]) {
+                    return false;
+                }
+            } else {
+                prost::encoding::skip_field(wire_type, tag, &mut buf, DecodeContext::default())
+                    .expect("decoded before");
+            }
+        }
+        true
+    }
+
     /// Decodes the names (one `String` each): only when they may differ from
     /// what was applied.
     pub(crate) fn names(&self) -> Vec<String> {
@@ -159,6 +185,21 @@ mod tests {
         assert_ne!(key(req(&["a", "b"], "1")), key(req(&["b", "a"], "1")));
         assert_ne!(key(req(&["ab"], "1")), key(req(&["a", "b"], "1")));
         assert_ne!(key(req(&[], "1")), key(req(&[""], "1")));
+    }
+
+    #[test]
+    fn names_compare_with_map_keys_in_order() {
+        let s = RandomState::new();
+        let map: std::collections::BTreeMap<std::sync::Arc<str>, ()> = ["a", "b", "c"]
+            .into_iter()
+            .map(|k| (k.into(), ()))
+            .collect();
+        let of = |names: &[&str]| SotwRequest::from_request(req(names, "1"), &s);
+        assert!(of(&["a", "b", "c"]).names_are_keys_of(&map));
+        assert!(!of(&["b", "a", "c"]).names_are_keys_of(&map));
+        assert!(!of(&["a", "b"]).names_are_keys_of(&map));
+        assert!(!of(&["a", "b", "d"]).names_are_keys_of(&map));
+        assert!(!of(&["a", "b", "c", "d"]).names_are_keys_of(&map));
     }
 
     #[test]

@@ -289,6 +289,29 @@ impl Subscription {
         }
     }
 
+    /// [`Subscription::apply_sotw_with`] for a list that is exactly the keys
+    /// of `known` (sorted; non-empty, without `"*"`), found so on the
+    /// undecoded names (Envoy's first EDS request: every cluster): shares
+    /// the keys without decoding or collecting the names.
+    pub(crate) fn apply_sotw_keys(&mut self, known: &Arc<ResourceMap>) -> SotwChange {
+        debug_assert!(!known.is_empty() && !known.contains_key(WILDCARD));
+        if !self.legacy && !self.wildcard && self.names_are_keys_of(known) {
+            return SotwChange::default();
+        }
+        let added = known
+            .keys()
+            .filter(|n| !self.contains(n))
+            .cloned()
+            .collect();
+        self.legacy = false;
+        self.wildcard = false;
+        self.names = Names::Keys(known.clone());
+        SotwChange {
+            added,
+            changed: true,
+        }
+    }
+
     /// Applies a Delta request's subscribe/unsubscribe lists.
     /// Returns newly subscribed names (and `"*"` if wildcard was turned on).
     #[cfg(test)]
@@ -445,6 +468,43 @@ mod tests {
                     proptest::prop_assert!(Arc::ptr_eq(k, n), "{} not interned", n);
                 }
             }
+        }
+    }
+
+    proptest::proptest! {
+        /// A SotW list that is exactly the known map's keys, applied as
+        /// keys, gives what applying the decoded list gives (from any
+        /// earlier state): the same names, shared, and the same change.
+        #[test]
+        fn sotw_keys_match_the_decoded_list(
+            known in proptest::collection::btree_set("[a-d]{1,2}", 1..8),
+            before in proptest::collection::vec("[a-d*]{1,2}", 0..6),
+            first in proptest::prelude::any::<bool>(),
+            legacy in proptest::prelude::any::<bool>(),
+        ) {
+            let known: Arc<ResourceMap> = Arc::new(
+                known
+                    .iter()
+                    .map(|n| {
+                        let r = crate::Resource::new(&crate::simple::load_assignment(n, &[("127.0.0.1", 80)]))
+                            .expect("valid");
+                        (r.name_arc().clone(), r)
+                    })
+                    .collect(),
+            );
+            let mut fast = Subscription::default();
+            if legacy {
+                fast.apply_sotw(&[], true);
+            }
+            fast.apply_sotw(&before, !legacy);
+            let mut slow = fast.clone();
+            let list: Vec<String> = known.keys().map(|k| k.to_string()).collect();
+            let want = slow.apply_sotw_with(&list, first, Some(&known));
+            let got = fast.apply_sotw_keys(&known);
+            proptest::prop_assert!(fast == slow);
+            proptest::prop_assert_eq!(fast.is_keys_of(&known), slow.is_keys_of(&known));
+            proptest::prop_assert_eq!(got.changed, want.changed);
+            proptest::prop_assert_eq!(got.added, want.added);
         }
     }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use http::HeaderMap;
 use http_body::{Body, Frame};
 use tokio::sync::mpsc;
@@ -25,6 +25,7 @@ use tonic::Status;
 use super::codec::{ChunkedMessage, Chunks, WritePos};
 use super::limits::{self, Limits, NameCount};
 use crate::events::XdsObserver;
+use crate::protocol::delta_request::DeltaRequest;
 use crate::protocol::sotw_request::SotwRequest;
 
 /// What a stream's task sends to its response body. The message is boxed:
@@ -132,9 +133,9 @@ impl WireRequest for DiscoveryRequest {
     }
 }
 
-impl WireRequest for DeltaDiscoveryRequest {
+impl WireRequest for DeltaRequest {
     fn decode_wire(raw: Bytes, _: &RandomState) -> Result<Self, prost::DecodeError> {
-        prost::Message::decode(raw)
+        DeltaRequest::decode(raw)
     }
 }
 
@@ -145,7 +146,7 @@ impl WireRequest for SotwRequest {
 }
 
 /// Length-prefixed gRPC messages decoded from a request body (prost, or
-/// [`SotwRequest`] for SotW streams), within the server's limits on size and
+/// [`SotwRequest`] / [`DeltaRequest`] for ADS streams), within the server's limits on size and
 /// names per request.
 pub(crate) struct RequestStream<T> {
     body: BoxBody,

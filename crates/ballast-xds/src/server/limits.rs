@@ -163,6 +163,12 @@ impl NameCount for crate::protocol::sotw_request::SotwRequest {
     }
 }
 
+impl NameCount for crate::protocol::delta_request::DeltaRequest {
+    fn name_count(&self) -> usize {
+        self.req.name_count() + self.versions.len()
+    }
+}
+
 impl NameCount for DeltaDiscoveryRequest {
     fn name_count(&self) -> usize {
         self.resource_names_subscribe.len()

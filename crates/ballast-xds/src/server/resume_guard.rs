@@ -120,6 +120,20 @@ impl ReportsHoldings for crate::protocol::sotw_request::SotwRequest {
     }
 }
 
+impl ReportsHoldings for crate::protocol::delta_request::DeltaRequest {
+    fn reported(&self) -> Option<(ResourceType, Reported)> {
+        let ty = self.resource_type()?;
+        if self.versions.is_empty() {
+            return None;
+        }
+        let names = self.versions.iter().map(|(n, _)| n.to_string()).collect();
+        Some((ty, Reported::Names(names)))
+    }
+    fn resource_type(&self) -> Option<ResourceType> {
+        self.req.resource_type()
+    }
+}
+
 impl ReportsHoldings for DeltaDiscoveryRequest {
     fn reported(&self) -> Option<(ResourceType, Reported)> {
         let ty = self.resource_type()?;

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use tokio::sync::mpsc;
 use tonic::Status;
 use tracing::{Instrument, debug, info_span, warn};
@@ -19,6 +18,7 @@ use super::resume_guard::{ReportsHoldings, ResumeGuard};
 use super::{Shared, XdsServer};
 use crate::events::{StreamKind, XdsEvent};
 use crate::protocol::delta::DeltaMachine;
+use crate::protocol::delta_request::DeltaRequest;
 use crate::protocol::sotw::SotwMachine;
 use crate::protocol::sotw_request::SotwRequest;
 use crate::protocol::{DeltaResponse, PerType, RequestOutcome, SotwResponse};
@@ -97,13 +97,13 @@ impl Machine for SotwMachine {
 }
 
 impl Machine for DeltaMachine {
-    type Req = DeltaDiscoveryRequest;
+    type Req = DeltaRequest;
     type Resp = DeltaResponse;
-    fn handle(&mut self, req: &DeltaDiscoveryRequest, history: &[Arc<Snapshot>]) -> RequestOutcome {
-        self.handle_request_with_history(req, history)
+    fn handle(&mut self, req: &DeltaRequest, history: &[Arc<Snapshot>]) -> RequestOutcome {
+        self.handle_wire_request(req, history)
     }
-    fn resumes(req: &DeltaDiscoveryRequest) -> bool {
-        DeltaMachine::resumes(req)
+    fn resumes(req: &DeltaRequest) -> bool {
+        !req.versions.is_empty()
     }
     fn release_resume_hold(&mut self) {
         DeltaMachine::release_resume_hold(self)
@@ -117,8 +117,8 @@ impl Machine for DeltaMachine {
     fn status(&self) -> Vec<TypeStatus> {
         DeltaMachine::status(self)
     }
-    fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
-        req.node.as_ref()
+    fn node(req: &DeltaRequest) -> Option<&Node> {
+        req.req.node.as_ref()
     }
     fn describe(r: &DeltaResponse) -> Sent {
         Sent {
