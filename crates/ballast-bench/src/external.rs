@@ -185,6 +185,19 @@ pub struct ExtEdits {
 
 /// Runs `edits` edits (`edit(k)` changes the config so that `ty` changes),
 /// waiting after each until every proxy's `ty` version changed, then `pause`.
+/// Waits (at most 10 s) until the server spends under 20 ms of CPU in 500 ms,
+/// so work a cold start leaves behind (the first state writes, dropping the
+/// load's temporaries) is not charged to the first edits.
+pub async fn settle_cpu(server: &External) {
+    for _ in 0..20 {
+        let c0 = server.cpu_seconds();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if server.cpu_seconds() - c0 < 0.020 {
+            return;
+        }
+    }
+}
+
 pub async fn edits(
     server: &External,
     f: &ExtFleet,
@@ -194,6 +207,7 @@ pub async fn edits(
     timeout: Duration,
     mut edit: impl FnMut(usize) -> Result<()>,
 ) -> Result<ExtEdits> {
+    settle_cpu(server).await;
     let before = f.fleet.totals();
     let cpu0 = server.cpu_seconds();
     let mut samples = Vec::new();
