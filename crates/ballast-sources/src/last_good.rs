@@ -522,11 +522,12 @@ impl LastGood {
     /// The renames and removals themselves must survive a power loss: one directory fsync
     /// per batch.
     fn sync_dir(&self, dirty: bool, out: &mut Synced) {
-        if dirty {
-            if let Err(e) = std::fs::File::open(&self.dir).and_then(|d| d.sync_all()) {
-                out.errors
-                    .push(format!("syncing {}: {e}", self.dir.display()));
-            }
+        if !dirty {
+            return;
+        }
+        if let Err(e) = std::fs::File::open(&self.dir).and_then(|d| d.sync_all()) {
+            out.errors
+                .push(format!("syncing {}: {e}", self.dir.display()));
         }
     }
     /// What a sync must do, from one ordered walk of `served` beside the stored entries (both
@@ -911,6 +912,21 @@ mod tests {
             let mode = std::fs::metadata(&path).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600, "entries may hold Secrets");
         }
+        // A failed write is retried by the next sync of the same store (what it holds in
+        // memory went back to what is on disk).
+        let tmp = state.join(format!(
+            ".{}.{}.tmp",
+            group_name(&file.display().to_string()),
+            std::process::id()
+        ));
+        std::fs::create_dir(&tmp).unwrap();
+        std::fs::write(&file, route("r1", "c.example")).unwrap();
+        let v3 = load(&file);
+        assert_eq!(lg.sync(&v3).errors.len(), 1);
+        assert_eq!(LastGood::open(state.clone()).1.set, v2);
+        std::fs::remove_dir(&tmp).unwrap();
+        assert_eq!(lg.sync(&v3).written, 1);
+        assert_eq!(LastGood::open(state).1.set, v3);
     }
 
     /// The names of the group files, and their bytes.
