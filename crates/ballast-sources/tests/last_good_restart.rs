@@ -82,11 +82,45 @@ fn errors(s: &SourceState) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Waits (bounded) until the state dir holds exactly `n` entries.
-async fn entries(state: &Path, n: usize) {
+/// The stored objects: (group file name, kind/namespace/name, text) of every entry of every
+/// group file in the state dir.
+fn stored_entries(state: &Path) -> Vec<(String, String, String)> {
+    let dir = ballast_sources::last_good::dir_in(state);
+    let Ok(rd) = fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.ends_with(".json") {
+            continue;
+        }
+        let Some(v) = fs::read(e.path())
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        else {
+            continue;
+        };
+        for entry in v["entries"].as_array().into_iter().flatten() {
+            let id = format!(
+                "{}/{}/{}",
+                entry["kind"].as_str().unwrap_or(""),
+                entry["namespace"].as_str().unwrap_or(""),
+                entry["name"].as_str().unwrap_or("")
+            );
+            let text = entry["text"].as_str().unwrap_or("").to_owned();
+            out.push((name.clone(), id, text));
+        }
+    }
+    out
+}
+
+/// Waits (bounded) until the state dir holds exactly `n` entries in `groups` group files
+/// (one per source file with served objects).
+async fn entries(state: &Path, n: usize, groups: usize) {
     let dir = ballast_sources::last_good::dir_in(state);
     let count = || {
-        fs::read_dir(&dir)
+        let files = fs::read_dir(&dir)
             .map(|d| {
                 d.filter(|e| {
                     e.as_ref()
@@ -94,28 +128,29 @@ async fn entries(state: &Path, n: usize) {
                 })
                 .count()
             })
-            .unwrap_or(0)
+            .unwrap_or(0);
+        (stored_entries(state).len(), files)
     };
     for _ in 0..400 {
-        if count() == n {
+        if count() == (n, groups) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("the state dir holds {} entries, not {n}", count());
+    panic!(
+        "the state dir holds (entries, groups) {:?}, not {:?}",
+        count(),
+        (n, groups)
+    );
 }
 
-/// Waits (bounded) until the entry whose file name starts with `prefix` contains `text`.
-async fn stored(state: &Path, prefix: &str, text: &str) {
-    let dir = ballast_sources::last_good::dir_in(state);
+/// Waits (bounded) until the entry of `id` (`kind/namespace/name`) contains `text`.
+async fn stored(state: &Path, id: &str, text: &str) {
     let found = || {
-        fs::read_dir(&dir).ok()?.flatten().find_map(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(prefix)
-                .then(|| fs::read_to_string(e.path()).ok())
-                .flatten()
-        })
+        stored_entries(state)
+            .into_iter()
+            .find(|(_, i, _)| i == id)
+            .map(|(_, _, t)| t)
     };
     for _ in 0..400 {
         if found().is_some_and(|t| t.contains(text)) {
@@ -123,7 +158,10 @@ async fn stored(state: &Path, prefix: &str, text: &str) {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("no entry {prefix}* with {text:?} in {}", dir.display());
+    panic!(
+        "no entry {id} with {text:?} in {}",
+        ballast_sources::last_good::dir_in(state).display()
+    );
 }
 
 #[tokio::test]
@@ -149,8 +187,8 @@ async fn invalid_objects_and_broken_files_survive_a_restart_deleted_ones_do_not(
     let mut rx = start(vec![cfg.clone()], &state);
     let s = until(&mut rx, "initial sync", |s| s.synced).await;
     assert!(errors(&s).is_empty(), "{:?}", errors(&s));
-    // 1 Backend + 6 + 2 routes.
-    entries(&state, 9).await;
+    // 1 Backend + 6 + 2 routes, from 8 files.
+    entries(&state, 9, 8).await;
 
     // r3 gets an invalid field, r5's file a YAML syntax error: both keep serving.
     write(
@@ -216,7 +254,7 @@ async fn invalid_objects_and_broken_files_survive_a_restart_deleted_ones_do_not(
     );
     assert_eq!(s.report.held_files.len(), 1);
     // The deleted objects' entries and the corrupt one are gone from the state.
-    entries(&state, 7).await;
+    entries(&state, 7, 7).await;
     assert!(!junk.exists());
 
     // Fixing r3 applies the new version; r5 is still restored.
@@ -236,7 +274,7 @@ async fn invalid_objects_and_broken_files_survive_a_restart_deleted_ones_do_not(
 
     // The fixed r3 is stored (within a second): breaking it while down restores the fixed
     // version.
-    stored(&state, "HTTPRoute.default.r3.", "r3-fixed.example.com").await;
+    stored(&state, "HTTPRoute/default/r3", "r3-fixed.example.com").await;
     write(&cfg.join("r3.yaml"), "apiVersion: [\n");
     let mut rx = start(vec![cfg.clone()], &state);
     let s = until(&mut rx, "third sync", |s| s.synced).await;
@@ -253,7 +291,7 @@ async fn without_state_the_invalid_object_is_not_served() {
     write(&cfg.join("r1.yaml"), &route("r1", "r1.example.com"));
     let mut rx = start(vec![cfg.clone()], &state);
     until(&mut rx, "sync", |s| s.synced).await;
-    entries(&state, 2).await;
+    entries(&state, 2, 2).await;
     drop(rx);
     write(&cfg.join("r1.yaml"), "kind: [HTTPRoute\n");
     fs::remove_dir_all(&state).unwrap();
@@ -277,7 +315,7 @@ async fn a_first_load_that_fails_whole_keeps_the_state_for_the_next() {
     let paths = vec![cfg.clone(), extra.clone()];
     let mut rx = start(paths.clone(), &state);
     until(&mut rx, "sync", |s| s.synced).await;
-    entries(&state, 3).await;
+    entries(&state, 3, 3).await;
     drop(rx);
     write(&cfg.join("r1.yaml"), "kind: [HTTPRoute\n");
     fs::remove_file(&extra).unwrap();

@@ -371,22 +371,34 @@ impl Soak {
         let dir = self.replicas[k].state.path().join("last-good");
         wait_for(T, POLL, || async {
             let mut stored = Model::new();
+            // One group file per source file; the routes' entries are in routes.yaml's.
             for e in std::fs::read_dir(&dir)?.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                let Some(rest) = name.strip_prefix("HTTPRoute.default.r") else {
+                if !name.ends_with(".json") {
                     continue;
-                };
-                let i: usize = rest.split('.').next().unwrap_or("").parse()?;
-                let text = std::fs::read_to_string(e.path())?;
-                let t = if text.contains("name: missing }") {
-                    Target::Missing
-                } else {
-                    let n = (0..UPSTREAMS.len())
-                        .find(|n| text.contains(&format!("name: b{n} }}")))
-                        .ok_or_else(|| anyhow::anyhow!("{name}: no backend"))?;
-                    Target::Up(n)
-                };
-                stored.insert(i, t);
+                }
+                let group: serde_json::Value = serde_json::from_slice(&std::fs::read(e.path())?)?;
+                for entry in group["entries"].as_array().into_iter().flatten() {
+                    let (kind, ns) = (&entry["kind"], &entry["namespace"]);
+                    let Some(rest) = entry["name"].as_str().and_then(|n| n.strip_prefix('r'))
+                    else {
+                        continue;
+                    };
+                    if kind != "HTTPRoute" || ns != "default" {
+                        continue;
+                    }
+                    let i: usize = rest.parse()?;
+                    let text = entry["text"].as_str().unwrap_or("");
+                    let t = if text.contains("name: missing }") {
+                        Target::Missing
+                    } else {
+                        let n = (0..UPSTREAMS.len())
+                            .find(|n| text.contains(&format!("name: b{n} }}")))
+                            .ok_or_else(|| anyhow::anyhow!("{name}: r{i}: no backend"))?;
+                        Target::Up(n)
+                    };
+                    ensure!(stored.insert(i, t).is_none(), "{name}: r{i} stored twice");
+                }
             }
             ensure!(
                 stored == self.model,

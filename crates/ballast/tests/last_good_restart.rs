@@ -81,15 +81,23 @@ async fn scenario(kill: bool) {
             .await
             .unwrap();
     }
-    // Every object's last good document is stored: the gateway, 10 routes, 10 backends.
+    // Every object's last good document is stored: the gateway, 10 routes, 10 backends, in
+    // one group file per source file.
     let last_good = state.path().join("last-good");
     wait_until(T, POLL, || async {
-        std::fs::read_dir(&last_good).is_ok_and(|d| {
-            d.flatten()
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
-                .count()
-                == 1 + 2 * N
-        })
+        let Ok(d) = std::fs::read_dir(&last_good) else {
+            return false;
+        };
+        let groups: Vec<Value> = d
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+            .filter_map(|e| serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok())
+            .collect();
+        let entries: usize = groups
+            .iter()
+            .map(|g| g["entries"].as_array().map_or(0, Vec::len))
+            .sum();
+        (groups.len(), entries) == (1 + N, 1 + 2 * N)
     })
     .await
     .unwrap();
