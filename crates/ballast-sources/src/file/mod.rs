@@ -394,7 +394,8 @@ fn publish(
 }
 
 /// Writes the served set's last good documents whenever it changes, at most once per
-/// [`crate::last_good::MIN_WRITE_INTERVAL`], off the async threads. Ends with the source.
+/// [`crate::last_good::MIN_WRITE_INTERVAL`] after a change, off the async threads. Ends with
+/// the source.
 async fn persist_last_good(
     name: String,
     mut store: crate::last_good::LastGood,
@@ -402,6 +403,10 @@ async fn persist_last_good(
 ) {
     let mut failing = false;
     while rx.changed().await.is_ok() {
+        // Wait first: the first sync after a start reads and re-parses every file, and would
+        // otherwise run beside the first translation and add its copies to the start's peak
+        // memory (issue #13, W4). Edits in the wait are taken together.
+        tokio::time::sleep(crate::last_good::MIN_WRITE_INTERVAL).await;
         let Some(set) = rx.borrow_and_update().clone() else {
             continue;
         };
@@ -433,7 +438,6 @@ async fn persist_last_good(
             tracing::debug!(source = %name, objects = synced.uncaptured.len(), "last good state: files changed since the load; capturing on the next change");
         }
         tracing::debug!(source = %name, written = synced.written, removed = synced.removed, stored = store.len(), "last good state: synced");
-        tokio::time::sleep(crate::last_good::MIN_WRITE_INTERVAL).await;
     }
 }
 
