@@ -185,13 +185,14 @@ pub struct ExtEdits {
 
 /// Runs `edits` edits (`edit(k)` changes the config so that `ty` changes),
 /// waiting after each until every proxy's `ty` version changed, then `pause`.
-/// Waits (at most 10 s) until the server spends under 20 ms of CPU in 500 ms,
-/// so work a cold start leaves behind (the first state writes, dropping the
-/// load's temporaries) is not charged to the first edits.
+/// Waits (at most 15 s) until the server spends under 20 ms of CPU in 1.5 s,
+/// so work a cold start leaves behind (the first state writes, one second
+/// after the load; dropping the load's temporaries) is not charged to the
+/// first edits.
 pub async fn settle_cpu(server: &External) {
-    for _ in 0..20 {
+    for _ in 0..10 {
         let c0 = server.cpu_seconds();
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
         if server.cpu_seconds() - c0 < 0.020 {
             return;
         }
