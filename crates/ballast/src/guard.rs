@@ -93,49 +93,49 @@ impl Inventory {
 /// decoding only these skips every route's action, a few times cheaper than a
 /// full decode of a large configuration on every publish.
 #[derive(Clone, PartialEq, prost::Message)]
-struct RouteIds {
+pub(crate) struct RouteIds {
     #[prost(message, repeated, tag = "2")]
-    virtual_hosts: Vec<HostIds>,
+    pub(crate) virtual_hosts: Vec<HostIds>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-struct HostIds {
+pub(crate) struct HostIds {
     #[prost(string, tag = "1")]
-    name: String,
+    pub(crate) name: String,
     #[prost(message, repeated, tag = "3")]
-    routes: Vec<RouteId>,
+    pub(crate) routes: Vec<RouteId>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-struct RouteId {
+pub(crate) struct RouteId {
     /// `Route.match`, kept encoded.
     #[prost(bytes = "vec", tag = "1")]
-    r#match: Vec<u8>,
+    pub(crate) r#match: Vec<u8>,
     #[prost(string, tag = "14")]
-    name: String,
+    pub(crate) name: String,
 }
 
-const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
+pub(crate) const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
 
 /// The fields of a `Listener` the guard counts: filter chain names and filter names.
 #[derive(Clone, PartialEq, prost::Message)]
-struct ListenerIds {
+pub(crate) struct ListenerIds {
     #[prost(message, repeated, tag = "3")]
-    filter_chains: Vec<ChainIds>,
+    pub(crate) filter_chains: Vec<ChainIds>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-struct ChainIds {
+pub(crate) struct ChainIds {
     #[prost(message, repeated, tag = "3")]
-    filters: Vec<FilterName>,
+    pub(crate) filters: Vec<FilterName>,
     #[prost(string, tag = "7")]
-    name: String,
+    pub(crate) name: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-struct FilterName {
+pub(crate) struct FilterName {
     #[prost(string, tag = "1")]
-    name: String,
+    pub(crate) name: String,
 }
 
 /// The guard's record of a published snapshot, so that judging the next snapshot costs what
@@ -332,11 +332,14 @@ impl RouteDelta {
 
 /// One top-level field of an encoded message: its start, end and payload (length-delimited
 /// fields only). `None` at anything but a well-formed field.
-fn next_field(buf: &[u8], at: usize) -> Option<(u32, usize, Option<&[u8]>)> {
+pub(crate) fn next_field(buf: &[u8], at: usize) -> Option<(u32, usize, Option<&[u8]>)> {
     let mut rest = buf.get(at..)?;
     let len = rest.len();
     let key = prost::encoding::decode_varint(&mut rest).ok()?;
     let number = u32::try_from(key >> 3).ok()?;
+    if number == 0 {
+        return None;
+    }
     let payload = match key & 7 {
         0 => {
             prost::encoding::decode_varint(&mut rest).ok()?;
@@ -460,7 +463,7 @@ fn changed_hosts(old: &[u8], new: &[u8]) -> (Ids, Ids) {
 }
 
 /// How many leading bytes `a` and `b` share; block by block (memcmp), then byte by byte.
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+pub(crate) fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     const BLOCK: usize = 256;
     let blocks = a
         .chunks_exact(BLOCK)
@@ -476,7 +479,7 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
 }
 
 /// How many trailing bytes `a` and `b` share.
-fn common_suffix(a: &[u8], b: &[u8]) -> usize {
+pub(crate) fn common_suffix(a: &[u8], b: &[u8]) -> usize {
     const BLOCK: usize = 256;
     let blocks = a
         .rchunks_exact(BLOCK)

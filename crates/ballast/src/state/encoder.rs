@@ -20,7 +20,10 @@ use ballast_xds::{Resource, ResourceMap, ResourceType, Snapshot};
 use prost::Message;
 
 use super::{Recorded, Records, hex_encode};
-use crate::guard::Inventory;
+use crate::guard::{
+    HostIds, Inventory, ListenerIds, RouteId, RouteIds, TCP_PROXY, common_prefix, common_suffix,
+    next_field,
+};
 
 /// The cached encoding of the state file (see the module docs).
 #[derive(Default)]
@@ -250,67 +253,6 @@ fn parse_fields(
     Some((out, at))
 }
 
-/// One top-level field at `at`: its number, end and payload (length-delimited only); `None`
-/// at anything but a well-formed field (groups included: decoded whole then).
-fn next_field(buf: &[u8], at: usize) -> Option<(u32, usize, Option<&[u8]>)> {
-    let mut rest = buf.get(at..)?;
-    let len = rest.len();
-    let key = prost::encoding::decode_varint(&mut rest).ok()?;
-    let number = u32::try_from(key >> 3).ok()?;
-    if number == 0 {
-        return None;
-    }
-    let payload = match key & 7 {
-        0 => {
-            prost::encoding::decode_varint(&mut rest).ok()?;
-            None
-        }
-        1 => {
-            rest = rest.get(8..)?;
-            None
-        }
-        5 => {
-            rest = rest.get(4..)?;
-            None
-        }
-        2 => {
-            let n = usize::try_from(prost::encoding::decode_varint(&mut rest).ok()?).ok()?;
-            let p = rest.get(..n)?;
-            rest = &rest[n..];
-            Some(p)
-        }
-        _ => return None,
-    };
-    Some((number, at + len - rest.len(), payload))
-}
-
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    const BLOCK: usize = 64;
-    let n = a.len().min(b.len());
-    let mut i = 0;
-    while i + BLOCK <= n && a[i..i + BLOCK] == b[i..i + BLOCK] {
-        i += BLOCK;
-    }
-    while i < n && a[i] == b[i] {
-        i += 1;
-    }
-    i
-}
-
-fn common_suffix(a: &[u8], b: &[u8]) -> usize {
-    const BLOCK: usize = 64;
-    let n = a.len().min(b.len());
-    let (la, lb) = (a.len(), b.len());
-    let mut i = 0;
-    while i + BLOCK <= n && a[la - i - BLOCK..la - i] == b[lb - i - BLOCK..lb - i] {
-        i += BLOCK;
-    }
-    while i < n && a[la - i - 1] == b[lb - i - 1] {
-        i += 1;
-    }
-    i
-}
-
 /// The `tcp_proxy` chains of every listener in `map`, by group name.
 fn tcp_entries(map: &ResourceMap) -> BTreeMap<String, Entries> {
     let mut out = BTreeMap::new();
@@ -463,51 +405,6 @@ fn route_id(r: &RouteId) -> Vec<u8> {
     } else {
         r.name.clone().into_bytes()
     }
-}
-
-const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
-
-/// The fields of a `RouteConfiguration` that identify routes (same field numbers as Envoy's).
-#[derive(Clone, PartialEq, prost::Message)]
-struct RouteIds {
-    #[prost(message, repeated, tag = "2")]
-    virtual_hosts: Vec<HostIds>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct HostIds {
-    #[prost(string, tag = "1")]
-    name: String,
-    #[prost(message, repeated, tag = "3")]
-    routes: Vec<RouteId>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct RouteId {
-    #[prost(bytes = "vec", tag = "1")]
-    r#match: Vec<u8>,
-    #[prost(string, tag = "14")]
-    name: String,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct ListenerIds {
-    #[prost(message, repeated, tag = "3")]
-    filter_chains: Vec<ChainIds>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct ChainIds {
-    #[prost(message, repeated, tag = "3")]
-    filters: Vec<FilterName>,
-    #[prost(string, tag = "7")]
-    name: String,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct FilterName {
-    #[prost(string, tag = "1")]
-    name: String,
 }
 
 #[cfg(test)]
