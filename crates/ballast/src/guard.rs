@@ -551,6 +551,33 @@ pub fn judge_removal(cfg: &GuardConfig, removal: &Removal) -> Option<String> {
     removal.exceeds(cfg.max_removal)
 }
 
+/// A virtual host `h{h}` (domain `h{h}.example`) with routes given as (name `r{n}` or none,
+/// prefix `/{p}`): the fixture of the guard's and the state encoder's property tests.
+#[cfg(test)]
+pub(crate) fn test_virtual_host(
+    h: u8,
+    routes: &[(Option<u8>, u8)],
+) -> ballast_xds::envoy_types::pb::envoy::config::route::v3::VirtualHost {
+    use ballast_xds::envoy_types::pb::envoy::config::route::v3::route_match::PathSpecifier;
+    use ballast_xds::envoy_types::pb::envoy::config::route::v3::{Route, RouteMatch, VirtualHost};
+    VirtualHost {
+        name: format!("h{h}"),
+        domains: vec![format!("h{h}.example")],
+        routes: routes
+            .iter()
+            .map(|(name, prefix)| Route {
+                name: name.map(|n| format!("r{n}")).unwrap_or_default(),
+                r#match: Some(RouteMatch {
+                    path_specifier: Some(PathSpecifier::Prefix(format!("/{prefix}"))),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -829,10 +856,7 @@ mod book_tests {
     use ballast_xds::envoy_types::pb::envoy::config::listener::v3::{
         Filter, FilterChain, Listener,
     };
-    use ballast_xds::envoy_types::pb::envoy::config::route::v3::route_match::PathSpecifier;
-    use ballast_xds::envoy_types::pb::envoy::config::route::v3::{
-        Route, RouteConfiguration, RouteMatch, VirtualHost,
-    };
+    use ballast_xds::envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
     use std::collections::BTreeMap;
 
     /// A gateway's config as the guard sees it.
@@ -920,24 +944,7 @@ mod book_tests {
             for (rc, (reverse, hosts)) in &self.rcs {
                 let mut virtual_hosts: Vec<VirtualHost> = hosts
                     .iter()
-                    .map(|(h, routes)| VirtualHost {
-                        name: format!("h{h}"),
-                        domains: vec![format!("h{h}.example")],
-                        routes: routes
-                            .iter()
-                            .map(|(name, prefix)| Route {
-                                name: name.map(|n| format!("r{n}")).unwrap_or_default(),
-                                r#match: Some(RouteMatch {
-                                    path_specifier: Some(PathSpecifier::Prefix(format!(
-                                        "/{prefix}"
-                                    ))),
-                                    ..Default::default()
-                                }),
-                                ..Default::default()
-                            })
-                            .collect(),
-                        ..Default::default()
-                    })
+                    .map(|(h, routes)| test_virtual_host(*h, routes))
                     .collect();
                 if *reverse {
                     virtual_hosts.reverse();

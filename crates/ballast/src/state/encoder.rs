@@ -415,10 +415,7 @@ mod tests {
     use ballast_xds::envoy_types::pb::envoy::config::listener::v3::{
         Filter, FilterChain, Listener,
     };
-    use ballast_xds::envoy_types::pb::envoy::config::route::v3::route_match::PathSpecifier;
-    use ballast_xds::envoy_types::pb::envoy::config::route::v3::{
-        Route, RouteConfiguration, RouteMatch, VirtualHost,
-    };
+    use ballast_xds::envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
 
     /// A gateway as the state file sees it.
     #[derive(Clone, Debug, Default)]
@@ -543,24 +540,7 @@ mod tests {
                     },
                     virtual_hosts: hosts
                         .iter()
-                        .map(|(h, routes)| VirtualHost {
-                            name: format!("h{h}"),
-                            domains: vec![format!("h{h}.example")],
-                            routes: routes
-                                .iter()
-                                .map(|(name, prefix)| Route {
-                                    name: name.map(|n| format!("r{n}")).unwrap_or_default(),
-                                    r#match: Some(RouteMatch {
-                                        path_specifier: Some(PathSpecifier::Prefix(format!(
-                                            "/{prefix}"
-                                        ))),
-                                        ..Default::default()
-                                    }),
-                                    ..Default::default()
-                                })
-                                .collect(),
-                            ..Default::default()
-                        })
+                        .map(|(h, routes)| crate::guard::test_virtual_host(*h, routes))
                         .collect(),
                     ..Default::default()
                 })
