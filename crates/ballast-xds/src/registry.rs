@@ -143,8 +143,9 @@ impl NodeRegistry {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let count = {
             let mut nodes = self.inner.nodes.lock();
+            let node = Arc::new(node);
             let entry = nodes.entry(id.clone()).or_insert_with(|| NodeEntry {
-                node: Arc::new(node.clone()),
+                node: node.clone(),
                 group: group.clone(),
                 streams: HashMap::new(),
                 generation: 0,
@@ -152,7 +153,7 @@ impl NodeRegistry {
                 connected_since: SystemTime::now(),
                 last_types: Vec::new(),
             });
-            entry.node = Arc::new(node);
+            entry.node = node;
             entry.group = group.clone();
             entry.generation += 1;
             entry.disconnected_at = None;

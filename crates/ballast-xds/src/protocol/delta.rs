@@ -137,15 +137,16 @@ impl DeltaType {
     /// the ACK of a response in flight, but the client may still hold them:
     /// they are *maybe held* (their references stay protected) until
     /// answered. O((s + u) log n): one set of names, one pass in flight.
-    fn must_answer(&mut self, subscribe: &[String], unsubscribe: &[String]) {
+    fn must_answer(&mut self, subscribe: &[&str], unsubscribe: &[String]) {
         let still_covered = unsubscribe
             .iter()
-            .filter(|n| *n != WILDCARD && self.sub.covers(n));
+            .filter(|n| *n != WILDCARD && self.sub.covers(n))
+            .map(String::as_str);
         let names: BTreeSet<&str> = subscribe
             .iter()
+            .copied()
             .filter(|n| *n != WILDCARD)
-            .chain(still_covered.clone())
-            .map(String::as_str)
+            .chain(still_covered)
             .collect();
         self.answer
             .extend(names.iter().map(|n| Arc::<str>::from(*n)));
@@ -677,7 +678,12 @@ impl DeltaMachine {
         history: &[Arc<Snapshot>],
     ) -> RequestOutcome {
         let versions = InitialVersions::from_map(&req.initial_resource_versions);
-        self.handle(req, &versions, history)
+        let subscribe: Vec<&str> = req
+            .resource_names_subscribe
+            .iter()
+            .map(String::as_str)
+            .collect();
+        self.handle(req, &subscribe, &versions, history)
     }
 
     /// [`DeltaMachine::handle_request_with_history`] for a request decoded
@@ -688,14 +694,16 @@ impl DeltaMachine {
         req: &DeltaRequest,
         history: &[Arc<Snapshot>],
     ) -> RequestOutcome {
-        self.handle(&req.req, &req.versions, history)
+        self.handle(&req.req, &req.subscribe.to_strs(), &req.versions, history)
     }
 
-    /// One request; `versions` stand for its `initial_resource_versions`
-    /// (those of `req` are not read).
+    /// One request; `subscribe` and `versions` stand for its
+    /// `resource_names_subscribe` and `initial_resource_versions` (those of
+    /// `req` are not read).
     fn handle(
         &mut self,
         req: &DeltaDiscoveryRequest,
+        subscribe: &[&str],
         versions: &InitialVersions,
         history: &[Arc<Snapshot>],
     ) -> RequestOutcome {
@@ -732,10 +740,7 @@ impl DeltaMachine {
                 };
             }
         }
-        if first
-            || !req.resource_names_subscribe.is_empty()
-            || !req.resource_names_unsubscribe.is_empty()
-        {
+        if first || !subscribe.is_empty() || !req.resource_names_unsubscribe.is_empty() {
             // Subscription changes are planned in full.
             st.clean = None;
             if let Some(f) = &mut st.in_flight {
@@ -743,16 +748,13 @@ impl DeltaMachine {
             }
         }
         st.sub.apply_delta_with(
-            &req.resource_names_subscribe,
+            subscribe,
             &req.resource_names_unsubscribe,
             first && empty_first_request_is_wildcard(ty),
             known.as_ref(),
         );
         if !first {
-            st.must_answer(
-                &req.resource_names_subscribe,
-                &req.resource_names_unsubscribe,
-            );
+            st.must_answer(subscribe, &req.resource_names_unsubscribe);
         }
         if !req.resource_names_unsubscribe.is_empty() {
             st.forget(&req.resource_names_unsubscribe);

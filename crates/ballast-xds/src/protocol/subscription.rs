@@ -321,7 +321,8 @@ impl Subscription {
         unsubscribe: &[String],
         first: bool,
     ) -> Vec<Arc<str>> {
-        self.apply_delta_with(subscribe, unsubscribe, first, None)
+        let subscribe: Vec<&str> = subscribe.iter().map(String::as_str).collect();
+        self.apply_delta_with(&subscribe, unsubscribe, first, None)
     }
 
     /// [`Subscription::apply_delta`], interning names with `known`.
@@ -330,7 +331,7 @@ impl Subscription {
     /// keys when they are the same names, else interned in order.
     fn first_names(
         &mut self,
-        subscribe: &[String],
+        subscribe: &[&str],
         unsubscribe: &[String],
         known: Option<&Arc<ResourceMap>>,
     ) -> Option<Vec<Arc<str>>> {
@@ -339,7 +340,7 @@ impl Subscription {
             && !subscribe.is_empty()
             && subscribe.windows(2).all(|w| w[0] < w[1])
             // `"*"` may sort anywhere ("!a" < "*" < "a").
-            && subscribe.binary_search_by(|n| n.as_str().cmp(WILDCARD)).is_err();
+            && subscribe.binary_search_by(|n| (*n).cmp(WILDCARD)).is_err();
         if !simple {
             return None;
         }
@@ -355,7 +356,7 @@ impl Subscription {
             .iter()
             .map(|n| match seek.as_mut().and_then(|s| s.get_key_value(n)) {
                 Some((k, _)) => k.clone(),
-                None => Arc::from(n.as_str()),
+                None => Arc::from(*n),
             })
             .collect();
         self.names = Names::Owned(names.iter().cloned().collect());
@@ -364,7 +365,7 @@ impl Subscription {
 
     pub(crate) fn apply_delta_with(
         &mut self,
-        subscribe: &[String],
+        subscribe: &[&str],
         unsubscribe: &[String],
         first: bool,
         known: Option<&Arc<ResourceMap>>,
@@ -383,7 +384,7 @@ impl Subscription {
             return names;
         }
         let was_wildcard = self.wildcard;
-        for n in subscribe {
+        for &n in subscribe {
             if n == WILDCARD {
                 self.wildcard = true;
             } else if !self.contains(n) {
@@ -442,6 +443,7 @@ mod tests {
             same in proptest::prelude::any::<bool>(),
         ) {
             let asked: Vec<String> = if same { known.iter().cloned().collect() } else { asked.into_iter().collect() };
+            let asked: Vec<&str> = asked.iter().map(String::as_str).collect();
             proptest::prop_assume!(!asked.is_empty());
             let known: Arc<ResourceMap> = Arc::new(
                 known

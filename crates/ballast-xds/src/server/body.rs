@@ -204,7 +204,19 @@ impl<T: WireRequest> RequestStream<T> {
                 None => self.ended = true,
                 Some(Err(status)) => return Err(status),
                 Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
+                    if let Ok(mut data) = frame.into_data() {
+                        // A frame that starts with a whole message (the
+                        // usual request) is decoded in place: no buffer, no
+                        // copy, per request of every stream.
+                        if self.buf.is_empty()
+                            && let Some(len) = self.header(&data)?
+                            && data.len() >= 5 + len
+                        {
+                            let raw = data.slice(5..5 + len);
+                            data.advance(5 + len);
+                            self.buf.extend_from_slice(&data);
+                            return self.finish(raw).map(Some);
+                        }
                         // Grows with the bytes that arrived, never with the
                         // length a header declares (a 5-byte header must not
                         // make us allocate megabytes).
@@ -216,11 +228,29 @@ impl<T: WireRequest> RequestStream<T> {
     }
 
     fn decode(&mut self) -> Result<Option<T>, Status> {
-        if self.buf.len() < 5 {
+        let Some(len) = self.header(&self.buf)? else {
+            return Ok(None);
+        };
+        if self.buf.len() < 5 + len {
             return Ok(None);
         }
-        let compressed = self.buf[0];
-        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        self.buf.advance(5);
+        let raw = self.buf.split_to(len).freeze();
+        if self.buf.is_empty() {
+            // Idle streams hold no buffer.
+            self.buf = BytesMut::new();
+        }
+        self.finish(raw).map(Some)
+    }
+
+    /// The length of the message whose gRPC header starts `b`, once the
+    /// header is there; refuses compressed and oversized messages.
+    fn header(&self, b: &[u8]) -> Result<Option<usize>, Status> {
+        if b.len() < 5 {
+            return Ok(None);
+        }
+        let compressed = b[0];
+        let len = u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize;
         if compressed != 0 {
             return Err(Status::unimplemented(
                 "compressed requests are not supported",
@@ -237,17 +267,13 @@ impl<T: WireRequest> RequestStream<T> {
                 false,
             ));
         }
-        if self.buf.len() < 5 + len {
-            return Ok(None);
-        }
-        self.buf.advance(5);
-        let raw = self.buf.split_to(len).freeze();
+        Ok(Some(len))
+    }
+
+    /// Decodes one message's bytes and checks its names against the limit.
+    fn finish(&self, raw: Bytes) -> Result<T, Status> {
         let msg = T::decode_wire(raw, &self.hasher)
             .map_err(|e| Status::internal(format!("cannot decode request: {e}")))?;
-        if self.buf.is_empty() {
-            // Idle streams hold no buffer.
-            self.buf = BytesMut::new();
-        }
         let names = msg.name_count();
         if names > self.max_names {
             return Err(limits::exceeded(
@@ -260,7 +286,18 @@ impl<T: WireRequest> RequestStream<T> {
                 false,
             ));
         }
-        Ok(Some(msg))
+        Ok(msg)
+    }
+}
+
+/// The status of a request body's error. tonic's body already gives a
+/// `Status`: it is unboxed, not rebuilt — `Status::from_error` walks the
+/// source chain and allocates a copy, once per stream a client resets (in a
+/// reconnect storm, every stream: 10 % of the server's samples, W5).
+fn status_of(e: Box<dyn std::error::Error + Send + Sync>) -> Status {
+    match e.downcast::<Status>() {
+        Ok(status) => *status,
+        Err(e) => Status::from_error(e),
     }
 }
 
@@ -281,7 +318,7 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         match ready!(self.get_mut().0.as_mut().poll_frame(cx)) {
             None => Poll::Ready(None),
-            Some(Err(e)) => Poll::Ready(Some(Err(Status::from_error(e.into())))),
+            Some(Err(e)) => Poll::Ready(Some(Err(status_of(e.into())))),
             Some(Ok(frame)) => Poll::Ready(Some(Ok(
                 frame.map_data(|mut d| d.copy_to_bytes(d.remaining()))
             ))),
@@ -317,6 +354,24 @@ mod tests {
     fn header(len: u32) -> [u8; 5] {
         let l = len.to_be_bytes();
         [0, l[0], l[1], l[2], l[3]]
+    }
+
+    /// A body error that is a `Status` stays that status; any other error
+    /// becomes one as tonic makes it.
+    #[test]
+    fn a_body_error_keeps_its_status() {
+        let s = status_of(Box::new(Status::cancelled("client reset")));
+        assert_eq!(
+            (s.code(), s.message()),
+            (tonic::Code::Cancelled, "client reset")
+        );
+        let io = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "gone");
+        let want = Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "gone",
+        )));
+        let got = status_of(Box::new(io));
+        assert_eq!((got.code(), got.message()), (want.code(), want.message()));
     }
 
     /// A header declaring a message at the limit allocates nothing up front:

@@ -46,7 +46,10 @@ pub(crate) trait Machine: Send + 'static {
     fn set_snapshot(&mut self, snap: Option<Arc<Snapshot>>);
     fn next(&mut self) -> Option<Self::Resp>;
     fn status(&self) -> Vec<TypeStatus>;
-    fn node(req: &Self::Req) -> Option<&Node>;
+    /// Moves the node out of a request (the first of a stream): the machine
+    /// never reads it, and a real Envoy's node (its extensions) is hundreds
+    /// of strings to clone per stream.
+    fn take_node(req: &mut Self::Req) -> Option<Node>;
     fn describe(resp: &Self::Resp) -> Sent;
 }
 
@@ -82,8 +85,8 @@ impl Machine for SotwMachine {
     fn status(&self) -> Vec<TypeStatus> {
         SotwMachine::status(self)
     }
-    fn node(req: &SotwRequest) -> Option<&Node> {
-        req.req.node.as_ref()
+    fn take_node(req: &mut SotwRequest) -> Option<Node> {
+        req.req.node.take()
     }
     fn describe(r: &SotwResponse) -> Sent {
         Sent {
@@ -117,8 +120,8 @@ impl Machine for DeltaMachine {
     fn status(&self) -> Vec<TypeStatus> {
         DeltaMachine::status(self)
     }
-    fn node(req: &DeltaRequest) -> Option<&Node> {
-        req.req.node.as_ref()
+    fn take_node(req: &mut DeltaRequest) -> Option<Node> {
+        req.req.node.take()
     }
     fn describe(r: &DeltaResponse) -> Sent {
         Sent {
@@ -199,11 +202,10 @@ async fn run<M: Machine>(
         msg = requests.message() => msg?.map(Box::new),
         _ = drain.cancelled() => return Err(super::shutting_down()),
     };
-    let Some(first) = first else {
+    let Some(mut first) = first else {
         return Ok(());
     };
-    let node = M::node(&first)
-        .cloned()
+    let node = M::take_node(&mut first)
         .ok_or_else(|| Status::invalid_argument("the first request on a stream must carry node"))?;
     if node.id.is_empty() {
         return Err(Status::invalid_argument("node.id is empty"));
