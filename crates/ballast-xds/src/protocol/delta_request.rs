@@ -204,6 +204,9 @@ impl DeltaRequest {
                 let at = raw.len() - buf.remaining();
                 let (entry, used) = entry(&raw[at..], at as u32)?;
                 buf.advance(used);
+                if entries.is_empty() {
+                    entries.reserve(estimate(buf.remaining(), used));
+                }
                 entries.push(entry);
             } else if tag == RESOURCE_NAMES_SUBSCRIBE {
                 if wire_type != WireType::LengthDelimited {
@@ -212,6 +215,9 @@ impl DeltaRequest {
                 let at = raw.len() - buf.remaining();
                 let (range, used) = string(&raw[at..], at as u32)?;
                 buf.advance(used);
+                if subscribe.is_empty() {
+                    subscribe.reserve(estimate(buf.remaining(), used));
+                }
                 subscribe.push(range);
             } else if req
                 .merge_field(tag, wire_type, &mut buf, DecodeContext::default())
@@ -268,6 +274,14 @@ impl DeltaRequest {
             ..self.req.clone()
         }
     }
+}
+
+/// Room for a repeated field's values, from the bytes left and the size of
+/// its first value (a resuming client's names are alike: `cluster-17`, ...),
+/// instead of growing the list one doubling at a time; bounded, since the
+/// first value may be much smaller than the rest.
+fn estimate(remaining: usize, first: usize) -> usize {
+    (remaining / first.max(2)).min(1 << 14) + 1
 }
 
 /// A length-delimited string at the start of `b` (its length prefix first),
