@@ -412,6 +412,60 @@ mod tests {
         ));
     }
 
+    /// Frames as the transport cuts them.
+    struct Frames(std::collections::VecDeque<Bytes>);
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = Status;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            Poll::Ready(self.get_mut().0.pop_front().map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    /// However the frames cut the messages — one per frame (decoded in
+    /// place), several in one, one across frames — the same requests come
+    /// out, in order, and the stream ends cleanly.
+    #[tokio::test]
+    async fn messages_come_out_whole_however_frames_cut_them() {
+        let msgs: Vec<DiscoveryRequest> = (0..4)
+            .map(|i| DiscoveryRequest {
+                type_url: format!("t{i}"),
+                resource_names: (0..i).map(|n| format!("name-{n}")).collect(),
+                ..Default::default()
+            })
+            .collect();
+        let mut wire = Vec::new();
+        for m in &msgs {
+            let body = prost::Message::encode_to_vec(m);
+            wire.extend_from_slice(&header(body.len() as u32));
+            wire.extend_from_slice(&body);
+        }
+        let wire = Bytes::from(wire);
+        for cut in 1..wire.len() {
+            // Frames of `cut` bytes, and the whole stream as one frame.
+            for frames in [
+                wire.chunks(cut)
+                    .map(Bytes::copy_from_slice)
+                    .collect::<Vec<_>>(),
+                vec![wire.clone()],
+            ] {
+                let mut rs = RequestStream::<DiscoveryRequest>::new(
+                    Frames(frames.into()),
+                    &Limits::default(),
+                    Arc::new(crate::events::NoopObserver),
+                );
+                let mut got = Vec::new();
+                while let Some(m) = rs.message().await.expect("decodes") {
+                    got.push(m);
+                }
+                assert_eq!(got, msgs, "frames of {cut} bytes");
+            }
+        }
+    }
+
     #[test]
     fn too_many_names_in_one_request_are_refused() {
         let limits = Limits {
