@@ -28,8 +28,13 @@ pub use duration::{DurationError, format_duration, parse_duration};
 pub use error::{ConfigError, ConfigErrors, ObjectRef};
 pub use hostname::{ANY_HOST, effective_hostnames, hostname_matches, intersect, validate_hostname};
 pub use kinds::*;
-pub use parse::{parse_document_report, parse_file, parse_file_report, split_yaml_documents};
-pub use set::{Assembler, ConfigSet, FileParse, LoadReport, ObjectId, Rejected, Skipped};
+pub use parse::{
+    DocIndex, parse_document_report, parse_file, parse_file_report, parse_file_report_reusing,
+    split_yaml_documents,
+};
+pub use set::{
+    Assembler, ConfigSet, FileParse, LoadReport, ObjectId, ObjectMap, Rejected, Skipped,
+};
 pub use spanned::{Pos, Spanned};
 pub use validate::MAX_WEIGHT;
 

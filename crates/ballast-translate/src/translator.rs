@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use ballast_model::set::{Change, ChangeKind};
-use ballast_model::{ConfigSet, Kind, ObjectKey};
+use ballast_model::{ConfigSet, Kind, ObjectKey, ObjectMap};
 
 use crate::gateway::{Caches, GatewayState, build_gateway, patch_routes};
 use crate::index::{DependencyIndex, Orphans};
@@ -489,8 +489,8 @@ fn same_resources(a: &GatewayResources, b: &GatewayResources) -> bool {
         })
 }
 
-/// `ConfigSet::diff` as a merge of the sorted maps: no per-key lookups, and unchanged objects
-/// (shared `Arc`s) cost a pointer comparison.
+/// `ConfigSet::diff` without grouping by kind first: unchanged objects (shared nodes, shared
+/// `Arc`s) cost nothing or a pointer comparison.
 fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
     let mut out = Vec::new();
     diff_map(Kind::Gateway, &old.gateways, &new.gateways, &mut out);
@@ -557,51 +557,14 @@ fn diff(old: &ConfigSet, new: &ConfigSet) -> Vec<Change> {
     out
 }
 
+/// Skips the nodes the two sets share ([`ballast_model::ObjectMap`]): O(change · log n).
 fn diff_map<T: PartialEq>(
     kind: Kind,
-    old: &BTreeMap<ObjectKey, Arc<T>>,
-    new: &BTreeMap<ObjectKey, Arc<T>>,
+    old: &ObjectMap<T>,
+    new: &ObjectMap<T>,
     out: &mut Vec<Change>,
 ) {
-    let mut push = |key: &ObjectKey, change| {
-        out.push(Change {
-            kind,
-            key: key.clone(),
-            change,
-        })
-    };
-    let mut a = old.iter().peekable();
-    let mut b = new.iter().peekable();
-    loop {
-        match (a.peek(), b.peek()) {
-            (None, None) => break,
-            (Some((k, _)), None) => {
-                push(k, ChangeKind::Removed);
-                a.next();
-            }
-            (None, Some((k, _))) => {
-                push(k, ChangeKind::Added);
-                b.next();
-            }
-            (Some((ka, va)), Some((kb, vb))) => match ka.cmp(kb) {
-                std::cmp::Ordering::Less => {
-                    push(ka, ChangeKind::Removed);
-                    a.next();
-                }
-                std::cmp::Ordering::Greater => {
-                    push(kb, ChangeKind::Added);
-                    b.next();
-                }
-                std::cmp::Ordering::Equal => {
-                    if !Arc::ptr_eq(va, vb) && ***va != ***vb {
-                        push(ka, ChangeKind::Modified);
-                    }
-                    a.next();
-                    b.next();
-                }
-            },
-        }
-    }
+    ballast_model::set::diff_objects(kind, old, new, out);
 }
 
 #[cfg(test)]

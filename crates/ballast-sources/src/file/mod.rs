@@ -131,7 +131,9 @@ pub fn load_paths_report(paths: &[PathBuf]) -> Result<Loaded, ConfigErrors> {
 /// messages, text), for tools that need the text itself (`ballast apply` stores each document).
 /// `Err` with every error if a path cannot be walked or a file cannot be read.
 pub fn read_config_files(paths: &[PathBuf]) -> Result<Vec<(String, String)>, Vec<ConfigError>> {
-    let walk::Discovered { files, mut errors } = walk::discover(paths);
+    let walk::Discovered {
+        files, mut errors, ..
+    } = walk::discover(paths);
     let mut out = Vec::with_capacity(files.len());
     for f in &files {
         match walk::read_one(f) {
@@ -167,7 +169,7 @@ impl Worker {
     ) -> (bool, Result<walk::Loaded, Vec<ConfigError>>) {
         let mut complete = self.watches.reconcile(paths, &self.link_dirs);
         let discovered = walk::discover(paths);
-        let links = walk::link_target_dirs(&discovered.files);
+        let links = walk::link_target_dirs(&discovered.maybe_links);
         if links != self.link_dirs {
             complete &= self.watches.reconcile(paths, &links);
             self.link_dirs = links;
