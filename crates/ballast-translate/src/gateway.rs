@@ -400,7 +400,7 @@ impl GatewayState {
         patched: bool,
     ) -> crate::ResourcesVersion {
         let pending = std::mem::take(&mut self.pending);
-        let patch = (patched && self.version != 0).then(|| crate::ResourcePatch {
+        let patch = (patched && self.version != 0).then_some(crate::ResourcePatch {
             base: self.version,
             touched: pending,
         });
