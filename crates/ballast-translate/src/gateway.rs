@@ -333,14 +333,12 @@ fn encode_route_config(
             ..Default::default()
         });
     }
-    let len: usize = hosts.values().map(|h| h.encoded.len()).sum();
-    let mut buf = Vec::with_capacity(len + name.len() + 8);
-    encode_key(1, WireType::LengthDelimited, &mut buf);
-    encode_varint(name.len() as u64, &mut buf);
-    buf.extend_from_slice(name.as_bytes());
-    for h in hosts.values() {
-        buf.extend_from_slice(&h.encoded);
-    }
+    let mut head = Vec::with_capacity(name.len() + 8);
+    encode_key(1, WireType::LengthDelimited, &mut head);
+    encode_varint(name.len() as u64, &mut head);
+    head.extend_from_slice(name.as_bytes());
+    let parts =
+        std::iter::once(head.as_slice()).chain(hosts.values().map(|h| h.encoded.as_slice()));
     let refs = refs
         .keys()
         .map(|name| Ref {
@@ -349,7 +347,7 @@ fn encode_route_config(
             hard: true,
         })
         .collect();
-    Resource::from_encoded::<RouteConfiguration>(name, &buf, refs)
+    Resource::from_encoded_parts::<RouteConfiguration>(name, parts, refs)
         .expect("route configuration names are never empty")
 }
 
@@ -368,6 +366,47 @@ pub(crate) struct GatewayState {
     /// In plan order (ports, then chains).
     chains: Vec<ChainState>,
     listeners: BTreeMap<String, (EnvoyListener, Arc<Resource>)>,
+    /// The [`crate::ResourcesVersion::version`] `resources` had when last output (0: none).
+    version: u64,
+    /// Resources patched since (type, name): what a snapshot of `version` needs changed.
+    pending: Vec<(ResourceType, Arc<str>)>,
+}
+
+impl GatewayState {
+    /// Records that the resource `ty`/`name` was added, removed or replaced.
+    pub(crate) fn touch(&mut self, ty: ResourceType, name: &Arc<str>) {
+        self.pending.push((ty, name.clone()));
+    }
+
+    /// The version last output and what is pending since (for [`Self::restore_version`]).
+    pub(crate) fn take_version(&mut self) -> (u64, Vec<(ResourceType, Arc<str>)>) {
+        (self.version, std::mem::take(&mut self.pending))
+    }
+
+    /// Keeps counting from a version output by an earlier state of the same resources.
+    pub(crate) fn restore_version(
+        &mut self,
+        (version, pending): (u64, Vec<(ResourceType, Arc<str>)>),
+    ) {
+        self.version = version;
+        self.pending = pending;
+    }
+
+    /// `resources` are output as `version`: with the patch since the version before when
+    /// `patched` (only touched through [`Self::touch`] since) and there was one.
+    pub(crate) fn output_version(
+        &mut self,
+        version: u64,
+        patched: bool,
+    ) -> crate::ResourcesVersion {
+        let pending = std::mem::take(&mut self.pending);
+        let patch = (patched && self.version != 0).then_some(crate::ResourcePatch {
+            base: self.version,
+            touched: pending,
+        });
+        self.version = version;
+        crate::ResourcesVersion { version, patch }
+    }
 }
 
 fn encode_reusing<M: XdsResource + PartialEq + Clone>(
@@ -636,6 +675,8 @@ pub(crate) fn build_gateway(
             used,
             chains,
             listeners,
+            version: 0,
+            pending: Vec::new(),
         },
         deps,
     })
@@ -764,6 +805,9 @@ pub(crate) fn patch_routes(
             if let Some(rc) = &vhds_of {
                 // One virtual host changed: only its resource is replaced.
                 let name = vhds_name(rc, &h);
+                state
+                    .pending
+                    .push((ResourceType::VirtualHost, name.as_str().into()));
                 let at = res.virtual_hosts.binary_search_by(|r| r.name().cmp(&name));
                 match (at, new_vhds) {
                     (Ok(i), Some(n)) => {
@@ -794,11 +838,20 @@ pub(crate) fn patch_routes(
                 .binary_search_by(|r| r.name().cmp(&cs.name))
                 .expect("every route configuration is in the resources");
             res.route_configs[i] = resource.clone();
+            state.pending.push((
+                ResourceType::RouteConfiguration,
+                resource.name_arc().clone(),
+            ));
         }
         cs.resource = resource;
     }
     for b in used_touched {
         let name = names::cluster(&b);
+        let arc: Arc<str> = name.as_str().into();
+        state.pending.push((ResourceType::Cluster, arc.clone()));
+        state
+            .pending
+            .push((ResourceType::ClusterLoadAssignment, arc));
         let at = res.clusters.binary_search_by(|r| r.name().cmp(&name));
         let backend = config.backend(&b);
         match (at, state.used.contains_key(&b), backend) {

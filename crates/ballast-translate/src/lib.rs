@@ -71,7 +71,9 @@ use ballast_model::ObjectKey;
 pub use index::{DependencyIndex, Deps, Orphans};
 pub use resources::GatewayResources;
 pub use source::{ConfigSources, DEFAULT_XDS_CLUSTER, XdsTransport, config_source};
-pub use translator::{TranslateOutput, TranslateStats, Translator};
+pub use translator::{
+    ResourcePatch, ResourcesVersion, TranslateOutput, TranslateStats, Translator,
+};
 
 pub use ballast_model::ConfigSet;
 pub use ballast_xds::{Resource, Snapshot, SnapshotError};

@@ -7,7 +7,11 @@ use ballast_model::{ConfigSet, ObjectKey};
 use proptest::prelude::*;
 
 use crate::tests::{config, gw};
-use crate::{DependencyIndex, GatewayResources, Options, Translator, translate_gateway};
+use crate::{
+    DependencyIndex, GatewayResources, Options, Snapshot, Translator, XdsTransport,
+    translate_gateway,
+};
+use ballast_xds::ResourceType;
 
 const CERT: &str = "-----BEGIN CERTIFICATE-----\\nMII{}\\n-----END CERTIFICATE-----\\n";
 const KEY: &str = "-----BEGIN PRIVATE KEY-----\\nMIG{}\\n-----END PRIVATE KEY-----\\n";
@@ -373,17 +377,42 @@ fn prost_encoded(r: &GatewayResources) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Every type's names, resource versions and set version, for comparing snapshots.
+fn snapshot_summary(s: &Snapshot) -> Vec<(String, Vec<(String, String)>)> {
+    ResourceType::ALL
+        .iter()
+        .map(|t| {
+            let list = s
+                .resources(*t)
+                .iter()
+                .map(|(n, r)| (n.to_string(), r.version().to_owned()))
+                .collect();
+            (s.version(*t).to_string(), list)
+        })
+        .collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     /// After any sequence of configs: the index equals one built from scratch, every gateway's
     /// resources equal a from-scratch translation (same versions), every snapshot is
     /// consistent, and `changed`/`removed` report exactly the gateways that differ.
+    ///
+    /// Each output's [`crate::ResourcesVersion`] patches the version output before, and the
+    /// snapshot derived from the previous one by the patch equals a fresh one (Delta's VHDS
+    /// translation, unchecked like the pipeline's, in half the cases).
     #[test]
-    fn incremental_equals_from_scratch(configs in arb_edits()) {
-        let options = Options::default();
+    fn incremental_equals_from_scratch(configs in arb_edits(), vhds in any::<bool>()) {
+        let mut options = Options::default();
+        if vhds {
+            options.config_sources.transport = XdsTransport::DeltaAds;
+        }
+        let check = !vhds;
         let mut t = Translator::new(options.clone());
         let mut prev: BTreeMap<ObjectKey, Vec<(String, String)>> = BTreeMap::new();
+        // Per gateway: the version last output and the snapshot made of it.
+        let mut built: BTreeMap<ObjectKey, (u64, Arc<Snapshot>)> = BTreeMap::new();
         for yaml in &configs {
             let set: Arc<ConfigSet> = Arc::new(config(yaml));
             let out = t.update(&set);
@@ -394,8 +423,31 @@ proptest! {
                 let inc = t.gateway(key).expect("every gateway is translated");
                 prop_assert_eq!(summary(&inc), summary(&scratch), "gateway {}", key);
                 prost_encoded(&scratch)?;
-                inc.snapshot(None).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                if check {
+                    inc.snapshot(None).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                }
                 now.insert(key.clone(), summary(&scratch));
+            }
+            prop_assert_eq!(out.versions.keys().collect::<Vec<_>>(), out.changed.keys().collect::<Vec<_>>());
+            for (k, r) in &out.changed {
+                let v = &out.versions[k];
+                let fresh = if check { r.snapshot(None) } else { r.snapshot_unchecked(None) };
+                let mut snap = fresh.map_err(|e| TestCaseError::fail(e.to_string()))?;
+                if let Some(p) = &v.patch {
+                    // Chained like the pipeline's: each from the snapshot patched before.
+                    let (base, prev_snap) = built.get(k).expect("a patch follows an output");
+                    prop_assert_eq!(p.base, *base, "patches the version output before");
+                    let patched = r
+                        .snapshot_patched(prev_snap, &p.touched, check)
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    prop_assert_eq!(snapshot_summary(&patched), snapshot_summary(&snap), "gateway {}", k);
+                    snap = patched;
+                }
+                prop_assert!(built.get(k).is_none_or(|(b, _)| *b < v.version));
+                built.insert(k.clone(), (v.version, Arc::new(snap)));
+            }
+            for k in &out.removed {
+                built.remove(k);
             }
             let changed: Vec<&ObjectKey> = now
                 .iter()

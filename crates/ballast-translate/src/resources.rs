@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use ballast_model::ObjectKey;
-use ballast_xds::{Resource, ResourceType, Snapshot, SnapshotError};
+use ballast_xds::{Resource, ResourceType, Snapshot, SnapshotChange, SnapshotError};
 
 /// The full resource set of one Gateway, per type sorted by name. Resources are shared
 /// (`Arc`) with the translator's caches and with other gateways using the same Backend or
@@ -110,6 +110,30 @@ impl GatewayResources {
             b.add(r.clone());
         }
         b.build_unchecked()
+    }
+
+    /// The resource of type `ty` named `name`.
+    pub fn find(&self, ty: ResourceType, name: &str) -> Option<&Arc<Resource>> {
+        let (_, list) = self.by_type().into_iter().find(|(t, _)| *t == ty)?;
+        let i = list.binary_search_by(|r| r.name().cmp(name)).ok()?;
+        Some(&list[i])
+    }
+
+    /// The snapshot [`Self::snapshot`] (`check`) or [`Self::snapshot_unchecked`] gives, from
+    /// `prev`, a snapshot of an earlier version of these resources, and the resources that
+    /// may differ since ([`crate::ResourcePatch::touched`]): costs what was touched, not
+    /// every resource of the Gateway.
+    pub fn snapshot_patched(
+        &self,
+        prev: &Arc<Snapshot>,
+        touched: &[(ResourceType, Arc<str>)],
+        check: bool,
+    ) -> Result<Snapshot, SnapshotError> {
+        let changes = touched.iter().map(|(ty, name)| match self.find(*ty, name) {
+            Some(r) => SnapshotChange::Put(r.clone()),
+            None => SnapshotChange::Remove(*ty, name.clone()),
+        });
+        Snapshot::patched(prev, changes, check)
     }
 
     /// The resources as `---`-separated proto-JSON documents (JSON is YAML), each with its

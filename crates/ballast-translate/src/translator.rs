@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use ballast_model::set::{Change, ChangeKind};
 use ballast_model::{ConfigSet, Kind, ObjectKey, ObjectMap};
+use ballast_xds::ResourceType;
 
 use crate::gateway::{Caches, GatewayState, build_gateway, patch_routes};
 use crate::index::{DependencyIndex, Orphans};
@@ -44,9 +45,32 @@ pub struct TranslateStats {
 pub struct TranslateOutput {
     /// Gateways whose resources changed (or are new), with their new full resource set.
     pub changed: BTreeMap<ObjectKey, Arc<GatewayResources>>,
+    /// For every gateway of `changed`: its resources' version, and what changed since the
+    /// version before when the translator knows (route and endpoint patches), so a snapshot
+    /// can be derived from the previous one in O(change) ([`GatewayResources::snapshot_patched`]).
+    pub versions: BTreeMap<ObjectKey, ResourcesVersion>,
     /// Gateways that no longer exist.
     pub removed: Vec<ObjectKey>,
     pub stats: TranslateStats,
+}
+
+/// One version of a Gateway's resources as output by a [`Translator`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResourcesVersion {
+    /// Increases with every output of the translator (unique per translator, not across).
+    pub version: u64,
+    /// What differs from an earlier version; `None` after a rebuild.
+    pub patch: Option<ResourcePatch>,
+}
+
+/// The resources that may differ between two versions of a Gateway's resources.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResourcePatch {
+    /// The version these changes apply to.
+    pub base: u64,
+    /// Type and name of each resource added, removed or replaced since `base` (a name may
+    /// repeat); every other resource is the same as in `base`.
+    pub touched: Vec<(ResourceType, Arc<str>)>,
 }
 
 /// Incremental translator: keeps the previous config, per-object caches and the dependency index.
@@ -56,6 +80,8 @@ pub struct Translator {
     caches: Caches,
     index: DependencyIndex,
     gateways: BTreeMap<ObjectKey, GatewayState>,
+    /// The last [`ResourcesVersion::version`] given out.
+    last_version: u64,
 }
 
 impl Translator {
@@ -66,6 +92,7 @@ impl Translator {
             config: Arc::new(ConfigSet::default()),
             index: DependencyIndex::default(),
             gateways: BTreeMap::new(),
+            last_version: 0,
         }
     }
 
@@ -324,14 +351,19 @@ impl Translator {
         let stats = &mut out.stats;
         let mut orphans = Orphans::default();
         for key in &rebuild {
-            let prev = self.gateways.remove(key);
+            let mut prev = self.gateways.remove(key);
             let prev_resources = prev.as_ref().map(|p| p.resources.clone());
+            let prev_version = prev.as_mut().map(|p| p.take_version());
             match build_gateway(config, key, &self.options, &mut self.caches, prev, stats) {
                 Some(mut built) => {
                     orphans.extend(self.index.set(key, built.deps));
                     match prev_resources {
                         Some(p) if same_resources(&p, &built.state.resources) => {
+                            // Still the version output before, with what is pending since.
                             built.state.resources = p;
+                            if let Some(v) = prev_version {
+                                built.state.restore_version(v);
+                            }
                         }
                         _ => {
                             out.changed
@@ -385,6 +417,9 @@ impl Translator {
                 let entry = self.caches.backend(config, backend, stats);
                 changed |= res.clusters[ci] != entry.cluster;
                 res.clusters[ci] = entry.cluster.clone();
+                let name: Arc<str> = name.into();
+                state.touch(ResourceType::Cluster, &name);
+                state.touch(ResourceType::ClusterLoadAssignment, &name);
                 // An EDS Backend has a load assignment, a DNS one none; an edit may switch.
                 let at = res
                     .load_assignments
@@ -410,6 +445,15 @@ impl Translator {
                 state.resources = Arc::new(res);
                 out.changed.insert(key.clone(), state.resources.clone());
             }
+        }
+
+        // Number what is output; a gateway not rebuilt this time tells what its patches
+        // touched since its version before.
+        for key in out.changed.keys() {
+            let state = self.gateways.get_mut(key).expect("changed gateways exist");
+            self.last_version += 1;
+            let v = state.output_version(self.last_version, !rebuild.contains(key));
+            out.versions.insert(key.clone(), v);
         }
 
         // Keep-set garbage collection: cache only what some gateway still depends on. An entry

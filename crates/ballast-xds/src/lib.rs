@@ -54,7 +54,8 @@ pub use server::{
     XdsServer, XdsServerBuilder, group_by_node_id,
 };
 pub use snapshot::{
-    Inconsistency, ResourceMap, Snapshot, SnapshotBuilder, SnapshotError, TypeResources,
+    Inconsistency, ResourceMap, Snapshot, SnapshotBuilder, SnapshotChange, SnapshotError,
+    TypeResources,
 };
 pub use status::{NackInfo, SyncState, TypeStatus};
 pub use version::content_version;

@@ -15,7 +15,7 @@ use std::time::{Instant, SystemTime};
 
 use ballast_model::ObjectKey;
 use ballast_sources::SourceState;
-use ballast_translate::{Options, Translator, XdsTransport};
+use ballast_translate::{GatewayResources, Options, ResourcesVersion, Translator, XdsTransport};
 use ballast_xds::ResourceType;
 use ballast_xds::Snapshot;
 use ballast_xds::SnapshotCache;
@@ -113,6 +113,46 @@ pub struct Pipeline {
 /// Published snapshots (in the guard's books), by gateway.
 type Published = BTreeMap<ObjectKey, Book>;
 
+/// Per translator (`None`: the ADS one) and gateway: the version of the resources last
+/// turned into a snapshot, and that snapshot (published, held or not yet: the next version
+/// is patched onto it).
+#[derive(Default)]
+struct Built(BTreeMap<(Option<XdsTransport>, ObjectKey), (u64, Arc<Snapshot>)>);
+
+impl Built {
+    /// The snapshot of `resources`: patched onto the one built for the version its patch
+    /// starts from (costs what changed), else built by merging every resource with `prev`.
+    fn snapshot(
+        &mut self,
+        transport: Option<XdsTransport>,
+        key: &ObjectKey,
+        resources: &GatewayResources,
+        version: Option<&ResourcesVersion>,
+        prev: impl FnOnce() -> Option<Arc<Snapshot>>,
+        check: bool,
+    ) -> Result<Arc<Snapshot>, ballast_xds::SnapshotError> {
+        let slot = (transport, key.clone());
+        let base = self.0.remove(&slot);
+        let patch = version.and_then(|v| v.patch.as_ref());
+        let result = match (patch, base) {
+            (Some(p), Some((b, snap))) if b == p.base => {
+                resources.snapshot_patched(&snap, &p.touched, check)
+            }
+            _ if check => resources.snapshot(prev()),
+            _ => resources.snapshot_unchecked(prev()),
+        };
+        let snap = Arc::new(result?);
+        if let Some(v) = version {
+            self.0.insert(slot, (v.version, snap.clone()));
+        }
+        Ok(snap)
+    }
+
+    fn remove(&mut self, key: &ObjectKey) {
+        self.0.retain(|(_, k), _| k != key);
+    }
+}
+
 fn group_of(key: &ObjectKey) -> String {
     format!("{}/{}", key.namespace, key.name)
 }
@@ -129,6 +169,7 @@ impl Pipeline {
         self.status
             .send_modify(|s| s.guard.restart_baseline = baseline.keys().map(group_of).collect());
         let mut published: Published = BTreeMap::new();
+        let mut built = Built::default();
         let mut held: BTreeMap<ObjectKey, Held> = BTreeMap::new();
         let mut last_generation: Option<u64> = None;
         let mut last_error_seen: Option<usize> = None;
@@ -159,26 +200,28 @@ impl Pipeline {
                         "translated"
                     );
                     for (key, resources) in &out.changed {
-                        let prev = published.get(key).map(|p| p.snapshot.clone());
                         let mut vs = Variants::new();
                         for (t, o) in &mut variant_outs {
                             let Some(r) = o.changed.remove(key) else {
                                 continue;
                             };
-                            let prev = self.variant_prev(*t, key);
-                            match r.snapshot_unchecked(prev) {
+                            let version = o.versions.get(key);
+                            let prev = || self.variant_prev(*t, key);
+                            match built.snapshot(Some(*t), key, &r, version, prev, false) {
                                 Ok(snap) => {
-                                    vs.insert(*t, Arc::new(snap));
+                                    vs.insert(*t, snap);
                                 }
                                 Err(e) => {
                                     error!(gateway = %key, transport = t.as_str(), error = %e, "inconsistent snapshot for a transport")
                                 }
                             }
                         }
-                        match resources.snapshot(prev) {
+                        let version = out.versions.get(key);
+                        let prev = || published.get(key).map(|p| p.snapshot.clone());
+                        match built.snapshot(None, key, resources, version, prev, true) {
                             Ok(snap) => self.offer(
                                 key,
-                                Some(Arc::new(snap)),
+                                Some(snap),
                                 vs,
                                 &mut published,
                                 &mut held,
@@ -194,6 +237,7 @@ impl Pipeline {
                         }
                     }
                     for key in &out.removed {
+                        built.remove(key);
                         self.offer(
                             key,
                             None,
@@ -248,8 +292,9 @@ impl Pipeline {
                             let out = tr.update(config);
                             info!(transport = t.as_str(), gateways = out.changed.len(), "first Envoy on this transport: translating for it");
                             for (key, resources) in &out.changed {
-                                let snap = match resources.snapshot_unchecked(None) {
-                                    Ok(s) => Arc::new(s),
+                                let version = out.versions.get(key);
+                                let snap = match built.snapshot(Some(t), key, resources, version, || None, false) {
+                                    Ok(s) => s,
                                     Err(e) => { error!(gateway = %key, transport = t.as_str(), error = %e, "inconsistent snapshot for a transport"); continue; }
                                 };
                                 // A held gateway's proxies get it when the hold ends.
