@@ -624,3 +624,34 @@ async fn paced_publishes_are_pushed_once_at_the_newest_version() {
     c.ack(&r).await;
     c.expect_quiet().await;
 }
+
+/// A publish that changes only the type whose response is in flight is not
+/// taken at once (nothing of it could be sent before the ACK); the ACK then
+/// brings it, at the newest version. A change of an idle type on the same
+/// stream is pushed without waiting for that ACK.
+#[tokio::test]
+async fn a_publish_while_in_flight_goes_out_with_the_ack() {
+    let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribe(CDS, &[], &[]).await;
+    let cds = c.recv().await;
+    c.ack(&cds).await;
+    c.subscribe(EDS, &["a"], &[]).await;
+    let r1 = c.recv().await;
+    assert_eq!(names(&r1), ["a"]);
+    // r1 not ACKed: endpoint changes wait for it.
+    cache.set_snapshot("g", fixture(&["a"], "a", 2));
+    let newest = fixture(&["a"], "a", 3);
+    let want = newest.get(EDS, "a").unwrap().version().to_string();
+    cache.set_snapshot("g", newest);
+    c.expect_quiet().await;
+    c.ack(&r1).await;
+    let r2 = c.recv().await;
+    assert_eq!(names(&r2), ["a"]);
+    assert_eq!(r2.resources[0].version, want, "the newest, after the ACK");
+    // r2 in flight; a cluster added (CDS idle) goes out now.
+    cache.set_snapshot("g", fixture(&["a", "b"], "a", 3));
+    let r3 = c.recv().await;
+    assert_eq!(r3.type_url, CDS.type_url());
+    assert_eq!(names(&r3), ["b"]);
+}

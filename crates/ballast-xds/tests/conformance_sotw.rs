@@ -705,3 +705,26 @@ async fn paced_publishes_are_pushed_once_at_the_newest_version() {
     c.ack(&r, &["a"]).await;
     c.expect_quiet().await;
 }
+
+/// As for Delta: a publish changing only the type in flight goes out with the
+/// ACK, at the newest version; an idle type's change goes out at once.
+#[tokio::test]
+async fn a_publish_while_in_flight_goes_out_with_the_ack() {
+    let (cache, s) = ready_server(fixture(&["a"], "a", 1)).await;
+    let mut c = Sotw::connect(s.addr, "n").await;
+    c.synced(CDS, &[]).await;
+    c.request(EDS, &["a"], "", "").await;
+    let r1 = c.recv().await;
+    assert_eq!(r1.type_url, EDS.type_url());
+    cache.set_snapshot("g", fixture(&["a"], "a", 2));
+    let newest = fixture(&["a"], "a", 3);
+    let want = newest.version(EDS).to_string();
+    cache.set_snapshot("g", newest);
+    c.expect_quiet().await;
+    c.ack(&r1, &["a"]).await;
+    let r2 = c.recv().await;
+    assert_eq!(r2.version_info, want, "the newest, after the ACK");
+    cache.set_snapshot("g", fixture(&["a", "b"], "a", 3));
+    let r3 = c.recv().await;
+    assert_eq!(r3.type_url, CDS.type_url());
+}

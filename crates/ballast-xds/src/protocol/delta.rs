@@ -649,6 +649,12 @@ impl DeltaMachine {
         self.core.snapshot = snapshot;
     }
 
+    /// Whether taking `newest` can wait for the client's next request
+    /// (see `StreamCore::newest_can_wait`).
+    pub(crate) fn newest_can_wait(&self, newest: &Arc<Snapshot>) -> bool {
+        self.core.newest_can_wait(newest)
+    }
+
     /// Whether `req` reports resources the client holds from an earlier
     /// stream: the driver then passes the group's recent snapshots to
     /// [`DeltaMachine::handle_request_with_history`].
@@ -1596,6 +1602,53 @@ mod tests {
         ack(&mut m, &r);
         assert!(m.next_response().is_none());
     }
+    /// A publish that changes only a type with a response in flight can
+    /// wait for the client's next request: taking it now plans nothing (the
+    /// driver then skips the plan), and the change goes out after the ACK. A
+    /// change of an idle type (clusters added) cannot wait.
+    #[test]
+    fn a_change_of_only_in_flight_types_can_wait_for_the_ack() {
+        let (cds, eds) = (ResourceType::Cluster, ResourceType::ClusterLoadAssignment);
+        let s1 = snapshot(10, 1, None);
+        let mut m = DeltaMachine::new(None);
+        m.set_snapshot(Some(s1.clone()));
+        assert!(m.newest_can_wait(&s1), "the snapshot it holds");
+        let names: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
+        for (ty, subscribe) in [(cds, vec![]), (eds, names)] {
+            m.handle_request(&DeltaDiscoveryRequest {
+                type_url: ty.type_url().into(),
+                resource_names_subscribe: subscribe,
+                ..Default::default()
+            });
+        }
+        while let Some(r) = m.next_response() {
+            ack(&mut m, &r);
+        }
+        let s2 = snapshot(10, 2, Some(&s1));
+        assert!(!m.newest_can_wait(&s2), "EDS is idle: push now");
+        m.set_snapshot(Some(s2.clone()));
+        let r2 = m.next_response().expect("the change");
+        assert_eq!(r2.ty, eds);
+        let s3 = snapshot(10, 3, Some(&s2));
+        assert!(
+            m.newest_can_wait(&s3),
+            "only EDS changed, and it is in flight"
+        );
+        let more = snapshot(11, 3, Some(&s3));
+        assert!(!m.newest_can_wait(&more), "CDS changed and is idle");
+        // Sound: taking it now would send nothing before the ACK.
+        m.set_snapshot(Some(s3.clone()));
+        assert!(m.next_response().is_none());
+        ack(&mut m, &r2);
+        let r3 = m.next_response().expect("the deferred change");
+        assert_eq!(r3.ty, eds);
+        assert_eq!(r3.system_version, *s3.version(eds));
+        assert_eq!(r3.resources[0].name(), "c1");
+        ack(&mut m, &r3);
+        assert!(m.next_response().is_none());
+        assert!(m.newest_can_wait(&s3));
+    }
+
     /// Issue 8 §1: a stream resumed at the current versions sends exactly one
     /// response, with nothing in it: on ADS once the EDS request its clusters
     /// announce has come, on a per-type stream at once.

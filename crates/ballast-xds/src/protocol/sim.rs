@@ -377,17 +377,33 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
         wire(m, &req(ty, names, &last[i], false), &[]);
         Ok(true)
     };
+    // No request since the machine last had nothing to send.
+    let mut drained = false;
     for op in ops {
         match op {
             Op::Publish(s) => {
-                snap = publish(&snap, s);
+                let newest = publish(&snap, s);
+                // Like the driver at a publish, drained with what it holds.
+                let can_wait = drained && m.newest_can_wait(&newest);
+                snap = newest;
                 remember(&mut history, &snap);
                 m.set_snapshot(Some(snap.clone()));
+                drained = false;
+                // The driver leaves such a publish to the next request:
+                // sound only if taking it now sends nothing.
+                if can_wait {
+                    if let Some(r) = m.next_response() {
+                        return Err(format!("a publish left for the ACK had {} to send", r.ty));
+                    }
+                    drained = true;
+                }
             }
             Op::NackNext(t) => c.nack_next[*t] = true,
             Op::Step(n) => {
                 for _ in 0..*n {
+                    drained = false;
                     if !step(&mut m, &mut c, &mut last)? {
+                        drained = true;
                         break;
                     }
                 }
@@ -398,6 +414,7 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
                 }
                 m = SotwMachine::new(None);
                 m.set_snapshot(Some(snap.clone()));
+                drained = false;
                 // Nothing is in flight on the new stream: requests carry the
                 // last accepted version and no nonce.
                 for l in last.iter_mut().flatten() {
@@ -522,17 +539,33 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
         wire_delta(m, &ack, &[]);
         Ok(true)
     };
+    // No request since the machine last had nothing to send.
+    let mut drained = false;
     for op in ops {
         match op {
             Op::Publish(s) => {
-                snap = publish(&snap, s);
+                let newest = publish(&snap, s);
+                // Like the driver at a publish, drained with what it holds.
+                let can_wait = drained && m.newest_can_wait(&newest);
+                snap = newest;
                 remember(&mut history, &snap);
                 m.set_snapshot(Some(snap.clone()));
+                drained = false;
+                // The driver leaves such a publish to the next request:
+                // sound only if taking it now sends nothing.
+                if can_wait {
+                    if let Some(r) = m.next_response() {
+                        return Err(format!("a publish left for the ACK had {} to send", r.ty));
+                    }
+                    drained = true;
+                }
             }
             Op::NackNext(t) => c.nack_next[*t] = true,
             Op::Step(n) => {
                 for _ in 0..*n {
+                    drained = false;
                     if !step(&mut m, &mut c)? {
+                        drained = true;
                         break;
                     }
                 }
@@ -543,6 +576,7 @@ fn run_delta(ops: &[Op]) -> Result<(), String> {
                 }
                 m = DeltaMachine::new(None);
                 m.set_snapshot(Some(snap.clone()));
+                drained = false;
                 c.not_resumed = [true; crate::resource::TYPE_COUNT];
                 c.reconnected = true;
                 for (ty, n) in reconnect_plan(*seed) {

@@ -382,6 +382,12 @@ impl SotwMachine {
         self.core.snapshot = snapshot;
     }
 
+    /// Whether taking `newest` can wait for the client's next request
+    /// (see `StreamCore::newest_can_wait`).
+    pub(crate) fn newest_can_wait(&self, newest: &Arc<Snapshot>) -> bool {
+        self.core.newest_can_wait(newest)
+    }
+
     /// Whether `req` may be the first of its type on a stream that resumes
     /// (it reports a version but acknowledges nothing): the driver then passes
     /// the group's recent snapshots to [`SotwMachine::handle_request_with_history`].
@@ -1085,6 +1091,51 @@ mod tests {
             resource_names: names.to_vec(),
             ..Default::default()
         });
+    }
+
+    /// As for Delta: a publish changing only the type in flight can wait for
+    /// the ACK (taking it now sends nothing), then goes out at the newest
+    /// version; a change of an idle type cannot wait.
+    #[test]
+    fn a_change_of_only_in_flight_types_can_wait_for_the_ack() {
+        let (cds, eds) = (ResourceType::Cluster, ResourceType::ClusterLoadAssignment);
+        let s1 = snapshot(10, 1, None);
+        let mut m = SotwMachine::new(None);
+        m.set_snapshot(Some(s1.clone()));
+        let names: Vec<String> = (0..10).map(|i| format!("c{i:04}")).collect();
+        for (ty, subscribe) in [(cds, vec![]), (eds, names.clone())] {
+            m.handle_request(&DiscoveryRequest {
+                type_url: ty.type_url().into(),
+                resource_names: subscribe,
+                ..Default::default()
+            });
+        }
+        while let Some(r) = m.next_response() {
+            let n = if r.ty == eds { names.clone() } else { vec![] };
+            ack(&mut m, &r, &n);
+        }
+        let s2 = snapshot(10, 2, Some(&s1));
+        assert!(!m.newest_can_wait(&s2), "EDS is idle: push now");
+        m.set_snapshot(Some(s2.clone()));
+        let r2 = m.next_response().expect("the change");
+        assert_eq!(r2.ty, eds);
+        let s3 = snapshot(10, 3, Some(&s2));
+        assert!(
+            m.newest_can_wait(&s3),
+            "only EDS changed, and it is in flight"
+        );
+        assert!(
+            !m.newest_can_wait(&snapshot(11, 3, Some(&s3))),
+            "CDS changed and is idle"
+        );
+        m.set_snapshot(Some(s3.clone()));
+        assert!(m.next_response().is_none());
+        ack(&mut m, &r2, &names);
+        let r3 = m.next_response().expect("the deferred change");
+        assert_eq!(r3.ty, eds);
+        assert_eq!(r3.version, *s3.version(eds));
+        ack(&mut m, &r3, &names);
+        assert!(m.next_response().is_none());
     }
 
     /// One changed load assignment among 1,000, two publishes later: the plan

@@ -166,6 +166,27 @@ impl<T: TypeState> StreamCore<T> {
             && super::named_request_expected(|t| self.requested(t), self)
     }
 
+    /// Taking `newest` can wait for the client's next request: every type
+    /// whose resources differ from the held snapshot's has a response in
+    /// flight, so nothing of the change could be sent before that type's
+    /// ACK or NACK, and the driver takes the newest snapshot on every
+    /// request. A publish then costs such a stream no plan at all (W2: a
+    /// fleet with its EDS response in flight is woken by every endpoint
+    /// change). Any other difference (an idle or unrequested type, which
+    /// may lift a hold on another) means the snapshot is taken now.
+    pub(crate) fn newest_can_wait(&self, newest: &Arc<Snapshot>) -> bool {
+        let Some(held) = &self.snapshot else {
+            return false;
+        };
+        Arc::ptr_eq(held, newest)
+            || ResourceType::ALL.into_iter().all(|ty| {
+                Arc::ptr_eq(held.resources(ty), newest.resources(ty))
+                    || self.types[ty]
+                        .as_ref()
+                        .is_some_and(|st| st.progress().in_flight)
+            })
+    }
+
     /// Per-type state, for status pages and CSDS.
     pub(super) fn status(&self) -> Vec<TypeStatus> {
         self.types

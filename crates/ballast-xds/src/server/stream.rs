@@ -44,6 +44,9 @@ pub(crate) trait Machine: Send + 'static {
     fn resumes(req: &Self::Req) -> bool;
     fn release_resume_hold(&mut self);
     fn set_snapshot(&mut self, snap: Option<Arc<Snapshot>>);
+    /// Taking `newest` can wait for the next request (only types with a
+    /// response in flight changed).
+    fn newest_can_wait(&self, newest: &Arc<Snapshot>) -> bool;
     fn next(&mut self) -> Option<Self::Resp>;
     fn status(&self) -> Vec<TypeStatus>;
     /// Moves the node out of a request (the first of a stream): the machine
@@ -79,6 +82,9 @@ impl Machine for SotwMachine {
     fn set_snapshot(&mut self, snap: Option<Arc<Snapshot>>) {
         SotwMachine::set_snapshot(self, snap)
     }
+    fn newest_can_wait(&self, newest: &Arc<Snapshot>) -> bool {
+        SotwMachine::newest_can_wait(self, newest)
+    }
     fn next(&mut self) -> Option<SotwResponse> {
         self.next_response()
     }
@@ -113,6 +119,9 @@ impl Machine for DeltaMachine {
     }
     fn set_snapshot(&mut self, snap: Option<Arc<Snapshot>>) {
         DeltaMachine::set_snapshot(self, snap)
+    }
+    fn newest_can_wait(&self, newest: &Arc<Snapshot>) -> bool {
+        DeltaMachine::newest_can_wait(self, newest)
     }
     fn next(&mut self) -> Option<DeltaResponse> {
         self.next_response()
@@ -249,6 +258,10 @@ async fn run<M: Machine>(
     let mut taken: Option<Arc<Snapshot>> = None;
     let mut next_take: Option<tokio::time::Instant> = None;
     let mut serving = false;
+    // A publish that changed only types with a response in flight: the
+    // stream takes it with the client's next request instead (nothing of
+    // it could be sent before), so it plans nothing now.
+    let mut deferred = false;
     loop {
         if let Some(req) = pending.take() {
             // Only a request reporting what the client holds looks at the
@@ -263,7 +276,7 @@ async fn run<M: Machine>(
             record(&*observer, &node_id, handle.group(), &outcome, &mut sent_at);
         }
         let ready = *ready_rx.borrow_and_update();
-        if !paced(ready, serving, &guard, next_take) {
+        if !std::mem::take(&mut deferred) && !paced(ready, serving, &guard, next_take) {
             let current = if ready {
                 snap_rx.borrow_and_update().clone()
             } else {
@@ -339,7 +352,10 @@ async fn run<M: Machine>(
             // keeps its config and reconnects to another replica).
             _ = drain.cancelled() => return Err(super::shutting_down()),
             r = ready_rx.changed() => { if r.is_err() { return Ok(()); } }
-            r = snap_rx.changed(), if !waiting => { if r.is_err() { return Ok(()); } }
+            r = snap_rx.changed(), if !waiting => {
+                if r.is_err() { return Ok(()); }
+                deferred = can_defer(ready, serving, &guard, &mut snap_rx, &machine);
+            }
             _ = sleep_until_some(next_take), if waiting => {}
             _ = guard.wake() => {}
             _ = tokio::time::sleep_until(resume_deadline), if !resume_released => {
@@ -363,6 +379,24 @@ fn paced(
         && serving
         && !guard.is_holding()
         && next_take.is_some_and(|t| tokio::time::Instant::now() < t)
+}
+
+/// Whether the publish just seen can wait for the client's next request
+/// (see [`Machine::newest_can_wait`]): only for a stream serving the ready
+/// group with no resume guard holding. Marks the publish seen either way;
+/// the next request (or publish) takes the newest snapshot.
+fn can_defer<M: Machine>(
+    ready: bool,
+    serving: bool,
+    guard: &ResumeGuard,
+    snap_rx: &mut tokio::sync::watch::Receiver<Option<Arc<Snapshot>>>,
+    machine: &parking_lot::Mutex<M>,
+) -> bool {
+    if !ready || !serving || guard.is_holding() {
+        return false;
+    }
+    let newest = snap_rx.borrow_and_update().clone();
+    newest.is_some_and(|n| machine.lock().newest_can_wait(&n))
 }
 
 async fn sleep_until_some(at: Option<tokio::time::Instant>) {
