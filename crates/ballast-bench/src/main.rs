@@ -38,6 +38,12 @@ use ballast_bench::server::{ServerMode, ServerOptions, serve_snapshot};
 use ballast_bench::workload::WorkloadSpec;
 use clap::{Parser, Subcommand};
 
+/// The same allocator as the `ballast` binary, so the `serve-snapshot` server's CPU and memory
+/// are the ones it would have.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "ballast-bench",

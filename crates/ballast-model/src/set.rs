@@ -1689,6 +1689,15 @@ impl Assembler {
         self.changes
     }
 
+    /// The objects the last assembly judged again: every object added, removed or modified
+    /// relative to the `prev` it was given is among them (so a consumer can update in
+    /// O(change), e.g. the last good state). `None` when it assembled from scratch.
+    pub fn touched(&self) -> Option<impl Iterator<Item = &ObjectId>> {
+        self.changes?;
+        let last = self.last.as_ref()?;
+        Some(last.touched.iter().map(|(id, _)| id))
+    }
+
     /// Whether `prev` is (equal to) the set returned last.
     fn continues(&self, prev: &ConfigSet) -> bool {
         self.last.as_ref().is_some_and(|l| {

@@ -219,7 +219,7 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
     // The last good documents of the previous run: the first load falls back on them.
     let mut restored = Restored::default();
     let mut seed: Option<Arc<ConfigSet>> = None;
-    let mut persist: Option<tokio_watch::Sender<Option<Arc<ConfigSet>>>> = None;
+    let mut persist: Option<Persist> = None;
     if let Some(dir) = last_good {
         let opened = tokio::task::spawn_blocking(move || crate::last_good::LastGood::open(dir));
         match opened.await {
@@ -230,9 +230,14 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
                 tracing::info!(source = %name, dir = %store.dir().display(), objects = found.set.len(), "last good state: loaded");
                 restored = Restored::new(store.dir(), &found.set);
                 seed = (!found.set.is_empty()).then(|| Arc::new(found.set));
-                let (ptx, prx) = tokio_watch::channel(None);
-                tokio::spawn(persist_last_good(name.clone(), store, prx));
-                persist = Some(ptx);
+                let (wake, prx) = tokio_watch::channel(());
+                let pending = Arc::new(std::sync::Mutex::new(None));
+                tokio::spawn(persist_last_good(name.clone(), store, prx, pending.clone()));
+                persist = Some(Persist {
+                    wake,
+                    pending,
+                    sent: None,
+                });
             }
             Err(e) => tracing::warn!(source = %name, error = %e, "last good state: cannot be read"),
         }
@@ -283,25 +288,18 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
             };
             worker = Some(w);
             retry_at = (!complete).then(|| Instant::now() + WATCH_RETRY);
+            let mut touched = None;
             let result = result.map(|mut loaded| {
                 restored.annotate(&mut loaded);
+                touched = loaded.touched.take();
                 loaded
             });
+            let base = tx.borrow().config.clone();
             publish(&tx, &name, result, first);
             first = false;
-            if let Some(ptx) = &persist {
+            if let Some(p) = &mut persist {
                 let served = tx.borrow().config.clone();
-                ptx.send_if_modified(|p| {
-                    let changed = match (&*p, &served) {
-                        (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
-                        (None, None) => false,
-                        _ => true,
-                    };
-                    if changed {
-                        *p = served;
-                    }
-                    changed
-                });
+                p.offer(base, served, touched);
             }
         }
 
@@ -395,13 +393,64 @@ fn publish(
     }
 }
 
+/// A served set the last good writer has not synced yet, and the objects that may differ from
+/// the set it synced last (`None`: unknown, so it walks them all).
+struct PendingSync {
+    set: Arc<ConfigSet>,
+    changed: Option<std::collections::BTreeSet<ObjectId>>,
+}
+
+/// The loader's side of the last good writer: hands it each newly served set with what changed,
+/// so that an edit's sync costs O(change) (issue #13, W3).
+struct Persist {
+    wake: tokio_watch::Sender<()>,
+    pending: Arc<std::sync::Mutex<Option<PendingSync>>>,
+    /// The set handed over last.
+    sent: Option<Arc<ConfigSet>>,
+}
+
+impl Persist {
+    /// `served` was loaded over `base`, touching `touched` (see `walk::Loaded::touched`).
+    fn offer(
+        &mut self,
+        base: Option<Arc<ConfigSet>>,
+        served: Option<Arc<ConfigSet>>,
+        touched: Option<Vec<ObjectId>>,
+    ) {
+        let Some(served) = served else { return };
+        if self.sent.as_ref().is_some_and(|s| Arc::ptr_eq(s, &served)) {
+            return;
+        }
+        // The hint is relative to the set handed over last only if the load started from it.
+        let follows = matches!((&base, &self.sent), (Some(b), Some(s)) if Arc::ptr_eq(b, s));
+        let touched = touched.filter(|_| follows);
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = match pending.take() {
+            // Not synced yet: what changed since the set synced last is both loads' changes.
+            Some(prev) => prev.changed.zip(touched).map(|(mut a, b)| {
+                a.extend(b);
+                a
+            }),
+            None => touched.map(|t| t.into_iter().collect()),
+        };
+        *pending = Some(PendingSync {
+            set: served.clone(),
+            changed,
+        });
+        drop(pending);
+        self.sent = Some(served);
+        self.wake.send_replace(());
+    }
+}
+
 /// Writes the served set's last good documents whenever it changes, at most once per
 /// [`crate::last_good::MIN_WRITE_INTERVAL`] after a change, off the async threads. Ends with
 /// the source.
 async fn persist_last_good(
     name: String,
     mut store: crate::last_good::LastGood,
-    mut rx: tokio_watch::Receiver<Option<Arc<ConfigSet>>>,
+    mut rx: tokio_watch::Receiver<()>,
+    pending: Arc<std::sync::Mutex<Option<PendingSync>>>,
 ) {
     let mut failing = false;
     while rx.changed().await.is_ok() {
@@ -409,11 +458,13 @@ async fn persist_last_good(
         // otherwise run beside the first translation and add its copies to the start's peak
         // memory (issue #13, W4). Edits in the wait are taken together.
         tokio::time::sleep(crate::last_good::MIN_WRITE_INTERVAL).await;
-        let Some(set) = rx.borrow_and_update().clone() else {
+        rx.borrow_and_update();
+        let taken = pending.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(PendingSync { set, changed }) = taken else {
             continue;
         };
         let joined = tokio::task::spawn_blocking(move || {
-            let synced = store.sync(&set);
+            let synced = store.sync_changed(&set, changed.as_ref());
             (store, synced)
         })
         .await;

@@ -15,7 +15,7 @@ use std::time::SystemTime;
 use std::sync::Arc;
 
 use ballast_model::{
-    Assembler, ConfigError, ConfigSet, DocIndex, FileParse, LoadReport, Pos,
+    Assembler, ConfigError, ConfigSet, DocIndex, FileParse, LoadReport, ObjectId, Pos,
     parse_file_report_reusing,
 };
 
@@ -267,6 +267,8 @@ pub struct Loaded {
     /// Objects added, removed or modified relative to the set the load was assembled over
     /// (`prev.diff(&set).len()`), when known without comparing the sets.
     pub changes: Option<usize>,
+    /// Every object that may differ from that set ([`Assembler::touched`]); `None`: unknown.
+    pub touched: Option<Vec<ObjectId>>,
 }
 
 /// Discovers and reads every file and builds one set, as at a cold start: invalid objects are
@@ -442,6 +444,7 @@ impl Loader {
                 files: files.len(),
                 report,
                 changes: self.assembler.changes(),
+                touched: self.assembler.touched().map(|ids| ids.cloned().collect()),
             })
         } else {
             // This set is not served: the next load starts from the one that is.
