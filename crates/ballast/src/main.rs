@@ -23,13 +23,6 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-#[cfg(all(feature = "mimalloc", feature = "jemalloc"))]
-compile_error!("features `mimalloc` and `jemalloc` both pick the global allocator: enable one");
-
-#[cfg(feature = "mimalloc")]
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
