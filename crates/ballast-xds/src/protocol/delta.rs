@@ -168,7 +168,7 @@ impl DeltaType {
         if names.iter().any(|n| self.acked.contains_key(*n)) {
             let acked = Arc::make_mut(&mut self.acked);
             for n in &names {
-                if let Some((_, r)) = acked.remove_entry(*n) {
+                if let Some((_, r)) = acked.remove_with_key(*n) {
                     put(&mut self.older, &mut self.asked, r);
                 }
             }
@@ -183,7 +183,7 @@ impl DeltaType {
             if !members.is_empty() {
                 let acked = Arc::make_mut(&mut self.acked);
                 for n in &members {
-                    if let Some((_, r)) = acked.remove_entry(n) {
+                    if let Some((_, r)) = acked.remove_with_key(n) {
                         put(&mut self.older, &mut self.asked, r);
                     }
                 }
@@ -511,7 +511,7 @@ impl DeltaType {
         }
         if self.acked.keys().any(|n| !self.sub.covers(n)) {
             let sub = &self.sub;
-            Arc::make_mut(&mut self.acked).retain(|n, _| sub.covers(n));
+            super::sorted::retain(Arc::make_mut(&mut self.acked), |n, _| sub.covers(n));
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Sorted-map helpers shared by the SotW and Delta machines: resource maps
-//! are `BTreeMap`s keyed by name, and most lookups come in name order (a
+//! are persistent ordered maps keyed by name, and most lookups come in name order (a
 //! resource's references are sorted), so one forward walk serves them.
 
 use std::sync::Arc;
@@ -14,8 +14,10 @@ use crate::snapshot::ResourceMap;
 /// cost O(k log n), not a walk of the map); a name out of order falls back to
 /// a plain lookup.
 pub(crate) struct Seeker<'a, V = Arc<Resource>> {
-    map: &'a std::collections::BTreeMap<Arc<str>, V>,
-    iter: std::iter::Peekable<std::collections::btree_map::Range<'a, Arc<str>, V>>,
+    map: &'a imbl::OrdMap<Arc<str>, V>,
+    iter: std::iter::Peekable<
+        imbl::ordmap::RangedIter<'a, Arc<str>, V, imbl::shared_ptr::DefaultSharedPtr>,
+    >,
     /// The greatest key behind the walk's position.
     passed: Option<&'a Arc<str>>,
 }
@@ -24,10 +26,10 @@ pub(crate) struct Seeker<'a, V = Arc<Resource>> {
 const SEEK_STEPS: usize = 8;
 
 impl<'a, V> Seeker<'a, V> {
-    pub(crate) fn new(map: &'a std::collections::BTreeMap<Arc<str>, V>) -> Self {
+    pub(crate) fn new(map: &'a imbl::OrdMap<Arc<str>, V>) -> Self {
         Seeker {
             map,
-            iter: map.range::<str, _>(..).peekable(),
+            iter: map.range::<_, str>(..).peekable(),
             passed: None,
         }
     }
@@ -70,13 +72,13 @@ impl<'a, V> Seeker<'a, V> {
         // Far ahead: jump there.
         self.passed = self
             .map
-            .range::<str, _>((Unbounded, Excluded(name)))
+            .range::<_, str>((Unbounded, Excluded(name)))
             .next_back()
             .map(|(k, _)| k)
             .or(self.passed);
         self.iter = self
             .map
-            .range::<str, _>((Included(name), Unbounded))
+            .range::<_, str>((Included(name), Unbounded))
             .peekable();
         let &(k, v) = self.iter.peek()?;
         if **k == *name {
@@ -116,6 +118,22 @@ pub(crate) fn share_if_whole(map: ResourceMap, whole: &Arc<ResourceMap>) -> Arc<
         whole.clone()
     } else {
         Arc::new(map)
+    }
+}
+
+/// `BTreeMap::retain` for a resource map: removes the entries `keep` refuses
+/// one by one, so what stays keeps sharing its nodes with the map it came from.
+pub(crate) fn retain(
+    map: &mut ResourceMap,
+    mut keep: impl FnMut(&Arc<str>, &Arc<Resource>) -> bool,
+) {
+    let gone: Vec<Arc<str>> = map
+        .iter()
+        .filter(|(n, r)| !keep(n, r))
+        .map(|(n, _)| n.clone())
+        .collect();
+    for n in &gone {
+        map.remove(n);
     }
 }
 

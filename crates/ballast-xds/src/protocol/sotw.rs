@@ -125,7 +125,7 @@ impl SotwType {
             // it lacks): the client no longer has those (found by the
             // hostile model in sim.rs).
             let sent = &f.resources;
-            Arc::make_mut(&mut self.acked).retain(|n, _| sent.contains_key(n));
+            super::sorted::retain(Arc::make_mut(&mut self.acked), |n, _| sent.contains_key(n));
         }
         outcome
     }
@@ -214,7 +214,7 @@ impl SotwType {
     fn drop_unsubscribed(&mut self) {
         if self.acked.keys().any(|n| !self.sub.covers(n)) {
             let sub = &self.sub;
-            Arc::make_mut(&mut self.acked).retain(|n, _| sub.covers(n));
+            super::sorted::retain(Arc::make_mut(&mut self.acked), |n, _| sub.covers(n));
         }
     }
 

@@ -92,10 +92,7 @@ impl SotwRequest {
 
     /// Whether the names are exactly the keys of `map`, in order (no
     /// `String`s: compared as the received bytes).
-    pub(crate) fn names_are_keys_of<V>(
-        &self,
-        map: &std::collections::BTreeMap<std::sync::Arc<str>, V>,
-    ) -> bool {
+    pub(crate) fn names_are_keys_of<V>(&self, map: &imbl::OrdMap<std::sync::Arc<str>, V>) -> bool {
         if self.key.count != map.len() {
             return false;
         }
@@ -190,9 +187,9 @@ mod tests {
     #[test]
     fn names_compare_with_map_keys_in_order() {
         let s = RandomState::new();
-        let map: std::collections::BTreeMap<std::sync::Arc<str>, ()> = ["a", "b", "c"]
+        let map: imbl::OrdMap<std::sync::Arc<str>, ()> = ["a", "b", "c"]
             .into_iter()
-            .map(|k| (k.into(), ()))
+            .map(|k| (std::sync::Arc::<str>::from(k), ()))
             .collect();
         let of = |names: &[&str]| SotwRequest::from_request(req(names, "1"), &s);
         assert!(of(&["a", "b", "c"]).names_are_keys_of(&map));

@@ -68,12 +68,12 @@ pub(crate) fn namespace_of(name: &str) -> Option<&str> {
 /// The resources of `map` in namespace `ns` (named `ns/<no further '/'>`), in
 /// name order: one range walk of the sorted map.
 pub(crate) fn namespace_members<'a, V>(
-    map: &'a std::collections::BTreeMap<Arc<str>, V>,
+    map: &'a imbl::OrdMap<Arc<str>, V>,
     ns: &'a str,
 ) -> impl Iterator<Item = (&'a Arc<str>, &'a V)> + 'a {
     use std::ops::Bound;
     let prefix = format!("{ns}/");
-    let start = map.range::<str, _>((Bound::Included(prefix.as_str()), Bound::Unbounded));
+    let start = map.range::<_, str>((Bound::Included(prefix.as_str()), Bound::Unbounded));
     start
         .take_while(move |(k, _)| k.starts_with(prefix.as_str()))
         .filter(move |(k, _)| !k[ns.len() + 1..].contains('/'))

@@ -238,10 +238,10 @@ impl ChunkedMessage for SotwResponse {
         }
         if pos.phase == 1 {
             let range = match &pos.last {
-                None => self.resources.range::<str, _>(..),
+                None => self.resources.range::<_, str>(..),
                 Some(last) => self
                     .resources
-                    .range::<str, _>((Bound::Excluded(&**last), Bound::Unbounded)),
+                    .range::<_, str>((Bound::Excluded(&**last), Bound::Unbounded)),
             };
             for (name, r) in range {
                 let any = r.any_bytes();
