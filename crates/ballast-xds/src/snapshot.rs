@@ -482,8 +482,17 @@ impl SnapshotBuilder {
             types[i] = Some(match (prev, merged.entries) {
                 (Some(p), None) => p.clone(),
                 (None, None) => TypeResources::new(ResourceMap::new()),
-                (Some(p), Some(entries)) => {
-                    TypeResources::updated(p, entries.into_iter().collect(), &merged.diff)
+                // The previous map with the differences applied: shares every
+                // untouched node with it instead of building a second map.
+                (Some(p), Some(_)) => {
+                    let mut m = (*p.resources).clone();
+                    for old in &merged.diff.gone {
+                        m.remove(old.name());
+                    }
+                    for (r, _) in &merged.diff.changed {
+                        m.insert(r.name_arc().clone(), r.clone());
+                    }
+                    TypeResources::updated(p, m, &merged.diff)
                 }
                 (None, Some(entries)) => TypeResources::new(entries.into_iter().collect()),
             });
@@ -550,8 +559,9 @@ impl Snapshot {
     /// a [`SnapshotBuilder`] reusing `prev` builds from the resulting resources, checked
     /// ([`SnapshotBuilder::build`]) or not ([`SnapshotBuilder::build_unchecked`]), without
     /// being handed every resource: untouched types share `prev`'s maps, a touched type's
-    /// map is `prev`'s copied once with the changes applied, and only the changes are hashed
-    /// and (when `prev` was checked) checked. For a producer that knows what changed (the
+    /// map is `prev`'s with the changes applied (O(changes · log n): the persistent map shares
+    /// every untouched node), and only the changes are hashed and (when `prev` was checked)
+    /// checked. For a producer that knows what changed (the
     /// translator patching one virtual host among 10,000).
     pub fn patched(
         prev: &Arc<Snapshot>,
@@ -655,7 +665,8 @@ struct TypeDiff {
 
 /// One type merged with the previous snapshot's map.
 struct Merged {
-    /// `None`: exactly the previous map (share it).
+    /// `None`: exactly the previous map (share it). With a previous map,
+    /// `Some` is empty: apply `diff` to it.
     entries: Option<Vec<(Arc<str>, Arc<Resource>)>>,
     problems: Vec<Inconsistency>,
     diff: TypeDiff,
@@ -677,7 +688,13 @@ fn merge_type(list: &[Arc<Resource>], prev: Option<&TypeResources>) -> Option<Me
     // `None` while every entry so far is the previous map's prefix of length `prefix`.
     let mut entries: Option<Vec<(Arc<str>, Arc<Resource>)>> = None;
     let mut prefix = 0usize;
+    // With a previous map the caller applies `diff` to it: the entries are
+    // only collected without one (`Some(empty)` then just says "differs").
+    let collect = prev.is_none();
     let diverge = |entries: &mut Option<Vec<(Arc<str>, Arc<Resource>)>>, prefix: usize| {
+        if entries.is_none() && !collect {
+            *entries = Some(Vec::new());
+        }
         if entries.is_none() {
             let mut v = Vec::with_capacity(list.len());
             v.extend(
@@ -699,7 +716,8 @@ fn merge_type(list: &[Arc<Resource>], prev: Option<&TypeResources>) -> Option<Me
             old.next();
             match entries.as_mut() {
                 None => prefix += 1,
-                Some(e) => e.push((k.clone(), v.clone())),
+                Some(e) if collect => e.push((k.clone(), v.clone())),
+                Some(_) => {}
             }
             last = Some(k);
             continue;
@@ -746,7 +764,8 @@ fn merge_type(list: &[Arc<Resource>], prev: Option<&TypeResources>) -> Option<Me
             Some((k, v)) => {
                 match entries.as_mut() {
                     None => prefix += 1,
-                    Some(e) => e.push((k.clone(), v.clone())),
+                    Some(e) if collect => e.push((k.clone(), v.clone())),
+                    Some(_) => {}
                 }
                 last = Some(k);
             }
@@ -755,10 +774,12 @@ fn merge_type(list: &[Arc<Resource>], prev: Option<&TypeResources>) -> Option<Me
                 diff.names.push(r.name_arc().clone());
                 diff.keys_changed |= before.is_none();
                 diff.changed.push((r.clone(), before.cloned()));
-                entries
-                    .as_mut()
-                    .expect("diverged")
-                    .push((r.name_arc().clone(), r.clone()));
+                if collect {
+                    entries
+                        .as_mut()
+                        .expect("diverged")
+                        .push((r.name_arc().clone(), r.clone()));
+                }
                 last = Some(r.name());
             }
         }
