@@ -1178,7 +1178,11 @@ mod book_tests {
         assert_eq!(removal.routes, (2, 400));
         assert_eq!(book.routes, 399);
         // The next edit starts from the starts the book kept.
-        assert_eq!(book.fields["rc0"].starts.len(), 201, "the name and 200 hosts");
+        assert_eq!(
+            book.fields["rc0"].starts.len(),
+            201,
+            "the name and 200 hosts"
+        );
         model.apply(&(3, 0, 7, vec![]));
         let c = model.snapshot(Some(&b));
         let (removal, book) = book.next(c);

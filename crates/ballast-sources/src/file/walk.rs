@@ -86,6 +86,8 @@ pub struct Discovered {
     pub canonical: Vec<PathBuf>,
     /// Every directory walked, as (canonical path, path as walked), first walk first.
     pub dirs: Vec<(PathBuf, PathBuf)>,
+    /// The canonical paths of the files given as paths (not found by a walk).
+    pub given: Vec<PathBuf>,
     /// Some configured path, directory or file met is (or may be) a symbolic link: events
     /// cannot tell what changed (a ConfigMap `..data` swap retargets files without an event
     /// naming them), so every load must walk.
@@ -106,6 +108,7 @@ pub fn discover(paths: &[PathBuf]) -> Discovered {
             }
             Ok(m) if m.is_file() => {
                 let canonical = fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+                out.given.push(canonical.clone());
                 add_file(p, canonical, true, &mut seen, &mut out);
             }
             Ok(_) => out.errors.push(FileError::NotAFile.at(p)),
@@ -135,7 +138,6 @@ fn add_file(
         out.canonical.push(canonical);
         if maybe_link {
             out.maybe_links.push(p.to_path_buf());
-            out.links = true;
         }
     }
 }
@@ -203,6 +205,7 @@ fn walk_dir(
                 if is_config_name(name) {
                     // Not a link itself: its canonical path is its canonical directory's
                     // plus its name.
+                    out.links |= maybe_link;
                     let canonical = if maybe_link {
                         fs::canonicalize(&path).unwrap_or_else(|_| path.clone())
                     } else {
@@ -323,6 +326,8 @@ struct Tree {
     files: HashMap<PathBuf, PathBuf>,
     /// Canonical path → path as first walked, of every directory walked.
     dirs: HashMap<PathBuf, PathBuf>,
+    /// Canonical paths of the files given as paths.
+    given: BTreeSet<PathBuf>,
 }
 
 /// What a changed path means for the config: a file to read (again), or one that is gone.
@@ -347,6 +352,7 @@ impl Tree {
                 .collect(),
             // The first walk of a directory names its files (as `discover` dedupes).
             dirs: d.dirs.iter().rev().cloned().collect(),
+            given: d.given.iter().cloned().collect(),
         })
     }
 
@@ -370,7 +376,7 @@ impl Tree {
                     Ok(m) if m.file_type().is_file() => {
                         out.push(Touch::Read(p.clone(), display.clone()))
                     }
-                    Err(e) if e.kind() == io::ErrorKind::NotFound && in_walked.is_some() => {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound && !self.given.contains(p) => {
                         out.push(Touch::Gone(p.clone(), display.clone()))
                     }
                     _ => return None,
@@ -1006,14 +1012,22 @@ mod tests {
         fs::create_dir(&a).unwrap();
         assert!(loader.read_changed(&names(&[&a]), Some(&set)).is_none());
 
-        // A file given as a path: its deletion is an error only a walk reports.
-        let (mut loader, set) = loaded(&[root.join("old/o.yaml")]);
-        fs::remove_file(root.join("old/o.yaml")).unwrap();
-        assert!(
-            loader
-                .read_changed(&names(&[&root.join("old/o.yaml")]), Some(&set))
-                .is_none()
-        );
+        // A file given as a path (also inside a directory given): an edit is read alone,
+        // its deletion is an error only a walk reports.
+        let o = root.join("old/o.yaml");
+        for given in [vec![o.clone()], vec![o.clone(), root.join("old")]] {
+            fs::write(&o, backend("o", 1)).unwrap();
+            let (mut loader, set) = loaded(&given);
+            fs::write(&o, backend("o", 2)).unwrap();
+            let edited = loader.read_changed(&names(&[&o]), Some(&set)).unwrap();
+            assert_eq!(port(&edited.set, "o"), Some(2));
+            fs::remove_file(&o).unwrap();
+            assert!(
+                loader
+                    .read_changed(&names(&[&o]), Some(&edited.set))
+                    .is_none()
+            );
+        }
 
         // ConfigMap layout: a.yaml -> ..data/a.yaml, ..data -> ..v1.
         let cm = root.join("cm");
