@@ -608,3 +608,78 @@ async fn a_steady_trickle_still_reloads() {
     );
     writer.await.unwrap();
 }
+
+/// The changes a reload reads by the watcher's events alone (issue #13, W3), each of the ways
+/// files change in a tree: an editor's rename-over save (hidden temporary file), a new
+/// subdirectory whose file is written before any watch on it can exist, an edit inside it,
+/// a deletion, and a file that is not config. Each must land as a walk would have it.
+#[tokio::test]
+async fn rename_over_saves_new_subdirectories_and_deletions_in_a_tree() {
+    let d = tempfile::tempdir().unwrap();
+    let conf = d.path().join("conf");
+    three_files(&conf);
+    let mut rx = start(vec![conf.clone()], fast());
+    until(&mut rx, "initial sync", |s| s.synced).await;
+
+    let tmp = conf.join("backends/.web.yml.tmp");
+    write(&tmp, &backend("web", 8081));
+    fs::rename(&tmp, conf.join("backends/web.yml")).unwrap();
+    until(&mut rx, "rename-over save", |s| {
+        port_of(s, "web") == Some(8081)
+    })
+    .await;
+
+    write(&conf.join("new/deeper/api.yaml"), &backend("api", 1));
+    let s = until(&mut rx, "file in a new subdirectory", |s| {
+        port_of(s, "api") == Some(1)
+    })
+    .await;
+    assert_eq!(s.files, 4);
+    write(&conf.join("new/deeper/api.yaml"), &backend("api", 2));
+    until(&mut rx, "edit in the new subdirectory", |s| {
+        port_of(s, "api") == Some(2)
+    })
+    .await;
+
+    write(&conf.join("notes.txt"), "still: [not yaml");
+    fs::remove_file(conf.join("routes/web.yaml")).unwrap();
+    let s = until(&mut rx, "deletion", |s| {
+        s.config
+            .as_ref()
+            .is_some_and(|c| !c.http_routes.contains_key(&key("web")))
+    })
+    .await;
+    assert_eq!((s.files, errors(&s)), (3, Vec::<String>::new()));
+    assert_eq!(s.config.as_deref(), Some(&load_paths(&[conf]).unwrap()));
+}
+
+/// Files written at different moments of one debounce period are all read: the paths named
+/// by every event of the burst are kept until the reload takes them.
+#[tokio::test]
+async fn events_during_the_debounce_all_apply() {
+    let d = tempfile::tempdir().unwrap();
+    three_files(d.path());
+    let options = FileSourceOptions {
+        quiet: Duration::from_millis(200),
+        max_delay: Duration::from_secs(2),
+        initial_delay: Duration::ZERO,
+    };
+    let mut rx = start(vec![d.path().to_path_buf()], options);
+    until(&mut rx, "initial sync", |s| s.synced).await;
+    for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+        write(
+            &d.path().join(format!("backends/{name}.yaml")),
+            &backend(name, 1),
+        );
+        write(
+            &d.path().join("backends/web.yml"),
+            &backend("web", 9000 + i as u16),
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let s = until(&mut rx, "every file of the burst", |s| {
+        ["a", "b", "c"].iter().all(|n| port_of(s, n) == Some(1)) && port_of(s, "web") == Some(9002)
+    })
+    .await;
+    assert_eq!(s.files, 6);
+}

@@ -293,6 +293,19 @@ impl Snapshot {
         self.types.iter().map(TypeResources::len).sum()
     }
 
+    /// The names of `ty` whose resource differs from `base`'s (added, removed or
+    /// with another version), when this snapshot was built or patched from `base`
+    /// ([`SnapshotBuilder::reuse_from`], [`Snapshot::patched`]) or shares its map;
+    /// `None` when that is not known without comparing the maps. Lets a consumer
+    /// compare a snapshot with the one it replaces in O(change) (the guard).
+    pub fn changed_from(&self, ty: ResourceType, base: &Snapshot) -> Option<&[Arc<str>]> {
+        if Arc::ptr_eq(self.resources(ty), base.resources(ty)) {
+            return Some(&[]);
+        }
+        let c = &self.built.as_ref()?[ty.index()];
+        c.is_from(base.resources(ty)).then(|| c.names())
+    }
+
     /// Whether every reference of every resource resolves here (built by
     /// [`SnapshotBuilder::build`], which checks).
     pub(crate) fn is_checked(&self) -> bool {

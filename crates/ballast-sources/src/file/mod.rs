@@ -1,6 +1,7 @@
 //! The file source: config from files and directories, watched and reloaded atomically.
 //!
-//! Each reload reads *all* configured files and assembles one [`ConfigSet`] over the one served
+//! Each reload reads the files the watcher's events named since the last one (all of them
+//! when events cannot tell, see [`watch`]) and assembles one [`ConfigSet`] over the one served
 //! now: every valid change is applied together, while an invalid object keeps its last good
 //! version and a file with a YAML syntax error keeps its last good objects (per-object last
 //! known good, invariant 8); a path that cannot be walked rejects the reload whole. Events are
@@ -22,7 +23,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use crate::state::{Source, SourceState};
 pub use walk::{FileError, Loaded, is_config_name};
 pub use watch::Debouncer;
-use watch::{Watches, is_relevant};
+use watch::{Changes, Watches, is_relevant};
 
 /// How the file source times its reloads.
 #[derive(Clone, Debug)]
@@ -156,18 +157,30 @@ struct Worker {
     loader: walk::Loader,
     /// Directories that symlinked files pointed into at the last load (watched too).
     link_dirs: Vec<PathBuf>,
+    /// What the watcher saw since the last load (filled by its event handler).
+    changes: Arc<std::sync::Mutex<Changes>>,
 }
 
 impl Worker {
-    /// One load. Watch first, then look: anything that changes after the watch is in place
-    /// raises an event, anything before it is seen by the walk. Returns whether every watch is
-    /// in place.
+    /// One load. Take what the watcher saw, watch, then look: anything that changes after
+    /// the take raises an event for the next load, anything before it is seen by this one
+    /// (read because an event named it, or by the walk). Returns whether every watch is in
+    /// place.
     fn load(
         &mut self,
         paths: &[PathBuf],
         prev: Option<&ConfigSet>,
     ) -> (bool, Result<walk::Loaded, Vec<ConfigError>>) {
+        let changes = std::mem::replace(
+            &mut *self.changes.lock().unwrap_or_else(|e| e.into_inner()),
+            Changes::none(),
+        );
         let mut complete = self.watches.reconcile(paths, &self.link_dirs);
+        if !changes.full
+            && let Some(loaded) = self.loader.read_changed(&changes.paths, prev)
+        {
+            return (complete, Ok(loaded));
+        }
         let discovered = walk::discover(paths);
         let links = walk::link_target_dirs(&discovered.maybe_links);
         if links != self.link_dirs {
@@ -182,9 +195,16 @@ impl Worker {
 /// limit); meanwhile changes may go unseen, so this is also a reload.
 const WATCH_RETRY: Duration = Duration::from_secs(2);
 
-fn new_watcher(wake: Arc<Notify>) -> Box<dyn Watcher + Send> {
+fn new_watcher(
+    wake: Arc<Notify>,
+    changes: Arc<std::sync::Mutex<Changes>>,
+) -> Box<dyn Watcher + Send> {
     let handler = move |event: notify::Result<notify::Event>| {
         if is_relevant(&event) {
+            changes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .record(&event);
             // A permit, not a queue: a burst of a million events costs nothing but wakeups.
             wake.notify_one();
         }
@@ -244,10 +264,12 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
     }
     let paths: Arc<[PathBuf]> = paths.into();
     let wake = Arc::new(Notify::new());
+    let changes = Arc::new(std::sync::Mutex::new(Changes::default()));
     let mut worker = Some(Worker {
-        watches: Watches::new(new_watcher(wake.clone())),
+        watches: Watches::new(new_watcher(wake.clone(), changes.clone())),
         loader: walk::Loader::default(),
         link_dirs: Vec::new(),
+        changes: changes.clone(),
     });
     let mut debounce = Debouncer::new(options.quiet, options.max_delay);
     let mut retry_at: Option<Instant> = None;
@@ -318,6 +340,10 @@ async fn run(source: FileSource, tx: tokio_watch::Sender<SourceState>) {
                 _ = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
                     let now = Instant::now();
                     let due = debounce.take_due(now);
+                    if retry_at.is_some_and(|r| r <= now) {
+                        // Some watch was missing: changes may have gone unseen.
+                        changes.lock().unwrap_or_else(|e| e.into_inner()).walk();
+                    }
                     if due || retry_at.is_some_and(|r| r <= now) {
                         break;
                     }

@@ -2,13 +2,14 @@
 //! keep-set, invariant 4), which notify events matter, and the debounce that groups a burst of
 //! events into one reload.
 //!
-//! Watching is deliberately coarse: any relevant event under a watched directory triggers a
-//! full reload, which reads every file again. That is what makes editor rename-over saves,
-//! Kubernetes ConfigMap `..data` symlink swaps and `git checkout` of many files simple and
-//! correct: we never try to work out from events *which* files changed, we just reload once
-//! things are quiet, and a reload that changes nothing publishes nothing.
+//! Any relevant event under a watched directory triggers a reload once things are quiet, and
+//! a reload that changes nothing publishes nothing. The reload reads only the files the
+//! events named ([`Changes`]) when that can be trusted, and walks everything otherwise: on a
+//! lost event (queue overflow, a rescan), an event that names no path, a directory or
+//! symbolic link that appeared or went, and always in a tree with symbolic links (Kubernetes
+//! ConfigMap `..data` swaps retarget files without an event naming them).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -61,6 +62,64 @@ impl Debouncer {
 
     pub fn pending(&self) -> bool {
         self.burst.is_some()
+    }
+}
+
+/// What the watcher saw since the last load: the paths relevant events named, or that only a
+/// walk of everything can tell what changed.
+#[derive(Debug)]
+pub struct Changes {
+    pub full: bool,
+    pub paths: BTreeSet<PathBuf>,
+}
+
+/// More paths than this in one burst (a `git checkout`): a walk is as cheap, and the set
+/// must not grow without bound.
+const MAX_PATHS: usize = 4096;
+
+impl Default for Changes {
+    /// Nothing loaded yet: the first load walks.
+    fn default() -> Self {
+        Changes {
+            full: true,
+            paths: BTreeSet::new(),
+        }
+    }
+}
+
+impl Changes {
+    /// No change seen since a load (what the load takes leaves behind).
+    pub fn none() -> Self {
+        Changes {
+            full: false,
+            paths: BTreeSet::new(),
+        }
+    }
+
+    /// Notes a relevant event ([`is_relevant`]).
+    pub fn record(&mut self, event: &notify::Result<Event>) {
+        if self.full {
+            return;
+        }
+        let named = match event {
+            Ok(e) if !e.need_rescan() && !e.paths.is_empty() => match e.kind {
+                EventKind::Any | EventKind::Other => None,
+                _ => Some(&e.paths),
+            },
+            _ => None,
+        };
+        match named {
+            Some(paths) if self.paths.len() + paths.len() <= MAX_PATHS => {
+                self.paths.extend(paths.iter().cloned())
+            }
+            _ => self.walk(),
+        }
+    }
+
+    /// Only a walk can tell what changed.
+    pub fn walk(&mut self) {
+        self.full = true;
+        self.paths.clear();
     }
 }
 
@@ -262,6 +321,57 @@ mod tests {
         assert!(is_relevant(&ev(EventKind::Create(CreateKind::File))));
         assert!(is_relevant(&ev(EventKind::Modify(ModifyKind::Any))));
         assert!(is_relevant(&Err(notify::Error::generic("overflow"))));
+    }
+
+    #[test]
+    fn changes_name_paths_until_only_a_walk_can_tell() {
+        use notify::event::{CreateKind, ModifyKind, RenameMode};
+        let ev = |k, paths: &[&str]| {
+            let mut e = Event::new(k);
+            for p in paths {
+                e = e.add_path(PathBuf::from(p));
+            }
+            Ok(e)
+        };
+        let mut c = Changes::none();
+        c.record(&ev(
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both)),
+            &["/c/.a.yaml.tmp", "/c/a.yaml"],
+        ));
+        c.record(&ev(EventKind::Create(CreateKind::File), &["/c/b.yaml"]));
+        assert!(!c.full);
+        assert_eq!(
+            c.paths
+                .iter()
+                .map(|p| p.to_str().unwrap())
+                .collect::<Vec<_>>(),
+            ["/c/.a.yaml.tmp", "/c/a.yaml", "/c/b.yaml"]
+        );
+        for lost in [
+            Err(notify::Error::generic("overflow")),
+            ev(EventKind::Any, &["/c/a.yaml"]),
+            ev(EventKind::Other, &["/c/a.yaml"]),
+            ev(EventKind::Create(CreateKind::Any), &[]),
+            Ok(Event::new(EventKind::Modify(ModifyKind::Any))
+                .add_path("/c/a.yaml".into())
+                .set_flag(notify::event::Flag::Rescan)),
+        ] {
+            let mut c = Changes::none();
+            c.record(&ev(EventKind::Create(CreateKind::File), &["/c/b.yaml"]));
+            c.record(&lost);
+            assert!(c.full && c.paths.is_empty(), "{lost:?}");
+            c.record(&ev(EventKind::Create(CreateKind::File), &["/c/d.yaml"]));
+            assert!(c.full && c.paths.is_empty());
+        }
+        let mut c = Changes::none();
+        for i in 0..=MAX_PATHS {
+            c.record(&ev(
+                EventKind::Create(CreateKind::File),
+                &[&format!("/c/{i}.yaml")],
+            ));
+        }
+        assert!(c.full && c.paths.is_empty());
+        assert!(Changes::default().full);
     }
 
     #[test]

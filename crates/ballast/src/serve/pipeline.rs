@@ -348,11 +348,9 @@ impl Pipeline {
             None => {
                 let inventory = snapshot.as_deref().map(Inventory::of).unwrap_or_default();
                 let verdict = judge(&self.guard, baseline.get(key), &inventory);
-                let book = snapshot.clone().map(|s| Book {
-                    snapshot: s,
-                    routes: inventory.routes.len(),
-                    same_inventory: false,
-                });
+                let book = snapshot
+                    .clone()
+                    .map(|s| Book::counted(s, inventory.routes.len()));
                 (verdict, book, HoldOrigin::Restart)
             }
         };
