@@ -155,6 +155,13 @@ enum Command {
         /// over replicas added later. Off by default.
         #[arg(long, value_parser = duration, value_name = "DURATION")]
         max_connection_age: Option<Duration>,
+        /// Each xDS stream takes a newly published config at most once per
+        /// this many milliseconds; publishes in between go out together in one
+        /// push. Bounds per-proxy work under endpoint churn (etcd puts are not
+        /// debounced); 0 pushes every publish as soon as the previous one is
+        /// acknowledged.
+        #[arg(long, default_value_t = 100, value_name = "MS")]
+        push_interval_ms: u64,
         /// DNS server Envoy asks to resolve Backends with hostname endpoints and
         /// ExternalName Services (IP or IP:PORT, port 53 by default). Repeatable.
         /// Default: the Envoy host's own resolver configuration.
@@ -371,6 +378,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             limits,
             shutdown_grace,
             max_connection_age,
+            push_interval_ms,
             dns_resolvers,
             security,
             etcd,
@@ -393,6 +401,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 limits: limits.limits(),
                 shutdown_grace,
                 max_connection_age,
+                push_interval: Duration::from_millis(push_interval_ms),
                 dns_resolvers,
                 security: *security,
                 state_dir: state_dir.unwrap_or_else(state::default_dir),
