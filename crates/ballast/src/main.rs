@@ -680,6 +680,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 mod tests {
     use super::*;
 
+    /// `serve --push-interval-ms`: 100 ms unless given; 0 turns pacing off.
+    #[test]
+    fn serve_paces_pushes_at_100ms_by_default() {
+        let interval = |args: &[&str]| match Cli::try_parse_from(args).expect("parses").command {
+            Command::Serve {
+                push_interval_ms, ..
+            } => push_interval_ms,
+            _ => panic!("not serve"),
+        };
+        assert_eq!(interval(&["ballast", "serve"]), 100);
+        assert_eq!(
+            interval(&["ballast", "serve", "--push-interval-ms", "0"]),
+            0
+        );
+        assert!(Cli::try_parse_from(["ballast", "serve", "--push-interval-ms", "-1"]).is_err());
+    }
+
     #[test]
     fn dns_server_takes_ip_or_ip_port() {
         assert_eq!(dns_server("10.0.0.53"), Ok("10.0.0.53:53".parse().unwrap()));
