@@ -155,6 +155,13 @@ enum Command {
         /// over replicas added later. Off by default.
         #[arg(long, value_parser = duration, value_name = "DURATION")]
         max_connection_age: Option<Duration>,
+        /// Each xDS stream takes a newly published config at most once per
+        /// this many milliseconds; publishes in between go out together in one
+        /// push. Bounds per-proxy work under endpoint churn (etcd puts are not
+        /// debounced); 0 pushes every publish as soon as the previous one is
+        /// acknowledged.
+        #[arg(long, default_value_t = 100, value_name = "MS")]
+        push_interval_ms: u64,
         /// DNS server Envoy asks to resolve Backends with hostname endpoints and
         /// ExternalName Services (IP or IP:PORT, port 53 by default). Repeatable.
         /// Default: the Envoy host's own resolver configuration.
@@ -371,6 +378,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             limits,
             shutdown_grace,
             max_connection_age,
+            push_interval_ms,
             dns_resolvers,
             security,
             etcd,
@@ -393,6 +401,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 limits: limits.limits(),
                 shutdown_grace,
                 max_connection_age,
+                push_interval: Duration::from_millis(push_interval_ms),
                 dns_resolvers,
                 security: *security,
                 state_dir: state_dir.unwrap_or_else(state::default_dir),
@@ -670,6 +679,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `serve --push-interval-ms`: 100 ms unless given; 0 turns pacing off.
+    #[test]
+    fn serve_paces_pushes_at_100ms_by_default() {
+        let interval = |args: &[&str]| match Cli::try_parse_from(args).expect("parses").command {
+            Command::Serve {
+                push_interval_ms, ..
+            } => push_interval_ms,
+            _ => panic!("not serve"),
+        };
+        assert_eq!(interval(&["ballast", "serve"]), 100);
+        assert_eq!(
+            interval(&["ballast", "serve", "--push-interval-ms", "0"]),
+            0
+        );
+        assert!(Cli::try_parse_from(["ballast", "serve", "--push-interval-ms", "-1"]).is_err());
+    }
 
     #[test]
     fn dns_server_takes_ip_or_ip_port() {

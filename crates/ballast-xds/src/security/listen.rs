@@ -129,6 +129,13 @@ pub(crate) fn incoming(
                     continue;
                 }
             };
+            // Responses are written as soon as they are planned and a
+            // client's next request waits for them: Nagle's algorithm would
+            // hold a small write behind the TCP ACK of the previous one
+            // (a delayed ACK: up to 40 ms on Linux) on every busy stream.
+            if let Err(e) = tcp.set_nodelay(true) {
+                warn!(error = %e, "could not set TCP_NODELAY on an xDS connection");
+            }
             match &tls {
                 None => {
                     let conn = ServerConn::Plain(tcp, conn_info(remote, None));
@@ -153,5 +160,31 @@ pub(crate) fn conn_info(remote: SocketAddr, peer: Option<Arc<PeerIdentity>>) -> 
     ConnInfo {
         remote: Some(remote),
         peer,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio_stream::StreamExt;
+
+    /// Every accepted plaintext connection has Nagle's algorithm off, so a
+    /// push is not held behind the TCP ACK of the one before (W2 p99).
+    #[tokio::test]
+    async fn accepted_connections_have_nodelay() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let mut conns = incoming(listener, None);
+        let _client = TcpStream::connect(addr).await.expect("connect");
+        let conn = tokio::time::timeout(Duration::from_secs(10), conns.next())
+            .await
+            .expect("accepted in time")
+            .expect("a connection")
+            .expect("no accept error");
+        match conn {
+            ServerConn::Plain(tcp, _) => assert!(tcp.nodelay().expect("nodelay")),
+            #[cfg(feature = "tls")]
+            ServerConn::Tls(..) => unreachable!("plaintext listener"),
+        }
     }
 }

@@ -69,6 +69,8 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
     /// Close xDS connections after this age (jittered), for rebalancing.
     pub max_connection_age: Option<Duration>,
+    /// `--push-interval-ms`: `XdsServerBuilder::push_interval`.
+    pub push_interval: Duration,
     /// The DNS servers of DNS clusters (`--dns-resolver`).
     pub dns_resolvers: Vec<SocketAddr>,
     pub security: security::SecurityFlags,
@@ -259,6 +261,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         .limits(opts.limits)
         .shutdown_grace(opts.shutdown_grace)
         .max_connection_age(opts.max_connection_age)
+        .push_interval(opts.push_interval)
         .resume_guard(resume_guard);
     if let Some(tls) = sec.tls {
         builder = builder.tls(tls);
