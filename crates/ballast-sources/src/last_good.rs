@@ -161,10 +161,11 @@ fn capture_all<'a>(file: &str, objs: impl IntoIterator<Item = &'a Object>) -> Ve
 /// Reads one group file, or a message for the warning.
 fn read_group(path: &Path) -> Result<Group, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("reading: {e}"))?;
-    let value: serde_json::Value =
+    // The version first: another format may have any shape. Read without building a
+    // `serde_json::Value` of the whole group (an edit's sync reads its group back: issue #13).
+    let header: Header =
         serde_json::from_slice(&bytes).map_err(|e| format!("not a valid group: {e}"))?;
-    // The version first: another format may have any shape.
-    match value.get("format").and_then(|v| v.as_u64()) {
+    match header.format.as_ref().and_then(|v| v.as_u64()) {
         Some(FORMAT) => {}
         Some(v) => {
             return Err(format!(
@@ -173,7 +174,14 @@ fn read_group(path: &Path) -> Result<Group, String> {
         }
         None => return Err("not a valid group: no numeric \"format\" field".into()),
     }
-    serde_json::from_value(value).map_err(|e| format!("not a valid group: {e}"))
+    serde_json::from_slice(&bytes).map_err(|e| format!("not a valid group: {e}"))
+}
+
+/// The one field of a group read before its format is known (the others are skipped).
+#[derive(Deserialize)]
+struct Header {
+    #[serde(default)]
+    format: Option<serde_json::Value>,
 }
 
 /// The object of one entry of `file`'s group, or a message for the warning.
@@ -249,6 +257,9 @@ pub struct LastGood {
     /// Until the first sync: `stored` holds the objects read at open, to be replaced by the
     /// served ones.
     adopt: bool,
+    /// The most captured documents one sync held at once (tests: the first sync holds one
+    /// group's, not the whole config's).
+    max_held: usize,
 }
 
 /// The stored objects, and by source file the ids each group holds: rewriting a group needs
@@ -390,6 +401,7 @@ impl LastGood {
                 dirty,
                 sequence,
                 adopt: true,
+                max_held: 0,
             },
             restored,
         )
@@ -453,24 +465,48 @@ impl LastGood {
         let mut groups = std::mem::take(&mut self.dirty);
         // What to put back if a group cannot be written: (id, previous stored version).
         let mut undo: Vec<(ObjectId, Option<Object>)> = Vec::new();
-        // The changed objects' documents, each file read and split once.
+        for id in plan.gone {
+            if let Some(old) = self.stored.remove(&id) {
+                groups.insert(old.source().file.to_string());
+                undo.push((id, Some(old)));
+            }
+        }
+        // The changed objects by the file their document is read from, each file read and
+        // split once.
         let mut by_file: BTreeMap<&str, Vec<&(ObjectId, Object)>> = BTreeMap::new();
         for c in &plan.changed {
             by_file.entry(&c.1.source().file).or_default().push(c);
         }
+        // Each group is written as soon as no later file's captures can change its members
+        // (the last file holding an object that is, or moves, in or out of it), so that the
+        // captured documents are held one group at a time: the first sync after a start
+        // captures every object, and holding all their texts until the end was the top of
+        // the start's peak memory (issue #13, W4). An object moving in from a file captured
+        // later keeps a group waiting until then.
+        let mut ready_at: HashMap<String, usize> = HashMap::new();
+        for (i, (file, objs)) in by_file.iter().enumerate() {
+            // Files in order: a later index replaces an earlier one.
+            ready_at.insert((*file).to_owned(), i);
+            for (id, _) in objs {
+                if let Some(old) = self.stored.get(id) {
+                    ready_at.insert(old.source().file.to_string(), i);
+                }
+            }
+        }
         let mut captured: HashMap<ObjectId, Entry> = HashMap::new();
-        for (file, objs) in by_file {
+        for (i, (file, objs)) in by_file.iter().enumerate() {
             let entries = capture_all(file, objs.iter().map(|(_, o)| o));
-            for ((id, o), entry) in objs.into_iter().zip(entries) {
+            for ((id, o), entry) in objs.iter().map(|c| (&c.0, &c.1)).zip(entries) {
                 match entry {
                     Some(e) => {
-                        groups.insert(file.to_owned());
+                        groups.insert((*file).to_owned());
                         let old = self.stored.insert(id.clone(), o.clone());
                         if let Some(old) = &old {
                             groups.insert(old.source().file.to_string());
                         }
                         undo.push((id.clone(), old));
                         captured.insert(id.clone(), e);
+                        self.max_held = self.max_held.max(captured.len());
                     }
                     // Its previous entry (if any) stays, in the group it is in.
                     None => {
@@ -479,122 +515,130 @@ impl LastGood {
                     }
                 }
             }
-        }
-        for id in plan.gone {
-            if let Some(old) = self.stored.remove(&id) {
-                groups.insert(old.source().file.to_string());
-                undo.push((id, Some(old)));
+            let ready: Vec<String> = groups
+                .iter()
+                .filter(|g| ready_at.get(g.as_str()) == Some(&i))
+                .cloned()
+                .collect();
+            for g in ready {
+                groups.remove(&g);
+                dir_dirty |= self.write_members(g, &mut captured, &undo, &mut out);
             }
         }
-        if groups.is_empty() {
-            self.sync_dir(dir_dirty, &mut out);
-            return out;
-        }
-        // The objects each rewritten group holds now.
-        let members: Vec<(String, Vec<ObjectId>)> = groups
-            .into_iter()
-            .map(|g| {
-                let ids = self.stored.members(&g);
-                (g, ids)
-            })
-            .collect();
-        for (file, ids) in members {
-            let path = self.dir.join(group_name(&file));
-            let mut entries = Vec::with_capacity(ids.len());
-            // The texts of the objects not captured now: from the previous group (an object
-            // held at its last good version has no document in the file any more).
-            let mut previous: Option<HashMap<(String, String, String), Entry>> = None;
-            let mut missing = Vec::new();
-            for id in ids {
-                if let Some(e) = captured.remove(&id) {
-                    entries.push(e);
-                    continue;
-                }
-                let prev = previous.get_or_insert_with(|| {
-                    read_group(&path)
-                        .map(|g| {
-                            g.entries
-                                .into_iter()
-                                .map(|e| ((e.kind.clone(), e.namespace.clone(), e.name.clone()), e))
-                                .collect()
-                        })
-                        .unwrap_or_default()
-                });
-                let key = (
-                    id.kind.as_str().to_owned(),
-                    id.key.namespace.clone(),
-                    id.key.name.clone(),
-                );
-                match prev.remove(&key) {
-                    Some(e) => entries.push(e),
-                    None => missing.push(id),
-                }
-            }
-            // Not in the previous group either (it was unusable): from the file, if it still
-            // holds the stored version; otherwise the object is captured again when served.
-            if !missing.is_empty() {
-                let objs: Vec<&Object> =
-                    missing.iter().map(|id| &self.stored.objects[id]).collect();
-                let got = capture_all(&file, objs);
-                for (id, e) in missing.into_iter().zip(got) {
-                    match e {
-                        Some(e) => entries.push(e),
-                        None => {
-                            self.stored.remove(&id);
-                            self.retry.insert(id.clone());
-                            if !out.uncaptured.contains(&id) {
-                                out.uncaptured.push(id);
-                            }
-                        }
-                    }
-                }
-            }
-            let result = if entries.is_empty() {
-                match std::fs::remove_file(&path) {
-                    Ok(()) => {
-                        out.removed += 1;
-                        Ok(())
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                    Err(e) => Err(format!("removing {}: {e}", path.display())),
-                }
-            } else {
-                self.sequence += 1;
-                let group = Group {
-                    format: FORMAT,
-                    file: file.clone(),
-                    sequence: self.sequence,
-                    written_at: std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs()),
-                    entries,
-                };
-                self.write_group(&path, &group).map(|()| out.written += 1)
-            };
-            match result {
-                Ok(()) => dir_dirty = true,
-                Err(e) => {
-                    out.errors.push(e);
-                    // The previous group is still whole: what is stored for this file is
-                    // what it was, and the group is retried at the next sync.
-                    for (id, old) in &undo {
-                        let in_group = |o: &Object| *o.source().file == *file;
-                        let now_here = self.stored.get(id).is_some_and(in_group);
-                        let was_here = old.as_ref().is_some_and(in_group);
-                        if now_here || was_here {
-                            self.retry.insert(id.clone());
-                            match old {
-                                Some(o) => self.stored.insert(id.clone(), o.clone()),
-                                None => self.stored.remove(id),
-                            };
-                        }
-                    }
-                    self.dirty.insert(file);
-                }
-            }
+        // Groups no capture touches (objects gone, or dirty).
+        for g in std::mem::take(&mut groups) {
+            dir_dirty |= self.write_members(g, &mut captured, &undo, &mut out);
         }
         self.sync_dir(dir_dirty, &mut out);
         out
+    }
+
+    /// Rewrites (or removes, if it has no member left) the group of `file` with the objects
+    /// stored for it now: those in `captured` with their new document, the others with their
+    /// text from the previous group. Returns whether the directory changed. On failure, what
+    /// is stored for the file goes back to what the previous group holds (from `undo`).
+    fn write_members(
+        &mut self,
+        file: String,
+        captured: &mut HashMap<ObjectId, Entry>,
+        undo: &[(ObjectId, Option<Object>)],
+        out: &mut Synced,
+    ) -> bool {
+        let ids = self.stored.members(&file);
+        let path = self.dir.join(group_name(&file));
+        let mut entries = Vec::with_capacity(ids.len());
+        // The texts of the objects not captured now: from the previous group (an object
+        // held at its last good version has no document in the file any more).
+        let mut previous: Option<HashMap<(String, String, String), Entry>> = None;
+        let mut missing = Vec::new();
+        for id in ids {
+            if let Some(e) = captured.remove(&id) {
+                entries.push(e);
+                continue;
+            }
+            let prev = previous.get_or_insert_with(|| {
+                read_group(&path)
+                    .map(|g| {
+                        g.entries
+                            .into_iter()
+                            .map(|e| ((e.kind.clone(), e.namespace.clone(), e.name.clone()), e))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            });
+            let key = (
+                id.kind.as_str().to_owned(),
+                id.key.namespace.clone(),
+                id.key.name.clone(),
+            );
+            match prev.remove(&key) {
+                Some(e) => entries.push(e),
+                None => missing.push(id),
+            }
+        }
+        drop(previous);
+        // Not in the previous group either (it was unusable): from the file, if it still
+        // holds the stored version; otherwise the object is captured again when served.
+        if !missing.is_empty() {
+            let objs: Vec<&Object> = missing.iter().map(|id| &self.stored.objects[id]).collect();
+            let got = capture_all(&file, objs);
+            for (id, e) in missing.into_iter().zip(got) {
+                match e {
+                    Some(e) => entries.push(e),
+                    None => {
+                        self.stored.remove(&id);
+                        self.retry.insert(id.clone());
+                        if !out.uncaptured.contains(&id) {
+                            out.uncaptured.push(id);
+                        }
+                    }
+                }
+            }
+        }
+        let result = if entries.is_empty() {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    out.removed += 1;
+                    Ok(())
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(format!("removing {}: {e}", path.display())),
+            }
+        } else {
+            self.sequence += 1;
+            let group = Group {
+                format: FORMAT,
+                file: file.clone(),
+                sequence: self.sequence,
+                written_at: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+                entries,
+            };
+            self.write_group(&path, &group).map(|()| out.written += 1)
+        };
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                out.errors.push(e);
+                // The previous group is still whole: what is stored for this file is
+                // what it was, and the group is retried at the next sync.
+                for (id, old) in undo {
+                    let in_group = |o: &Object| *o.source().file == *file;
+                    let now_here = self.stored.get(id).is_some_and(in_group);
+                    let was_here = old.as_ref().is_some_and(in_group);
+                    if now_here || was_here {
+                        self.retry.insert(id.clone());
+                        match old {
+                            Some(o) => self.stored.insert(id.clone(), o.clone()),
+                            None => self.stored.remove(id),
+                        };
+                    }
+                }
+                self.dirty.insert(file);
+                false
+            }
+        }
     }
 
     /// The renames and removals themselves must survive a power loss: one directory fsync
@@ -1087,6 +1131,50 @@ mod tests {
         assert_eq!((s.written, s.removed), (0, 1), "{s:?}");
         assert_eq!(snapshot(&state).len(), 2);
         assert_eq!(LastGood::open(state).1.set, served);
+    }
+
+    #[test]
+    fn the_first_sync_holds_one_groups_documents_at_a_time() {
+        let (t, _, state) = setup();
+        let files: Vec<PathBuf> = (0..3)
+            .map(|i| t.path().join(format!("f{i}.yaml")))
+            .collect();
+        let write = |names: [&[&str]; 3]| {
+            for (path, names) in files.iter().zip(names) {
+                let docs: Vec<String> = names.iter().map(|n| route(n, "h.example")).collect();
+                std::fs::write(path, docs.join("---\n")).unwrap();
+            }
+        };
+        write([&["a", "b", "c"], &["d", "e", "f"], &["g", "h", "i"]]);
+        let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
+        let served = load_all(&refs);
+        let (mut lg, _) = LastGood::open(state.clone());
+        let s = lg.sync(&served);
+        assert_eq!((s.written, s.uncaptured.len()), (3, 0), "{s:?}");
+        // Each group is written before the next file is captured: at most one file's
+        // documents are held (holding all nine was the start's peak memory).
+        assert_eq!(lg.max_held, 3);
+        assert_eq!(LastGood::open(state.clone()).1.set, served);
+        // Objects swapped between the first and the last file: the first file's group waits
+        // for the last file's captures (it loses `a` there); both come out right.
+        write([&["b", "c", "i"], &["d", "e", "f"], &["a", "g", "h"]]);
+        let served = load_all(&refs);
+        let (mut lg, restored) = LastGood::open(state.clone());
+        assert!(restored.warnings.is_empty(), "{:?}", restored.warnings);
+        let s = lg.sync(&served);
+        assert_eq!((s.written, s.uncaptured.len()), (2, 0), "{s:?}");
+        let (_, restored) = LastGood::open(state.clone());
+        assert!(restored.warnings.is_empty(), "{:?}", restored.warnings);
+        assert_eq!(restored.set, served);
+        assert_eq!(
+            *restored
+                .set
+                .get(Kind::HttpRoute, &ObjectKey::new("default", "i"))
+                .unwrap()
+                .source()
+                .file,
+            *files[0].display().to_string()
+        );
     }
 
     #[test]
