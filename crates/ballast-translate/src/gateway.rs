@@ -269,6 +269,12 @@ struct ChainState {
     hosts: BTreeMap<String, HostState>,
     /// Cluster name → number of virtual hosts referencing it.
     refs: BTreeMap<Arc<str>, u32>,
+    /// `refs`' names as the route configuration's references, shared by its versions; `None`
+    /// once the set of names changed (rebuilt on the next encoding).
+    ref_list: Option<Arc<[Ref]>>,
+    /// Without VHDS: each virtual host's encoded length, in hostname order, so a patch finds
+    /// where a host's bytes are in `resource` and copies the rest from it in a few runs.
+    host_lens: Vec<u32>,
     resource: Arc<Resource>,
     /// Virtual hosts are served by VHDS (`Some`: the route configuration's
     /// `vhds.config_source`).
@@ -286,10 +292,25 @@ fn redirect_port(port: &crate::listener::PortPlan<'_>) -> u32 {
     }
 }
 
+/// Where a virtual host touched by a patch was in the route configuration before it.
+struct Splice {
+    host: String,
+    /// Its rank among the hosts encoded before (or where it goes, if it is new).
+    rank: usize,
+    /// Byte offset of its encoding (or of where it goes) among the virtual hosts' bytes.
+    start: usize,
+    /// Length of its encoding before (0: new).
+    len: usize,
+}
+
 impl ChainState {
     fn add_refs(&mut self, clusters: &[Arc<str>]) {
         for c in clusters {
-            *self.refs.entry(c.clone()).or_default() += 1;
+            let n = self.refs.entry(c.clone()).or_default();
+            if *n == 0 {
+                self.ref_list = None;
+            }
+            *n += 1;
         }
     }
 
@@ -299,13 +320,118 @@ impl ChainState {
                 *n -= 1;
                 if *n == 0 {
                     self.refs.remove(c);
+                    self.ref_list = None;
                 }
             }
         }
     }
 
-    fn encode(&self) -> Arc<Resource> {
-        encode_route_config(&self.name, &self.hosts, &self.refs, self.vhds.as_ref())
+    /// The route configuration's references (`refs`' names), built only when they changed.
+    fn ref_list(&mut self) -> Arc<[Ref]> {
+        self.ref_list
+            .get_or_insert_with(|| cluster_refs(&self.refs))
+            .clone()
+    }
+
+    /// Where each of `dirty` (hosts whose routes changed, before any is re-encoded or removed)
+    /// is in the current resource. Hosts new in this patch are in `hosts` with no encoding yet.
+    /// Costs a count of the map's entries up to the last dirty host (no host is read) and a
+    /// sum over `host_lens`.
+    fn splices(&self, dirty: &BTreeSet<String>) -> Vec<Splice> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let mut out = Vec::with_capacity(dirty.len());
+        // Entries of `hosts` before the current dirty host, and how many of them are new.
+        let mut below = 0;
+        let mut fresh_below = 0;
+        let mut start = 0;
+        let mut ranked = 0;
+        let mut prev: Option<(&str, bool)> = None;
+        for h in dirty {
+            below += match prev {
+                None => self
+                    .hosts
+                    .range::<str, _>((Unbounded, Excluded(h.as_str())))
+                    .count(),
+                Some((p, in_map)) => {
+                    usize::from(in_map)
+                        + self
+                            .hosts
+                            .range::<str, _>((Excluded(p), Excluded(h.as_str())))
+                            .count()
+                }
+            };
+            let state = self.hosts.get(h);
+            let fresh = state.is_none_or(|s| s.encoded.is_empty());
+            let rank = below - fresh_below;
+            start += self.host_lens[ranked..rank]
+                .iter()
+                .map(|&l| l as usize)
+                .sum::<usize>();
+            ranked = rank;
+            let len = if fresh {
+                0
+            } else {
+                self.host_lens[rank] as usize
+            };
+            out.push(Splice {
+                host: h.clone(),
+                rank,
+                start,
+                len,
+            });
+            if state.is_some() && fresh {
+                fresh_below += 1;
+            }
+            prev = Some((h.as_str(), state.is_some()));
+        }
+        out
+    }
+
+    /// The route configuration after a patch: the current resource's bytes with each of
+    /// `splices` replaced by the host's new encoding (or dropped, for a host gone), copied in
+    /// runs; `host_lens` updated to match.
+    fn encode_spliced(&mut self, splices: &[Splice]) -> Arc<Resource> {
+        let refs = self.ref_list();
+        let head = route_config_head(&self.name);
+        let old = self.resource.value_bytes();
+        let body = &old[head.len()..];
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * splices.len() + 2);
+        parts.push(&head);
+        let mut cursor = 0;
+        for s in splices {
+            parts.push(&body[cursor..s.start]);
+            if let Some(h) = self.hosts.get(&s.host) {
+                parts.push(&h.encoded);
+            }
+            cursor = s.start + s.len;
+        }
+        parts.push(&body[cursor..]);
+        let resource =
+            Resource::from_encoded_parts_shared::<RouteConfiguration>(&self.name, parts, refs)
+                .expect("route configuration names are never empty");
+        // Backwards, so that earlier ranks stay valid; a new host sorts before the old host
+        // of its rank, so the old one is updated first.
+        for s in splices.iter().rev() {
+            let new = self.hosts.get(&s.host).map(|h| h.encoded.len() as u32);
+            match (s.len > 0, new) {
+                (true, Some(l)) => self.host_lens[s.rank] = l,
+                (true, None) => {
+                    self.host_lens.remove(s.rank);
+                }
+                (false, Some(l)) => self.host_lens.insert(s.rank, l),
+                (false, None) => {}
+            }
+        }
+        resource
+    }
+
+    fn encode(&mut self) -> Arc<Resource> {
+        // With VHDS the route configuration references nothing.
+        let refs = match self.vhds {
+            None => self.ref_list(),
+            Some(_) => Arc::new([]),
+        };
+        encode_route_config(&self.name, &self.hosts, refs, self.vhds.as_ref())
     }
     fn vhds_of(&self) -> Option<&str> {
         self.vhds.as_ref().map(|_| self.name.as_str())
@@ -321,7 +447,7 @@ impl ChainState {
 fn encode_route_config(
     name: &str,
     hosts: &BTreeMap<String, HostState>,
-    refs: &BTreeMap<Arc<str>, u32>,
+    refs: Arc<[Ref]>,
     vhds: Option<&ConfigSource>,
 ) -> Arc<Resource> {
     if let Some(source) = vhds {
@@ -333,22 +459,32 @@ fn encode_route_config(
             ..Default::default()
         });
     }
+    let head = route_config_head(name);
+    let parts =
+        std::iter::once(head.as_slice()).chain(hosts.values().map(|h| h.encoded.as_slice()));
+    Resource::from_encoded_parts_shared::<RouteConfiguration>(name, parts, refs)
+        .expect("route configuration names are never empty")
+}
+
+/// The encoded `RouteConfiguration.name` field: what precedes the virtual hosts.
+fn route_config_head(name: &str) -> Vec<u8> {
     let mut head = Vec::with_capacity(name.len() + 8);
     encode_key(1, WireType::LengthDelimited, &mut head);
     encode_varint(name.len() as u64, &mut head);
     head.extend_from_slice(name.as_bytes());
-    let parts =
-        std::iter::once(head.as_slice()).chain(hosts.values().map(|h| h.encoded.as_slice()));
-    let refs = refs
-        .keys()
+    head
+}
+
+/// A route configuration's references: hard ones to each cluster named in `refs` (sorted
+/// and distinct, being a map's keys).
+fn cluster_refs(refs: &BTreeMap<Arc<str>, u32>) -> Arc<[Ref]> {
+    refs.keys()
         .map(|name| Ref {
             ty: ResourceType::Cluster,
             name: name.clone(),
             hard: true,
         })
-        .collect();
-    Resource::from_encoded_parts::<RouteConfiguration>(name, parts, refs)
-        .expect("route configuration names are never empty")
+        .collect()
 }
 
 /// Everything kept about a translated Gateway so the next change costs what it touches.
@@ -601,15 +737,27 @@ pub(crate) fn build_gateway(
                     *refs.entry(c.clone()).or_default() += 1;
                 }
             }
-            let resource = match old {
+            let (resource, ref_list) = match old {
                 Some(o) if reused_all => {
                     stats.resources_reused += 1;
-                    o.resource
+                    (o.resource, None)
                 }
                 _ => {
                     stats.resources_encoded += 1;
-                    encode_route_config(&chain.route_config, &hosts, &refs, vhds.as_ref())
+                    let list = vhds.is_none().then(|| cluster_refs(&refs));
+                    let resource = encode_route_config(
+                        &chain.route_config,
+                        &hosts,
+                        list.clone().unwrap_or_else(|| Arc::new([])),
+                        vhds.as_ref(),
+                    );
+                    (resource, list)
                 }
+            };
+            let host_lens = if vhds.is_none() {
+                hosts.values().map(|h| h.encoded.len() as u32).collect()
+            } else {
+                Vec::new()
             };
             resources
                 .virtual_hosts
@@ -618,6 +766,8 @@ pub(crate) fn build_gateway(
                 name: chain.route_config.clone(),
                 hosts,
                 refs,
+                ref_list,
+                host_lens,
                 resource,
                 vhds,
                 redirect_port: redirect_port(&port),
@@ -782,6 +932,7 @@ pub(crate) fn patch_routes(
         }
         let vhds_of = cs.vhds_of().map(str::to_owned);
         let redirect_port = cs.redirect_port;
+        let splices = vhds_of.is_none().then(|| cs.splices(&hosts));
         for h in hosts {
             let Some(hs) = cs.hosts.get_mut(&h) else {
                 continue;
@@ -830,7 +981,10 @@ pub(crate) fn patch_routes(
             }
         }
         stats.resources_encoded += 1;
-        let resource = cs.encode();
+        let resource = match &splices {
+            Some(s) => cs.encode_spliced(s),
+            None => cs.encode(),
+        };
         if *resource != *cs.resource {
             changed_any = true;
             let i = res

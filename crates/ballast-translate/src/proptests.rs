@@ -422,6 +422,12 @@ proptest! {
                 let scratch = translate_gateway(&set, key, &options).unwrap();
                 let inc = t.gateway(key).expect("every gateway is translated");
                 prop_assert_eq!(summary(&inc), summary(&scratch), "gateway {}", key);
+                // Bytes and references too: a patched route configuration is spliced from its
+                // previous bytes and keeps a reference list shared between versions.
+                for (a, b) in inc.iter().zip(scratch.iter()) {
+                    prop_assert_eq!(a.any_bytes(), b.any_bytes(), "{}", a.name());
+                    prop_assert_eq!(a.refs(), b.refs(), "{}", a.name());
+                }
                 prost_encoded(&scratch)?;
                 if check {
                     inc.snapshot(None).map_err(|e| TestCaseError::fail(e.to_string()))?;

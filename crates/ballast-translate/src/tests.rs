@@ -2821,3 +2821,85 @@ fn client_policy_http1_options() {
     let l: Listener = decode(&translate(GATEWAY_HTTP, "edge").listeners[0]);
     assert_eq!(hcm(&l, 0).http_protocol_options, None);
 }
+
+/// A route edit re-assembles the whole route configuration (SotW) from its previous bytes and
+/// the touched virtual hosts' new encodings, and keeps the previous version's reference list
+/// while the set of clusters is the same (`gateway::ChainState::encode_spliced`). At every step
+/// — a path edit, hosts added before, between and after the others, one removed, a route
+/// moved to a cluster no other route used — bytes and references equal a from-scratch
+/// translation.
+#[test]
+fn route_patches_splice_the_route_configuration_and_share_its_references() {
+    let backends: Vec<String> = (0..3)
+        .map(|i| {
+            backend_yaml(
+                &format!("b{i}"),
+                &format!(
+                    "  endpoints: [{{ address: 127.0.0.1, port: {} }}]\n",
+                    8000 + i
+                ),
+            )
+        })
+        .collect();
+    let route = |name: &str, host: &str, prefix: &str, backend: &str| {
+        route_yaml(
+            name,
+            &format!(
+                "  hostnames: [{host}]\n  rules:\n  - matches: [{{ path: {{ type: PathPrefix, value: {prefix} }} }}]\n    backendRefs: [{{ name: {backend} }}]\n"
+            ),
+        )
+    };
+    let mut t = Translator::new(Options::default());
+    let mut step = |routes: &[String]| {
+        let mut parts: Vec<&str> = vec![GATEWAY_HTTP];
+        parts.extend(backends.iter().map(String::as_str));
+        parts.extend(routes.iter().map(String::as_str));
+        let set = Arc::new(config(&docs(&parts)));
+        let out = t.update(&set);
+        let res = t.gateway(&gw("edge")).unwrap();
+        let scratch = translate_gateway(&set, &gw("edge"), &Options::default()).unwrap();
+        assert_eq!(*res, scratch);
+        let (rc, fresh) = (&res.route_configs[0], &scratch.route_configs[0]);
+        assert_eq!(rc.any_bytes(), fresh.any_bytes());
+        assert_eq!(rc.refs(), fresh.refs());
+        let patched = out.versions[&gw("edge")].patch.is_some();
+        (patched, rc.clone())
+    };
+    let mut routes = vec![
+        route("r1", "b.example.com", "/a", "b0"),
+        route("r2", "d.example.com", "/a", "b1"),
+    ];
+    let (_, first) = step(&routes);
+    // A path edit: patched, and the same clusters, so the same reference list.
+    routes[0] = route("r1", "b.example.com", "/changed", "b0");
+    let (patched, rc) = step(&routes);
+    assert!(patched, "a route edit is a patch");
+    assert_ne!(rc.version(), first.version());
+    assert!(
+        std::ptr::eq(rc.refs(), first.refs()),
+        "the reference list is shared"
+    );
+    // Hosts added before, between and after the others (same clusters: still shared).
+    routes.push(route("r3", "a.example.com", "/", "b0"));
+    routes.push(route("r4", "c.example.com", "/", "b1"));
+    routes.push(route("r5", "e.example.com", "/", "b0"));
+    let (patched, rc2) = step(&routes);
+    assert!(patched);
+    assert!(std::ptr::eq(rc2.refs(), first.refs()));
+    // One host removed, another edited in the same config.
+    routes.remove(3);
+    routes[1] = route("r2", "d.example.com", "/z", "b1");
+    step(&routes);
+    // A route moved to a cluster none used: the list changes, then is shared again.
+    routes[0] = route("r1", "b.example.com", "/changed", "b2");
+    let (patched, rc3) = step(&routes);
+    assert!(patched);
+    assert_eq!(rc3.refs().len(), 3);
+    routes[0] = route("r1", "b.example.com", "/again", "b2");
+    let (_, rc4) = step(&routes);
+    assert!(std::ptr::eq(rc4.refs(), rc3.refs()));
+    // Every route but one gone.
+    routes.truncate(1);
+    let (_, rc5) = step(&routes);
+    assert_eq!(rc5.refs().len(), 1);
+}

@@ -404,8 +404,12 @@ impl Translator {
             let Some(state) = self.gateways.get_mut(&key) else {
                 continue;
             };
-            let mut res = (*state.resources).clone();
+            // In place when no output still holds the resources (the pipeline drops each
+            // output once published): an endpoint change among 10,000 Backends then costs
+            // what it swaps, not a copy of every list.
+            let res = Arc::make_mut(&mut state.resources);
             let mut changed = false;
+            let mut touched: Vec<Arc<str>> = Vec::new();
             for b in &backends {
                 let name = names::cluster(b);
                 let Ok(ci) = res.clusters.binary_search_by(|r| r.name().cmp(&name)) else {
@@ -418,8 +422,7 @@ impl Translator {
                 changed |= res.clusters[ci] != entry.cluster;
                 res.clusters[ci] = entry.cluster.clone();
                 let name: Arc<str> = name.into();
-                state.touch(ResourceType::Cluster, &name);
-                state.touch(ResourceType::ClusterLoadAssignment, &name);
+                touched.push(name.clone());
                 // An EDS Backend has a load assignment, a DNS one none; an edit may switch.
                 let at = res
                     .load_assignments
@@ -440,9 +443,12 @@ impl Translator {
                     (Err(_), None) => {}
                 }
             }
+            for name in &touched {
+                state.touch(ResourceType::Cluster, name);
+                state.touch(ResourceType::ClusterLoadAssignment, name);
+            }
             stats.gateways_patched += 1;
             if changed {
-                state.resources = Arc::new(res);
                 out.changed.insert(key.clone(), state.resources.clone());
             }
         }
