@@ -892,6 +892,11 @@ fn check_changes(b: &Built, next: &Snapshot) -> Option<bool> {
 /// The elements of sorted `all` that sorted `part` lacks, or `None` when
 /// `part` has one `all` lacks (a dropped reference).
 fn added_refs<'a, T: Ord>(all: &'a [T], part: &[T]) -> Option<Vec<&'a T>> {
+    // A route configuration patched with the same clusters shares its reference list
+    // (`Resource::from_encoded_parts_shared`): nothing to walk.
+    if std::ptr::eq(all, part) {
+        return Some(Vec::new());
+    }
     let mut out = Vec::new();
     let mut it = all.iter();
     for x in part {
