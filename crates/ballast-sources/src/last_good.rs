@@ -16,6 +16,23 @@
 //! wrote 20,000 files (one fsync each, 3.65 s of system CPU); a group per source file is about
 //! one write per hundred objects, and an edit rewrites only its own file's group.
 //!
+//! Why a journal beside the groups: an edit rewrote its file's whole group (about a hundred
+//! documents, 70 KB, serialised, written, fsynced, renamed, and read back first), 20 % of an
+//! edit's CPU with 10,000 routes (issue #13, W3). A sync of a few changes now appends one frame
+//! to `journal` (length, xxh3 checksum, the changed entries and removals as JSON; one write,
+//! one fdatasync). At open the journal's frames are replayed over the groups, each object's
+//! newest version winning by sequence (groups and frames take theirs from one counter); a
+//! frame cut short by a crash, or whose checksum fails, ends the journal (that sync never
+//! completed) and the next append overwrites it. The journal is compacted into the groups
+//! (every group it touched is rewritten, then an empty journal of the next generation replaces
+//! it) when it outgrows max(256 KiB, a quarter of the groups' bytes), at the first sync after a
+//! start, and by any sync that writes groups anyway (a large change). A group carries the
+//! generation of the journal it includes: a journal of an older generation (its records are
+//! all in the groups already, and might undo newer ones) is a warning and is not replayed. A
+//! crash mid-compaction leaves the old journal, replayed over old and new groups alike (its
+//! records are older than the new groups'). A state dir without a journal (older builds) reads
+//! as before.
+//!
 //! Bounded: only objects served now have an entry, and an object no longer served (deleted on
 //! purpose, or gone from the files while Ballast was down) loses its entry at the first sync.
 //! A group is rewritten atomically (temporary file, fsync, rename; the directory is synced
