@@ -16,6 +16,23 @@
 //! wrote 20,000 files (one fsync each, 3.65 s of system CPU); a group per source file is about
 //! one write per hundred objects, and an edit rewrites only its own file's group.
 //!
+//! Why a journal beside the groups: an edit rewrote its file's whole group (about a hundred
+//! documents, 70 KB, serialised, written, fsynced, renamed, and read back first), 20 % of an
+//! edit's CPU with 10,000 routes (issue #13, W3). A sync of a few changes now appends one frame
+//! to `journal` (length, xxh3 checksum, the changed entries and removals as JSON; one write,
+//! one fdatasync). At open the journal's frames are replayed over the groups, each object's
+//! newest version winning by sequence (groups and frames take theirs from one counter); a
+//! frame cut short by a crash, or whose checksum fails, ends the journal (that sync never
+//! completed) and the next append overwrites it. The journal is compacted into the groups
+//! (every group it touched is rewritten, then an empty journal of the next generation replaces
+//! it) when it outgrows max(256 KiB, a quarter of the groups' bytes), at the first sync after a
+//! start, and by any sync that writes groups anyway (a large change). A group carries the
+//! generation of the journal it includes: a journal of an older generation (its records are
+//! all in the groups already, and might undo newer ones) is a warning and is not replayed. A
+//! crash mid-compaction leaves the old journal, replayed over old and new groups alike (its
+//! records are older than the new groups'). A state dir without a journal (older builds) reads
+//! as before.
+//!
 //! Bounded: only objects served now have an entry, and an object no longer served (deleted on
 //! purpose, or gone from the files while Ballast was down) loses its entry at the first sync.
 //! A group is rewritten atomically (temporary file, fsync, rename; the directory is synced
@@ -50,6 +67,11 @@ struct Group {
     sequence: u64,
     /// Seconds since the Unix epoch, for people reading the directory.
     written_at: u64,
+    /// The generation of the journal whose records this group includes (0: written before
+    /// the journal, or by a build without one): a journal of an older generation is not
+    /// replayed over it.
+    #[serde(default)]
+    journal: u64,
     entries: Vec<Entry>,
 }
 
@@ -62,6 +84,258 @@ struct Entry {
     /// File lines before the document, so positions come out as they were.
     line_offset: u32,
     text: String,
+}
+
+/// The journal of the last good dir: what changed since its groups were written, one record
+/// per sync (not `.json`: never read as a group).
+pub const JOURNAL_NAME: &str = "journal";
+/// The journal format this build writes and reads.
+pub const JOURNAL_FORMAT: u64 = 1;
+/// The journal is compacted into the groups when it holds more bytes than this, or than a
+/// quarter of the groups' bytes if that is more: compaction rewrites every group the journal
+/// touched (O(those groups)), so at most about once per quarter of the groups' size written.
+const JOURNAL_MIN_BOUND: u64 = 256 * 1024;
+/// A sync that changes more objects than this writes their groups directly (a journal record
+/// of a whole config would be written twice).
+const JOURNAL_MAX_BATCH: usize = 256;
+/// A journal frame: payload length (u32, little endian), xxh3-64 of the payload (u64, little
+/// endian), the payload (JSON). A frame cut short or whose checksum fails ends the journal.
+const FRAME_HEADER: usize = 12;
+
+/// The first frame of a journal.
+#[derive(Debug, Serialize, Deserialize)]
+struct JournalHeader {
+    journal_format: u64,
+    /// Increases at every compaction; the groups written by a compaction carry the generation
+    /// of the journal they include (`Group::journal`).
+    generation: u64,
+}
+
+/// What one sync changed: one frame, so a sync is replayed whole or not at all.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Batch {
+    /// From the same counter as the groups' sequences: at restore, the newest of a group and
+    /// a batch holding an object wins.
+    sequence: u64,
+    #[serde(default)]
+    puts: Vec<Put>,
+    #[serde(default)]
+    removes: Vec<Removed>,
+}
+
+/// An object stored (added, changed, or moved to `file`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Put {
+    file: String,
+    entry: Entry,
+}
+
+/// An object no longer stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Removed {
+    kind: String,
+    namespace: String,
+    name: String,
+}
+
+/// An entry's identity as stored: (kind, namespace, name).
+type EntryKey = (String, String, String);
+
+fn key_of_entry(e: &Entry) -> EntryKey {
+    (e.kind.clone(), e.namespace.clone(), e.name.clone())
+}
+
+fn key_of_id(id: &ObjectId) -> EntryKey {
+    (
+        id.kind.as_str().to_owned(),
+        id.key.namespace.clone(),
+        id.key.name.clone(),
+    )
+}
+
+fn frame(payload: &[u8], out: &mut Vec<u8>) {
+    let len = u32::try_from(payload.len()).expect("a journal record under 4 GiB");
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// The whole frames at the start of `bytes`, up to the first one cut short or corrupt.
+fn frames(bytes: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while rest.len() >= FRAME_HEADER {
+        let len = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+        let sum = u64::from_le_bytes(rest[4..FRAME_HEADER].try_into().expect("8 bytes"));
+        let Some(payload) = rest[FRAME_HEADER..].get(..len) else {
+            break;
+        };
+        if xxhash_rust::xxh3::xxh3_64(payload) != sum {
+            break;
+        }
+        out.push(payload);
+        rest = &rest[FRAME_HEADER + len..];
+    }
+    out
+}
+
+fn header_frame(generation: u64) -> Vec<u8> {
+    let header = JournalHeader {
+        journal_format: JOURNAL_FORMAT,
+        generation,
+    };
+    let mut out = Vec::new();
+    frame(
+        &serde_json::to_vec(&header).expect("serializable"),
+        &mut out,
+    );
+    out
+}
+
+/// A journal as read.
+#[derive(Debug)]
+struct JournalRead {
+    generation: u64,
+    batches: Vec<Batch>,
+    /// The bytes of its whole records (header included): appends go there.
+    valid_len: u64,
+    /// Bytes past the last whole record (a write cut short): ignored.
+    torn: bool,
+}
+
+/// Reads the journal at `path` (missing: `None`), or a message for the warning.
+fn read_journal(path: &Path) -> Result<Option<JournalRead>, String> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("reading: {e}")),
+    };
+    let mut frames = frames(&bytes).into_iter();
+    let first = frames
+        .next()
+        .ok_or_else(|| "not a valid journal: no whole header".to_owned())?;
+    let header: JournalHeader =
+        serde_json::from_slice(first).map_err(|e| format!("not a valid journal header: {e}"))?;
+    if header.journal_format != JOURNAL_FORMAT {
+        return Err(format!(
+            "journal format version {}; this build reads version {JOURNAL_FORMAT}",
+            header.journal_format
+        ));
+    }
+    let mut valid_len = FRAME_HEADER + first.len();
+    let mut batches = Vec::new();
+    for payload in frames {
+        let Ok(batch) = serde_json::from_slice::<Batch>(payload) else {
+            break;
+        };
+        batches.push(batch);
+        valid_len += FRAME_HEADER + payload.len();
+    }
+    Ok(Some(JournalRead {
+        generation: header.generation,
+        batches,
+        valid_len: valid_len as u64,
+        torn: valid_len < bytes.len(),
+    }))
+}
+
+/// One stored document, as [`stored_documents`] lists them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredDocument {
+    /// The source file it was read from.
+    pub file: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub text: String,
+}
+
+/// What `dir` (a last good dir) stores, groups and journal together, in (kind, namespace,
+/// name) order, without parsing the documents (for tests and people: [`LastGood::open`] is
+/// what restores).
+pub fn stored_documents(dir: &Path) -> Vec<StoredDocument> {
+    let mut groups: Vec<Group> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+        .filter_map(|e| {
+            let g = read_group(&e.path()).ok()?;
+            (group_name(&g.file) == e.file_name().to_string_lossy()).then_some(g)
+        })
+        .collect();
+    groups.sort_by_key(|g| g.sequence);
+    let tag = groups.iter().map(|g| g.journal).max().unwrap_or(0);
+    let batches = match read_journal(&dir.join(JOURNAL_NAME)) {
+        Ok(Some(j)) if j.generation >= tag => j.batches,
+        _ => Vec::new(),
+    };
+    let mut out: BTreeMap<EntryKey, StoredDocument> = BTreeMap::new();
+    let doc = |file: &str, e: Entry| StoredDocument {
+        file: file.to_owned(),
+        kind: e.kind,
+        namespace: e.namespace,
+        name: e.name,
+        text: e.text,
+    };
+    for event in merge_events(groups, batches) {
+        match event {
+            Event::Group(g) => {
+                for e in g.entries {
+                    out.insert(key_of_entry(&e), doc(&g.file, e));
+                }
+            }
+            Event::Batch(b) => {
+                for p in b.puts {
+                    out.insert(key_of_entry(&p.entry), doc(&p.file, p.entry));
+                }
+                for r in b.removes {
+                    out.remove(&(r.kind, r.namespace, r.name));
+                }
+            }
+        }
+    }
+    out.into_values().collect()
+}
+
+/// A group or a journal batch, applied in sequence order at restore.
+enum Event<G> {
+    Group(G),
+    Batch(Batch),
+}
+
+trait Sequenced {
+    fn sequence(&self) -> u64;
+}
+
+impl Sequenced for Group {
+    fn sequence(&self) -> u64 {
+        self.sequence
+    }
+}
+
+impl<T> Sequenced for (PathBuf, T)
+where
+    T: Sequenced,
+{
+    fn sequence(&self) -> u64 {
+        self.1.sequence()
+    }
+}
+
+/// `groups` (in sequence order) and `batches` (in journal order) merged in sequence order, a
+/// group before a batch of the same sequence.
+fn merge_events<G: Sequenced>(groups: Vec<G>, batches: Vec<Batch>) -> Vec<Event<G>> {
+    let mut out = Vec::with_capacity(groups.len() + batches.len());
+    let mut batches = batches.into_iter().peekable();
+    for g in groups {
+        while let Some(b) = batches.next_if(|b| b.sequence < g.sequence()) {
+            out.push(Event::Batch(b));
+        }
+        out.push(Event::Group(g));
+    }
+    out.extend(batches.map(Event::Batch));
+    out
 }
 
 /// `<state dir>/last-good`.
@@ -219,6 +493,10 @@ pub struct Synced {
     pub written: usize,
     /// Group files removed (their source file has no served object any more).
     pub removed: usize,
+    /// Objects recorded (stored or removed) in the journal instead of their groups.
+    pub journaled: usize,
+    /// Whether the journal was compacted into the groups (and started again, empty).
+    pub compacted: bool,
     /// Served objects whose document could not be captured (their file changed since the
     /// load): their previous entry, if any, stays until a later sync captures them.
     pub uncaptured: Vec<ObjectId>,
@@ -260,6 +538,39 @@ pub struct LastGood {
     /// The most captured documents one sync held at once (tests: the first sync holds one
     /// group's, not the whole config's).
     max_held: usize,
+    /// Group files read back by syncs (tests: an edit's sync reads none).
+    groups_read: usize,
+    journal: Journal,
+}
+
+/// The journal's state: an edit's sync appends one record (a small write and an fsync)
+/// instead of rewriting its file's whole group (issue #13, W3: 14 % of an edit's CPU).
+#[derive(Debug)]
+struct Journal {
+    /// Whether syncs may append to the journal (tests turn it off to look at groups alone).
+    enabled: bool,
+    generation: u64,
+    /// Bytes of the journal's whole records on disk (0: no usable journal: the next append
+    /// creates one).
+    len: u64,
+    /// The file may hold bytes past `len` (a write cut short): cut before the next append.
+    tail: bool,
+    /// Batches in the journal (0: nothing to compact).
+    batches: u64,
+    /// Files whose group misses some of the journal's records: rewritten at compaction.
+    pending: BTreeSet<String>,
+    /// The size of each group file, for the compaction bound.
+    group_bytes: HashMap<String, u64>,
+    /// [`JOURNAL_MIN_BOUND`] (tests compact sooner).
+    min_bound: u64,
+}
+
+impl Journal {
+    /// Compact when the journal holds more than this.
+    fn bound(&self) -> u64 {
+        self.min_bound
+            .max(self.group_bytes.values().sum::<u64>() / 4)
+    }
 }
 
 /// The stored objects, and by source file the ids each group holds: rewriting a group needs
@@ -330,6 +641,7 @@ impl LastGood {
         };
         paths.sort();
         let mut groups = Vec::new();
+        let mut group_bytes = HashMap::new();
         for path in paths {
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
             if name.starts_with('.') && name.ends_with(".tmp") {
@@ -345,7 +657,12 @@ impl LastGood {
                 continue;
             }
             match read_group(&path) {
-                Ok(g) if group_name(&g.file) == name => groups.push((g.sequence, path, g)),
+                Ok(g) if group_name(&g.file) == name => {
+                    if let Ok(m) = std::fs::metadata(&path) {
+                        group_bytes.insert(g.file.clone(), m.len());
+                    }
+                    groups.push((path, g))
+                }
                 Ok(g) => {
                     restored.warnings.push(format!(
                         "{}: holds the objects of {}, which belong in {}",
@@ -362,10 +679,91 @@ impl LastGood {
             }
         }
         // Oldest first: an object stored in two groups (it moved) is the newer group's.
-        groups.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        groups.sort_by(|a, b| (a.1.sequence, &a.0).cmp(&(b.1.sequence, &b.0)));
+        let tag = groups.iter().map(|(_, g)| g.journal).max().unwrap_or(0);
+        let mut journal = Journal {
+            enabled: true,
+            generation: tag,
+            len: 0,
+            tail: false,
+            batches: 0,
+            pending: BTreeSet::new(),
+            group_bytes,
+            min_bound: JOURNAL_MIN_BOUND,
+        };
+        // The journal's records since the groups were written, if it is of their generation
+        // (an older one's records are all in the groups already, and might undo newer ones).
+        let journal_path = dir.join(JOURNAL_NAME);
+        let mut batches = Vec::new();
+        match read_journal(&journal_path) {
+            Ok(None) => {}
+            Ok(Some(j)) if j.generation >= tag => {
+                if j.torn {
+                    restored.warnings.push(format!(
+                        "{}: ignored a last record cut short (a write interrupted by a crash)",
+                        journal_path.display()
+                    ));
+                }
+                journal.generation = j.generation;
+                journal.len = j.valid_len;
+                journal.tail = j.torn;
+                journal.batches = j.batches.len() as u64;
+                batches = j.batches;
+            }
+            Ok(Some(j)) => {
+                restored.warnings.push(format!(
+                    "{}: of generation {}, older than the groups' ({tag}): not replayed",
+                    journal_path.display(),
+                    j.generation
+                ));
+                junk.push(journal_path);
+            }
+            Err(m) => {
+                restored
+                    .warnings
+                    .push(format!("{}: {m}", journal_path.display()));
+                junk.push(journal_path);
+            }
+        }
         let mut sequence = 0;
-        for (seq, path, g) in groups {
-            sequence = sequence.max(seq);
+        for event in merge_events(groups, batches) {
+            let (path, g) = match event {
+                Event::Group(pg) => pg,
+                Event::Batch(b) => {
+                    sequence = sequence.max(b.sequence);
+                    for p in &b.puts {
+                        journal.pending.insert(p.file.clone());
+                        match entry_object(&p.file, &p.entry) {
+                            Ok(o) => {
+                                if let Some(old) = stored.insert(id_of(&o), o) {
+                                    journal.pending.insert(old.source().file.to_string());
+                                }
+                            }
+                            Err(m) => restored.warnings.push(format!(
+                                "{}: {} {}/{}: {m}",
+                                dir.join(JOURNAL_NAME).display(),
+                                p.entry.kind,
+                                p.entry.namespace,
+                                p.entry.name
+                            )),
+                        }
+                    }
+                    for r in &b.removes {
+                        let Some(kind) = Kind::from_kind_str(&r.kind) else {
+                            continue;
+                        };
+                        let id = ObjectId {
+                            kind,
+                            key: ObjectKey::new(&r.namespace, &r.name),
+                        };
+                        if let Some(old) = stored.remove(&id) {
+                            journal.pending.insert(old.source().file.to_string());
+                        }
+                    }
+                    continue;
+                }
+            };
+            sequence = sequence.max(g.sequence);
             for e in &g.entries {
                 match entry_object(&g.file, e) {
                     Ok(o) => {
@@ -402,6 +800,8 @@ impl LastGood {
                 sequence,
                 adopt: true,
                 max_held: 0,
+                groups_read: 0,
+                journal,
             },
             restored,
         )
@@ -449,20 +849,38 @@ impl LastGood {
             }
         }
         let retry = std::mem::take(&mut self.retry);
-        let plan = match changed {
+        let mut plan = match changed {
             Some(ids) if !self.adopt => self.plan_changed(served, ids.iter().chain(&retry)),
             _ => self
                 .plan_merged(served)
                 .unwrap_or_else(|| self.plan_lookup(served)),
         };
+        // A few objects changed, and every group holds what it should but for the journal's
+        // records: one record in the journal, not a rewrite of their groups.
+        let journal = !self.adopt
+            && self.journal.enabled
+            && self.dirty.is_empty()
+            && plan.changed.len() + plan.gone.len() <= JOURNAL_MAX_BATCH;
         if self.adopt {
             // The served objects' `Arc`s, not a second copy of the whole config.
-            for o in plan.unchanged {
+            for o in std::mem::take(&mut plan.unchanged) {
                 self.stored.insert(id_of(&o), o);
             }
         }
         self.adopt = false;
+        if journal {
+            dir_dirty |= self.sync_journal(plan, &mut out);
+            if self.journal.len > self.journal.bound() {
+                dir_dirty = self.compact(dir_dirty, &mut out);
+            }
+            self.sync_dir(dir_dirty, &mut out);
+            return out;
+        }
         let mut groups = std::mem::take(&mut self.dirty);
+        // Every group the journal's records miss is rewritten with them (then the journal
+        // starts again, empty).
+        groups.extend(self.journal.pending.iter().cloned());
+        let texts = self.journal_texts();
         // What to put back if a group cannot be written: (id, previous stored version).
         let mut undo: Vec<(ObjectId, Option<Object>)> = Vec::new();
         for id in plan.gone {
@@ -522,15 +940,205 @@ impl LastGood {
                 .collect();
             for g in ready {
                 groups.remove(&g);
-                dir_dirty |= self.write_members(g, &mut captured, &undo, &mut out);
+                dir_dirty |= self.write_members(g, &mut captured, &undo, &texts, &mut out);
             }
         }
-        // Groups no capture touches (objects gone, or dirty).
+        // Groups no capture touches (objects gone, or dirty, or missing journal records).
         for g in std::mem::take(&mut groups) {
-            dir_dirty |= self.write_members(g, &mut captured, &undo, &mut out);
+            dir_dirty |= self.write_members(g, &mut captured, &undo, &texts, &mut out);
         }
+        drop(texts);
+        dir_dirty = self.finish_compaction(dir_dirty, &mut out);
         self.sync_dir(dir_dirty, &mut out);
         out
+    }
+
+    /// Records what `plan` changed in the journal (capturing the changed objects' documents):
+    /// one frame, one write and one fsync. Returns whether the directory changed (the journal
+    /// was created). If the write fails, what is stored goes back to what it was, and the
+    /// objects are looked at again by the next sync.
+    fn sync_journal(&mut self, plan: Plan, out: &mut Synced) -> bool {
+        let mut undo: Vec<(ObjectId, Option<Object>)> = Vec::new();
+        let mut batch = Batch::default();
+        let mut touched: Vec<String> = Vec::new();
+        for id in plan.gone {
+            if let Some(old) = self.stored.remove(&id) {
+                touched.push(old.source().file.to_string());
+                let (kind, namespace, name) = key_of_id(&id);
+                batch.removes.push(Removed {
+                    kind,
+                    namespace,
+                    name,
+                });
+                undo.push((id, Some(old)));
+            }
+        }
+        let mut by_file: BTreeMap<&str, Vec<&(ObjectId, Object)>> = BTreeMap::new();
+        for c in &plan.changed {
+            by_file.entry(&c.1.source().file).or_default().push(c);
+        }
+        for (file, objs) in by_file {
+            let entries = capture_all(file, objs.iter().map(|(_, o)| o));
+            for ((id, o), entry) in objs.iter().map(|c| (&c.0, &c.1)).zip(entries) {
+                let Some(entry) = entry else {
+                    // Its previous entry (if any) stays.
+                    self.retry.insert(id.clone());
+                    out.uncaptured.push(id.clone());
+                    continue;
+                };
+                touched.push(file.to_owned());
+                let old = self.stored.insert(id.clone(), o.clone());
+                if let Some(old) = &old {
+                    touched.push(old.source().file.to_string());
+                }
+                undo.push((id.clone(), old));
+                batch.puts.push(Put {
+                    file: file.to_owned(),
+                    entry,
+                });
+            }
+        }
+        if batch.puts.is_empty() && batch.removes.is_empty() {
+            return false;
+        }
+        batch.sequence = self.sequence + 1;
+        match self.append(&batch) {
+            Ok(created) => {
+                self.sequence = batch.sequence;
+                out.journaled += batch.puts.len() + batch.removes.len();
+                self.journal.pending.extend(touched);
+                created
+            }
+            Err(e) => {
+                out.errors.push(e);
+                for (id, old) in undo {
+                    self.retry.insert(id.clone());
+                    match old {
+                        Some(o) => self.stored.insert(id, o),
+                        None => self.stored.remove(&id),
+                    };
+                }
+                false
+            }
+        }
+    }
+
+    /// Appends `batch` to the journal (creating it, with its header, if there is none) and
+    /// syncs it. Returns whether the journal file was created.
+    fn append(&mut self, batch: &Batch) -> Result<bool, String> {
+        let create = self.journal.len == 0;
+        let mut bytes = if create {
+            header_frame(self.journal.generation)
+        } else {
+            Vec::new()
+        };
+        frame(
+            &serde_json::to_vec(batch).expect("serializable"),
+            &mut bytes,
+        );
+        let path = self.dir.join(JOURNAL_NAME);
+        let at = self.journal.len;
+        let tail = self.journal.tail;
+        let result = (|| {
+            use std::io::{Seek, SeekFrom};
+            std::fs::create_dir_all(&self.dir)?;
+            let mut opts = std::fs::OpenOptions::new();
+            opts.write(true);
+            if create {
+                opts.create(true).truncate(true);
+                // Documents may hold Secrets: readable by the server's user only.
+                #[cfg(unix)]
+                std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+            }
+            let mut f = opts.open(&path)?;
+            if tail && !create {
+                // What a write cut short left: a record after it would never be read.
+                f.set_len(at)?;
+            }
+            f.seek(SeekFrom::Start(at))?;
+            f.write_all(&bytes)?;
+            f.sync_data()
+        })();
+        match result {
+            Ok(()) => {
+                self.journal.len = at + bytes.len() as u64;
+                self.journal.tail = false;
+                self.journal.batches += 1;
+                Ok(create)
+            }
+            Err(e) => {
+                // Part of the record may be there: cut at the next append.
+                self.journal.tail = true;
+                Err(format!("writing {}: {e}", path.display()))
+            }
+        }
+    }
+
+    /// The latest journal record of each object: its sequence, and where and what it stored
+    /// (`None`: removed). Read back from the journal file, at compaction only.
+    fn journal_texts(&self) -> HashMap<EntryKey, (u64, Option<Put>)> {
+        let mut out = HashMap::new();
+        if self.journal.batches == 0 {
+            return out;
+        }
+        let Ok(Some(j)) = read_journal(&self.dir.join(JOURNAL_NAME)) else {
+            return out;
+        };
+        if j.generation != self.journal.generation {
+            return out;
+        }
+        // Only the records this store appended (one whose sync failed may be there whole).
+        let n = usize::try_from(self.journal.batches).unwrap_or(usize::MAX);
+        for b in j.batches.into_iter().take(n) {
+            for p in b.puts {
+                out.insert(key_of_entry(&p.entry), (b.sequence, Some(p)));
+            }
+            for r in b.removes {
+                out.insert((r.kind, r.namespace, r.name), (b.sequence, None));
+            }
+        }
+        out
+    }
+
+    /// Rewrites every group the journal's records miss, then starts the journal again.
+    /// Returns whether the directory changed.
+    fn compact(&mut self, mut dir_dirty: bool, out: &mut Synced) -> bool {
+        let texts = self.journal_texts();
+        let mut captured = HashMap::new();
+        for file in self.journal.pending.clone() {
+            dir_dirty |= self.write_members(file, &mut captured, &[], &texts, out);
+        }
+        drop(texts);
+        self.finish_compaction(dir_dirty, out)
+    }
+
+    /// If every group holds the journal's records, starts a journal of the next generation,
+    /// empty, in its place. Returns whether the directory changed.
+    fn finish_compaction(&mut self, dir_dirty: bool, out: &mut Synced) -> bool {
+        if self.journal.batches == 0 || !self.journal.pending.is_empty() {
+            return dir_dirty;
+        }
+        // The groups' renames reach the disk before the journal that no longer holds their
+        // records replaces the one that does.
+        self.sync_dir(dir_dirty, out);
+        let generation = self.journal.generation + 1;
+        let bytes = header_frame(generation);
+        match self.write_atomic(&self.dir.join(JOURNAL_NAME), &bytes) {
+            Ok(()) => {
+                self.journal.generation = generation;
+                self.journal.len = bytes.len() as u64;
+                self.journal.tail = false;
+                self.journal.batches = 0;
+                out.compacted = true;
+                true
+            }
+            Err(e) => {
+                // The old journal stays whole, and is replayed over the groups (its records
+                // are older than theirs).
+                out.errors.push(e);
+                false
+            }
+        }
     }
 
     /// Rewrites (or removes, if it has no member left) the group of `file` with the objects
@@ -542,36 +1150,42 @@ impl LastGood {
         file: String,
         captured: &mut HashMap<ObjectId, Entry>,
         undo: &[(ObjectId, Option<Object>)],
+        texts: &HashMap<EntryKey, (u64, Option<Put>)>,
         out: &mut Synced,
     ) -> bool {
         let ids = self.stored.members(&file);
         let path = self.dir.join(group_name(&file));
         let mut entries = Vec::with_capacity(ids.len());
-        // The texts of the objects not captured now: from the previous group (an object
+        // The texts of the objects not captured now: from the journal if it has a newer
+        // record of them than the previous group, else from the previous group (an object
         // held at its last good version has no document in the file any more).
-        let mut previous: Option<HashMap<(String, String, String), Entry>> = None;
+        let mut previous: Option<(Option<u64>, HashMap<EntryKey, Entry>)> = None;
         let mut missing = Vec::new();
         for id in ids {
             if let Some(e) = captured.remove(&id) {
                 entries.push(e);
                 continue;
             }
-            let prev = previous.get_or_insert_with(|| {
-                read_group(&path)
-                    .map(|g| {
-                        g.entries
-                            .into_iter()
-                            .map(|e| ((e.kind.clone(), e.namespace.clone(), e.name.clone()), e))
-                            .collect()
-                    })
-                    .unwrap_or_default()
+            let prev = previous.get_or_insert_with(|| match self.read_group_counted(&path) {
+                Ok(g) => (
+                    Some(g.sequence),
+                    g.entries
+                        .into_iter()
+                        .map(|e| (key_of_entry(&e), e))
+                        .collect(),
+                ),
+                Err(_) => (None, HashMap::new()),
             });
-            let key = (
-                id.kind.as_str().to_owned(),
-                id.key.namespace.clone(),
-                id.key.name.clone(),
-            );
-            match prev.remove(&key) {
+            let key = key_of_id(&id);
+            let found = match texts
+                .get(&key)
+                .filter(|(seq, _)| prev.0.is_none_or(|g| *seq > g))
+            {
+                Some((_, Some(p))) if p.file == file => Some(p.entry.clone()),
+                Some(_) => None,
+                None => prev.1.remove(&key),
+            };
+            match found {
                 Some(e) => entries.push(e),
                 None => missing.push(id),
             }
@@ -599,9 +1213,9 @@ impl LastGood {
             match std::fs::remove_file(&path) {
                 Ok(()) => {
                     out.removed += 1;
-                    Ok(())
+                    Ok(None)
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(format!("removing {}: {e}", path.display())),
             }
         } else {
@@ -613,12 +1227,24 @@ impl LastGood {
                 written_at: std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs()),
+                journal: self.journal.generation,
                 entries,
             };
-            self.write_group(&path, &group).map(|()| out.written += 1)
+            let bytes = serde_json::to_vec(&group).expect("serializable");
+            self.write_atomic(&path, &bytes).map(|()| {
+                out.written += 1;
+                Some(bytes.len() as u64)
+            })
         };
         match result {
-            Ok(()) => true,
+            Ok(len) => {
+                match len {
+                    Some(len) => self.journal.group_bytes.insert(file.clone(), len),
+                    None => self.journal.group_bytes.remove(&file),
+                };
+                self.journal.pending.remove(&file);
+                true
+            }
             Err(e) => {
                 out.errors.push(e);
                 // The previous group is still whole: what is stored for this file is
@@ -731,10 +1357,16 @@ impl LastGood {
         plan
     }
 
-    fn write_group(&self, path: &Path, group: &Group) -> Result<(), String> {
+    /// [`read_group`], counted (tests: an edit's sync reads no group).
+    fn read_group_counted(&mut self, path: &Path) -> Result<Group, String> {
+        self.groups_read += 1;
+        read_group(path)
+    }
+
+    /// Replaces `path` with `bytes` atomically (temporary file, fsync, rename).
+    fn write_atomic(&self, path: &Path, bytes: &[u8]) -> Result<(), String> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("group");
         let tmp = self.dir.join(format!(".{name}.{}.tmp", std::process::id()));
-        let bytes = serde_json::to_vec(group).expect("serializable");
         let result = (|| {
             std::fs::create_dir_all(&self.dir)?;
             let mut opts = std::fs::OpenOptions::new();
@@ -743,7 +1375,7 @@ impl LastGood {
             #[cfg(unix)]
             std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
             let mut f = opts.open(&tmp)?;
-            f.write_all(&bytes)?;
+            f.write_all(bytes)?;
             f.sync_all()?;
             std::fs::rename(&tmp, path)
         })();
@@ -777,6 +1409,13 @@ mod tests {
             kind: Kind::HttpRoute,
             key: ObjectKey::new("default", name),
         }
+    }
+
+    /// A store whose syncs write groups only (the tests of what groups hold).
+    fn open_groups(dir: PathBuf) -> (LastGood, Restored) {
+        let (mut lg, restored) = LastGood::open(dir);
+        lg.journal.enabled = false;
+        (lg, restored)
     }
 
     fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
@@ -831,7 +1470,7 @@ mod tests {
         let (_t, file, state) = setup();
         std::fs::write(&file, route("r1", "a.example")).unwrap();
         let v1 = load(&file);
-        let (mut lg, _) = LastGood::open(state.clone());
+        let (mut lg, _) = open_groups(state.clone());
         lg.sync(&v1);
         // Served v2, but by the time of the sync the file already holds v3 (invalid).
         std::fs::write(&file, route("r1", "b.example")).unwrap();
@@ -860,7 +1499,7 @@ mod tests {
         )
         .unwrap();
         let both = load(&file);
-        let (mut lg, _) = LastGood::open(state.clone());
+        let (mut lg, _) = open_groups(state.clone());
         lg.sync(&both);
         std::fs::write(&file, route("r1", "a.example")).unwrap();
         let one = load(&file);
@@ -903,6 +1542,7 @@ mod tests {
             format: FORMAT,
             file: a.display().to_string(),
             sequence: 1,
+            journal: 0,
             written_at: 0,
             entries: vec![Entry {
                 kind: "HTTPRoute".into(),
@@ -1022,7 +1662,7 @@ mod tests {
         let (_t, file, state) = setup();
         std::fs::write(&file, route("r1", "a.example")).unwrap();
         let v1 = load(&file);
-        let (mut lg, _) = LastGood::open(state.clone());
+        let (mut lg, _) = open_groups(state.clone());
         lg.sync(&v1);
         let path = state.join(group_name(&file.display().to_string()));
         let before = std::fs::read(&path).unwrap();
@@ -1043,7 +1683,7 @@ mod tests {
         std::fs::remove_dir(&tmp).unwrap();
         // A temporary file left by a crash is ignored at open and removed at the first sync.
         std::fs::write(state.join(".x.json.1.tmp"), "partial").unwrap();
-        let (mut lg, restored) = LastGood::open(state.clone());
+        let (mut lg, restored) = open_groups(state.clone());
         assert!(restored.warnings.is_empty());
         assert_eq!(restored.set, v1);
         assert_eq!(lg.sync(&v2).written, 1);
@@ -1106,7 +1746,7 @@ mod tests {
             write(i, "v1.example");
         }
         let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
-        let (mut lg, _) = LastGood::open(state.clone());
+        let (mut lg, _) = open_groups(state.clone());
         let s = lg.sync(&load_all(&refs));
         assert_eq!((s.written, s.removed), (3, 0), "{s:?}");
         let before = snapshot(&state);
@@ -1192,7 +1832,7 @@ mod tests {
             ),
         )
         .unwrap();
-        let (mut lg, _) = LastGood::open(state.clone());
+        let (mut lg, _) = open_groups(state.clone());
         lg.sync(&load_all(&[&a, &z]));
         let z_group = group_path(&state, &z);
         let stale = std::fs::read(&z_group).unwrap();
@@ -1211,7 +1851,7 @@ mod tests {
         assert_eq!(s.written, 2, "{s:?}");
         // As if the rewrite of z's group had been lost: both groups hold `mv`.
         std::fs::write(&z_group, &stale).unwrap();
-        let (mut lg, restored) = LastGood::open(state.clone());
+        let (mut lg, restored) = open_groups(state.clone());
         assert!(restored.warnings.is_empty(), "{:?}", restored.warnings);
         assert_eq!(restored.set, served, "the newest group's version, once");
         assert_eq!(restored.set.http_routes.len(), 3);
@@ -1243,7 +1883,7 @@ mod tests {
         )
         .unwrap();
         let v1 = load(&file);
-        let (mut lg, _) = LastGood::open(state.clone());
+        let (mut lg, _) = open_groups(state.clone());
         lg.sync(&v1);
         // r1 turns invalid (held at its last good version), r2 is edited: the group is
         // rewritten for r2, and r1's document is no longer in the file.
@@ -1282,6 +1922,9 @@ mod tests {
         snapshot(state)
             .into_iter()
             .map(|(name, bytes)| {
+                if name == JOURNAL_NAME {
+                    return (name, serde_json::Value::from(bytes));
+                }
                 let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
                 v["written_at"] = 0.into();
                 (name, v)
@@ -1370,6 +2013,310 @@ mod tests {
                 proptest::prop_assert_eq!(groups_of(&full_dir), groups_of(&told_dir));
                 prev = served;
             }
+        }
+    }
+
+    /// Edits through the journal, then `routes.yaml`'s lines for r1..r3 with these hosts.
+    fn three_routes(file: &Path, hosts: [&str; 3]) -> ConfigSet {
+        let docs: Vec<String> = (1..=3)
+            .map(|i| route(&format!("r{i}"), hosts[i - 1]))
+            .collect();
+        std::fs::write(file, docs.join("---\n")).unwrap();
+        load(file)
+    }
+
+    #[test]
+    fn an_edit_appends_to_the_journal_and_reads_no_group() {
+        let (_t, file, state) = setup();
+        let v1 = three_routes(&file, ["a", "b", "c"]);
+        let (mut lg, _) = LastGood::open(state.clone());
+        assert_eq!(lg.sync(&v1).written, 1);
+        let group = std::fs::read(group_path(&state, &file)).unwrap();
+        let v2 = three_routes(&file, ["a", "bb", "c"]);
+        let s = lg.sync(&v2);
+        assert_eq!(
+            (s.written, s.journaled, s.compacted),
+            (0, 1, false),
+            "{s:?}"
+        );
+        // The group is neither rewritten nor read back: the journal holds the edit.
+        assert_eq!(std::fs::read(group_path(&state, &file)).unwrap(), group);
+        assert_eq!(lg.groups_read, 0);
+        let v3 = three_routes(&file, ["a", "bb", "cc"]);
+        assert_eq!(lg.sync(&v3).journaled, 1);
+        std::fs::write(&file, route("r1", "a")).unwrap();
+        let v4 = load(&file);
+        assert_eq!(lg.sync(&v4).journaled, 2, "two removals");
+        assert_eq!(lg.groups_read, 0);
+        let (mut lg, restored) = LastGood::open(state.clone());
+        assert!(restored.warnings.is_empty(), "{:?}", restored.warnings);
+        assert_eq!(restored.set, v4);
+        for (a, b) in restored.set.objects().zip(v4.objects()) {
+            assert_eq!(a.source(), b.source(), "positions survive");
+        }
+        let docs = stored_documents(&state);
+        assert_eq!(docs.len(), 1);
+        assert_eq!(
+            (docs[0].name.as_str(), docs[0].file.clone()),
+            ("r1", file.display().to_string())
+        );
+        // The first sync after a start compacts: the group holds everything, the journal
+        // starts again (next generation, empty).
+        let s = lg.sync(&v4);
+        assert_eq!((s.written, s.compacted), (1, true), "{s:?}");
+        let (lg2, restored) = LastGood::open(state.clone());
+        assert_eq!(restored.set, v4);
+        assert_eq!((lg2.journal.generation, lg2.journal.batches), (1, 0));
+        assert!(lg2.journal.pending.is_empty());
+    }
+
+    #[test]
+    fn a_torn_last_record_is_ignored_and_cut_by_the_next_append() {
+        let (_t, file, state) = setup();
+        let v1 = three_routes(&file, ["a", "b", "c"]);
+        let (mut lg, _) = LastGood::open(state.clone());
+        lg.sync(&v1);
+        let v2 = three_routes(&file, ["a", "bb", "c"]);
+        lg.sync(&v2);
+        let journal = state.join(JOURNAL_NAME);
+        let whole = std::fs::read(&journal).unwrap();
+        let v3 = three_routes(&file, ["aa", "bb", "c"]);
+        assert_eq!(lg.sync(&v3).journaled, 1);
+        let full = std::fs::read(&journal).unwrap();
+        assert!(full.len() > whole.len() + FRAME_HEADER);
+        // Every cut inside the last record (a crash mid-append), and a flipped byte in it,
+        // restore the state before it: never a corrupt one.
+        let mut flipped = full.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        let cuts = (whole.len() + 1..full.len()).map(|n| full[..n].to_vec());
+        for bytes in cuts.chain([flipped]) {
+            std::fs::write(&journal, &bytes).unwrap();
+            let (_, restored) = LastGood::open(state.clone());
+            assert_eq!(restored.set, v2, "cut at {}", bytes.len());
+            assert_eq!(restored.warnings.len(), 1, "{:?}", restored.warnings);
+            assert!(
+                restored.warnings[0].contains("cut short"),
+                "{:?}",
+                restored.warnings
+            );
+        }
+        // The next append goes where the torn record began, and is read.
+        std::fs::write(&journal, &full[..full.len() - 3]).unwrap();
+        let (mut lg, _) = LastGood::open(state.clone());
+        // Past the first sync's compaction, straight to an append after the torn record.
+        lg.adopt = false;
+        let v4 = three_routes(&file, ["aa", "bb", "cc"]);
+        let s = lg.sync(&v4);
+        assert_eq!((s.journaled, s.written), (2, 0), "{s:?}");
+        let (_, restored) = LastGood::open(state.clone());
+        assert!(restored.warnings.is_empty(), "{:?}", restored.warnings);
+        assert_eq!(restored.set, v4);
+    }
+
+    #[test]
+    fn a_journal_older_than_the_groups_is_not_replayed() {
+        let (_t, file, state) = setup();
+        let v1 = three_routes(&file, ["a", "b", "c"]);
+        let (mut lg, _) = LastGood::open(state.clone());
+        lg.sync(&v1);
+        let v2 = three_routes(&file, ["a", "bb", "c"]);
+        lg.sync(&v2);
+        let old = std::fs::read(state.join(JOURNAL_NAME)).unwrap();
+        // Compaction (the first sync after a start): groups of generation 0, journal 1.
+        let (mut lg, _) = LastGood::open(state.clone());
+        assert!(lg.sync(&v2).compacted);
+        let v3 = three_routes(&file, ["a", "b", "cc"]);
+        lg.sync(&v3);
+        let (mut lg, _) = LastGood::open(state.clone());
+        assert!(lg.sync(&v3).compacted);
+        // Groups of generation 1 now. The generation-0 journal back in place (a stale copy)
+        // says r2 is "bb": replayed, it would undo the newer "b".
+        std::fs::write(state.join(JOURNAL_NAME), &old).unwrap();
+        let (mut lg, restored) = LastGood::open(state.clone());
+        assert_eq!(restored.set, v3);
+        assert_eq!(restored.warnings.len(), 1, "{:?}", restored.warnings);
+        assert!(
+            restored.warnings[0].contains("older than the groups"),
+            "{:?}",
+            restored.warnings
+        );
+        // It is removed at the first sync, and the next edit starts a journal that is read.
+        lg.sync(&v3);
+        assert!(!state.join(JOURNAL_NAME).exists());
+        let v4 = three_routes(&file, ["x", "b", "cc"]);
+        assert_eq!(lg.sync(&v4).journaled, 1);
+        let (_, restored) = LastGood::open(state.clone());
+        assert!(restored.warnings.is_empty(), "{:?}", restored.warnings);
+        assert_eq!(restored.set, v4);
+    }
+
+    #[test]
+    fn the_journal_is_compacted_past_its_bound() {
+        let (_t, file, state) = setup();
+        let v1 = three_routes(&file, ["a", "b", "c"]);
+        let (mut lg, _) = LastGood::open(state.clone());
+        lg.journal.min_bound = 2048;
+        lg.sync(&v1);
+        let mut compactions = 0;
+        let mut last = v1;
+        for i in 0..20 {
+            let host = format!("h{i}");
+            last = three_routes(&file, ["a", &host, "c"]);
+            let s = lg.sync(&last);
+            assert!(s.errors.is_empty(), "{s:?}");
+            if s.compacted {
+                compactions += 1;
+                assert_eq!(s.written, 1, "{s:?}");
+                assert_eq!(lg.journal.batches, 0);
+                assert!(lg.journal.pending.is_empty());
+            } else {
+                assert_eq!(s.written, 0, "{s:?}");
+            }
+            assert!(lg.journal.len <= 2048 + 1024, "{}", lg.journal.len);
+            assert_eq!(LastGood::open(state.clone()).1.set, last);
+        }
+        // ~600 bytes a record: a compaction every few edits, not every edit.
+        assert!((2..=10).contains(&compactions), "{compactions}");
+        assert_eq!(lg.journal.generation, compactions);
+        let (_, restored) = LastGood::open(state.clone());
+        assert!(restored.warnings.is_empty(), "{:?}", restored.warnings);
+        assert_eq!(restored.set, last);
+    }
+
+    #[test]
+    fn a_state_dir_without_a_journal_restores_and_is_journaled_from_then_on() {
+        let (_t, file, state) = setup();
+        let v1 = three_routes(&file, ["a", "b", "c"]);
+        let (mut lg, _) = open_groups(state.clone());
+        lg.sync(&v1);
+        // What the build before the journal wrote: groups without a "journal" field.
+        let path = group_path(&state, &file);
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        v.as_object_mut().unwrap().remove("journal");
+        std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+        assert!(!state.join(JOURNAL_NAME).exists());
+        let (mut lg, restored) = LastGood::open(state.clone());
+        assert!(restored.warnings.is_empty(), "{:?}", restored.warnings);
+        assert_eq!(restored.set, v1);
+        assert_eq!(lg.sync(&v1), Synced::default());
+        let v2 = three_routes(&file, ["a", "b", "cc"]);
+        assert_eq!(lg.sync(&v2).journaled, 1);
+        assert!(state.join(JOURNAL_NAME).exists());
+        let (_, restored) = LastGood::open(state.clone());
+        assert!(restored.warnings.is_empty(), "{:?}", restored.warnings);
+        assert_eq!(restored.set, v2);
+    }
+
+    /// What a store holding exactly `served` restores, written from scratch by group writes.
+    fn from_scratch(served: &ConfigSet) -> ConfigSet {
+        let t = tempfile::tempdir().unwrap();
+        let (mut lg, _) = open_groups(t.path().join(DIR_NAME));
+        let s = lg.sync(served);
+        assert!(s.uncaptured.is_empty() && s.errors.is_empty(), "{s:?}");
+        LastGood::open(t.path().join(DIR_NAME)).1.set
+    }
+
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).into_iter().flatten().flatten() {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(40))]
+        /// Syncs through the journal (edits, moves between files, removals, emptied files,
+        /// compactions, restarts) restore exactly what a from-scratch sync of the last completed
+        /// state gives, also after a crash mid-append (the journal cut anywhere in its last
+        /// record) and after a crash mid-compaction (the old journal back, beside any mix of
+        /// old and new groups).
+        #[test]
+        fn the_journal_restores_what_a_full_sync_of_the_last_state_gives(
+            steps in proptest::collection::vec(
+                (
+                    proptest::collection::vec(
+                        proptest::option::of((0usize..3, 0u8..3)),
+                        6,
+                    ),
+                    proptest::bool::weighted(0.2),
+                    proptest::num::u16::ANY,
+                ),
+                1..10,
+            )
+        ) {
+            let tmp = tempfile::tempdir().unwrap();
+            let files: Vec<PathBuf> =
+                (0..3).map(|i| tmp.path().join(format!("f{i}.yaml"))).collect();
+            let dir = tmp.path().join("state").join(DIR_NAME);
+            let crash = tmp.path().join("crash");
+            let (mut lg, _) = LastGood::open(dir.clone());
+            lg.journal.min_bound = 1500;
+            let mut prev = from_scratch(&ConfigSet::default());
+            let mut prev_names = vec![None; 6];
+            for (names, restart, cut) in steps {
+                // A restart serves what was served: its first sync only compacts.
+                let names = if restart { prev_names.clone() } else { names };
+                prev_names = names.clone();
+                write_files(&files, &names, None);
+                let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+                let served = load_all(&refs);
+                let before = snapshot_or_empty(&dir);
+                if restart {
+                    (lg, _) = LastGood::open(dir.clone());
+                    lg.journal.min_bound = 1500;
+                }
+                let s = lg.sync(&served);
+                proptest::prop_assert!(s.errors.is_empty() && s.uncaptured.is_empty(), "{:?}", s);
+                let expected = from_scratch(&served);
+                proptest::prop_assert_eq!(&LastGood::open(dir.clone()).1.set, &expected);
+                let after = snapshot_or_empty(&dir);
+                let journal = |m: &BTreeMap<String, Vec<u8>>| m.get(JOURNAL_NAME).cloned().unwrap_or_default();
+                let (old_j, new_j) = (journal(&before), journal(&after));
+                if !s.compacted && new_j.len() > old_j.len() && new_j.starts_with(&old_j) {
+                    // A crash mid-append: the last record cut anywhere.
+                    let at = old_j.len() + usize::from(cut) % (new_j.len() - old_j.len());
+                    let _ = std::fs::remove_dir_all(&crash);
+                    copy_dir(&dir, &crash);
+                    if at == 0 {
+                        std::fs::remove_file(crash.join(JOURNAL_NAME)).unwrap();
+                    } else {
+                        std::fs::write(crash.join(JOURNAL_NAME), &new_j[..at]).unwrap();
+                    }
+                    proptest::prop_assert_eq!(&LastGood::open(crash.clone()).1.set, &prev);
+                }
+                if s.compacted && restart {
+                    // A crash mid-compaction (nothing changed since the last sync: the old
+                    // journal holds the whole state with the old groups): the old journal,
+                    // and each group old or new.
+                    let _ = std::fs::remove_dir_all(&crash);
+                    copy_dir(&dir, &crash);
+                    for (i, name) in before.keys().chain(after.keys()).enumerate() {
+                        if name == JOURNAL_NAME || (usize::from(cut) >> (i % 16)) & 1 == 0 {
+                            continue;
+                        }
+                        match before.get(name) {
+                            Some(b) => std::fs::write(crash.join(name), b).unwrap(),
+                            None => { let _ = std::fs::remove_file(crash.join(name)); }
+                        }
+                    }
+                    if old_j.is_empty() {
+                        let _ = std::fs::remove_file(crash.join(JOURNAL_NAME));
+                    } else {
+                        std::fs::write(crash.join(JOURNAL_NAME), &old_j).unwrap();
+                    }
+                    proptest::prop_assert_eq!(&LastGood::open(crash.clone()).1.set, &expected);
+                }
+                prev = expected;
+            }
+        }
+    }
+
+    fn snapshot_or_empty(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+        if dir.exists() {
+            snapshot(dir)
+        } else {
+            BTreeMap::new()
         }
     }
 }

@@ -82,54 +82,29 @@ fn errors(s: &SourceState) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The stored objects: (group file name, kind/namespace/name, text) of every entry of every
-/// group file in the state dir.
+/// The stored objects: (group file name, kind/namespace/name, text) of every entry the state
+/// dir holds, its groups and its journal together.
 fn stored_entries(state: &Path) -> Vec<(String, String, String)> {
     let dir = ballast_sources::last_good::dir_in(state);
-    let Ok(rd) = fs::read_dir(&dir) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if !name.ends_with(".json") {
-            continue;
-        }
-        let Some(v) = fs::read(e.path())
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        else {
-            continue;
-        };
-        for entry in v["entries"].as_array().into_iter().flatten() {
-            let id = format!(
-                "{}/{}/{}",
-                entry["kind"].as_str().unwrap_or(""),
-                entry["namespace"].as_str().unwrap_or(""),
-                entry["name"].as_str().unwrap_or("")
-            );
-            let text = entry["text"].as_str().unwrap_or("").to_owned();
-            out.push((name.clone(), id, text));
-        }
-    }
-    out
+    ballast_sources::last_good::stored_documents(&dir)
+        .into_iter()
+        .map(|d| {
+            (
+                ballast_sources::last_good::group_name(&d.file),
+                format!("{}/{}/{}", d.kind, d.namespace, d.name),
+                d.text,
+            )
+        })
+        .collect()
 }
 
-/// Waits (bounded) until the state dir holds exactly `n` entries in `groups` group files
-/// (one per source file with served objects).
+/// Waits (bounded) until the state dir holds exactly `n` entries in `groups` groups (one per
+/// source file with served objects).
 async fn entries(state: &Path, n: usize, groups: usize) {
-    let dir = ballast_sources::last_good::dir_in(state);
     let count = || {
-        let files = fs::read_dir(&dir)
-            .map(|d| {
-                d.filter(|e| {
-                    e.as_ref()
-                        .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".json"))
-                })
-                .count()
-            })
-            .unwrap_or(0);
-        (stored_entries(state).len(), files)
+        let stored = stored_entries(state);
+        let files: std::collections::BTreeSet<&String> = stored.iter().map(|e| &e.0).collect();
+        (stored.len(), files.len())
     };
     for _ in 0..400 {
         if count() == (n, groups) {

@@ -368,37 +368,30 @@ impl Soak {
     /// Replica k's stored last good routes are the model (the state lags a publish by at most
     /// a second): a restart into a broken file then restores exactly the model.
     async fn wait_state_current(&self, k: usize) -> Result<()> {
-        let dir = self.replicas[k].state.path().join("last-good");
+        let dir = ballast_sources::last_good::dir_in(self.replicas[k].state.path());
         wait_for(T, POLL, || async {
             let mut stored = Model::new();
-            // One group file per source file; the routes' entries are in routes.yaml's.
-            for e in std::fs::read_dir(&dir)?.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if !name.ends_with(".json") {
+            // The groups and the journal together; the routes' entries are routes.yaml's.
+            for entry in ballast_sources::last_good::stored_documents(&dir) {
+                let name = &entry.file;
+                let (kind, ns) = (entry.kind.as_str(), entry.namespace.as_str());
+                let Some(rest) = entry.name.strip_prefix('r') else {
+                    continue;
+                };
+                if kind != "HTTPRoute" || ns != "default" {
                     continue;
                 }
-                let group: serde_json::Value = serde_json::from_slice(&std::fs::read(e.path())?)?;
-                for entry in group["entries"].as_array().into_iter().flatten() {
-                    let (kind, ns) = (&entry["kind"], &entry["namespace"]);
-                    let Some(rest) = entry["name"].as_str().and_then(|n| n.strip_prefix('r'))
-                    else {
-                        continue;
-                    };
-                    if kind != "HTTPRoute" || ns != "default" {
-                        continue;
-                    }
-                    let i: usize = rest.parse()?;
-                    let text = entry["text"].as_str().unwrap_or("");
-                    let t = if text.contains("name: missing }") {
-                        Target::Missing
-                    } else {
-                        let n = (0..UPSTREAMS.len())
-                            .find(|n| text.contains(&format!("name: b{n} }}")))
-                            .ok_or_else(|| anyhow::anyhow!("{name}: r{i}: no backend"))?;
-                        Target::Up(n)
-                    };
-                    ensure!(stored.insert(i, t).is_none(), "{name}: r{i} stored twice");
-                }
+                let i: usize = rest.parse()?;
+                let text = entry.text.as_str();
+                let t = if text.contains("name: missing }") {
+                    Target::Missing
+                } else {
+                    let n = (0..UPSTREAMS.len())
+                        .find(|n| text.contains(&format!("name: b{n} }}")))
+                        .ok_or_else(|| anyhow::anyhow!("{name}: r{i}: no backend"))?;
+                    Target::Up(n)
+                };
+                ensure!(stored.insert(i, t).is_none(), "{name}: r{i} stored twice");
             }
             ensure!(
                 stored == self.model,

@@ -83,21 +83,12 @@ async fn scenario(kill: bool) {
     }
     // Every object's last good document is stored: the gateway, 10 routes, 10 backends, in
     // one group file per source file.
-    let last_good = state.path().join("last-good");
+    let last_good = ballast_sources::last_good::dir_in(state.path());
     wait_until(T, POLL, || async {
-        let Ok(d) = std::fs::read_dir(&last_good) else {
-            return false;
-        };
-        let groups: Vec<Value> = d
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
-            .filter_map(|e| serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok())
-            .collect();
-        let entries: usize = groups
-            .iter()
-            .map(|g| g["entries"].as_array().map_or(0, Vec::len))
-            .sum();
-        (groups.len(), entries) == (1 + N, 1 + 2 * N)
+        // Groups and journal together.
+        let docs = ballast_sources::last_good::stored_documents(&last_good);
+        let files: std::collections::BTreeSet<&String> = docs.iter().map(|d| &d.file).collect();
+        (files.len(), docs.len()) == (1 + N, 1 + 2 * N)
     })
     .await
     .unwrap();

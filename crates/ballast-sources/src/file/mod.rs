@@ -516,7 +516,7 @@ async fn persist_last_good(
         if !synced.uncaptured.is_empty() {
             tracing::debug!(source = %name, objects = synced.uncaptured.len(), "last good state: files changed since the load; capturing on the next change");
         }
-        tracing::debug!(source = %name, written = synced.written, removed = synced.removed, stored = store.len(), "last good state: synced");
+        tracing::debug!(source = %name, written = synced.written, removed = synced.removed, journaled = synced.journaled, compacted = synced.compacted, stored = store.len(), "last good state: synced");
     }
 }
 
