@@ -197,6 +197,7 @@ impl Workload {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn changes_are_deterministic_and_new() {
@@ -248,8 +249,8 @@ mod tests {
             .collect()
     }
 
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
 
         /// The patched snapshot after any sequence of changes is the one built
         /// from scratch out of the same resources (same versions, same bytes), and
@@ -257,14 +258,13 @@ mod tests {
         #[test]
         fn patched_equals_rebuilt(
             changes in proptest::collection::vec(
-                proptest::prop_oneof![
+                prop_oneof![
                     (0usize..8, 0u64..40).prop_map(|(cluster, counter)| Change::Endpoints { cluster, counter }),
                     (0u64..5).prop_map(|generation| Change::Global { generation }),
                 ],
                 1..25,
             )
         ) {
-            use proptest::prelude::*;
             let spec = WorkloadSpec { clusters: 5, endpoints: 3 };
             let mut w = Workload::new(spec.clone());
             for ch in changes {

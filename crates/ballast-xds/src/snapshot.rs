@@ -503,7 +503,7 @@ impl SnapshotBuilder {
                         m.remove(old.name());
                     }
                     for (r, _) in &merged.diff.changed {
-                        m.insert(r.name_arc().clone(), r.clone());
+                        m.insert(interned(&p.resources, r.name_arc()), r.clone());
                     }
                     TypeResources::updated(p, m, &merged.diff)
                 }
@@ -600,7 +600,10 @@ impl Snapshot {
             let diff = &mut diffs[i];
             let mut map: Option<ResourceMap> = None;
             for (name, new) in wanted {
-                let old = p.resources.get(&name);
+                let (name, old) = match p.resources.get_key_value(&name) {
+                    Some((k, o)) => (k.clone(), Some(o)),
+                    None => (name, None),
+                };
                 // An equal version keeps the previous `Arc`, as the builder's merge does.
                 if let (Some(o), Some(r)) = (old, &new)
                     && o.version() == r.version()
@@ -650,6 +653,18 @@ impl Snapshot {
             changed: diffs,
         };
         checked(snapshot, Some(&built))
+    }
+}
+
+/// The key `prev` already has for `name`, else `name`: a resource replaced
+/// by a new version keeps its map key's `Arc`, so the names of successive
+/// snapshots stay equal by address (subscriptions share them, and comparing
+/// two maps' keys, `same_keys`, or seeking a name, `Seeker`, then needs no
+/// string comparison).
+fn interned(prev: &ResourceMap, name: &Arc<str>) -> Arc<str> {
+    match prev.get_key_value(name) {
+        Some((k, _)) => k.clone(),
+        None => name.clone(),
     }
 }
 
