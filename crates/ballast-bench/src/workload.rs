@@ -242,7 +242,13 @@ mod tests {
                 let rs = s
                     .resources(ty)
                     .values()
-                    .map(|r| (r.name_arc().clone(), r.version_arc().clone(), r.any_bytes().clone()))
+                    .map(|r| {
+                        (
+                            r.name_arc().clone(),
+                            r.version_arc().clone(),
+                            r.any_bytes().clone(),
+                        )
+                    })
                     .collect();
                 (s.version(ty).clone(), rs)
             })

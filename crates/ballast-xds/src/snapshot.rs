@@ -979,6 +979,32 @@ mod tests {
         .unwrap()
     }
 
+    /// A resource replaced by a new version keeps its map key's `Arc`, built
+    /// or patched: successive snapshots' names stay equal by address.
+    #[test]
+    fn a_replaced_resource_keeps_its_key() {
+        let ty = ResourceType::ClusterLoadAssignment;
+        let first = Arc::new(
+            Snapshot::builder()
+                .with(&crate::simple::load_assignment("e1", &[("10.0.0.1", 80)]))
+                .unwrap()
+                .build_unchecked()
+                .unwrap(),
+        );
+        let key = |s: &Snapshot| s.resources(ty).keys().next().unwrap().clone();
+        let next = Resource::new(&crate::simple::load_assignment("e1", &[("10.0.0.2", 80)])).unwrap();
+        assert!(!Arc::ptr_eq(next.name_arc(), &key(&first)));
+        let patched = Snapshot::patched(&first, [SnapshotChange::Put(next.clone())], false).unwrap();
+        assert_eq!(patched.get(ty, "e1").unwrap().version(), next.version());
+        assert!(Arc::ptr_eq(&key(&patched), &key(&first)));
+        assert!(Arc::ptr_eq(&patched.changed_from(ty, &first).unwrap()[0], &key(&first)));
+        let mut b = Snapshot::builder().reuse_from(first.clone());
+        b.add(next.clone());
+        let built = b.build_unchecked().unwrap();
+        assert_eq!(built.get(ty, "e1").unwrap().version(), next.version());
+        assert!(Arc::ptr_eq(&key(&built), &key(&first)));
+    }
+
     type Spec = Vec<(u8, u8, Vec<u8>)>;
 
     fn build(spec: &Spec, reuse: Option<&Arc<Snapshot>>) -> Result<Snapshot, SnapshotError> {

@@ -725,7 +725,11 @@ impl SotwMachine {
             refetch_eds: Vec::new(),
         };
         let mut wire = Vec::new();
-        let (mut known, mut acked) = (Seeker::new(whole), Seeker::new(&*st.acked));
+        // A few names among many: plain lookups (see `Seeker::sparse`).
+        let (mut known, mut acked) = (
+            Seeker::sparse(whole, changed.len()),
+            Seeker::sparse(&*st.acked, changed.len()),
+        );
         for name in changed.iter() {
             let res = known.get(name)?;
             let held = acked.get(name)?;
@@ -821,7 +825,11 @@ impl SotwMachine {
                 if wire.len() == resources.len() {
                     resources.clone()
                 } else {
-                    Arc::new(wire.into_iter().map(|(n, r)| (n.clone(), r.clone())).collect())
+                    Arc::new(
+                        wire.into_iter()
+                            .map(|(n, r)| (n.clone(), r.clone()))
+                            .collect(),
+                    )
                 }
             });
             let mut plan = out.with(resources);
