@@ -235,7 +235,10 @@ mod tests {
 
     /// Every resource of every type, with the per-type versions: what a proxy can
     /// observe of a snapshot.
-    fn observable(s: &Snapshot) -> Vec<(Arc<str>, Vec<(Arc<str>, Arc<str>, bytes::Bytes)>)> {
+    /// Per type: its version, and each resource's name, version and bytes.
+    type Observable = Vec<(Arc<str>, Vec<(Arc<str>, Arc<str>, bytes::Bytes)>)>;
+
+    fn observable(s: &Snapshot) -> Observable {
         ResourceType::ALL
             .iter()
             .map(|&ty| {

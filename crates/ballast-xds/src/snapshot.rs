@@ -992,12 +992,17 @@ mod tests {
                 .unwrap(),
         );
         let key = |s: &Snapshot| s.resources(ty).keys().next().unwrap().clone();
-        let next = Resource::new(&crate::simple::load_assignment("e1", &[("10.0.0.2", 80)])).unwrap();
+        let next =
+            Resource::new(&crate::simple::load_assignment("e1", &[("10.0.0.2", 80)])).unwrap();
         assert!(!Arc::ptr_eq(next.name_arc(), &key(&first)));
-        let patched = Snapshot::patched(&first, [SnapshotChange::Put(next.clone())], false).unwrap();
+        let patched =
+            Snapshot::patched(&first, [SnapshotChange::Put(next.clone())], false).unwrap();
         assert_eq!(patched.get(ty, "e1").unwrap().version(), next.version());
         assert!(Arc::ptr_eq(&key(&patched), &key(&first)));
-        assert!(Arc::ptr_eq(&patched.changed_from(ty, &first).unwrap()[0], &key(&first)));
+        assert!(Arc::ptr_eq(
+            &patched.changed_from(ty, &first).unwrap()[0],
+            &key(&first)
+        ));
         let mut b = Snapshot::builder().reuse_from(first.clone());
         b.add(next.clone());
         let built = b.build_unchecked().unwrap();
