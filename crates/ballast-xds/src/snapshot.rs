@@ -503,7 +503,7 @@ impl SnapshotBuilder {
                         m.remove(old.name());
                     }
                     for (r, _) in &merged.diff.changed {
-                        m.insert(r.name_arc().clone(), r.clone());
+                        m.insert(interned(&p.resources, r.name_arc()), r.clone());
                     }
                     TypeResources::updated(p, m, &merged.diff)
                 }
@@ -600,7 +600,10 @@ impl Snapshot {
             let diff = &mut diffs[i];
             let mut map: Option<ResourceMap> = None;
             for (name, new) in wanted {
-                let old = p.resources.get(&name);
+                let (name, old) = match p.resources.get_key_value(&name) {
+                    Some((k, o)) => (k.clone(), Some(o)),
+                    None => (name, None),
+                };
                 // An equal version keeps the previous `Arc`, as the builder's merge does.
                 if let (Some(o), Some(r)) = (old, &new)
                     && o.version() == r.version()
@@ -650,6 +653,18 @@ impl Snapshot {
             changed: diffs,
         };
         checked(snapshot, Some(&built))
+    }
+}
+
+/// The key `prev` already has for `name`, else `name`: a resource replaced
+/// by a new version keeps its map key's `Arc`, so the names of successive
+/// snapshots stay equal by address (subscriptions share them, and comparing
+/// two maps' keys, `same_keys`, or seeking a name, `Seeker`, then needs no
+/// string comparison).
+fn interned(prev: &ResourceMap, name: &Arc<str>) -> Arc<str> {
+    match prev.get_key_value(name) {
+        Some((k, _)) => k.clone(),
+        None => name.clone(),
     }
 }
 
@@ -962,6 +977,37 @@ mod tests {
             _ => Resource::from_encoded::<RouteConfiguration>(&n, &bytes, refs),
         }
         .unwrap()
+    }
+
+    /// A resource replaced by a new version keeps its map key's `Arc`, built
+    /// or patched: successive snapshots' names stay equal by address.
+    #[test]
+    fn a_replaced_resource_keeps_its_key() {
+        let ty = ResourceType::ClusterLoadAssignment;
+        let first = Arc::new(
+            Snapshot::builder()
+                .with(&crate::simple::load_assignment("e1", &[("10.0.0.1", 80)]))
+                .unwrap()
+                .build_unchecked()
+                .unwrap(),
+        );
+        let key = |s: &Snapshot| s.resources(ty).keys().next().unwrap().clone();
+        let next =
+            Resource::new(&crate::simple::load_assignment("e1", &[("10.0.0.2", 80)])).unwrap();
+        assert!(!Arc::ptr_eq(next.name_arc(), &key(&first)));
+        let patched =
+            Snapshot::patched(&first, [SnapshotChange::Put(next.clone())], false).unwrap();
+        assert_eq!(patched.get(ty, "e1").unwrap().version(), next.version());
+        assert!(Arc::ptr_eq(&key(&patched), &key(&first)));
+        assert!(Arc::ptr_eq(
+            &patched.changed_from(ty, &first).unwrap()[0],
+            &key(&first)
+        ));
+        let mut b = Snapshot::builder().reuse_from(first.clone());
+        b.add(next.clone());
+        let built = b.build_unchecked().unwrap();
+        assert_eq!(built.get(ty, "e1").unwrap().version(), next.version());
+        assert!(Arc::ptr_eq(&key(&built), &key(&first)));
     }
 
     type Spec = Vec<(u8, u8, Vec<u8>)>;

@@ -239,13 +239,13 @@ impl DeltaType {
             // Clean against `whole` with nothing rejected: the client holds a
             // subset of `whole` at its versions, so equal sizes mean equal maps.
             // Upserts and removals are sorted: one walk of `acked` each.
-            let mut seek = Seeker::new(&self.acked);
+            let mut seek = Seeker::sparse(&self.acked, f.upserts.len());
             let added = f
                 .upserts
                 .iter()
                 .filter(|r| !seek.contains_key(r.name()))
                 .count();
-            let mut seek = Seeker::new(&self.acked);
+            let mut seek = Seeker::sparse(&self.acked, f.removed.len());
             let removed = f.removed.iter().filter(|n| seek.contains_key(n)).count();
             if self.acked.len() + added - removed == whole.len() {
                 self.acked = whole.clone();
@@ -979,12 +979,17 @@ impl DeltaMachine {
     fn plan(&self, ty: ResourceType, snap: &Snapshot, scope: Scope<'_>) -> Plan {
         let st = self.core.types[ty].as_ref().expect("requested");
         let whole = snap.resources(ty);
+        // A change set of a few names among many: plain lookups.
+        let held = match &scope {
+            Scope::All => Seeker::new(&*st.acked),
+            Scope::Names(names) => Seeker::sparse(&*st.acked, names.len()),
+        };
         let mut p = Planner {
             m: self,
             st,
             snap,
             whole,
-            held: Seeker::new(&*st.acked),
+            held,
             plan: Plan::default(),
         };
         let gone = match scope {
@@ -1232,7 +1237,7 @@ impl<'a> Planner<'a> {
     fn over_names(&mut self, names: &'a [Arc<str>]) -> Vec<&'a Arc<str>> {
         let (st, whole) = (self.st, self.whole);
         let mut gone = Vec::new();
-        let mut known = Seeker::new(&**whole);
+        let mut known = Seeker::sparse(&**whole, names.len());
         for name in names {
             if let Some(res) = known.get(name) {
                 if st.sub.covers(name) {

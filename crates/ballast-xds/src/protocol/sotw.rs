@@ -284,6 +284,21 @@ impl SotwType {
         let wire = if ty.is_full_state_in_sotw() {
             plan.clone()
         } else if let Some(w) = known_wire {
+            // Test builds: the wire a plan found on its way is what the
+            // client lacks of it.
+            #[cfg(test)]
+            {
+                let content = |m: &ResourceMap| -> Vec<(String, String)> {
+                    m.iter()
+                        .map(|(n, r)| (n.to_string(), r.version().to_string()))
+                        .collect()
+                };
+                assert_eq!(
+                    content(&w),
+                    content(&not_held(&plan, &self.acked)),
+                    "{ty}: known wire"
+                );
+            }
             w
         } else {
             not_held(&plan, &self.acked)
@@ -346,6 +361,10 @@ struct Walk<'a> {
     out: PlanFlags,
     /// Every pick is the snapshot's own resource (so far).
     is_whole: bool,
+    /// EDS/RDS/SDS: the picks the client does not hold at that version,
+    /// i.e. what goes on the wire ([`not_held`] of the plan, found by the
+    /// same walk instead of a second one with a lookup per name).
+    wire: Vec<(&'a Arc<str>, &'a Arc<Resource>)>,
 }
 
 fn same_version(a: &Arc<Resource>, b: &Arc<Resource>) -> bool {
@@ -706,7 +725,11 @@ impl SotwMachine {
             refetch_eds: Vec::new(),
         };
         let mut wire = Vec::new();
-        let (mut known, mut acked) = (Seeker::new(whole), Seeker::new(&*st.acked));
+        // A few names among many: plain lookups (see `Seeker::sparse`).
+        let (mut known, mut acked) = (
+            Seeker::sparse(whole, changed.len()),
+            Seeker::sparse(&*st.acked, changed.len()),
+        );
         for name in changed.iter() {
             let res = known.get(name)?;
             let held = acked.get(name)?;
@@ -781,6 +804,7 @@ impl SotwMachine {
             gone,
             mut out,
             is_whole,
+            wire,
         } = self.walk(ty, st, snap);
         let unresolved_maybe = st.maybe.as_ref().filter(|_| st.unresolved);
         if gone.is_empty() && unresolved_maybe.is_none() {
@@ -794,7 +818,23 @@ impl SotwMachine {
                         .collect(),
                 )
             };
-            return out.with(resources);
+            // The plan is exactly the picks: what the client lacks of it is
+            // known from the walk (shared when that is all of it, as
+            // `not_held` does).
+            let wire = (!ty.is_full_state_in_sotw()).then(|| {
+                if wire.len() == resources.len() {
+                    resources.clone()
+                } else {
+                    Arc::new(
+                        wire.into_iter()
+                            .map(|(n, r)| (n.clone(), r.clone()))
+                            .collect(),
+                    )
+                }
+            });
+            let mut plan = out.with(resources);
+            plan.wire = wire;
+            return plan;
         }
         let mut plan: ResourceMap = picks
             .into_iter()
@@ -836,6 +876,7 @@ impl SotwMachine {
                 refetch_eds: Vec::new(),
             },
             is_whole: true,
+            wire: Vec::new(),
         };
         let mut acked = st.acked.iter().peekable();
         for (name, res) in candidates {
@@ -882,6 +923,9 @@ impl SotwMachine {
                     }
                 }
                 None => w.out.all_held = false,
+            }
+            if !full && !held.is_some_and(|h| same_version(h, pick)) {
+                w.wire.push((name, pick));
             }
             w.picks.push((name, pick));
         }
