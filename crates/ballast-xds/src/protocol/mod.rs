@@ -36,7 +36,7 @@ mod sim;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::resource::{Resource, ResourceType};
+use crate::resource::{Ref, Resource, ResourceType};
 use crate::snapshot::{ResourceMap, Snapshot};
 
 /// Outcome of one request, for status and metrics.
@@ -233,11 +233,20 @@ fn hard_refs_ready_holding_all(
         }
     }
     Some(
-        res.refs()
-            .iter()
-            .filter(|r| r.hard && r.ty != ResourceType::Cluster)
+        outside_clusters(res.refs())
+            .filter(|r| r.hard)
             .all(|r| views.client_has(r.ty, &r.name) != Some(false)),
     )
+}
+
+/// The references of a sorted list (as [`Resource::refs`] gives them: by type
+/// first) that are not to clusters: the cluster block is found by two binary
+/// searches and skipped, so a route configuration's 10,000 cluster references
+/// are not walked per proxy per push (they were 3 % of a W3 SotW edit's CPU).
+fn outside_clusters(refs: &[Ref]) -> impl Iterator<Item = &Ref> {
+    let start = refs.partition_point(|r| r.ty < ResourceType::Cluster);
+    let end = start + refs[start..].partition_point(|r| r.ty == ResourceType::Cluster);
+    refs[..start].iter().chain(&refs[end..])
 }
 
 /// [`hard_refs_ready`] by looking up every hard reference at the client.
