@@ -501,6 +501,32 @@ pub(crate) mod tests {
     }
 
     proptest! {
+        /// Skipping the cluster block of a sorted reference list leaves
+        /// exactly the references that are not to clusters, in order, whatever
+        /// types come before and after it (the readiness shortcut relies on it).
+        #[test]
+        fn outside_clusters_is_the_filter(
+            refs in proptest::collection::btree_set(
+                (0..ResourceType::ALL.len(), "[a-c]{1,2}", any::<bool>()),
+                0..40,
+            ),
+        ) {
+            let refs: Vec<Ref> = refs
+                .into_iter()
+                .map(|(t, name, hard)| Ref {
+                    ty: ResourceType::ALL[t],
+                    name: name.into(),
+                    hard,
+                })
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let skipped: Vec<&Ref> = outside_clusters(&refs).collect();
+            let filtered: Vec<&Ref> =
+                refs.iter().filter(|r| r.ty != ResourceType::Cluster).collect();
+            prop_assert_eq!(skipped, filtered);
+        }
+
         /// The one-walk lookup answers like the map, for names in any order
         /// (in order they cost one walk; out of order they fall back).
         #[test]
