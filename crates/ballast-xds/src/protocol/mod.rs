@@ -36,7 +36,7 @@ mod sim;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::resource::{Resource, ResourceType};
+use crate::resource::{Ref, Resource, ResourceType};
 use crate::snapshot::{ResourceMap, Snapshot};
 
 /// Outcome of one request, for status and metrics.
@@ -233,11 +233,20 @@ fn hard_refs_ready_holding_all(
         }
     }
     Some(
-        res.refs()
-            .iter()
-            .filter(|r| r.hard && r.ty != ResourceType::Cluster)
+        outside_clusters(res.refs())
+            .filter(|r| r.hard)
             .all(|r| views.client_has(r.ty, &r.name) != Some(false)),
     )
+}
+
+/// The references of a sorted list (as [`Resource::refs`] gives them: by type
+/// first) that are not to clusters: the cluster block is found by two binary
+/// searches and skipped, so a route configuration's 10,000 cluster references
+/// are not walked per proxy per push (they were 3 % of a W3 SotW edit's CPU).
+fn outside_clusters(refs: &[Ref]) -> impl Iterator<Item = &Ref> {
+    let start = refs.partition_point(|r| r.ty < ResourceType::Cluster);
+    let end = start + refs[start..].partition_point(|r| r.ty == ResourceType::Cluster);
+    refs[..start].iter().chain(&refs[end..])
 }
 
 /// [`hard_refs_ready`] by looking up every hard reference at the client.
@@ -492,6 +501,32 @@ pub(crate) mod tests {
     }
 
     proptest! {
+        /// Skipping the cluster block of a sorted reference list leaves
+        /// exactly the references that are not to clusters, in order, whatever
+        /// types come before and after it (the readiness shortcut relies on it).
+        #[test]
+        fn outside_clusters_is_the_filter(
+            refs in proptest::collection::btree_set(
+                (0..ResourceType::ALL.len(), "[a-c]{1,2}", any::<bool>()),
+                0..40,
+            ),
+        ) {
+            let refs: Vec<Ref> = refs
+                .into_iter()
+                .map(|(t, name, hard)| Ref {
+                    ty: ResourceType::ALL[t],
+                    name: name.into(),
+                    hard,
+                })
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let skipped: Vec<&Ref> = outside_clusters(&refs).collect();
+            let filtered: Vec<&Ref> =
+                refs.iter().filter(|r| r.ty != ResourceType::Cluster).collect();
+            prop_assert_eq!(skipped, filtered);
+        }
+
         /// The one-walk lookup answers like the map, for names in any order
         /// (in order they cost one walk; out of order they fall back).
         #[test]
