@@ -9,7 +9,6 @@
 //! file is a warning and the server starts without a baseline.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -194,20 +193,6 @@ pub fn load_or_warn(dir: &Path) -> Loaded {
     }
 }
 
-impl GatewayV1 {
-    fn of(inv: &Inventory) -> GatewayV1 {
-        GatewayV1 {
-            listeners: inv.listeners.iter().cloned().collect(),
-            clusters: inv.clusters.iter().cloned().collect(),
-            routes: inv
-                .routes
-                .iter()
-                .map(|(rc, vh, id)| (rc.clone(), vh.clone(), hex_encode(id)))
-                .collect(),
-        }
-    }
-}
-
 fn now_secs() -> f64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -287,11 +272,15 @@ impl Serialize for Hex<'_> {
 /// Writes `gateways` to the state file in `dir`, atomically.
 #[cfg(test)]
 pub fn write(dir: &Path, gateways: &Inventories) -> Result<(), StateError> {
-    write_bytes(dir, &encode(gateways))
+    write_with(dir, |f| std::io::Write::write_all(f, &encode(gateways)))
 }
 
-/// Writes an encoded state document to the state file in `dir`, atomically.
-pub fn write_bytes(dir: &Path, bytes: &[u8]) -> Result<(), StateError> {
+/// Writes the state document `write` produces to the state file in `dir`, atomically,
+/// through a buffer (the document is never whole in memory).
+pub fn write_with(
+    dir: &Path,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> Result<(), StateError> {
     let path = path_in(dir);
     let err = |source| StateError::Write {
         path: path.clone(),
@@ -300,8 +289,9 @@ pub fn write_bytes(dir: &Path, bytes: &[u8]) -> Result<(), StateError> {
     std::fs::create_dir_all(dir).map_err(err)?;
     let tmp = dir.join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
+        let mut f = std::io::BufWriter::with_capacity(64 * 1024, std::fs::File::create(&tmp)?);
+        write(&mut f)?;
+        let f = f.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         std::fs::rename(&tmp, &path)?;
         // The rename itself must survive a power loss.
@@ -324,7 +314,7 @@ pub async fn writer(dir: PathBuf, mut rx: watch::Receiver<Arc<Records>>) {
         let d = dir.clone();
         let mut enc = encoder.take().unwrap_or_default();
         let done = tokio::task::spawn_blocking(move || {
-            let r = write_bytes(&d, &enc.encode(&latest, now_secs()));
+            let r = write_with(&d, |f| enc.encode_to(&latest, now_secs(), f));
             (enc, r)
         })
         .await
@@ -484,6 +474,7 @@ pub fn default_dir() -> PathBuf {
     PathBuf::from(".ballast-state")
 }
 
+#[cfg(test)]
 fn hex_encode(b: &[u8]) -> String {
     Hex(b).to_string()
 }

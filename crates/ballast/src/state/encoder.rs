@@ -7,22 +7,28 @@
 //! Per gateway, the listener and cluster name lists are re-encoded only when the snapshot's
 //! map of that type is another one (unchanged types share the previous map); a route
 //! configuration's route ids are re-decoded only for the virtual hosts whose bytes differ
-//! from the last encoding (common prefix and suffix, aligned on field boundaries), and each
-//! id keeps its encoded JSON entry. A write then concatenates the cached pieces.
+//! from the last encoding (common prefix and suffix, aligned on field boundaries). A write
+//! then streams the kept route ids to the file.
+//!
+//! Memory (W4, issue #13): the book keeps one `(host, route id)` key per route, the host
+//! shared by its routes, and only the byte range of each top-level field: a removed virtual
+//! host is decoded again from the previous bytes to learn which ids it held. The entries are
+//! formatted as they are written, into a buffered writer (no JSON string per route, no whole
+//! document in memory).
 //!
 //! The output is byte for byte [`super::encode_at`] of the records' inventories (proved by
 //! `tests::encoder_equals_full_encoding`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, Write};
 use std::sync::Arc;
 
 use ballast_xds::{Resource, ResourceMap, ResourceType, Snapshot};
 use prost::Message;
 
-use super::{Recorded, Records, hex_encode};
+use super::{GatewayOut, Recorded, Records};
 use crate::guard::{
-    HostIds, Inventory, ListenerIds, RouteId, RouteIds, TCP_PROXY, common_prefix, common_suffix,
-    next_field,
+    HostIds, ListenerIds, RouteId, RouteIds, TCP_PROXY, common_prefix, common_suffix, next_field,
 };
 
 /// The cached encoding of the state file (see the module docs).
@@ -38,7 +44,8 @@ struct GatewayBook {
     clusters: Names,
     /// Route configurations by name.
     rcs: BTreeMap<Arc<str>, RcBook>,
-    /// The `tcp_proxy` chains of listeners, by group name (`listener:{name}`).
+    /// The `tcp_proxy` chains of listeners, by group name (`listener:{name}`), as entries
+    /// with an empty route id.
     tcp: BTreeMap<String, Entries>,
     /// The listener map `tcp` was taken from.
     tcp_from: Option<Arc<ResourceMap>>,
@@ -56,119 +63,93 @@ impl Names {
         if self.from.as_ref().is_some_and(|m| Arc::ptr_eq(m, map)) {
             return;
         }
-        self.json = json_array(map.keys().map(|k| json_str(k)));
+        let mut out = Vec::with_capacity(2 + map.len() * 16);
+        out.push(b'[');
+        for (i, k) in map.keys().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_json_str(&mut out, k).expect("writing to a Vec");
+        }
+        out.push(b']');
+        self.json = String::from_utf8(out).expect("JSON is UTF-8");
         self.from = Some(map.clone());
     }
 }
 
-/// Route ids of one group: (virtual host, id) → (how many virtual hosts hold it, its JSON
-/// entry `["group","host","hex id"]`). Counted, so that a host named twice stays a set.
-type Entries = BTreeMap<(String, Vec<u8>), (usize, String)>;
+/// Route ids of one group: (virtual host, id) → how many virtual hosts hold it. Counted, so
+/// that a host named twice stays a set. The host name is shared by its routes' keys.
+type Entries = BTreeMap<(Arc<str>, Box<[u8]>), usize>;
 
 /// A route configuration as last decoded.
 struct RcBook {
     resource: Arc<Resource>,
-    /// Its top-level fields in byte order, with the route ids of each virtual host.
-    /// `None`: the bytes do not parse field by field (decoded whole, see [`RcBook::whole`]).
+    /// Its top-level fields in byte order. `None`: the bytes do not parse field by field
+    /// (decoded whole, see [`RcBook::whole`]).
     fields: Option<Vec<Field>>,
     /// Fields whose virtual host does not decode: then, as for [`Inventory::of`], the whole
     /// configuration counts for nothing.
+    ///
+    /// [`Inventory::of`]: crate::guard::Inventory::of
     broken: usize,
     entries: Entries,
 }
 
+/// A top-level field of a route configuration: its bytes and what it holds.
+#[derive(Clone, Copy)]
 struct Field {
     start: usize,
     end: usize,
-    /// `None` for anything but a virtual host that decodes.
-    host: Option<HostIds>,
-    broken: bool,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// Anything but a virtual host.
+    Other,
+    /// A virtual host that decodes: its route ids are in the entries.
+    Host,
+    /// A virtual host that does not decode.
+    Broken,
 }
 
 impl RcBook {
-    fn new(name: &str, resource: Arc<Resource>) -> RcBook {
+    fn new(resource: Arc<Resource>) -> RcBook {
         let mut book = RcBook {
             resource: resource.clone(),
-            fields: Some(Vec::new()),
+            fields: None,
             broken: 0,
             entries: Entries::new(),
         };
         let bytes = resource.value_bytes();
-        match parse_fields(&bytes, 0, |_| false) {
+        let entries = &mut book.entries;
+        match parse_fields(&bytes, 0, |_| false, &mut |h| add_host(entries, h)) {
             Some((fields, _)) => {
-                for f in &fields {
-                    book.add(name, f);
-                }
+                book.broken = fields.iter().filter(|f| f.kind == Kind::Broken).count();
                 book.fields = Some(fields);
             }
-            None => book.whole(name, &bytes),
+            None => book.whole(&bytes),
         }
         book
     }
 
     /// Bytes that do not parse field by field: whatever decodes as a whole.
-    fn whole(&mut self, name: &str, bytes: &[u8]) {
+    fn whole(&mut self, bytes: &[u8]) {
         self.fields = None;
         self.broken = 0;
         self.entries.clear();
         match RouteIds::decode(bytes) {
             Ok(rc) => {
                 for vh in rc.virtual_hosts {
-                    self.add_host(name, &vh);
+                    add_host(&mut self.entries, vh);
                 }
             }
             Err(_) => self.broken = 1,
         }
     }
 
-    fn add(&mut self, name: &str, f: &Field) {
-        if f.broken {
-            self.broken += 1;
-        }
-        if let Some(h) = &f.host {
-            self.add_host(name, h);
-        }
-    }
-
-    fn add_host(&mut self, name: &str, h: &HostIds) {
-        for r in &h.routes {
-            let id = route_id(r);
-            let e = self
-                .entries
-                .entry((h.name.clone(), id))
-                .or_insert_with_key(|(host, id)| {
-                    (
-                        0,
-                        format!(
-                            "[{},{},{}]",
-                            json_str(name),
-                            json_str(host),
-                            json_str(&hex_encode(id))
-                        ),
-                    )
-                });
-            e.0 += 1;
-        }
-    }
-
-    fn remove(&mut self, f: &Field) {
-        if f.broken {
-            self.broken -= 1;
-        }
-        let Some(h) = &f.host else { return };
-        for r in &h.routes {
-            let key = (h.name.clone(), route_id(r));
-            if let Some(e) = self.entries.get_mut(&key) {
-                e.0 -= 1;
-                if e.0 == 0 {
-                    self.entries.remove(&key);
-                }
-            }
-        }
-    }
-
     /// Moves to `next`, re-decoding only the fields whose bytes changed.
-    fn update(&mut self, name: &str, next: &Arc<Resource>) {
+    fn update(&mut self, next: &Arc<Resource>) {
         if Arc::ptr_eq(&self.resource, next) {
             return;
         }
@@ -176,7 +157,7 @@ impl RcBook {
         let new = next.value_bytes();
         self.resource = next.clone();
         let Some(mut fields) = self.fields.take() else {
-            *self = RcBook::new(name, next.clone());
+            *self = RcBook::new(next.clone());
             return;
         };
         let prefix = common_prefix(&old, &new);
@@ -195,8 +176,10 @@ impl RcBook {
                     .is_ok()
             }
         };
-        let Some((mut parsed, stop)) = parse_fields(&new, start, resync) else {
-            *self = RcBook::new(name, next.clone());
+        // Added after the removed ones are gone (a host decoded again gets new keys).
+        let mut added = Vec::new();
+        let Some((parsed, stop)) = parse_fields(&new, start, resync, &mut |h| added.push(h)) else {
+            *self = RcBook::new(next.clone());
             return;
         };
         let o_stop = if stop == new.len() {
@@ -205,12 +188,23 @@ impl RcBook {
             stop - new_tail + old_tail
         };
         let last = first + fields[first..].partition_point(|f| f.start < o_stop);
-        let removed: Vec<Field> = fields.drain(first..last).collect();
-        for f in &removed {
-            self.remove(f);
+        for f in fields.drain(first..last) {
+            match f.kind {
+                Kind::Other => {}
+                Kind::Broken => self.broken -= 1,
+                Kind::Host => {
+                    // Decoded when added, from the same bytes.
+                    let Some((_, _, Some(payload))) = next_field(&old, f.start) else {
+                        unreachable!("a host field parsed before")
+                    };
+                    let h = HostIds::decode(payload).expect("a host that decoded before");
+                    remove_host(&mut self.entries, h);
+                }
+            }
         }
-        for f in &parsed {
-            self.add(name, f);
+        self.broken += parsed.iter().filter(|f| f.kind == Kind::Broken).count();
+        for h in added {
+            add_host(&mut self.entries, h);
         }
         // The fields after the change moved by the difference in length.
         if new.len() != old.len() {
@@ -219,34 +213,58 @@ impl RcBook {
                 f.end = f.end + new.len() - old.len();
             }
         }
-        fields.splice(first..first, parsed.drain(..));
+        fields.splice(first..first, parsed);
         self.fields = Some(fields);
     }
 }
 
+fn add_host(entries: &mut Entries, h: HostIds) {
+    let host: Arc<str> = Arc::from(h.name);
+    for r in h.routes {
+        *entries.entry((host.clone(), route_id(r))).or_insert(0) += 1;
+    }
+}
+
+fn remove_host(entries: &mut Entries, h: HostIds) {
+    let host: Arc<str> = Arc::from(h.name);
+    for r in h.routes {
+        let key = (host.clone(), route_id(r));
+        if let Some(n) = entries.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                entries.remove(&key);
+            }
+        }
+    }
+}
+
 /// The top-level fields of `buf` from `at` until `stop(offset)` holds at a field start or the
-/// end: the fields and where parsing stopped. `None` if the bytes are not fields.
+/// end: the fields and where parsing stopped; each virtual host that decodes goes to
+/// `host`. `None` if the bytes are not fields.
 fn parse_fields(
     buf: &[u8],
     mut at: usize,
     stop: impl Fn(usize) -> bool,
+    host: &mut dyn FnMut(HostIds),
 ) -> Option<(Vec<Field>, usize)> {
     let mut out = Vec::new();
     while at < buf.len() && !stop(at) {
         let (number, end, payload) = next_field(buf, at)?;
-        let (host, broken) = if number == 2 {
+        let kind = if number == 2 {
             match payload.map(HostIds::decode) {
-                Some(Ok(h)) => (Some(h), false),
-                _ => (None, true),
+                Some(Ok(h)) => {
+                    host(h);
+                    Kind::Host
+                }
+                _ => Kind::Broken,
             }
         } else {
-            (None, false)
+            Kind::Other
         };
         out.push(Field {
             start: at,
             end,
-            host,
-            broken,
+            kind,
         });
         at = end;
     }
@@ -261,11 +279,10 @@ fn tcp_entries(map: &ResourceMap) -> BTreeMap<String, Entries> {
             continue;
         };
         let group = format!("listener:{name}");
-        let entries: &mut Entries = out.entry(group.clone()).or_default();
+        let entries: &mut Entries = out.entry(group).or_default();
         for chain in l.filter_chains {
             if chain.filters.iter().any(|f| f.name == TCP_PROXY) {
-                let json = format!("[{},{},\"\"]", json_str(&group), json_str(&chain.name));
-                entries.insert((chain.name, Vec::new()), (1, json));
+                entries.insert((Arc::from(chain.name), Box::default()), 1);
             }
         }
     }
@@ -290,22 +307,21 @@ impl GatewayBook {
         self.rcs.retain(|name, _| rcs.contains_key(name));
         for (name, res) in rcs.iter() {
             match self.rcs.get_mut(name) {
-                Some(b) => b.update(name, res),
+                Some(b) => b.update(res),
                 None => {
-                    self.rcs
-                        .insert(name.clone(), RcBook::new(name, res.clone()));
+                    self.rcs.insert(name.clone(), RcBook::new(res.clone()));
                 }
             }
         }
     }
 
     /// `{"listeners":[..],"clusters":[..],"routes":[..]}` into `out`.
-    fn write(&self, out: &mut String) {
-        out.push_str("{\"listeners\":");
-        out.push_str(&self.listeners.json);
-        out.push_str(",\"clusters\":");
-        out.push_str(&self.clusters.json);
-        out.push_str(",\"routes\":[");
+    fn write(&self, out: &mut impl Write) -> io::Result<()> {
+        out.write_all(b"{\"listeners\":")?;
+        out.write_all(self.listeners.json.as_bytes())?;
+        out.write_all(b",\"clusters\":")?;
+        out.write_all(self.clusters.json.as_bytes())?;
+        out.write_all(b",\"routes\":[")?;
         // Groups in name order (route configurations and `listener:` groups interleave);
         // within a group, entries in (host, id) order — the order of `Inventory::routes`.
         let mut groups: BTreeMap<&str, Vec<&Entries>> = BTreeMap::new();
@@ -318,92 +334,109 @@ impl GatewayBook {
             groups.entry(name).or_default().push(e);
         }
         let mut first = true;
-        let mut push = |json: &str| {
-            if !first {
-                out.push(',');
-            }
-            first = false;
-            out.push_str(json);
-        };
-        for parts in groups.values() {
+        for (name, parts) in &groups {
+            let mut group = Vec::new();
+            write_json_str(&mut group, name)?;
+            let mut push = |(host, id): &(Arc<str>, Box<[u8]>)| -> io::Result<()> {
+                out.write_all(if first { b"[" } else { b",[" })?;
+                first = false;
+                out.write_all(&group)?;
+                out.write_all(b",")?;
+                write_json_str(out, host)?;
+                out.write_all(b",\"")?;
+                write_hex(out, id)?;
+                out.write_all(b"\"]")
+            };
             if let [one] = parts.as_slice() {
-                for (_, (_, json)) in one.iter() {
-                    push(json);
-                }
+                one.keys().try_for_each(&mut push)?;
             } else {
                 // A route configuration named like a listener group: merge (rare).
-                let merged: BTreeMap<&(String, Vec<u8>), &str> = parts
-                    .iter()
-                    .flat_map(|e| e.iter().map(|(k, (_, j))| (k, j.as_str())))
-                    .collect();
-                for json in merged.values() {
-                    push(json);
-                }
+                let merged: BTreeSet<&(Arc<str>, Box<[u8]>)> =
+                    parts.iter().flat_map(|e| e.keys()).collect();
+                merged.into_iter().try_for_each(&mut push)?;
             }
         }
-        out.push_str("]}");
+        out.write_all(b"]}")
     }
 }
 
 impl Encoder {
     /// The state document for `records`, written at `written_at` (seconds since the epoch).
     pub fn encode(&mut self, records: &Records, written_at: f64) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode_to(records, written_at, &mut out)
+            .expect("writing to a Vec");
+        out
+    }
+
+    /// [`Encoder::encode`] into `out`, as it is formatted (give it a buffered writer).
+    pub fn encode_to(
+        &mut self,
+        records: &Records,
+        written_at: f64,
+        out: &mut impl Write,
+    ) -> io::Result<()> {
         self.gateways
             .retain(|name, _| matches!(records.get(name), Some(Recorded::Snapshot(_))));
-        let mut out = String::new();
-        out.push_str("{\"format\":");
-        out.push_str(&super::FORMAT.to_string());
-        out.push_str(",\"written_at\":");
-        out.push_str(&serde_json::to_string(&written_at).expect("a number"));
-        out.push_str(",\"gateways\":{");
+        write!(out, "{{\"format\":{},\"written_at\":", super::FORMAT)?;
+        serde_json::to_writer(&mut *out, &written_at)?;
+        out.write_all(b",\"gateways\":{")?;
         for (i, (name, record)) in records.iter().enumerate() {
             if i > 0 {
-                out.push(',');
+                out.write_all(b",")?;
             }
-            out.push_str(&json_str(name));
-            out.push(':');
+            write_json_str(out, name)?;
+            out.write_all(b":")?;
             match record {
                 Recorded::Snapshot(s) => {
                     let book = self.gateways.entry(name.clone()).or_default();
                     book.update(s);
-                    book.write(&mut out);
+                    book.write(out)?;
                 }
-                Recorded::Inventory(inv) => write_inventory(inv, &mut out),
+                // A restart baseline not replaced yet: encoded whole (once per gateway and
+                // restart).
+                Recorded::Inventory(inv) => serde_json::to_writer(&mut *out, &GatewayOut(inv))?,
             }
         }
-        out.push_str("}}");
-        out.into_bytes()
+        out.write_all(b"}}")
     }
 }
 
-/// A restart baseline not replaced yet: encoded whole (once per gateway and restart).
-fn write_inventory(inv: &Inventory, out: &mut String) {
-    out.push_str(&serde_json::to_string(&super::GatewayV1::of(inv)).expect("serializable"));
+/// `s` as a JSON string, as `serde_json` writes it.
+fn write_json_str(out: &mut impl Write, s: &str) -> io::Result<()> {
+    // serde_json escapes only `"`, `\` and control characters below U+0020.
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.write_all(b"\"")?;
+        out.write_all(s.as_bytes())?;
+        out.write_all(b"\"")
+    } else {
+        serde_json::to_writer(out, s).map_err(io::Error::from)
+    }
 }
 
-fn json_str(s: &str) -> String {
-    serde_json::to_string(s).expect("a string")
-}
-
-fn json_array(items: impl Iterator<Item = String>) -> String {
-    let mut out = String::from("[");
-    for (i, s) in items.enumerate() {
-        if i > 0 {
-            out.push(',');
+/// `b` as lowercase hex.
+fn write_hex(out: &mut impl Write, b: &[u8]) -> io::Result<()> {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 128];
+    for chunk in b.chunks(buf.len() / 2) {
+        for (i, x) in chunk.iter().enumerate() {
+            buf[2 * i] = DIGITS[usize::from(x >> 4)];
+            buf[2 * i + 1] = DIGITS[usize::from(x & 15)];
         }
-        out.push_str(&s);
+        out.write_all(&buf[..2 * chunk.len()])?;
     }
-    out.push(']');
-    out
+    Ok(())
 }
 
 /// A named route keeps its identity when its match is edited; unnamed routes are identified
 /// by their encoded match (as [`Inventory::of`] does).
-fn route_id(r: &RouteId) -> Vec<u8> {
+///
+/// [`Inventory::of`]: crate::guard::Inventory::of
+fn route_id(r: RouteId) -> Box<[u8]> {
     if r.name.is_empty() {
-        r.r#match.clone()
+        r.r#match.into_boxed_slice()
     } else {
-        r.name.clone().into_bytes()
+        r.name.into_bytes().into_boxed_slice()
     }
 }
 
@@ -411,6 +444,7 @@ fn route_id(r: &RouteId) -> Vec<u8> {
 mod tests {
     use super::super::{encode_at, inventories};
     use super::*;
+    use crate::guard::Inventory;
     use ballast_xds::envoy_types::pb::envoy::config::cluster::v3::Cluster;
     use ballast_xds::envoy_types::pb::envoy::config::listener::v3::{
         Filter, FilterChain, Listener,
@@ -581,7 +615,11 @@ mod tests {
                         }
                     }
                 }
-                let got = enc.encode(&records, 1234.5);
+                // Streamed through a small buffer (many partial writes), as to the file.
+                let mut got = Vec::new();
+                let mut w = std::io::BufWriter::with_capacity(7, &mut got);
+                enc.encode_to(&records, 1234.5, &mut w).unwrap();
+                drop(w);
                 let want = encode_at(&inventories(&records), 1234.5);
                 assert_eq!(
                     String::from_utf8(got).unwrap(),
@@ -606,24 +644,43 @@ mod tests {
                 .unwrap()
                 .clone()
         };
-        let mut book = RcBook::new("rc0", rc(&first));
-        // A host decoded again has a new name buffer; a kept one keeps it (moved or not).
-        let names = |b: &RcBook| -> Vec<*const u8> {
-            let fields = b.fields.as_ref().unwrap();
-            fields
-                .iter()
-                .filter_map(|f| f.host.as_ref().map(|h| h.name.as_ptr()))
+        let mut book = RcBook::new(rc(&first));
+        // A host decoded again gets new keys (its old ones are removed first); a kept one
+        // keeps its host name buffer, moved or not.
+        let names = |b: &RcBook| -> BTreeMap<Arc<str>, *const u8> {
+            b.entries
+                .keys()
+                .map(|(h, _)| (h.clone(), h.as_ptr()))
                 .collect()
         };
         let before = names(&book);
         assert_eq!(before.len(), 200);
         model.rcs.get_mut(&0).unwrap()[100].1 = vec![(Some(1), 2)];
         let next = model.snapshot(Some(&first));
-        book.update("rc0", &rc(&next));
+        book.update(&rc(&next));
         let after = names(&book);
         assert_eq!(after.len(), 200);
-        let kept = after.iter().zip(&before).filter(|(a, b)| a == b).count();
+        let kept = after
+            .iter()
+            .filter(|(h, p)| before.get(*h) == Some(p))
+            .count();
         assert_eq!(kept, 199, "only the edited host is decoded again");
-        assert_eq!(book.entries, RcBook::new("rc0", rc(&next)).entries);
+        assert_eq!(book.entries, RcBook::new(rc(&next)).entries);
+    }
+
+    proptest::proptest! {
+        /// The streamed JSON strings and hex are `serde_json`'s, for any text (quotes,
+        /// backslashes, control characters, non-ASCII) and any bytes.
+        #[test]
+        fn json_pieces_equal_serde_json(s in ".*", raw in "[\"\\\\\u{0}-\u{1f}a-z\u{7f}\u{e9}\u{2028}]{0,12}", b in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+            for s in [&s, &raw] {
+                let mut out = Vec::new();
+                write_json_str(&mut out, s).unwrap();
+                proptest::prop_assert_eq!(String::from_utf8(out).unwrap(), serde_json::to_string(s).unwrap());
+            }
+            let mut out = Vec::new();
+            write_hex(&mut out, &b).unwrap();
+            proptest::prop_assert_eq!(String::from_utf8(out).unwrap(), super::super::hex_encode(&b));
+        }
     }
 }
