@@ -359,9 +359,11 @@ async fn run<M: Machine>(
         // newest snapshot once the interval is over.
         let waiting = paced(ready, serving, &guard, next_take, now);
         // Biased, in the order of how often each fires (a request, the
-        // pace timer or a publish), so a wake polls only what woke it once
-        // every branch is registered; none can starve another for long (a
-        // branch is only ready again after the stream's own work).
+        // pace timer or a publish): the common wakes find their branch
+        // after one or two polls, and the rarely-firing waits are not polled
+        // behind them. Drain is last: a client that keeps a request always
+        // ready delays its stream's end by the requests it sends; the
+        // connection's graceful shutdown and `shutdown_grace` bound it.
         tokio::select! {
             biased;
             msg = requests.message() => match msg {
