@@ -625,6 +625,28 @@ async fn paced_publishes_are_pushed_once_at_the_newest_version() {
     c.expect_quiet().await;
 }
 
+/// Pacing holds interval after interval: the stream's pace timer is armed
+/// once and moved at each take, so every later interval again defers a
+/// publish made right after a push and then pushes only the newest one.
+#[tokio::test]
+async fn pacing_repeats_every_interval() {
+    let (cache, s) = ready_paced_server(fixture(&["a"], "a", 1), Duration::from_secs(2)).await;
+    let mut c = Delta::connect(s.addr, "n").await;
+    c.subscribed(EDS, &["a"]).await;
+    for round in 0..3u16 {
+        cache.set_snapshot("g", fixture(&["a"], "a", 10 * round + 2));
+        c.expect_quiet().await;
+        let newest = fixture(&["a"], "a", 10 * round + 3);
+        let want = newest.get(EDS, "a").unwrap().version().to_string();
+        cache.set_snapshot("g", newest);
+        let r = c.recv().await;
+        assert_eq!(names(&r), ["a"]);
+        assert_eq!(r.resources[0].version, want, "round {round}: the newest");
+        c.ack(&r).await;
+    }
+    c.expect_quiet().await;
+}
+
 /// A publish that changes only the type whose response is in flight is not
 /// taken at once (nothing of it could be sent before the ACK); the ACK then
 /// brings it, at the newest version. A change of an idle type on the same

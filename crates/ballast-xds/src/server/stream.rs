@@ -4,11 +4,13 @@
 //! Backpressure is the HTTP/2 stream's alone: the response channel holds one
 //! message, so a slow client slows only its own task; publishing never waits.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Sleep;
 use tonic::Status;
 use tracing::{Instrument, debug, info_span, warn};
 
@@ -203,13 +205,16 @@ async fn run<M: Machine>(
     tx: &RespTx<M::Resp>,
     peer: Option<Arc<crate::security::PeerIdentity>>,
 ) -> Result<(), Status> {
-    let drain = &shared.drain;
+    // The drain signal is one token for every stream: its future is made
+    // and registered once per stream, not per wake (each registration and
+    // removal locks the token's waiter list, shared by the whole fleet).
+    let mut drained = std::pin::pin!(shared.drain.cancelled());
     // The first request names the node; nothing is sent before we know it.
     // Requests are boxed: a decoded request is hundreds of bytes, and a
     // local held across an await is part of the task's future.
     let first = tokio::select! {
         msg = requests.message() => msg?.map(Box::new),
-        _ = drain.cancelled() => return Err(super::shutting_down()),
+        _ = drained.as_mut() => return Err(super::shutting_down()),
     };
     let Some(mut first) = first else {
         return Ok(());
@@ -232,7 +237,10 @@ async fn run<M: Machine>(
     let handle = shared.registry.open(node, group.as_str().into(), kind);
     let node_id = handle.node().clone();
     let observer = handle.observer().clone();
-    let mut ready_rx = shared.cache.watch_ready();
+    let ready_rx = shared.cache.watch_ready();
+    // Readiness rarely changes: one long-lived wait on a second receiver,
+    // re-armed only when it fires.
+    let mut ready_changed = std::pin::pin!(ready_change(ready_rx.clone()));
     // Frees the group's cache slot when the stream ends, if then unused.
     let mut snap_rx = shared.cache.watch_group(&group);
     let mut sent_at: PerType<Option<(Arc<str>, Instant)>> = PerType::default();
@@ -250,19 +258,24 @@ async fn run<M: Machine>(
     };
     let mut guard = ResumeGuard::new(shared.resume_guard.clone(), only);
     let mut pending = Some(first);
-    let resume_deadline = tokio::time::Instant::now() + RESUME_HOLD;
-    let mut resume_released = false;
+    // Timers are armed once and reset, not made and dropped on every wake
+    // (a registration in the timer wheel each). The resume hold's goes away
+    // once released, so idle streams keep no timer for it.
+    let mut resume_hold: Option<Pin<Box<Sleep>>> = Some(Box::pin(tokio::time::sleep(RESUME_HOLD)));
     // Publish pacing (`XdsServerBuilder::push_interval`): the snapshot last
     // taken from the group, and when the stream may take a newer one.
     let pace = shared.push_interval;
     let mut taken: Option<Arc<Snapshot>> = None;
     let mut next_take: Option<tokio::time::Instant> = None;
+    // Fires at `next_take`; made at the first paced take.
+    let mut pace_timer: Option<Pin<Box<Sleep>>> = None;
     let mut serving = false;
     // A publish that changed only types with a response in flight: the
     // stream takes it with the client's next request instead (nothing of
     // it could be sent before), so it plans nothing now.
     let mut deferred = false;
     loop {
+        let now = tokio::time::Instant::now();
         if let Some(req) = pending.take() {
             // Only a request reporting what the client holds looks at the
             // group's history (a copy of at most a few `Arc`s).
@@ -271,12 +284,12 @@ async fn run<M: Machine>(
             } else {
                 Vec::new()
             };
-            guard.observe(&*req, tokio::time::Instant::now());
+            guard.observe(&*req, now);
             let outcome = machine.lock().handle(&req, &history);
             record(&*observer, &node_id, handle.group(), &outcome, &mut sent_at);
         }
-        let ready = *ready_rx.borrow_and_update();
-        if !std::mem::take(&mut deferred) && !paced(ready, serving, &guard, next_take) {
+        let ready = *ready_rx.borrow();
+        if !std::mem::take(&mut deferred) && !paced(ready, serving, &guard, next_take, now) {
             let current = if ready {
                 snap_rx.borrow_and_update().clone()
             } else {
@@ -286,7 +299,12 @@ async fn run<M: Machine>(
                 && let Some(c) = &current
                 && !taken.as_ref().is_some_and(|t| Arc::ptr_eq(t, c))
             {
-                next_take = Some(tokio::time::Instant::now() + pace);
+                let at = now + pace;
+                next_take = Some(at);
+                match &mut pace_timer {
+                    Some(t) => t.as_mut().reset(at),
+                    None => pace_timer = Some(Box::pin(tokio::time::sleep_until(at))),
+                }
             }
             taken = current.clone();
             let current = guard.filter(
@@ -321,10 +339,11 @@ async fn run<M: Machine>(
             debug!(%ty, %version, %nonce, resources, removed, bytes, "send");
             sent_at[ty] = Some((nonce, Instant::now()));
             tokio::select! {
+                biased;
                 r = tx.send(Ok(Box::new(resp))) => if r.is_err() {
                     return Ok(()); // client went away
                 },
-                _ = drain.cancelled() => return Err(super::shutting_down()),
+                _ = drained.as_mut() => return Err(super::shutting_down()),
             }
             observer.on_event(&XdsEvent::ResponseSent {
                 node: node_id.clone(),
@@ -338,8 +357,15 @@ async fn run<M: Machine>(
         }
         // While paced, publishes do not wake the stream: it takes the
         // newest snapshot once the interval is over.
-        let waiting = paced(ready, serving, &guard, next_take);
+        let waiting = paced(ready, serving, &guard, next_take, now);
+        // Biased, in the order of how often each fires (a request, the
+        // pace timer or a publish): the common wakes find their branch
+        // after one or two polls, and the rarely-firing waits are not polled
+        // behind them. Drain is last: a client that keeps a request always
+        // ready delays its stream's end by the requests it sends; the
+        // connection's graceful shutdown and `shutdown_grace` bound it.
         tokio::select! {
+            biased;
             msg = requests.message() => match msg {
                 Ok(Some(req)) => pending = Some(Box::new(req)),
                 Ok(None) => return Ok(()),
@@ -348,20 +374,23 @@ async fn run<M: Machine>(
                     return Err(status); // e.g. a limit: the client learns which
                 }
             },
-            // Shutdown ends the stream with a status Envoy retries (it
-            // keeps its config and reconnects to another replica).
-            _ = drain.cancelled() => return Err(super::shutting_down()),
-            r = ready_rx.changed() => { if r.is_err() { return Ok(()); } }
+            _ = sleep_on(&mut pace_timer), if waiting => {}
             r = snap_rx.changed(), if !waiting => {
                 if r.is_err() { return Ok(()); }
                 deferred = can_defer(ready, serving, &guard, &mut snap_rx, &machine);
             }
-            _ = sleep_until_some(next_take), if waiting => {}
+            r = ready_changed.as_mut() => match r {
+                Some(rx) => ready_changed.set(ready_change(rx)),
+                None => return Ok(()),
+            },
             _ = guard.wake() => {}
-            _ = tokio::time::sleep_until(resume_deadline), if !resume_released => {
-                resume_released = true;
+            _ = sleep_on(&mut resume_hold), if resume_hold.is_some() => {
+                resume_hold = None;
                 machine.lock().release_resume_hold();
             }
+            // Shutdown ends the stream with a status Envoy retries (it
+            // keeps its config and reconnects to another replica).
+            _ = drained.as_mut() => return Err(super::shutting_down()),
         }
     }
 }
@@ -374,11 +403,9 @@ fn paced(
     serving: bool,
     guard: &ResumeGuard,
     next_take: Option<tokio::time::Instant>,
+    now: tokio::time::Instant,
 ) -> bool {
-    ready
-        && serving
-        && !guard.is_holding()
-        && next_take.is_some_and(|t| tokio::time::Instant::now() < t)
+    ready && serving && !guard.is_holding() && next_take.is_some_and(|t| now < t)
 }
 
 /// Whether the publish just seen can wait for the client's next request
@@ -399,11 +426,19 @@ fn can_defer<M: Machine>(
     newest.is_some_and(|n| machine.lock().newest_can_wait(&n))
 }
 
-async fn sleep_until_some(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
+/// Waits for an armed timer (forever if there is none). The timer stays
+/// registered when this future is dropped.
+async fn sleep_on(timer: &mut Option<Pin<Box<Sleep>>>) {
+    match timer {
+        Some(t) => t.as_mut().await,
         None => std::future::pending().await,
     }
+}
+
+/// The next readiness change, with the receiver to wait for the one after
+/// (`None`: the cache is gone).
+async fn ready_change(mut rx: watch::Receiver<bool>) -> Option<watch::Receiver<bool>> {
+    rx.changed().await.ok().map(|()| rx)
 }
 
 fn record(
