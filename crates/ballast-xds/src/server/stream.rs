@@ -275,6 +275,13 @@ async fn run<M: Machine>(
     // it could be sent before), so it plans nothing now.
     let mut deferred = false;
     loop {
+        // Drain is the last branch of the biased wait below (polling it
+        // locks the fleet-wide token's waiter list); this atomic check on
+        // every pass means a client that always has a request ready still
+        // sees its stream end at once when the server drains.
+        if shared.drain.is_cancelled() {
+            return Err(super::shutting_down());
+        }
         let now = tokio::time::Instant::now();
         if let Some(req) = pending.take() {
             // Only a request reporting what the client holds looks at the
@@ -361,9 +368,8 @@ async fn run<M: Machine>(
         // Biased, in the order of how often each fires (a request, the
         // pace timer or a publish): the common wakes find their branch
         // after one or two polls, and the rarely-firing waits are not polled
-        // behind them. Drain is last: a client that keeps a request always
-        // ready delays its stream's end by the requests it sends; the
-        // connection's graceful shutdown and `shutdown_grace` bound it.
+        // behind them. Drain is last here; the check at the top of the loop
+        // catches it on the passes where another branch won.
         tokio::select! {
             biased;
             msg = requests.message() => match msg {
