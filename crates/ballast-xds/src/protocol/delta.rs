@@ -1238,9 +1238,12 @@ impl<'a> Planner<'a> {
         let (st, whole) = (self.st, self.whole);
         let mut gone = Vec::new();
         let mut known = Seeker::sparse(&**whole, names.len());
+        // Every name of `whole` is covered (no lookup per name): wildcard, or
+        // the names are `whole`'s keys (Envoy's EDS subscription).
+        let whole_covered = st.sub.is_wildcard() || st.sub.is_keys_of(whole);
         for name in names {
             if let Some(res) = known.get(name) {
-                if st.sub.covers(name) {
+                if whole_covered || st.sub.covers(name) {
                     self.consider(res);
                 }
                 continue;
