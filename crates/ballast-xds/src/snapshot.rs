@@ -1275,13 +1275,14 @@ mod tests {
         /// or removed a name. Within MAX_CHAIN publishes both always answer.
         #[test]
         fn recorded_changes_agree_with_comparing_the_maps(
-            base in proptest::collection::vec((0u8..4, 0u8..6), 0..12),
+            base in proptest::collection::btree_set((0u8..4, 0u8..6), 0..12),
             steps in proptest::collection::vec(
                 proptest::collection::vec((proptest::bool::weighted(0.8), 0u8..4, 0u8..6), 0..5),
                 1..24,
             ),
             history in 1usize..4,
         ) {
+            let base: Vec<(u8, u8)> = base.into_iter().collect();
             let (maps, last) = publish_chain(&base, &steps, history);
             let now = &maps[maps.len() - 1];
             for (i, held) in maps.iter().enumerate() {

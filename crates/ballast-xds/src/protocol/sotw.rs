@@ -1224,8 +1224,8 @@ mod tests {
         assert!(Arc::ptr_eq(&st.acked, s3.resources(eds)));
         drop(keep);
     }
-    /// A stream further behind than the recorded changes reach (the cache's
-    /// history dropped the snapshots between) is planned in full once, and
+    /// A stream further behind than the recorded changes reach (more than
+    /// `MAX_CHAIN` publishes) is planned in full once, and
     /// the next publish is planned from the change chain again: its
     /// subscription moves to the new map's keys although the chain cannot
     /// say they are the same (issue #13, W2 SotW at 1,000 proxies).
@@ -1247,9 +1247,10 @@ mod tests {
             let n = if r.ty == eds { names.clone() } else { vec![] };
             ack(&mut m, &r, &n);
         }
-        // Twenty publishes nobody keeps: the chain back to s1 is broken.
+        // More publishes than the recorded changes reach: the chain back to
+        // s1 is cut.
         let mut last = s1.clone();
-        for port in 2..22 {
+        for port in 2..crate::snapshot::MAX_CHAIN as u16 + 3 {
             last = snapshot(1000, port, Some(&last));
         }
         assert!(!last.same_keys_since(eds, s1.resources(eds)));
