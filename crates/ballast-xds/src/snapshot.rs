@@ -24,6 +24,18 @@ pub struct TypeResources {
     /// What `version` is made from, kept to update it by changes.
     hash: SetHash,
     resources: Arc<ResourceMap>,
+    /// Which set of names `resources` has: a map derived from another by
+    /// changing only values keeps its id; a new map or one with a name added
+    /// or removed gets a new one. Equal ids mean equal names (unequal ids may
+    /// still have them).
+    keys: u64,
+}
+
+/// The last key-set id given out ([`TypeResources::key_set`]; 0 is "not known").
+static KEY_SETS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn new_key_set() -> u64 {
+    KEY_SETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
 }
 
 impl TypeResources {
@@ -36,6 +48,7 @@ impl TypeResources {
             version: hash.version().into(),
             hash,
             resources: Arc::new(resources),
+            keys: new_key_set(),
         }
     }
 
@@ -56,7 +69,18 @@ impl TypeResources {
             version: hash.version().into(),
             hash,
             resources: Arc::new(resources),
+            keys: if diff.keys_changed {
+                new_key_set()
+            } else {
+                prev.keys
+            },
         }
+    }
+    /// The id of the map's set of names: equal ids mean equal names, in O(1)
+    /// however many publishes apart (a subscription sharing a map's keys
+    /// follows the next map by it, [`crate::protocol`]'s `Subscription::follow`).
+    pub(crate) fn key_set(&self) -> u64 {
+        self.keys
     }
     /// The type's version: a hash of every resource's name and version.
     pub fn version(&self) -> &Arc<str> {
@@ -1230,33 +1254,64 @@ mod tests {
         }
     }
 
-    /// Publishes `steps` patches after `base` as the cache does, keeping only
-    /// the last `history` snapshots alive but every map (streams hold them):
-    /// returns the maps of every snapshot, in order, and the last snapshot.
+    /// Maps of every type of a snapshot, and their key-set ids.
+    type Published = (Vec<Arc<ResourceMap>>, Vec<u64>);
+
+    /// Publishes `steps` after `base` as the cache does, keeping only the
+    /// last `history` snapshots alive but every map (streams hold them):
+    /// returns the maps (and key-set ids) of every snapshot, in order, and
+    /// the last snapshot. With `rebuild`, every other step builds the next
+    /// snapshot from all its resources reusing the previous one instead of
+    /// patching it.
     fn publish_chain(
         base: &[(u8, u8)],
         steps: &[Vec<(bool, u8, u8)>],
         history: usize,
-    ) -> (Vec<Vec<Arc<ResourceMap>>>, Arc<Snapshot>) {
+        rebuild: bool,
+    ) -> (Vec<Published>, Arc<Snapshot>) {
+        let mut cur: BTreeMap<(ResourceType, Arc<str>), Arc<Resource>> = base
+            .iter()
+            .map(|(t, n)| (key_of(*t, *n), resource(*t, *n, &[])))
+            .collect();
         let mut b = Snapshot::builder();
-        for (t, n) in base {
-            b.add(resource(*t, *n, &[]));
+        for r in cur.values() {
+            b.add(r.clone());
         }
         let mut prev = Arc::new(b.build_unchecked().unwrap());
-        let maps_of = |s: &Snapshot| ResourceType::ALL.map(|ty| s.resources(ty).clone()).to_vec();
+        let maps_of = |s: &Snapshot| {
+            (
+                ResourceType::ALL.map(|ty| s.resources(ty).clone()).to_vec(),
+                ResourceType::ALL.map(|ty| s.of(ty).key_set()).to_vec(),
+            )
+        };
         let mut maps = vec![maps_of(&prev)];
         let mut kept = std::collections::VecDeque::from([prev.clone()]);
         for (round, changes) in steps.iter().enumerate() {
-            let list = changes.iter().map(|(put, t, n)| {
-                if *put {
-                    // A new version each round (the bytes name the round).
-                    SnapshotChange::Put(resource(*t, *n, &[round as u8 % 4, *n]))
-                } else {
-                    let (ty, name) = key_of(*t, *n);
-                    SnapshotChange::Remove(ty, name)
+            let list: Vec<SnapshotChange> = changes
+                .iter()
+                .map(|(put, t, n)| {
+                    let key = key_of(*t, *n);
+                    if *put {
+                        // A new version each round (the bytes name the round).
+                        let r = resource(*t, *n, &[round as u8 % 4, *n]);
+                        cur.insert(key, r.clone());
+                        SnapshotChange::Put(r)
+                    } else {
+                        cur.remove(&key);
+                        SnapshotChange::Remove(key.0, key.1)
+                    }
+                })
+                .collect();
+            let next = if rebuild && round % 2 == 1 {
+                let mut b = Snapshot::builder().reuse_from(prev.clone());
+                for r in cur.values() {
+                    b.add(r.clone());
                 }
-            });
-            let next = Arc::new(Snapshot::patched(&prev, list, false).unwrap());
+                b.build_unchecked().unwrap()
+            } else {
+                Snapshot::patched(&prev, list, false).unwrap()
+            };
+            let next = Arc::new(next);
             next.record_changes_from(&prev);
             maps.push(maps_of(&next));
             kept.push_front(next.clone());
@@ -1281,10 +1336,12 @@ mod tests {
                 1..24,
             ),
             history in 1usize..4,
+            rebuild in any::<bool>(),
         ) {
             let base: Vec<(u8, u8)> = base.into_iter().collect();
-            let (maps, last) = publish_chain(&base, &steps, history);
-            let now = &maps[maps.len() - 1];
+            let (published, last) = publish_chain(&base, &steps, history, rebuild);
+            let maps: Vec<&Vec<Arc<ResourceMap>>> = published.iter().map(|p| &p.0).collect();
+            let now = maps[maps.len() - 1];
             for (i, held) in maps.iter().enumerate() {
                 for ty in ResourceType::ALL {
                     let t = ty.index();
@@ -1309,6 +1366,13 @@ mod tests {
                         w[0][t].keys().eq(w[1][t].keys())
                     });
                     prop_assert_eq!(last.same_keys_since(ty, &held[t]), keys_kept, "{} from map {}", ty, i);
+                    // Key-set ids: equal exactly when no step in between
+                    // added or removed a name (patched or built alike).
+                    let same_id = published[i].1[t] == last.of(ty).key_set();
+                    prop_assert_eq!(same_id, keys_kept, "{} key set from map {}", ty, i);
+                    if same_id {
+                        prop_assert!(held[t].keys().eq(now[t].keys()));
+                    }
                 }
             }
         }
@@ -1320,7 +1384,8 @@ mod tests {
         let steps: Vec<Vec<(bool, u8, u8)>> = (0..MAX_CHAIN + 3)
             .map(|i| vec![(true, 0, (i % 3) as u8)])
             .collect();
-        let (maps, last) = publish_chain(&[(0, 0), (0, 1), (0, 2)], &steps, 1);
+        let (published, last) = publish_chain(&[(0, 0), (0, 1), (0, 2)], &steps, 1, false);
+        let maps: Vec<&Vec<Arc<ResourceMap>>> = published.iter().map(|p| &p.0).collect();
         let eds = ResourceType::Cluster;
         let t = eds.index();
         let at = |i: usize| last.changed_since(eds, &maps[i][t]).map(|c| c.len());

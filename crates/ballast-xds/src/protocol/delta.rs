@@ -894,7 +894,9 @@ impl DeltaMachine {
         let whole = snap.resources(ty);
         // Shared subscription names move to the new map when its keys are
         // the same, so old maps are not kept alive.
-        st.sub.follow(whole, |m| snap.same_keys_since(ty, m));
+        st.sub.follow(whole, snap.of(ty).key_set(), |m| {
+            snap.same_keys_since(ty, m)
+        });
         let st = self.core.types[ty].as_ref().expect("checked");
         let walked;
         let changed;

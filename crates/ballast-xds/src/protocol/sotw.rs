@@ -636,7 +636,9 @@ impl SotwMachine {
         // Shared subscription names move to the new map when its keys are
         // the same, so old maps are not kept alive.
         st.sub
-            .follow(snap.resources(ty), |m| snap.same_keys_since(ty, m));
+            .follow(snap.resources(ty), snap.of(ty).key_set(), |m| {
+                snap.same_keys_since(ty, m)
+            });
         if st.unresolved && self.core.resume_holds_removals(ty) {
             // We do not know what the client holds and cannot yet see what
             // it uses: any full-state answer could remove something in use.
