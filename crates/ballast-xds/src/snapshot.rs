@@ -24,6 +24,18 @@ pub struct TypeResources {
     /// What `version` is made from, kept to update it by changes.
     hash: SetHash,
     resources: Arc<ResourceMap>,
+    /// Which set of names `resources` has: a map derived from another by
+    /// changing only values keeps its id; a new map or one with a name added
+    /// or removed gets a new one. Equal ids mean equal names (unequal ids may
+    /// still have them).
+    keys: u64,
+}
+
+/// The last key-set id given out ([`TypeResources::key_set`]; 0 is "not known").
+static KEY_SETS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn new_key_set() -> u64 {
+    KEY_SETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
 }
 
 impl TypeResources {
@@ -36,6 +48,7 @@ impl TypeResources {
             version: hash.version().into(),
             hash,
             resources: Arc::new(resources),
+            keys: new_key_set(),
         }
     }
 
@@ -56,7 +69,18 @@ impl TypeResources {
             version: hash.version().into(),
             hash,
             resources: Arc::new(resources),
+            keys: if diff.keys_changed {
+                new_key_set()
+            } else {
+                prev.keys
+            },
         }
+    }
+    /// The id of the map's set of names: equal ids mean equal names, in O(1)
+    /// however many publishes apart (a subscription sharing a map's keys
+    /// follows the next map by it, [`crate::protocol`]'s `Subscription::follow`).
+    pub(crate) fn key_set(&self) -> u64 {
+        self.keys
     }
     /// The type's version: a hash of every resource's name and version.
     pub fn version(&self) -> &Arc<str> {
@@ -80,9 +104,37 @@ impl TypeResources {
     }
 }
 
-/// How far back [`Snapshot::changed_since`] follows predecessors (the
-/// cache's history is shorter; this only bounds odd publish orders).
-const MAX_CHAIN: usize = 64;
+/// How many publishes back the recorded changes are kept ([`ChangeLink`]),
+/// and so how far back [`Snapshot::changed_since`] answers without walking
+/// maps. Longer than the cache's history (16 snapshots): at 100 publishes a
+/// second a stream paced at 100 ms is often more than 16 publishes behind
+/// (W2, issue #13), and the changes are small next to the snapshots.
+pub(crate) const MAX_CHAIN: usize = 128;
+
+/// What one publish changed, linked to what the publish before it changed.
+/// The links outlive the snapshots (the cache keeps only a short history),
+/// so a stream many publishes behind still learns what changed since the map
+/// it holds from the names alone. Each publish cuts the chain
+/// [`MAX_CHAIN`] links back, or earlier once the links behind it name more
+/// resources than the snapshot holds (merging them would cost more than
+/// comparing the maps): the memory kept is bounded by about one snapshot's
+/// names.
+#[derive(Debug)]
+struct ChangeLink {
+    types: Arc<[TypeChanges; crate::resource::TYPE_COUNT]>,
+    prev: parking_lot::Mutex<Option<Arc<ChangeLink>>>,
+}
+
+impl ChangeLink {
+    fn prev(&self) -> Option<Arc<ChangeLink>> {
+        self.prev.lock().clone()
+    }
+
+    /// How many names it lists, over every type.
+    fn names(&self) -> usize {
+        self.types.iter().map(|c| c.names.len()).sum()
+    }
+}
 
 /// An immutable set of resources for one group, shared by every stream of that group.
 #[derive(Clone, Debug)]
@@ -90,12 +142,10 @@ pub struct Snapshot {
     types: [TypeResources; crate::resource::TYPE_COUNT],
     /// What changed since the snapshot this one replaced, recorded once when it
     /// is published ([`crate::SnapshotCache::set_snapshot`]), so every stream
-    /// planned against the predecessor only looks at what changed.
-    changes: OnceLock<Arc<[TypeChanges; crate::resource::TYPE_COUNT]>>,
-    /// The snapshot this one replaced, while something (the cache's bounded
-    /// history) keeps it: a stream several publishes behind follows the chain
-    /// of recorded changes instead of walking whole maps.
-    prev: OnceLock<Weak<Snapshot>>,
+    /// planned against the predecessor only looks at what changed; linked to
+    /// the predecessor's own changes, so a stream several publishes behind
+    /// follows the chain instead of walking whole maps.
+    changes: OnceLock<Arc<ChangeLink>>,
     /// Built with every reference checked ([`SnapshotBuilder::build`]): a
     /// snapshot built from this one only needs its changes checked.
     checked: bool,
@@ -259,7 +309,6 @@ impl Default for Snapshot {
         Snapshot {
             types: std::array::from_fn(|_| TypeResources::new(ResourceMap::new())),
             changes: OnceLock::new(),
-            prev: OnceLock::new(),
             checked: true,
             built: None,
         }
@@ -325,22 +374,47 @@ impl Snapshot {
                 _ => TypeChanges::between(base, &self.types[i].resources),
             }
         });
-        let _ = self.changes.set(Arc::new(changes));
-        let _ = self.prev.set(Arc::downgrade(prev));
+        let link = Arc::new(ChangeLink {
+            types: Arc::new(changes),
+            prev: parking_lot::Mutex::new(prev.changes.get().cloned()),
+        });
+        if self.changes.set(link.clone()).is_err() {
+            return;
+        }
+        // Bound the chain: cut it MAX_CHAIN links back, or where the links
+        // behind name more resources than this snapshot holds.
+        let budget = self.total().max(MAX_CHAIN);
+        let mut names = link.names();
+        let mut cur = link;
+        for _ in 1..MAX_CHAIN {
+            let Some(next) = cur.prev() else {
+                return;
+            };
+            names += next.names();
+            if names > budget {
+                break;
+            }
+            cur = next;
+        }
+        // Dropped here, outside the lock: at most a few links (each publish
+        // cuts), so no deep recursive drop.
+        let cut = cur.prev.lock().take();
+        drop(cut);
     }
 
     /// What changed for `ty` since the predecessor this snapshot replaced, if recorded.
     pub(crate) fn changes(&self, ty: ResourceType) -> Option<&TypeChanges> {
-        self.changes.get().map(|c| &c[ty.index()])
+        self.changes.get().map(|c| &c.types[ty.index()])
     }
 
     /// The names of `ty` that changed since `base` (a map of an earlier
     /// snapshot), if known without walking the maps: empty when `base` is this
     /// snapshot's map, the recorded changes when `base` is the predecessor's.
     ///
-    /// When `base` is older, the recorded changes of the snapshots in between
-    /// (kept alive by the cache's history) are merged: bounded by the history
-    /// length, and cheaper than comparing the maps once they are large.
+    /// When `base` is older, the recorded changes of the publishes in between
+    /// (kept by the chain of [`ChangeLink`]s, up to [`MAX_CHAIN`] publishes,
+    /// beyond the cache's history) are merged: cheaper than comparing the maps
+    /// once they are large.
     pub(crate) fn changed_since(
         &self,
         ty: ResourceType,
@@ -355,18 +429,18 @@ impl Snapshot {
             return Some(Cow::Borrowed(first.names()));
         }
         let mut names: Vec<Arc<str>> = first.names().to_vec();
-        let mut cur = self.prev.get()?.upgrade()?;
-        // Bounded: a snapshot published in two groups in opposite orders
-        // links both ways.
+        let mut cur = self.changes.get()?.prev()?;
+        // Bounded: the chain is cut at MAX_CHAIN links, and a link is made
+        // once, pointing to an existing one (no cycle).
         for _ in 0..MAX_CHAIN {
-            let c = cur.changes(ty)?;
+            let c = &cur.types[ty.index()];
             names.extend(c.names().iter().cloned());
             if c.is_from(base) {
-                names.sort_unstable();
-                names.dedup();
+                names.sort_unstable_by(crate::protocol::cmp_names);
+                names.dedup_by(|a, b| Arc::ptr_eq(a, b) || a == b);
                 return Some(Cow::Owned(names));
             }
-            cur = cur.prev.get()?.upgrade()?;
+            cur = cur.prev()?;
         }
         None
     }
@@ -378,35 +452,21 @@ impl Snapshot {
         if Arc::ptr_eq(base, self.resources(ty)) {
             return true;
         }
-        let Some(c) = self.changes(ty) else {
+        let Some(mut cur) = self.changes.get().cloned() else {
             return false;
         };
-        if c.keys_changed() {
-            return false;
-        }
-        if c.is_from(base) {
-            return true;
-        }
-        let Some(mut cur) = self.prev.get().and_then(Weak::upgrade) else {
-            return false;
-        };
-        for _ in 0..MAX_CHAIN {
-            let next = {
-                let Some(c) = cur.changes(ty) else {
-                    return false;
-                };
-                if c.keys_changed() {
-                    return false;
-                }
-                if c.is_from(base) {
-                    return true;
-                }
-                match cur.prev.get().and_then(Weak::upgrade) {
-                    Some(s) => s,
-                    None => return false,
-                }
-            };
-            cur = next;
+        for _ in 0..=MAX_CHAIN {
+            let c = &cur.types[ty.index()];
+            if c.keys_changed() {
+                return false;
+            }
+            if c.is_from(base) {
+                return true;
+            }
+            match cur.prev() {
+                Some(next) => cur = next,
+                None => return false,
+            }
         }
         false
     }
@@ -517,7 +577,6 @@ impl SnapshotBuilder {
         let snapshot = Snapshot {
             types: types.map(|t| t.expect("every type is built")),
             changes: OnceLock::new(),
-            prev: OnceLock::new(),
             checked: false,
             built: None,
         };
@@ -641,7 +700,6 @@ impl Snapshot {
         let snapshot = Snapshot {
             types: types.map(|t| t.expect("every type is patched")),
             changes: OnceLock::new(),
-            prev: OnceLock::new(),
             checked: false,
             built: Some(Arc::new(changes)),
         };
@@ -1194,6 +1252,148 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Maps of every type of a snapshot, and their key-set ids.
+    type Published = (Vec<Arc<ResourceMap>>, Vec<u64>);
+
+    /// Publishes `steps` after `base` as the cache does, keeping only the
+    /// last `history` snapshots alive but every map (streams hold them):
+    /// returns the maps (and key-set ids) of every snapshot, in order, and
+    /// the last snapshot. With `rebuild`, every other step builds the next
+    /// snapshot from all its resources reusing the previous one instead of
+    /// patching it.
+    fn publish_chain(
+        base: &[(u8, u8)],
+        steps: &[Vec<(bool, u8, u8)>],
+        history: usize,
+        rebuild: bool,
+    ) -> (Vec<Published>, Arc<Snapshot>) {
+        let mut cur: BTreeMap<(ResourceType, Arc<str>), Arc<Resource>> = base
+            .iter()
+            .map(|(t, n)| (key_of(*t, *n), resource(*t, *n, &[])))
+            .collect();
+        let mut b = Snapshot::builder();
+        for r in cur.values() {
+            b.add(r.clone());
+        }
+        let mut prev = Arc::new(b.build_unchecked().unwrap());
+        let maps_of = |s: &Snapshot| {
+            (
+                ResourceType::ALL.map(|ty| s.resources(ty).clone()).to_vec(),
+                ResourceType::ALL.map(|ty| s.of(ty).key_set()).to_vec(),
+            )
+        };
+        let mut maps = vec![maps_of(&prev)];
+        let mut kept = std::collections::VecDeque::from([prev.clone()]);
+        for (round, changes) in steps.iter().enumerate() {
+            let list: Vec<SnapshotChange> = changes
+                .iter()
+                .map(|(put, t, n)| {
+                    let key = key_of(*t, *n);
+                    if *put {
+                        // A new version each round (the bytes name the round).
+                        let r = resource(*t, *n, &[round as u8 % 4, *n]);
+                        cur.insert(key, r.clone());
+                        SnapshotChange::Put(r)
+                    } else {
+                        cur.remove(&key);
+                        SnapshotChange::Remove(key.0, key.1)
+                    }
+                })
+                .collect();
+            let next = if rebuild && round % 2 == 1 {
+                let mut b = Snapshot::builder().reuse_from(prev.clone());
+                for r in cur.values() {
+                    b.add(r.clone());
+                }
+                b.build_unchecked().unwrap()
+            } else {
+                Snapshot::patched(&prev, list, false).unwrap()
+            };
+            let next = Arc::new(next);
+            next.record_changes_from(&prev);
+            maps.push(maps_of(&next));
+            kept.push_front(next.clone());
+            kept.truncate(history);
+            prev = next;
+        }
+        (maps, prev)
+    }
+
+    proptest! {
+        /// What the chain of recorded changes says since any earlier map a
+        /// stream may hold, however far the cache's history reaches, agrees
+        /// with comparing the maps: `changed_since` lists every name that
+        /// differs (and only names that changed and maybe changed back), and
+        /// `same_keys_since` is true exactly when no publish in between added
+        /// or removed a name. Within MAX_CHAIN publishes both always answer.
+        #[test]
+        fn recorded_changes_agree_with_comparing_the_maps(
+            base in proptest::collection::btree_set((0u8..4, 0u8..6), 0..12),
+            steps in proptest::collection::vec(
+                proptest::collection::vec((proptest::bool::weighted(0.8), 0u8..4, 0u8..6), 0..5),
+                1..24,
+            ),
+            history in 1usize..4,
+            rebuild in any::<bool>(),
+        ) {
+            let base: Vec<(u8, u8)> = base.into_iter().collect();
+            let (published, last) = publish_chain(&base, &steps, history, rebuild);
+            let maps: Vec<&Vec<Arc<ResourceMap>>> = published.iter().map(|p| &p.0).collect();
+            let now = maps[maps.len() - 1];
+            for (i, held) in maps.iter().enumerate() {
+                for ty in ResourceType::ALL {
+                    let t = ty.index();
+                    let walked = TypeChanges::between(&held[t], &now[t]);
+                    let listed = last.changed_since(ty, &held[t]);
+                    prop_assert!(listed.is_some(), "{} from map {} of {}: not reached", ty, i, maps.len());
+                    let listed = listed.unwrap();
+                    prop_assert!(listed.windows(2).all(|w| w[0] < w[1]), "sorted, deduplicated");
+                    for n in walked.names() {
+                        prop_assert!(listed.contains(n), "{} {} missing", ty, n);
+                    }
+                    for n in listed.iter() {
+                        let (a, b) = (held[t].get(n), now[t].get(n));
+                        let differs = match (a, b) {
+                            (Some(a), Some(b)) => a.version() != b.version(),
+                            (None, None) => false,
+                            _ => true,
+                        };
+                        prop_assert_eq!(differs, walked.names().contains(n), "{} {}", ty, n);
+                    }
+                    let keys_kept = maps[i..].windows(2).all(|w| {
+                        w[0][t].keys().eq(w[1][t].keys())
+                    });
+                    prop_assert_eq!(last.same_keys_since(ty, &held[t]), keys_kept, "{} from map {}", ty, i);
+                    // Key-set ids: equal exactly when no step in between
+                    // added or removed a name (patched or built alike).
+                    let same_id = published[i].1[t] == last.of(ty).key_set();
+                    prop_assert_eq!(same_id, keys_kept, "{} key set from map {}", ty, i);
+                    if same_id {
+                        prop_assert!(held[t].keys().eq(now[t].keys()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The chain is cut MAX_CHAIN publishes back: older maps are compared.
+    #[test]
+    fn recorded_changes_reach_back_max_chain_publishes() {
+        let steps: Vec<Vec<(bool, u8, u8)>> = (0..MAX_CHAIN + 3)
+            .map(|i| vec![(true, 0, (i % 3) as u8)])
+            .collect();
+        let (published, last) = publish_chain(&[(0, 0), (0, 1), (0, 2)], &steps, 1, false);
+        let maps: Vec<&Vec<Arc<ResourceMap>>> = published.iter().map(|p| &p.0).collect();
+        let eds = ResourceType::Cluster;
+        let t = eds.index();
+        let at = |i: usize| last.changed_since(eds, &maps[i][t]).map(|c| c.len());
+        assert_eq!(at(maps.len() - 1), Some(0));
+        assert_eq!(at(maps.len() - MAX_CHAIN - 1), Some(3));
+        assert_eq!(at(maps.len() - MAX_CHAIN - 2), None);
+        assert!(!last.same_keys_since(eds, &maps[0][t]));
+        assert!(last.same_keys_since(eds, &maps[maps.len() - MAX_CHAIN - 1][t]));
     }
 
     /// A type none of whose resources changed keeps the previous snapshot's map.

@@ -239,15 +239,26 @@ impl DeltaType {
             // Clean against `whole` with nothing rejected: the client holds a
             // subset of `whole` at its versions, so equal sizes mean equal maps.
             // Upserts and removals are sorted: one walk of `acked` each.
-            let mut seek = Seeker::sparse(&self.acked, f.upserts.len());
-            let added = f
-                .upserts
-                .iter()
-                .filter(|r| !seek.contains_key(r.name()))
-                .count();
-            let mut seek = Seeker::sparse(&self.acked, f.removed.len());
-            let removed = f.removed.iter().filter(|n| seek.contains_key(n)).count();
-            if self.acked.len() + added - removed == whole.len() {
+            let count = |acked: &ResourceMap| {
+                let mut seek = Seeker::sparse(acked, f.upserts.len());
+                let added = f
+                    .upserts
+                    .iter()
+                    .filter(|r| !seek.contains_key(r.name()))
+                    .count();
+                let mut seek = Seeker::sparse(acked, f.removed.len());
+                let removed = f.removed.iter().filter(|n| seek.contains_key(n)).count();
+                acked.len() + added - removed
+            };
+            // Without removals, holding as many names as `whole` already
+            // means holding its names (a subset of equal size): no lookup of
+            // the upserts (the steady state of endpoint churn, issue #13).
+            let same_size = f.removed.is_empty() && self.acked.len() == whole.len();
+            #[cfg(test)]
+            if same_size {
+                assert_eq!(count(&self.acked), whole.len(), "held names are whole's");
+            }
+            if same_size || count(&self.acked) == whole.len() {
                 self.acked = whole.clone();
                 return;
             }
@@ -883,7 +894,9 @@ impl DeltaMachine {
         let whole = snap.resources(ty);
         // Shared subscription names move to the new map when its keys are
         // the same, so old maps are not kept alive.
-        st.sub.follow(whole, |m| snap.same_keys_since(ty, m));
+        st.sub.follow(whole, snap.of(ty).key_set(), |m| {
+            snap.same_keys_since(ty, m)
+        });
         let st = self.core.types[ty].as_ref().expect("checked");
         let walked;
         let changed;
@@ -1238,9 +1251,12 @@ impl<'a> Planner<'a> {
         let (st, whole) = (self.st, self.whole);
         let mut gone = Vec::new();
         let mut known = Seeker::sparse(&**whole, names.len());
+        // Every name of `whole` is covered (no lookup per name): wildcard, or
+        // the names are `whole`'s keys (Envoy's EDS subscription).
+        let whole_covered = st.sub.is_wildcard() || st.sub.is_keys_of(whole);
         for name in names {
             if let Some(res) = known.get(name) {
-                if st.sub.covers(name) {
+                if whole_covered || st.sub.covers(name) {
                     self.consider(res);
                 }
                 continue;

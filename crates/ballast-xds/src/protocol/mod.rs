@@ -27,7 +27,7 @@ pub(crate) mod sotw_request;
 mod stream_core;
 pub(crate) mod subscription;
 
-pub(crate) use sorted::{Seeker, share_if_whole, without_names};
+pub(crate) use sorted::{Seeker, cmp_names, share_if_whole, without_names};
 pub(crate) use stream_core::{PerType, Progress, StreamCore, TypeState};
 
 #[cfg(test)]

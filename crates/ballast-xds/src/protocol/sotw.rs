@@ -636,7 +636,9 @@ impl SotwMachine {
         // Shared subscription names move to the new map when its keys are
         // the same, so old maps are not kept alive.
         st.sub
-            .follow(snap.resources(ty), |m| snap.same_keys_since(ty, m));
+            .follow(snap.resources(ty), snap.of(ty).key_set(), |m| {
+                snap.same_keys_since(ty, m)
+            });
         if st.unresolved && self.core.resume_holds_removals(ty) {
             // We do not know what the client holds and cannot yet see what
             // it uses: any full-state answer could remove something in use.
@@ -1224,8 +1226,8 @@ mod tests {
         assert!(Arc::ptr_eq(&st.acked, s3.resources(eds)));
         drop(keep);
     }
-    /// A stream further behind than the recorded changes reach (the cache's
-    /// history dropped the snapshots between) is planned in full once, and
+    /// A stream further behind than the recorded changes reach (more than
+    /// `MAX_CHAIN` publishes) is planned in full once, and
     /// the next publish is planned from the change chain again: its
     /// subscription moves to the new map's keys although the chain cannot
     /// say they are the same (issue #13, W2 SotW at 1,000 proxies).
@@ -1247,9 +1249,10 @@ mod tests {
             let n = if r.ty == eds { names.clone() } else { vec![] };
             ack(&mut m, &r, &n);
         }
-        // Twenty publishes nobody keeps: the chain back to s1 is broken.
+        // More publishes than the recorded changes reach: the chain back to
+        // s1 is cut.
         let mut last = s1.clone();
-        for port in 2..22 {
+        for port in 2..crate::snapshot::MAX_CHAIN as u16 + 3 {
             last = snapshot(1000, port, Some(&last));
         }
         assert!(!last.same_keys_since(eds, s1.resources(eds)));

@@ -38,7 +38,9 @@ pub(crate) fn empty_first_request_is_wildcard(ty: ResourceType) -> bool {
 #[derive(Clone, Debug)]
 enum Names {
     Owned(BTreeSet<Arc<str>>),
-    Keys(Arc<ResourceMap>),
+    /// The map, and its key-set id ([`crate::snapshot::TypeResources::key_set`])
+    /// when known (0: not known).
+    Keys(Arc<ResourceMap>, u64),
 }
 
 impl Default for Names {
@@ -115,21 +117,21 @@ impl Subscription {
     pub(crate) fn iter(&self) -> Box<dyn Iterator<Item = &Arc<str>> + '_> {
         match &self.names {
             Names::Owned(s) => Box::new(s.iter()),
-            Names::Keys(m) => Box::new(m.keys()),
+            Names::Keys(m, _) => Box::new(m.keys()),
         }
     }
     /// Number of explicitly subscribed names.
     pub(crate) fn len(&self) -> usize {
         match &self.names {
             Names::Owned(s) => s.len(),
-            Names::Keys(m) => m.len(),
+            Names::Keys(m, _) => m.len(),
         }
     }
     /// Explicitly subscribed.
     pub(crate) fn contains(&self, name: &str) -> bool {
         match &self.names {
             Names::Owned(s) => s.contains(name),
-            Names::Keys(m) => m.contains_key(name),
+            Names::Keys(m, _) => m.contains_key(name),
         }
     }
     pub(crate) fn covers(&self, name: &str) -> bool {
@@ -151,12 +153,12 @@ impl Subscription {
     /// The names are shared with `map`'s keys (O(1); false does not mean
     /// they differ).
     pub(crate) fn is_keys_of(&self, map: &Arc<ResourceMap>) -> bool {
-        matches!(&self.names, Names::Keys(m) if Arc::ptr_eq(m, map))
+        matches!(&self.names, Names::Keys(m, _) if Arc::ptr_eq(m, map))
     }
     /// The names are exactly the keys of `map` (cheap when shared).
     pub(crate) fn names_are_keys_of(&self, map: &Arc<ResourceMap>) -> bool {
         match &self.names {
-            Names::Keys(m) if Arc::ptr_eq(m, map) => true,
+            Names::Keys(m, _) if Arc::ptr_eq(m, map) => true,
             _ => self.len() == map.len() && self.iter().zip(map.keys()).all(|(a, b)| a == b),
         }
     }
@@ -164,12 +166,12 @@ impl Subscription {
     /// Shares `map`'s keys when they are exactly the subscribed names, and
     /// otherwise interns the names with them. O(names).
     pub(crate) fn share_with(&mut self, map: &Arc<ResourceMap>) {
-        if matches!(&self.names, Names::Keys(m) if Arc::ptr_eq(m, map)) {
+        if matches!(&self.names, Names::Keys(m, _) if Arc::ptr_eq(m, map)) {
             return;
         }
         if self.len() == map.len() && self.iter().zip(map.keys()).all(|(a, b)| a == b) {
             if !map.is_empty() {
-                self.names = Names::Keys(map.clone());
+                self.names = Names::Keys(map.clone(), 0);
             }
             return;
         }
@@ -184,32 +186,39 @@ impl Subscription {
     }
 
     /// Moves shared names to `map` when its keys are the same (so an old map
-    /// is not kept alive): O(1) with the snapshot's recorded changes. When
-    /// those do not reach back (a stream more publishes behind than the
-    /// cache's history), the keys are compared in one walk (interned, so
-    /// mostly by address): otherwise the names stay on the old map and every
-    /// later plan of the stream takes the slow path, a lookup per name (W2
-    /// SotW at 1,000 proxies, issue #13).
+    /// is not kept alive). O(1) when the map's key-set id (`map_keys`,
+    /// [`crate::snapshot::TypeResources::key_set`]) is the one the names
+    /// were last moved with (maps derived by changing only values share it,
+    /// however many publishes apart), or with the snapshot's recorded
+    /// changes (`keys_same`). Otherwise the keys are compared in one walk
+    /// (interned, so mostly by address): else the names would stay on the
+    /// old map and every later plan of the stream take the slow path, a
+    /// lookup per name (W2 SotW at 1,000 proxies, issue #13).
     pub(crate) fn follow(
         &mut self,
         map: &Arc<ResourceMap>,
+        map_keys: u64,
         keys_same: impl FnOnce(&Arc<ResourceMap>) -> bool,
     ) {
-        if let Names::Keys(m) = &self.names
-            && !Arc::ptr_eq(m, map)
-            && (keys_same(m) || same_keys(m, map))
-        {
-            self.names = Names::Keys(map.clone());
+        let Names::Keys(m, id) = &mut self.names else {
+            return;
+        };
+        if Arc::ptr_eq(m, map) {
+            *id = map_keys;
+            return;
+        }
+        if (*id != 0 && *id == map_keys) || keys_same(m) || same_keys(m, map) {
+            self.names = Names::Keys(map.clone(), map_keys);
         }
     }
 
     fn owned(&mut self) -> &mut BTreeSet<Arc<str>> {
-        if let Names::Keys(m) = &self.names {
+        if let Names::Keys(m, _) = &self.names {
             self.names = Names::Owned(m.keys().cloned().collect());
         }
         match &mut self.names {
             Names::Owned(s) => s,
-            Names::Keys(_) => unreachable!(),
+            Names::Keys(..) => unreachable!(),
         }
     }
 
@@ -305,7 +314,7 @@ impl Subscription {
             .collect();
         self.legacy = false;
         self.wildcard = false;
-        self.names = Names::Keys(known.clone());
+        self.names = Names::Keys(known.clone(), 0);
         SotwChange {
             added,
             changed: true,
@@ -348,7 +357,7 @@ impl Subscription {
             && k.len() == subscribe.len()
             && k.keys().zip(subscribe).all(|(a, b)| **a == **b)
         {
-            self.names = Names::Keys(k.clone());
+            self.names = Names::Keys(k.clone(), 0);
             return Some(k.keys().cloned().collect());
         }
         let mut seek = known.map(|k| super::Seeker::new(k));
