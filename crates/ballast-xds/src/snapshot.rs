@@ -154,6 +154,53 @@ pub struct Snapshot {
     /// snapshot is the one it replaces in the cache, recording the changes
     /// costs nothing more (no walk of 10,000 names per edit).
     built: Option<Arc<[TypeChanges; crate::resource::TYPE_COUNT]>>,
+    /// [`Snapshot::changes_since`] answers already computed, per base map:
+    /// the streams of a group that were last in sync with the same map share
+    /// one merge and one lookup per changed name (issue #13, W2).
+    since: SinceCache,
+}
+
+/// One name whose resource differs between a base map and a snapshot's map.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Change {
+    /// The name.
+    pub(crate) name: Arc<str>,
+    /// Its resource in the base map, if any.
+    pub(crate) old: Option<Arc<Resource>>,
+    /// Its resource in the snapshot, if any.
+    pub(crate) new: Option<Arc<Resource>>,
+}
+
+/// How many answers of [`Snapshot::changes_since`] a snapshot keeps (a
+/// stream paced at 100 ms is about 10 publishes behind at 100 publishes a
+/// second: about 10 distinct bases at a time).
+const SINCE_ENTRIES: usize = 16;
+
+/// Cached [`Snapshot::changes_since`] answers, oldest first. Never cloned
+/// with the snapshot (a clone starts empty), emptied when the snapshot is
+/// replaced in the cache, and bounded by [`SINCE_ENTRIES`] and a number of
+/// changes proportional to the snapshot's size.
+#[derive(Default)]
+struct SinceCache(parking_lot::Mutex<Vec<SinceEntry>>);
+
+struct SinceEntry {
+    ty: ResourceType,
+    /// The base map (a `Weak` keeps the allocation: comparing its address
+    /// with a live map's is sound).
+    base: Weak<ResourceMap>,
+    changes: Arc<[Change]>,
+}
+
+impl Clone for SinceCache {
+    fn clone(&self) -> Self {
+        SinceCache::default()
+    }
+}
+
+impl fmt::Debug for SinceCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SinceCache({} entries)", self.0.lock().len())
+    }
 }
 
 /// The names of one type whose resource differs between two maps.
@@ -311,6 +358,7 @@ impl Default for Snapshot {
             changes: OnceLock::new(),
             checked: true,
             built: None,
+            since: SinceCache::default(),
         }
     }
 }
@@ -381,6 +429,9 @@ impl Snapshot {
         if self.changes.set(link.clone()).is_err() {
             return;
         }
+        // Streams move to this snapshot: the predecessor's answers would
+        // only keep memory.
+        prev.since.0.lock().clear();
         // Bound the chain: cut it MAX_CHAIN links back, or where the links
         // behind name more resources than this snapshot holds.
         let budget = self.total().max(MAX_CHAIN);
@@ -443,6 +494,79 @@ impl Snapshot {
             cur = cur.prev()?;
         }
         None
+    }
+
+    /// What changed for `ty` since `base` (a map of an earlier snapshot), with
+    /// each changed name's resource there and here: the names of
+    /// [`Snapshot::changed_since`] (sorted), or of comparing the maps when
+    /// `walk` is set and the recorded changes do not reach `base` (else
+    /// `None`). Computed once per base map and kept (bounded, see
+    /// [`SINCE_ENTRIES`]): the streams of a group that were last in sync
+    /// with the same map share one merge and the lookups, so a stream's plan
+    /// looks nothing up in either map for a changed name.
+    pub(crate) fn changes_since(
+        &self,
+        ty: ResourceType,
+        base: &Arc<ResourceMap>,
+        walk: bool,
+    ) -> Option<Arc<[Change]>> {
+        let whole = self.resources(ty);
+        if Arc::ptr_eq(base, whole) {
+            static NONE: OnceLock<Arc<[Change]>> = OnceLock::new();
+            return Some(NONE.get_or_init(|| Arc::from(Vec::new())).clone());
+        }
+        let key = Arc::as_ptr(base);
+        {
+            let cache = self.since.0.lock();
+            if let Some(e) = cache
+                .iter()
+                .find(|e| e.ty == ty && std::ptr::eq(e.base.as_ptr(), key))
+            {
+                return Some(e.changes.clone());
+            }
+        }
+        let walked;
+        let names: &[Arc<str>] = match self.changed_since(ty, base) {
+            Some(names) => {
+                walked = names.into_owned();
+                &walked
+            }
+            None if walk => {
+                walked = TypeChanges::between(base, whole).names;
+                &walked
+            }
+            None => return None,
+        };
+        let (mut old, mut new) = (
+            crate::protocol::Seeker::sparse(&**base, names.len()),
+            crate::protocol::Seeker::sparse(&**whole, names.len()),
+        );
+        let changes: Arc<[Change]> = names
+            .iter()
+            .map(|n| Change {
+                name: n.clone(),
+                old: old.get(n).cloned(),
+                new: new.get(n).cloned(),
+            })
+            .collect();
+        let mut cache = self.since.0.lock();
+        let held: usize = cache.iter().map(|e| e.changes.len()).sum();
+        // Bounded: a few bases, and about twice the snapshot's names.
+        if held + changes.len() <= 2 * self.total() + 1024
+            && !cache
+                .iter()
+                .any(|e| e.ty == ty && std::ptr::eq(e.base.as_ptr(), key))
+        {
+            if cache.len() >= SINCE_ENTRIES {
+                cache.remove(0);
+            }
+            cache.push(SinceEntry {
+                ty,
+                base: Arc::downgrade(base),
+                changes: changes.clone(),
+            });
+        }
+        Some(changes)
     }
 
     /// Whether `base` (a map of an earlier snapshot) has exactly the names of
@@ -579,6 +703,7 @@ impl SnapshotBuilder {
             changes: OnceLock::new(),
             checked: false,
             built: None,
+            since: SinceCache::default(),
         };
         let mut snapshot = snapshot;
         let built = reuse.map(|prev| {
@@ -702,6 +827,7 @@ impl Snapshot {
             changes: OnceLock::new(),
             checked: false,
             built: Some(Arc::new(changes)),
+            since: SinceCache::default(),
         };
         if !check {
             return Ok(snapshot);
@@ -1362,6 +1488,23 @@ mod tests {
                         };
                         prop_assert_eq!(differs, walked.names().contains(n), "{} {}", ty, n);
                     }
+                    // The changes with their resources, computed once per
+                    // base and then answered from the snapshot's cache: equal
+                    // to looking each listed name up in both maps.
+                    let scratch: Vec<Change> = listed
+                        .iter()
+                        .map(|n| Change {
+                            name: n.clone(),
+                            old: held[t].get(n).cloned(),
+                            new: now[t].get(n).cloned(),
+                        })
+                        .collect();
+                    let first = last.changes_since(ty, &held[t], true);
+                    let again = last.changes_since(ty, &held[t], false);
+                    prop_assert_eq!(first.as_deref(), Some(&scratch[..]), "{} from map {}", ty, i);
+                    prop_assert_eq!(again.as_deref(), Some(&scratch[..]), "{} from map {}, cached", ty, i);
+                    // Shared, not merged again.
+                    prop_assert!(Arc::ptr_eq(&first.unwrap(), &again.unwrap()));
                     let keys_kept = maps[i..].windows(2).all(|w| {
                         w[0][t].keys().eq(w[1][t].keys())
                     });
@@ -1392,6 +1535,14 @@ mod tests {
         assert_eq!(at(maps.len() - 1), Some(0));
         assert_eq!(at(maps.len() - MAX_CHAIN - 1), Some(3));
         assert_eq!(at(maps.len() - MAX_CHAIN - 2), None);
+        // Past the chain: only by comparing the maps.
+        let old = &maps[maps.len() - MAX_CHAIN - 2][t];
+        assert_eq!(last.changes_since(eds, old, false), None);
+        let walked = last.changes_since(eds, old, true).expect("walked");
+        let names: Vec<&Arc<str>> = walked.iter().map(|c| &c.name).collect();
+        let between = TypeChanges::between(old, last.resources(eds));
+        assert_eq!(names, between.names().iter().collect::<Vec<_>>());
+        assert!(walked.iter().all(|c| c.old.as_ref() != c.new.as_ref()));
         assert!(!last.same_keys_since(eds, &maps[0][t]));
         assert!(last.same_keys_since(eds, &maps[maps.len() - MAX_CHAIN - 1][t]));
     }

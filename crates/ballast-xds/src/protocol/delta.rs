@@ -23,7 +23,7 @@ use super::{
     hard_refs_ready, referenced_by_client, share_if_whole, without_names,
 };
 use crate::resource::{Resource, ResourceType};
-use crate::snapshot::{ResourceMap, Snapshot, TypeChanges};
+use crate::snapshot::{Change, ResourceMap, Snapshot};
 use crate::status::{NackInfo, TypeStatus};
 
 /// Marks a rejected removal in `rejected`: not retried until the name reappears.
@@ -91,9 +91,14 @@ struct InFlight {
 enum Scope<'a> {
     /// Everything subscribed (and everything the client holds).
     All,
-    /// Only these (sorted) names: the state was clean against an earlier map
-    /// and these are the names that changed since.
-    Names(&'a [Arc<str>]),
+    /// Only these (sorted by name) changes: the state was clean against an
+    /// earlier map and these are the names that changed since, with their
+    /// resources there and now. `held_is_base`: the client holds exactly
+    /// that map, so what it holds of a name is the change's `old`.
+    Names {
+        changes: &'a [Change],
+        held_is_base: bool,
+    },
 }
 
 /// A computed plan for one type.
@@ -898,23 +903,23 @@ impl DeltaMachine {
             snap.same_keys_since(ty, m)
         });
         let st = self.core.types[ty].as_ref().expect("checked");
-        let walked;
-        let changed;
+        let changes;
         let scope = match &st.clean {
             None => Scope::All,
-            Some(base) => match snap.changed_since(ty, base) {
-                Some(names) if names.is_empty() => return None,
-                Some(names) => {
-                    changed = names;
-                    Scope::Names(&changed)
+            Some(base) => {
+                // The chain of recorded changes, else the maps compared;
+                // shared with the group's other streams clean against `base`.
+                changes = snap.changes_since(ty, base, true).expect("walked");
+                if changes.is_empty() {
+                    return None;
                 }
-                None => {
-                    walked = TypeChanges::between(base, whole);
-                    Scope::Names(walked.names())
+                Scope::Names {
+                    changes: &changes,
+                    held_is_base: Arc::ptr_eq(&st.acked, base),
                 }
-            },
+            }
         };
-        let scoped = matches!(scope, Scope::Names(_));
+        let scoped = matches!(scope, Scope::Names { .. });
         let plan = self.plan(ty, snap, scope);
         #[cfg(test)]
         if scoped {
@@ -995,7 +1000,7 @@ impl DeltaMachine {
         // A change set of a few names among many: plain lookups.
         let held = match &scope {
             Scope::All => Seeker::new(&*st.acked),
-            Scope::Names(names) => Seeker::sparse(&*st.acked, names.len()),
+            Scope::Names { changes, .. } => Seeker::sparse(&*st.acked, changes.len()),
         };
         let mut p = Planner {
             m: self,
@@ -1007,7 +1012,10 @@ impl DeltaMachine {
         };
         let gone = match scope {
             Scope::All => p.over_all(),
-            Scope::Names(names) => p.over_names(names),
+            Scope::Names {
+                changes,
+                held_is_base,
+            } => p.over_names(changes, held_is_base),
         };
         let mut plan = p.plan;
         if st.sub.is_namespaced() {
@@ -1118,12 +1126,15 @@ impl<'a> Planner<'a> {
     /// Whether `res` is sent now (an upsert, or a probe of a maybe-held
     /// version), held back by the ordering, or not needed.
     fn consider(&mut self, res: &Arc<Resource>) {
+        let held = self.held.get(res.name());
+        self.consider_held(res, held);
+    }
+
+    /// [`Planner::consider`] with what the client holds under `res`'s name.
+    fn consider_held(&mut self, res: &Arc<Resource>, held: Option<&Arc<Resource>>) {
         let st = self.st;
         // A response the client NACKed may have left another version.
-        if self
-            .held
-            .get(res.name())
-            .is_some_and(|h| Arc::ptr_eq(h, res) || h.version() == res.version())
+        if held.is_some_and(|h| Arc::ptr_eq(h, res) || h.version() == res.version())
             && st
                 .maybe
                 .get(res.name())
@@ -1245,19 +1256,31 @@ impl<'a> Planner<'a> {
         gone
     }
 
-    /// Plans only `names` (sorted), which changed since a map the type was
-    /// clean against; returns those of them gone from the snapshot.
-    fn over_names(&mut self, names: &'a [Arc<str>]) -> Vec<&'a Arc<str>> {
+    /// Plans only `changes` (sorted by name), the names changed since a map
+    /// the type was clean against, with their resources there and now (no
+    /// lookup in the snapshot, nor in what the client holds when that is
+    /// the base map: `held_is_base`); returns the names gone from the
+    /// snapshot.
+    fn over_names(&mut self, changes: &'a [Change], held_is_base: bool) -> Vec<&'a Arc<str>> {
         let (st, whole) = (self.st, self.whole);
         let mut gone = Vec::new();
-        let mut known = Seeker::sparse(&**whole, names.len());
         // Every name of `whole` is covered (no lookup per name): wildcard, or
         // the names are `whole`'s keys (Envoy's EDS subscription).
         let whole_covered = st.sub.is_wildcard() || st.sub.is_keys_of(whole);
-        for name in names {
-            if let Some(res) = known.get(name) {
+        self.plan.upserts.reserve(changes.len());
+        for Change {
+            name,
+            old,
+            new: now,
+        } in changes
+        {
+            if let Some(res) = now {
                 if whole_covered || st.sub.covers(name) {
-                    self.consider(res);
+                    if held_is_base {
+                        self.consider_held(res, old.as_ref());
+                    } else {
+                        self.consider(res);
+                    }
                 }
                 continue;
             }

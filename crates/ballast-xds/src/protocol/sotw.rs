@@ -716,7 +716,8 @@ impl SotwMachine {
         {
             return None;
         }
-        let changed = snap.changed_since(ty, &st.acked)?;
+        // Shared with the group's other streams that hold the same map.
+        let changed = snap.changes_since(ty, &st.acked, false)?;
         if changed.len() > whole.len() / 8 {
             // Most of the map changed (a global push): one walk beats lookups.
             return None;
@@ -726,15 +727,11 @@ impl SotwMachine {
             all_held: true,
             refetch_eds: Vec::new(),
         };
-        let mut wire = Vec::new();
-        // A few names among many: plain lookups (see `Seeker::sparse`).
-        let (mut known, mut acked) = (
-            Seeker::sparse(whole, changed.len()),
-            Seeker::sparse(&*st.acked, changed.len()),
-        );
-        for name in changed.iter() {
-            let res = known.get(name)?;
-            let held = acked.get(name)?;
+        let mut wire = Vec::with_capacity(changed.len());
+        // Each change carries the resource the client holds (`acked` is its
+        // base) and the snapshot's: no lookup in either map.
+        for c in changed.iter() {
+            let (name, res, held) = (&c.name, c.new.as_ref()?, c.old.as_ref()?);
             if same_version(held, res) {
                 continue;
             }
