@@ -12,8 +12,9 @@ use ballast_xds::envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
 
-use super::session::{Ads, AdsClient, Replies};
+use super::session::{Ads, AdsClient, MAX_RESPONSE, Replies};
 use super::{ClientConfig, Outcome, SharedState, Subscriptions, decode, nack_status, version_u64};
 
 /// Delta client state that survives reconnects (the subscriptions; the
@@ -29,9 +30,10 @@ impl Ads for DeltaClient {
     const NAME: &'static str = "Delta ADS";
 
     async fn open(
-        mut grpc: AdsClient,
+        channel: Channel,
         requests: ReceiverStream<DeltaDiscoveryRequest>,
     ) -> Result<tonic::Streaming<DeltaDiscoveryResponse>, tonic::Status> {
+        let mut grpc = AdsClient::new(channel).max_decoding_message_size(MAX_RESPONSE);
         Ok(grpc
             .delta_aggregated_resources(requests)
             .await?

@@ -664,6 +664,9 @@ pub(crate) enum Outcome {
 pub(crate) struct Subscriptions {
     /// Subscribed names per type (EDS/RDS); empty for the wildcard types.
     pub names: [BTreeSet<String>; N_TYPES],
+    /// Bumped whenever a type's `names` change, so a client can keep them
+    /// encoded between changes (a SotW ACK repeats every name).
+    pub names_gen: [u64; N_TYPES],
     /// Whether the type was requested on the current stream.
     pub requested: [bool; N_TYPES],
     refs: Refs,
@@ -775,6 +778,7 @@ impl Subscriptions {
             if wanted != self.names[dep.index()] {
                 st.retain_subscribed(dep, &wanted);
                 let previous = std::mem::replace(&mut self.names[dep.index()], wanted);
+                self.names_gen[dep.index()] += 1;
                 resubscribed = Some((dep, previous));
             }
         }

@@ -132,6 +132,10 @@ async fn connect(addr: SocketAddr) -> Result<Channel, String> {
 
 pub(crate) type AdsClient = AggregatedDiscoveryServiceClient<Channel>;
 
+/// The largest response a simulated client accepts (Envoy's default is
+/// unlimited; tonic's 4 MiB would refuse the large route configurations).
+pub(crate) const MAX_RESPONSE: usize = 64 << 20;
+
 /// What to send after a response: a subscription change (first), then the
 /// ACK or NACK.
 pub(crate) struct Replies<R> {
@@ -148,7 +152,7 @@ pub(crate) trait Ads: Default + Send {
 
     /// Opens the stream that sends `requests`.
     fn open(
-        grpc: AdsClient,
+        channel: Channel,
         requests: ReceiverStream<Self::Request>,
     ) -> impl Future<Output = Result<tonic::Streaming<Self::Response>, tonic::Status>> + Send;
     fn subscriptions(&mut self) -> &mut Subscriptions;
@@ -181,12 +185,11 @@ impl<A: Ads> Driver for A {
             .stats
             .connected_at
             .get_or_insert(Instant::now());
-        let grpc = AdsClient::new(channel).max_decoding_message_size(64 << 20);
         let (tx, rx) = mpsc::channel::<A::Request>(16);
         for req in self.initial_requests(cfg, state) {
             tx.send(req).await.map_err(|e| e.to_string())?;
         }
-        let mut stream = A::open(grpc, ReceiverStream::new(rx))
+        let mut stream = A::open(channel, ReceiverStream::new(rx))
             .await
             .map_err(|s| format!("{}: {s}", A::NAME))?;
         loop {
