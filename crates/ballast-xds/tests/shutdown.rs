@@ -153,7 +153,8 @@ async fn shutdown_ends_streams_with_unavailable_and_serve_completes() {
 
 /// A client that stops reading keeps its HTTP/2 stream (and so its
 /// connection) open: flow control holds the rest of a response larger than
-/// its window. The serve future still completes, after the shutdown grace.
+/// its window. The serve future still completes, after the shutdown grace,
+/// and the stream ends on the server: its connection is closed.
 #[tokio::test]
 async fn serve_completes_within_the_grace_when_a_client_stops_reading() {
     let names: Vec<String> = (0..3000)
@@ -199,5 +200,14 @@ async fn serve_completes_within_the_grace_when_a_client_stops_reading() {
         .await
         .expect("serve_with_shutdown completes after the grace despite a stalled client");
     done.unwrap().unwrap();
+    // The stream ended on the server too (its body, which runs it, is no
+    // longer polled): its connection is closed after the grace.
+    ballast_testkit::wait_until(T, Duration::from_millis(20), || async {
+        log.events()
+            .iter()
+            .any(|e| matches!(e, XdsEvent::StreamClosed { node, .. } if &**node == "stalled"))
+    })
+    .await
+    .expect("the stalled stream ends after the grace");
     drop((stalled, tx));
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
+use tokio_util::sync::CancellationToken;
 
 /// `age` ±10%, chosen at random per connection.
 pub(crate) fn jittered(age: Duration) -> Duration {
@@ -27,19 +28,77 @@ pub(crate) fn jittered(age: Duration) -> Duration {
 
 /// A connection that reads as closed by the peer once its age is reached: the HTTP/2 server
 /// then ends every stream on it and drops (closes) the socket.
+///
+/// Also the bound of a graceful stop: a stream runs in its response body, which the HTTP/2
+/// server polls only while the stream has send capacity, so a client that stopped reading
+/// keeps its stream (its permit, its registry entry) and its connection. Once the server
+/// drains, such a connection is abandoned after the shutdown grace: it reads as closed and
+/// its writes fail, and the HTTP/2 server drops it with its streams.
 pub(crate) struct Aged<C> {
     inner: C,
     deadline: Option<Pin<Box<Sleep>>>,
     expired: bool,
+    drain: Option<(CancellationToken, Duration)>,
+    /// The drain was seen: `deadline` is now the end of the grace.
+    draining: bool,
+    abandoned: bool,
 }
 
 impl<C> Aged<C> {
-    pub(crate) fn new(inner: C, max_age: Option<Duration>) -> Self {
+    /// `drain`: the server's drain signal and its shutdown grace.
+    pub(crate) fn new(
+        inner: C,
+        max_age: Option<Duration>,
+        drain: Option<(CancellationToken, Duration)>,
+    ) -> Self {
         Aged {
             inner,
             deadline: max_age.map(|a| Box::pin(tokio::time::sleep(jittered(a)))),
             expired: false,
+            drain,
+            draining: false,
+            abandoned: false,
         }
+    }
+
+    /// Whether the grace after a drain is over (an atomic load per I/O
+    /// until the drain). The grace starts when the connection first sees
+    /// the drain: at once, as the server then writes its GOAWAY.
+    fn abandoned(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.abandoned {
+            return true;
+        }
+        let Some((token, grace)) = &self.drain else {
+            return false;
+        };
+        if !self.draining {
+            if !token.is_cancelled() {
+                return false;
+            }
+            self.draining = true;
+            let end = tokio::time::Instant::now() + *grace;
+            match &mut self.deadline {
+                // The age comes first: it stays (reads end then).
+                Some(d) if d.deadline() <= end => {}
+                Some(d) => d.as_mut().reset(end),
+                None => self.deadline = Some(Box::pin(tokio::time::sleep_until(end))),
+            }
+        }
+        if let Some(d) = &mut self.deadline
+            && d.as_mut().poll(cx).is_ready()
+        {
+            self.deadline = None;
+            self.abandoned = true;
+            tracing::debug!("xDS connection still open after the shutdown grace; closing it");
+        }
+        self.abandoned
+    }
+
+    fn gone() -> io::Error {
+        io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            "abandoned after the shutdown grace",
+        )
     }
 }
 
@@ -57,7 +116,11 @@ impl<C: AsyncRead + Unpin> AsyncRead for Aged<C> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let Some(d) = &mut this.deadline
+        if this.abandoned(cx) {
+            return Poll::Ready(Ok(())); // end of stream
+        }
+        if !this.draining
+            && let Some(d) = &mut this.deadline
             && d.as_mut().poll(cx).is_ready()
         {
             this.deadline = None;
@@ -77,20 +140,32 @@ impl<C: AsyncWrite + Unpin> AsyncWrite for Aged<C> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        if this.abandoned(cx) {
+            return Poll::Ready(Err(Self::gone()));
+        }
+        Pin::new(&mut this.inner).poll_write(cx, buf)
     }
     fn poll_write_vectored(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        if this.abandoned(cx) {
+            return Poll::Ready(Err(Self::gone()));
+        }
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        if this.abandoned(cx) {
+            return Poll::Ready(Err(Self::gone()));
+        }
+        Pin::new(&mut this.inner).poll_flush(cx)
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
@@ -117,7 +192,7 @@ mod tests {
     async fn reads_end_at_the_age() {
         let (a, mut b) = tokio::io::duplex(64);
         let start = tokio::time::Instant::now();
-        let mut aged = Aged::new(a, Some(Duration::from_secs(10)));
+        let mut aged = Aged::new(a, Some(Duration::from_secs(10)), None);
         b.write_all(b"x").await.unwrap();
         let mut buf = [0u8; 8];
         assert_eq!(aged.read(&mut buf).await.unwrap(), 1);
@@ -128,7 +203,41 @@ mod tests {
         drop(b);
         // Without an age, a connection whose peer stays is read from forever.
         let (c, _peer) = tokio::io::duplex(8);
-        let mut forever = Aged::new(c, None);
+        let mut forever = Aged::new(c, None, None);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(3600), forever.read(&mut buf))
+                .await
+                .is_err()
+        );
+    }
+
+    /// Once the server drains, a connection that is still open after the
+    /// grace reads as closed and its writes fail, so the HTTP/2 server drops
+    /// it with its streams (whose bodies it no longer polled).
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_is_abandoned_a_grace_after_the_drain() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let drain = CancellationToken::new();
+        let grace = Duration::from_secs(5);
+        let mut conn = Aged::new(a, None, Some((drain.clone(), grace)));
+        let mut buf = [0u8; 8];
+        // Before the drain, and during the grace, it is the connection.
+        b.write_all(b"x").await.unwrap();
+        assert_eq!(conn.read(&mut buf).await.unwrap(), 1);
+        drain.cancel();
+        let start = tokio::time::Instant::now();
+        conn.write_all(b"goaway").await.unwrap();
+        b.write_all(b"y").await.unwrap();
+        assert_eq!(conn.read(&mut buf).await.unwrap(), 1);
+        // Then reads end and writes fail, though the peer is still there.
+        assert_eq!(conn.read(&mut buf).await.unwrap(), 0);
+        assert!(start.elapsed() >= grace);
+        let e = conn.write_all(b"z").await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+        drop(b);
+        // Without a drain, the same connection is read from forever.
+        let (c, _peer) = tokio::io::duplex(8);
+        let mut forever = Aged::new(c, None, Some((CancellationToken::new(), grace)));
         assert!(
             tokio::time::timeout(Duration::from_secs(3600), forever.read(&mut buf))
                 .await

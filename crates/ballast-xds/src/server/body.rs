@@ -9,6 +9,7 @@
 //! [`RequestStream`] decodes requests and frees its buffer whenever it is
 //! empty, so an idle stream holds no buffer at all.
 
+use std::future::Future;
 use std::hash::RandomState;
 use std::marker::PhantomData;
 use std::pin::Pin;
@@ -19,7 +20,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use http::HeaderMap;
 use http_body::{Body, Frame};
-use tokio::sync::mpsc;
+use parking_lot::Mutex;
 use tonic::Status;
 
 use super::codec::{ChunkedMessage, Chunks, WritePos};
@@ -28,16 +29,66 @@ use crate::events::XdsObserver;
 use crate::protocol::delta_request::DeltaRequest;
 use crate::protocol::sotw_request::SotwRequest;
 
-/// What a stream's task sends to its response body. The message is boxed:
-/// the channel allocates a block of 32 slots for the life of the stream, so
-/// a slot's size is paid 32 times per idle proxy.
-pub(crate) type Outgoing<R> = Result<Box<R>, Status>;
+/// The future serving one stream: it puts its responses in the stream's
+/// [`Outbox`] and ends with the stream's status.
+pub(crate) type StreamFuture = Pin<Box<dyn Future<Output = Result<(), Status>> + Send>>;
 
-/// The response body of one streaming call: messages from `rx`, then trailers
-/// (`grpc-status: 0` when the channel closes, or the error sent on it).
+/// The one response a stream's future has made and its body not yet taken.
+/// Shared by the two: the body polls the future, so the future never waits
+/// on anything but the body taking the message.
+pub(crate) struct Outbox<R>(Arc<Mutex<Option<Box<R>>>>);
+
+impl<R> Outbox<R> {
+    pub(crate) fn new() -> Self {
+        Outbox(Arc::new(Mutex::new(None)))
+    }
+
+    /// The same outbox, for the body.
+    pub(crate) fn share(&self) -> Self {
+        Outbox(self.0.clone())
+    }
+
+    /// Puts `msg` in the outbox once the previous message was taken. A full
+    /// outbox needs no waker: the body polls the future again as soon as it
+    /// took the message, and only then (see [`ResponseBody`]).
+    pub(crate) fn put(&self, msg: Box<R>) -> impl Future<Output = ()> + Send + '_
+    where
+        R: Send,
+    {
+        let mut msg = Some(msg);
+        std::future::poll_fn(move |_| {
+            let mut slot = self.0.lock();
+            if slot.is_some() {
+                return Poll::Pending;
+            }
+            *slot = msg.take();
+            Poll::Ready(())
+        })
+    }
+
+    fn take(&self) -> Option<Box<R>> {
+        self.0.lock().take()
+    }
+
+    fn is_full(&self) -> bool {
+        self.0.lock().is_some()
+    }
+}
+
+/// The response body of one streaming call. It drives the stream: when the
+/// transport asks for a frame (it does when the stream has send capacity),
+/// the body yields the chunks of the message being written, else takes the
+/// message in the outbox, else polls the stream's future, whose own waits
+/// (requests, publishes, timers, drain) wake the transport's stream task.
+/// So a stream is one task, hyper's. The future's end becomes the trailers
+/// (`grpc-status: 0`, or its error); dropping the body (the client went
+/// away) drops the future and everything the stream holds.
 pub(crate) struct ResponseBody<R> {
-    rx: mpsc::Receiver<Outgoing<R>>,
+    stream: Option<StreamFuture>,
+    outbox: Option<Outbox<R>>,
     current: Option<Writing<R>>,
+    /// The future's result, once it ended: the trailers to send.
+    end: Option<Result<(), Status>>,
     done: bool,
 }
 
@@ -49,11 +100,37 @@ struct Writing<R> {
     complete: bool,
 }
 
-impl<R> ResponseBody<R> {
-    pub(crate) fn new(rx: mpsc::Receiver<Outgoing<R>>) -> Self {
+impl<R: ChunkedMessage> Writing<R> {
+    fn new(msg: Box<R>) -> Self {
+        Writing {
+            chunks: Chunks::new(msg.encoded_len()),
+            msg,
+            pos: WritePos::default(),
+            complete: false,
+        }
+    }
+}
+
+impl<R: ChunkedMessage> ResponseBody<R> {
+    /// The body of a stream served by `stream`, which puts its responses in
+    /// `outbox`.
+    pub(crate) fn new(stream: StreamFuture, outbox: Outbox<R>) -> Self {
         ResponseBody {
-            rx,
+            stream: Some(stream),
+            outbox: Some(outbox),
             current: None,
+            end: None,
+            done: false,
+        }
+    }
+
+    /// The body of a unary call: `msg`, then `grpc-status: 0`.
+    pub(crate) fn once(msg: Box<R>) -> Self {
+        ResponseBody {
+            stream: None,
+            outbox: None,
+            current: Some(Writing::new(msg)),
+            end: Some(Ok(())),
             done: false,
         }
     }
@@ -68,7 +145,7 @@ fn trailers(status: &Status) -> HeaderMap {
     map
 }
 
-impl<R: ChunkedMessage + Unpin> Body for ResponseBody<R> {
+impl<R: ChunkedMessage + Send + Unpin> Body for ResponseBody<R> {
     type Data = Bytes;
     type Error = Status;
 
@@ -92,24 +169,31 @@ impl<R: ChunkedMessage + Unpin> Body for ResponseBody<R> {
                 }
                 continue;
             }
-            match ready!(this.rx.poll_recv(cx)) {
-                Some(Ok(msg)) => {
-                    this.current = Some(Writing {
-                        chunks: Chunks::new(msg.encoded_len()),
-                        msg,
-                        pos: WritePos::default(),
-                        complete: false,
-                    });
-                }
-                Some(Err(status)) => {
-                    this.done = true;
-                    return Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))));
-                }
-                None => {
-                    this.done = true;
-                    return Poll::Ready(Some(Ok(Frame::trailers(trailers(&Status::ok(""))))));
-                }
+            if let Some(msg) = this.outbox.as_ref().and_then(Outbox::take) {
+                this.current = Some(Writing::new(msg));
+                continue;
             }
+            if let Some(stream) = &mut this.stream {
+                match stream.as_mut().poll(cx) {
+                    Poll::Ready(end) => {
+                        // Dropped at once: the stream's permit, registry
+                        // entry and waits go with it. A message it put
+                        // before ending is still in the outbox.
+                        this.stream = None;
+                        this.end = Some(end);
+                    }
+                    // It put a message and waits for it to be taken.
+                    Poll::Pending if this.outbox.as_ref().is_some_and(Outbox::is_full) => {}
+                    Poll::Pending => return Poll::Pending,
+                }
+                continue;
+            }
+            this.done = true;
+            let status = match this.end.take() {
+                Some(Err(status)) => status,
+                _ => Status::ok(""),
+            };
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))));
         }
     }
 
@@ -491,5 +575,176 @@ mod tests {
             &seen.lock()[..],
             [XdsEvent::LimitExceeded { limit: "resource_names", value: 4, node: Some(n), .. }] if &**n == "n1"
         ));
+    }
+
+    use proptest::strategy::Strategy as _;
+
+    /// What a stream's future does next, in [`a_body_yields_what_its_stream_puts`].
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// Puts a response removing this many names.
+        Put(usize),
+        /// Waits once for something that wakes it at once (a request, a
+        /// publish, a timer).
+        Wait,
+    }
+
+    fn delta(i: usize, removed: usize) -> crate::protocol::DeltaResponse {
+        crate::protocol::DeltaResponse {
+            ty: crate::resource::ResourceType::Cluster,
+            system_version: format!("v{i}").into(),
+            nonce: i.to_string().into(),
+            resources: Vec::new(),
+            removed: (0..removed)
+                .map(|n| format!("name-{n:06}").into())
+                .collect(),
+        }
+    }
+
+    struct Flag(std::sync::atomic::AtomicBool);
+    impl std::task::Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Returns `Pending` once, waking its task first.
+    async fn wait_once() {
+        let mut waited = false;
+        std::future::poll_fn(|cx| {
+            if std::mem::replace(&mut waited, true) {
+                Poll::Ready(())
+            } else {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
+    /// Drives `body` as the transport does: polls until it ends, and after a
+    /// `Pending` only once woken (a body that waits with no wake to come
+    /// would hang its stream). Returns the data and the trailers' status.
+    fn drain_body<R: ChunkedMessage + Send + Unpin>(
+        mut body: ResponseBody<R>,
+        on_trailers: impl FnOnce(),
+    ) -> (Vec<u8>, String) {
+        let flag = Arc::new(Flag(std::sync::atomic::AtomicBool::new(false)));
+        let waker = std::task::Waker::from(flag.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut data = Vec::new();
+        loop {
+            match Pin::new(&mut body).poll_frame(&mut cx) {
+                Poll::Pending => assert!(
+                    flag.0.swap(false, std::sync::atomic::Ordering::SeqCst),
+                    "the body waits and nothing will wake it"
+                ),
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(d) => data.extend_from_slice(&d),
+                    Err(frame) => {
+                        let t = frame.into_trailers().expect("data or trailers");
+                        on_trailers();
+                        let status = t["grpc-status"].to_str().unwrap().to_string();
+                        assert!(body.is_end_stream());
+                        assert!(matches!(
+                            Pin::new(&mut body).poll_frame(&mut cx),
+                            Poll::Ready(None)
+                        ));
+                        return (data, status);
+                    }
+                },
+                Poll::Ready(other) => panic!("unexpected frame {other:?}"),
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the stream's future does — several responses in one
+        /// poll, waits between them, large and small ones, ending right after
+        /// a put — the body yields every response's bytes, in order, then the
+        /// future's status as trailers; the future (and what the stream
+        /// holds) is dropped when it ends.
+        #[test]
+        fn a_body_yields_what_its_stream_puts(
+            steps in proptest::collection::vec(
+                proptest::prop_oneof![
+                    (0usize..3000).prop_map(Step::Put),
+                    proptest::strategy::Just(Step::Wait),
+                ],
+                0..12,
+            ),
+            fails in proptest::bool::ANY,
+        ) {
+            let outbox = Outbox::new();
+            let put = outbox.share();
+            let held = Arc::new(());
+            let holder = held.clone();
+            let script = steps.clone();
+            let stream = async move {
+                let _holder = holder;
+                for (i, step) in script.into_iter().enumerate() {
+                    match step {
+                        Step::Put(n) => put.put(Box::new(delta(i, n))).await,
+                        Step::Wait => wait_once().await,
+                    }
+                }
+                if fails { Err(Status::unavailable("draining")) } else { Ok(()) }
+            };
+            let body = ResponseBody::new(Box::pin(stream), outbox);
+            let (data, status) = drain_body(body, || {
+                assert_eq!(Arc::strong_count(&held), 1, "the future ended but lives on");
+            });
+            let mut want = Vec::new();
+            for (i, step) in steps.iter().enumerate() {
+                if let Step::Put(n) = step {
+                    let msg = delta(i, *n);
+                    let mut raw = Vec::new();
+                    super::super::codec::WireMessage::encode_raw(&msg, &mut raw);
+                    want.push(0u8);
+                    want.extend_from_slice(&(raw.len() as u32).to_be_bytes());
+                    want.extend(raw);
+                }
+            }
+            proptest::prop_assert_eq!(data, want);
+            let code = if fails { tonic::Code::Unavailable } else { tonic::Code::Ok };
+            proptest::prop_assert_eq!(status, (code as i32).to_string());
+        }
+    }
+
+    /// A client that goes away drops the body: the stream's future, and so
+    /// its permit and registry entry, go with it, even mid-response.
+    #[test]
+    fn dropping_the_body_drops_the_stream() {
+        let outbox = Outbox::new();
+        let put = outbox.share();
+        let held = Arc::new(());
+        let holder = held.clone();
+        let stream = async move {
+            let _holder = holder;
+            put.put(Box::new(delta(0, 5000))).await;
+            std::future::pending::<()>().await;
+            Ok(())
+        };
+        let mut body = ResponseBody::new(Box::pin(stream), outbox);
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        assert!(matches!(
+            Pin::new(&mut body).poll_frame(&mut cx),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        assert_eq!(Arc::strong_count(&held), 2);
+        drop(body);
+        assert_eq!(Arc::strong_count(&held), 1);
+    }
+
+    /// A unary call's body: its one message, then `grpc-status: 0`.
+    #[test]
+    fn a_unary_body_is_one_message_then_ok() {
+        let msg = delta(0, 3);
+        let mut raw = Vec::new();
+        super::super::codec::WireMessage::encode_raw(&msg, &mut raw);
+        let (data, status) = drain_body(ResponseBody::once(Box::new(msg)), || {});
+        assert_eq!(&data[5..], &raw[..]);
+        assert_eq!(status, "0");
     }
 }

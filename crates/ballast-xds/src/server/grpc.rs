@@ -164,7 +164,8 @@ where
 }
 
 /// Serves a bidirectional xDS stream: requests decoded by [`RequestStream`],
-/// responses written by [`ResponseBody`] around the resources' shared bytes.
+/// responses written by [`ResponseBody`] around the resources' shared bytes;
+/// the body drives the stream (no task of its own).
 fn streaming<M, B>(
     server: XdsServer,
     machine: M,
@@ -204,8 +205,8 @@ where
     let peer = crate::security::ConnInfo::peer_of(req.extensions());
     let requests =
         RequestStream::<M::Req>::new(req.into_body(), &shared.limits, shared.observer.clone());
-    let rx = super::stream::spawn(server, machine, kind, requests, permit, peer);
-    let mut resp = http::Response::new(Body::new(ResponseBody::new(rx)));
+    let body = super::stream::body(server, machine, kind, requests, permit, peer);
+    let mut resp = http::Response::new(Body::new(body));
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/grpc"),
@@ -249,10 +250,8 @@ where
         Ok(None) => return Status::internal("no response computed").into_http(),
         Err(status) => return status.into_http(),
     };
-    let (tx, rx) = tokio::sync::mpsc::channel::<super::body::Outgoing<SotwResponse>>(1);
-    tx.try_send(Ok(Box::new(resp))).expect("room for one");
-    drop(tx);
-    let mut out = http::Response::new(Body::new(ResponseBody::new(rx)));
+    let body: ResponseBody<SotwResponse> = ResponseBody::once(Box::new(resp));
+    let mut out = http::Response::new(Body::new(body));
     out.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/grpc"),

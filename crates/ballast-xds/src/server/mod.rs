@@ -453,9 +453,12 @@ impl XdsServer {
         let drain = self.shared.drain.clone();
         let grace = self.shared.shutdown_grace;
         let max_age = self.shared.max_connection_age;
+        // A connection still open a grace after the drain (a client that
+        // stopped reading: its stream's body is no longer polled) is closed.
+        let conn_drain = drain.clone();
         let incoming = tokio_stream::StreamExt::map(
             crate::security::listen::incoming(listener, self.shared.tls.as_ref()),
-            move |c| c.map(|c| age::Aged::new(c, max_age)),
+            move |c| c.map(|c| age::Aged::new(c, max_age, Some((conn_drain.clone(), grace)))),
         );
         // tonic stops accepting and closes idle connections on the same
         // signal the streams watch.
@@ -477,8 +480,8 @@ impl XdsServer {
         match tokio::time::timeout(grace, serve).await {
             Ok(r) => r,
             Err(_) => {
-                // A client that stops reading keeps its connection open
-                // forever; its streams are already ended on our side.
+                // Connections close themselves a grace after the drain
+                // (`age::Aged`); this bounds the wait for them.
                 tracing::warn!(
                     ?grace,
                     "connections still open after the shutdown grace; abandoning them"

@@ -1,20 +1,23 @@
 //! Drives one gRPC stream: reads requests, feeds the protocol machine, sends
 //! what it says, and follows the group's snapshot and the readiness gate.
 //!
-//! Backpressure is the HTTP/2 stream's alone: the response channel holds one
-//! message, so a slow client slows only its own task; publishing never waits.
+//! Backpressure is the HTTP/2 stream's alone: the stream's future runs in
+//! its response body, which the transport polls only when the stream has
+//! send capacity, so a slow client slows only its own stream; publishing
+//! never waits.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Sleep;
 use tonic::Status;
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::body::RequestStream;
+use super::body::{Outbox, RequestStream, ResponseBody};
+use super::codec::ChunkedMessage;
 use super::codec::WireMessage;
 use super::resume_guard::{ReportsHoldings, ResumeGuard};
 use super::{Shared, XdsServer};
@@ -145,23 +148,33 @@ impl Machine for DeltaMachine {
     }
 }
 
-pub(crate) type RespTx<R> = mpsc::Sender<super::body::Outgoing<R>>;
-
-/// Spawns the task serving one stream and returns the receiving end of its responses.
-pub(crate) fn spawn<M: Machine>(
+/// The response body serving one stream: it drives the stream's future
+/// (see [`ResponseBody`]), so a stream is one task, the transport's.
+pub(crate) fn body<M: Machine>(
     server: XdsServer,
     machine: M,
     kind: StreamKind,
     requests: RequestStream<M::Req>,
     permit: super::limits::Permit,
     peer: Option<Arc<crate::security::PeerIdentity>>,
-) -> mpsc::Receiver<super::body::Outgoing<M::Resp>> {
-    let (tx, rx) = mpsc::channel(1);
-    tokio::spawn(task(server, machine, kind, requests, permit, peer, tx));
-    rx
+) -> ResponseBody<M::Resp>
+where
+    M::Resp: ChunkedMessage,
+{
+    let outbox = Outbox::new();
+    let stream = task(
+        server,
+        machine,
+        kind,
+        requests,
+        permit,
+        peer,
+        outbox.share(),
+    );
+    ResponseBody::new(Box::pin(stream), outbox)
 }
 
-/// The future of one stream's task. It is alive for as long as the stream
+/// The future serving one stream. It is alive for as long as the stream
 /// (an idle proxy keeps it forever), so its size is memory per proxy.
 fn task<M: Machine>(
     server: XdsServer,
@@ -170,8 +183,8 @@ fn task<M: Machine>(
     requests: RequestStream<M::Req>,
     permit: super::limits::Permit,
     peer: Option<Arc<crate::security::PeerIdentity>>,
-    tx: RespTx<M::Resp>,
-) -> impl std::future::Future<Output = ()> + Send + 'static {
+    outbox: Outbox<M::Resp>,
+) -> impl std::future::Future<Output = Result<(), Status>> + Send + 'static {
     let span = info_span!(
         "xds_stream",
         kind = kind.label(),
@@ -180,18 +193,20 @@ fn task<M: Machine>(
     // On the heap, not in the future: the machine is large (a state per
     // type) and an `async fn` argument would be held twice.
     let machine = Arc::new(parking_lot::Mutex::new(machine));
+    // A client that stopped reading leaves its body unpolled: on drain, its
+    // connection is closed after the grace (`age::Aged`), which drops the
+    // body and this future with it.
     async move {
-        let shared = &server.shared;
-        if let Err(status) = run(shared, machine, kind, requests, permit, &tx, peer).await {
-            // A client that stopped reading must not keep a draining
-            // server's task alive: the status waits at most the grace.
-            let bound = if shared.drain.is_cancelled() {
-                shared.shutdown_grace
-            } else {
-                std::time::Duration::MAX
-            };
-            let _ = tokio::time::timeout(bound, tx.send(Err(status))).await;
-        }
+        run(
+            &server.shared,
+            machine,
+            kind,
+            requests,
+            permit,
+            &outbox,
+            peer,
+        )
+        .await
     }
     .instrument(span)
 }
@@ -202,7 +217,7 @@ async fn run<M: Machine>(
     kind: StreamKind,
     mut requests: RequestStream<M::Req>,
     mut permit: super::limits::Permit,
-    tx: &RespTx<M::Resp>,
+    outbox: &Outbox<M::Resp>,
     peer: Option<Arc<crate::security::PeerIdentity>>,
 ) -> Result<(), Status> {
     // The drain signal is one token for every stream: its future is made
@@ -345,13 +360,9 @@ async fn run<M: Machine>(
             }
             debug!(%ty, %version, %nonce, resources, removed, bytes, "send");
             sent_at[ty] = Some((nonce, Instant::now()));
-            tokio::select! {
-                biased;
-                r = tx.send(Ok(Box::new(resp))) => if r.is_err() {
-                    return Ok(()); // client went away
-                },
-                _ = drained.as_mut() => return Err(super::shutting_down()),
-            }
+            // Taken by the body when the transport has room for it; a
+            // client that went away drops the body and this future.
+            outbox.put(Box::new(resp)).await;
             observer.on_event(&XdsEvent::ResponseSent {
                 node: node_id.clone(),
                 group: handle.group().clone(),
@@ -518,7 +529,7 @@ mod tests {
         }
     }
 
-    /// Bytes of the task future serving one stream of machine `M`.
+    /// Bytes of the future serving one stream of machine `M`.
     fn task_size<M: Machine>(machine: M, kind: StreamKind) -> usize {
         let server = XdsServer::builder(SnapshotCache::new()).build();
         let shared = &server.shared;
@@ -528,8 +539,15 @@ mod tests {
             .stream_counts
             .open(&shared.limits, &*shared.observer, None)
             .expect("permit");
-        let (tx, _rx) = mpsc::channel(1);
-        let fut = task(server.clone(), machine, kind, requests, permit, None, tx);
+        let fut = task(
+            server.clone(),
+            machine,
+            kind,
+            requests,
+            permit,
+            None,
+            Outbox::new(),
+        );
         std::mem::size_of_val(&fut)
     }
 
@@ -566,12 +584,17 @@ mod tests {
         }
     }
 
-    /// The response channel holds a block of 32 slots for the life of the
-    /// stream: a slot is a pointer, not a response (88 bytes for Delta).
+    /// A stream is its response body (no task, no channel of its own): the
+    /// body holds the boxed future, the one-message outbox and the message
+    /// being written, a few words each.
     #[test]
-    fn a_response_channel_slot_is_a_pointer() {
-        use crate::server::body::Outgoing;
-        assert!(std::mem::size_of::<Outgoing<DeltaResponse>>() <= 16);
-        assert!(std::mem::size_of::<Outgoing<SotwResponse>>() <= 16);
+    fn a_response_body_is_small() {
+        let sizes = [
+            ("SotW", std::mem::size_of::<ResponseBody<SotwResponse>>()),
+            ("Delta", std::mem::size_of::<ResponseBody<DeltaResponse>>()),
+        ];
+        for (_, size) in sizes {
+            assert!(size <= 256, "response body sizes (bytes): {sizes:?}");
+        }
     }
 }
