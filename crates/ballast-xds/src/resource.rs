@@ -203,13 +203,28 @@ impl std::ops::Deref for Refs {
     }
 }
 
+/// The bytes of a chunked resource: the `Any` header, then the value's chunks, shared with
+/// the resource's other versions (an edit replaces the chunks it touched).
+struct Chunked {
+    /// `parts[0]` is the `Any` header (type URL, value key and length); the rest is the value.
+    parts: Vec<Bytes>,
+    /// Total length of `parts`.
+    len: usize,
+    /// `parts` concatenated, made on the first whole read.
+    whole: std::sync::OnceLock<Bytes>,
+}
+
 /// An encoded Envoy resource with its content-hash version.
 pub struct Resource {
     ty: ResourceType,
     name: Arc<str>,
     version: Arc<str>,
     /// The encoded `google.protobuf.Any` (type_url + value): what goes on the wire.
+    /// Empty for a chunked resource until someone asks for it whole.
     any: Bytes,
+    /// A resource built from chunks ([`Resource::from_encoded_chunks_shared`]): written to
+    /// the wire chunk by chunk, made whole only when read whole.
+    chunked: Option<Box<Chunked>>,
     /// Byte range of the inner message within `any`.
     value_start: usize,
     refs: Refs,
@@ -228,7 +243,7 @@ impl fmt::Debug for Resource {
             .field("ty", &self.ty)
             .field("name", &self.name)
             .field("version", &self.version)
-            .field("bytes", &self.any.len())
+            .field("bytes", &self.any_len())
             .finish()
     }
 }
@@ -353,6 +368,69 @@ impl Resource {
         Ok(r)
     }
 
+    /// A resource whose encoded value is the concatenation of `chunks`, kept as they are: the
+    /// wire gets them as a chain (no copy into one buffer), and a resource re-assembled after
+    /// an edit shares every chunk the edit did not touch with the previous version. Each
+    /// chunk comes with the xxh3-64 of its bytes (the caller keeps them, so an edit hashes
+    /// only the chunks it rebuilt); the version is the hash of the ordered chunk hashes:
+    /// equal chunks, equal version. `refs` as in [`Resource::from_encoded_parts_shared`].
+    /// The caller vouches that the concatenation is `M`'s encoding with that name and those
+    /// references, and that it cuts the same value into the same chunks whenever it builds
+    /// it (the version depends on the cut); empty chunks are dropped and do not count.
+    /// Reading the bytes whole ([`Resource::any_bytes`], [`Resource::value_bytes`])
+    /// concatenates them once and keeps the result.
+    pub fn from_encoded_chunks_shared<M: XdsResource>(
+        name: &str,
+        chunks: impl IntoIterator<Item = (Bytes, u64)>,
+        refs: Arc<[Ref]>,
+    ) -> Result<Arc<Resource>, ResourceError> {
+        if name.is_empty() {
+            return Err(ResourceError::EmptyName { ty: M::TYPE });
+        }
+        debug_assert!(
+            refs.windows(2).all(|w| w[0] < w[1]),
+            "shared references are sorted and distinct"
+        );
+        let mut parts = vec![Bytes::new()];
+        let mut hashes = Vec::new();
+        let mut value_len = 0;
+        for (c, h) in chunks {
+            if c.is_empty() {
+                continue;
+            }
+            debug_assert_eq!(xxhash_rust::xxh3::xxh3_64(&c), h, "chunk hash");
+            value_len += c.len();
+            hashes.extend_from_slice(&h.to_le_bytes());
+            parts.push(c);
+        }
+        // The `Any` header alone (not `any_header`, which makes room for the value).
+        let type_url = M::TYPE.type_url();
+        let mut header = BytesMut::with_capacity(type_url.len() + 16);
+        crate::wire::put_bytes_field(&mut header, 1, type_url.as_bytes());
+        crate::wire::put_key(&mut header, 2, crate::wire::WIRE_LEN);
+        prost::encoding::encode_varint(value_len as u64, &mut header);
+        let value_start = header.len();
+        parts[0] = header.freeze();
+        let version = crate::version::content_version(&hashes);
+        Ok(Arc::new(Resource {
+            ty: M::TYPE,
+            version: version.into(),
+            name: name.into(),
+            any: Bytes::new(),
+            chunked: Some(Box::new(Chunked {
+                len: value_start + value_len,
+                parts,
+                whole: std::sync::OnceLock::new(),
+            })),
+            value_start,
+            refs: Refs::Shared(refs),
+            #[cfg(feature = "rest")]
+            json: std::sync::OnceLock::new(),
+            #[cfg(all(test, feature = "rest"))]
+            json_encodings: Default::default(),
+        }))
+    }
+
     /// Builds a resource from an `Any` (type URL + encoded value), decoding it
     /// once to learn its name and references.
     pub fn from_any(any: &Any) -> Result<Arc<Resource>, ResourceError> {
@@ -416,6 +494,7 @@ impl Resource {
             version: version.into(),
             name,
             any: buf.freeze(),
+            chunked: None,
             value_start,
             refs: Refs::Owned(refs),
             #[cfg(feature = "rest")]
@@ -445,9 +524,41 @@ impl Resource {
     pub fn version_arc(&self) -> &Arc<str> {
         &self.version
     }
-    /// The encoded `google.protobuf.Any`, shared by every response that carries it.
+    /// The encoded `google.protobuf.Any`, shared by every response that carries it. A
+    /// chunked resource ([`Resource::from_encoded_chunks_shared`]) is concatenated on the
+    /// first call (the wire reads [`Resource::any_chunks`] instead).
     pub fn any_bytes(&self) -> &Bytes {
-        &self.any
+        match &self.chunked {
+            None => &self.any,
+            Some(c) => c.whole.get_or_init(|| {
+                let mut b = BytesMut::with_capacity(c.len);
+                for p in &c.parts {
+                    b.put_slice(p);
+                }
+                b.freeze()
+            }),
+        }
+    }
+    /// Length of [`Resource::any_bytes`], without making a chunked resource whole.
+    pub fn any_len(&self) -> usize {
+        match &self.chunked {
+            None => self.any.len(),
+            Some(c) => c.len,
+        }
+    }
+    /// [`Resource::any_bytes`] as the chunks it is made of (one, unless the resource was
+    /// built from chunks): what the wire writes.
+    pub fn any_chunks(&self) -> &[Bytes] {
+        match &self.chunked {
+            None => std::slice::from_ref(&self.any),
+            Some(c) => &c.parts,
+        }
+    }
+    /// The value's chunks of a resource built by [`Resource::from_encoded_chunks_shared`]
+    /// (`None` for any other): chunks shared by two versions are the same `Bytes` (same
+    /// pointer and length), so comparing versions can skip them without reading them.
+    pub fn value_chunks(&self) -> Option<&[Bytes]> {
+        self.chunked.as_ref().map(|c| &c.parts[1..])
     }
     #[cfg(feature = "rest")]
     /// The proto-JSON of [`Resource::any_bytes`] (`{"@type": ..., ...}`),
@@ -456,7 +567,7 @@ impl Resource {
         if let Some(j) = self.json.get() {
             return Ok(j.clone());
         }
-        let v = crate::json::bytes_to_json(&Any::full_name(), &self.any)?;
+        let v = crate::json::bytes_to_json(&Any::full_name(), self.any_bytes())?;
         #[cfg(all(test, feature = "rest"))]
         self.json_encodings
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -465,7 +576,7 @@ impl Resource {
     }
     /// The encoded inner message.
     pub fn value_bytes(&self) -> Bytes {
-        self.any.slice(self.value_start..)
+        self.any_bytes().slice(self.value_start..)
     }
     /// Every reference this resource makes, sorted.
     pub fn refs(&self) -> &[Ref] {

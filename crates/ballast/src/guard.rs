@@ -375,6 +375,13 @@ impl RouteDelta {
         new: Option<&Arc<Resource>>,
         known: Option<&[u32]>,
     ) -> Option<Arc<[u32]>> {
+        if let (Some(a), Some(b)) = (
+            old.and_then(|r| r.value_chunks()),
+            new.and_then(|r| r.value_chunks()),
+        ) {
+            self.route_config_chunks(a, b);
+            return None;
+        }
         let (old, new) = (
             old.map(|r| r.value_bytes()).unwrap_or_default(),
             new.map(|r| r.value_bytes()).unwrap_or_default(),
@@ -382,6 +389,37 @@ impl RouteDelta {
         let (a, b, starts) = changed_hosts(&old, &new, known);
         self.add(a, b);
         starts
+    }
+
+    /// [`RouteDelta::route_config`] of two versions built from chunks, each chunk whole fields
+    /// (the translator cuts route configurations between virtual hosts): the chunks both
+    /// share at the front and at the back are skipped unread, and only the ones between
+    /// are compared, field by field. Counts the same removals and the same net total as
+    /// comparing the whole bytes (the window may hold more unchanged hosts, counted both as
+    /// dropped and as added).
+    fn route_config_chunks<B: AsRef<[u8]>>(&mut self, old: &[B], new: &[B]) {
+        let same = |(x, y): &(&B, &B)| {
+            let (x, y) = (x.as_ref(), y.as_ref());
+            x.as_ptr() == y.as_ptr() && x.len() == y.len()
+        };
+        let front = old.iter().zip(new).take_while(same).count();
+        let back = old[front..]
+            .iter()
+            .rev()
+            .zip(new[front..].iter().rev())
+            .take_while(same)
+            .count();
+        let window = |c: &[B]| -> Vec<u8> {
+            let c = &c[front..c.len() - back];
+            let mut v = Vec::with_capacity(c.iter().map(|x| x.as_ref().len()).sum());
+            for x in c {
+                v.extend_from_slice(x.as_ref());
+            }
+            v
+        };
+        let (a, b) = (window(old), window(new));
+        let (a, b, _) = changed_hosts(&a, &b, None);
+        self.add(a, b);
     }
 
     fn listener(&mut self, old: Option<&Resource>, new: Option<&Resource>) {

@@ -558,7 +558,7 @@ impl SotwMachine {
                         let st = self.core.types[*ty].as_ref().expect("settled");
                         st.acked
                             .values()
-                            .map(|r| r.any_bytes().len())
+                            .map(|r| r.any_len())
                             .sum::<usize>()
                     })?;
                 let acked = self.core.types[ty].as_ref().expect("settled").acked.clone();

@@ -51,7 +51,7 @@ impl WireMessage for SotwResponse {
             + self
                 .resources
                 .values()
-                .map(|r| bytes_field_len(2, r.any_bytes().len()))
+                .map(|r| bytes_field_len(2, r.any_len()))
                 .sum::<usize>()
             + str_field_len(4, self.ty.type_url())
             + str_field_len(5, &self.nonce)
@@ -61,7 +61,7 @@ impl WireMessage for SotwResponse {
     fn encode_raw(&self, buf: &mut impl BufMut) {
         put_str_field(buf, 1, &self.version);
         for r in self.resources.values() {
-            put_bytes_field(buf, 2, r.any_bytes());
+            put_any(buf, 2, r);
         }
         put_str_field(buf, 4, self.ty.type_url());
         put_str_field(buf, 5, &self.nonce);
@@ -72,8 +72,17 @@ impl WireMessage for SotwResponse {
 /// Length of a Delta `Resource { version=1, resource=2 (Any), name=3 }`.
 fn delta_resource_len(r: &crate::resource::Resource) -> usize {
     str_field_len(1, r.version())
-        + bytes_field_len(2, r.any_bytes().len())
+        + bytes_field_len(2, r.any_len())
         + str_field_len(3, r.name())
+}
+
+/// A resource's `Any` as field `field`, chunk by chunk.
+fn put_any(buf: &mut impl BufMut, field: u32, r: &crate::resource::Resource) {
+    put_key(buf, field, WIRE_LEN);
+    prost::encoding::encode_varint(r.any_len() as u64, buf);
+    for c in r.any_chunks() {
+        buf.put_slice(c);
+    }
 }
 
 impl WireMessage for DeltaResponse {
@@ -102,7 +111,7 @@ impl WireMessage for DeltaResponse {
             put_key(buf, 2, WIRE_LEN);
             prost::encoding::encode_varint(delta_resource_len(r) as u64, buf);
             put_str_field(buf, 1, r.version());
-            put_bytes_field(buf, 2, r.any_bytes());
+            put_any(buf, 2, r);
             put_str_field(buf, 3, r.name());
         }
         put_str_field(buf, 4, self.ty.type_url());
@@ -244,12 +253,13 @@ impl ChunkedMessage for SotwResponse {
                     .range::<_, str>((Bound::Excluded(&**last), Bound::Unbounded)),
             };
             for (name, r) in range {
-                let any = r.any_bytes();
                 out.put(FIELD_HEAD, |b| {
                     put_key(b, 2, WIRE_LEN);
-                    prost::encoding::encode_varint(any.len() as u64, b);
+                    prost::encoding::encode_varint(r.any_len() as u64, b);
                 });
-                out.shared(any);
+                for c in r.any_chunks() {
+                    out.shared(c);
+                }
                 if out.has_ready() {
                     pos.last = Some(name.clone());
                     return false;
@@ -281,15 +291,16 @@ impl ChunkedMessage for DeltaResponse {
         if pos.phase == 1 {
             while let Some(r) = self.resources.get(pos.index) {
                 pos.index += 1;
-                let any = r.any_bytes();
                 out.put(3 * FIELD_HEAD + r.version().len(), |b| {
                     put_key(b, 2, WIRE_LEN);
                     prost::encoding::encode_varint(delta_resource_len(r) as u64, b);
                     put_str_field(b, 1, r.version());
                     put_key(b, 2, WIRE_LEN);
-                    prost::encoding::encode_varint(any.len() as u64, b);
+                    prost::encoding::encode_varint(r.any_len() as u64, b);
                 });
-                out.shared(any);
+                for c in r.any_chunks() {
+                    out.shared(c);
+                }
                 out.put(FIELD_HEAD + r.name().len(), |b| {
                     put_str_field(b, 3, r.name())
                 });
