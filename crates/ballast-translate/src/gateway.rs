@@ -380,29 +380,7 @@ impl ChainState {
     /// dirty host plus the bytes of the chunks rebuilt: neither the whole configuration nor
     /// its hosts up to the edited one are read.
     fn encode_patched(&mut self, dirty: &BTreeSet<String>) -> Arc<Resource> {
-        let mut touched: BTreeSet<String> = BTreeSet::new();
-        for h in dirty {
-            let starts = self
-                .hosts
-                .get(h)
-                .is_some_and(|s| starts_block(h, s.encoded.len()));
-            if starts != self.blocks.contains_key(h.as_str()) && !h.is_empty() {
-                // The chunk before it loses or gains its hosts.
-                touched.insert(block_of(&self.blocks, h, false).to_owned());
-                if starts {
-                    self.blocks.insert(h.clone(), (Bytes::new(), 0));
-                } else {
-                    self.blocks.remove(h.as_str());
-                }
-            }
-            touched.insert(block_of(&self.blocks, h, true).to_owned());
-        }
-        for key in touched {
-            if self.blocks.contains_key(&key) {
-                let block = build_block(&self.hosts, &self.blocks, &key);
-                self.blocks.insert(key, block);
-            }
-        }
+        patch_blocks(&self.hosts, &mut self.blocks, dirty);
         self.encode()
     }
 
@@ -422,7 +400,7 @@ impl ChainState {
 /// The route configuration `name` with the virtual hosts cut into `blocks` (whose clusters are
 /// the keys of `refs`): its name, then every virtual host in hostname order, exactly as prost
 /// encodes `RouteConfiguration { name, virtual_hosts, ..Default::default() }`, as chunks: the
-/// name field, then each block's shared bytes. Its version is the hash of the chunks' hashes.
+/// name field, then each block's shared bytes.
 ///
 /// With VHDS it is only the name and where to fetch the virtual hosts: a
 /// route edit changes one `VirtualHost` resource and never this one.
@@ -442,16 +420,15 @@ fn encode_route_config(
         });
     }
     let head = Bytes::from(route_config_head(name));
-    let head_hash = xxh3_64(&head);
-    let chunks = std::iter::once((head, head_hash)).chain(blocks.values().cloned());
+    let chunks = std::iter::once(head).chain(blocks.values().cloned());
     Resource::from_encoded_chunks_shared::<RouteConfiguration>(name, chunks, refs)
         .expect("route configuration names are never empty")
 }
 
 /// A route configuration's virtual hosts in chunks, by the hostname each starts with: `""`
 /// for the hosts before the first that [`starts_block`] (possibly none), then each host that
-/// does. A chunk is its hosts' encodings, concatenated, with their xxh3.
-type Blocks = BTreeMap<String, (Bytes, u64)>;
+/// does. A chunk is its hosts' encodings, concatenated.
+type Blocks = BTreeMap<String, Bytes>;
 
 /// Average size of a route configuration's chunks: large enough that the wire shares them
 /// instead of copying them per stream (`codec::SHARE_MIN`, 16 KiB), small enough that an
@@ -461,7 +438,7 @@ const BLOCK_BYTES: u64 = 32 * 1024;
 /// Whether virtual host `host`, encoded in `len` bytes, starts a chunk: with probability
 /// `len / BLOCK_BYTES`, decided by a hash of its name. Chunks average `BLOCK_BYTES` whatever
 /// the hosts' sizes, and where they are cut depends only on the hosts themselves, so a
-/// patched route configuration is cut (and versioned) exactly as one built from scratch.
+/// patched route configuration is cut exactly as one built from scratch.
 fn starts_block(host: &str, len: usize) -> bool {
     !host.is_empty() && xxh3_64(host.as_bytes()) % BLOCK_BYTES < len as u64
 }
@@ -482,29 +459,64 @@ fn block_of<'a>(blocks: &'a Blocks, host: &str, inclusive: bool) -> &'a str {
 }
 
 /// The chunk `key` of `blocks`: the encodings of `hosts` from `key` up to the next chunk's.
-fn build_block(hosts: &BTreeMap<String, HostState>, blocks: &Blocks, key: &str) -> (Bytes, u64) {
+fn build_block(hosts: &BTreeMap<String, HostState>, blocks: &Blocks, key: &str) -> Bytes {
     use std::ops::Bound::{Excluded, Included, Unbounded};
     let next = blocks
         .range::<str, _>((Excluded(key), Unbounded))
         .next()
         .map_or(Unbounded, |(k, _)| Excluded(k.as_str()));
-    let run = || hosts.range::<str, _>((Included(key), next)).map(|(_, s)| &s.encoded);
+    let run = || {
+        hosts
+            .range::<str, _>((Included(key), next))
+            .map(|(_, s)| &s.encoded)
+    };
     let mut buf = Vec::with_capacity(run().map(Vec::len).sum());
     for e in run() {
         buf.extend_from_slice(e);
     }
-    let hash = xxh3_64(&buf);
-    (Bytes::from(buf), hash)
+    Bytes::from(buf)
+}
+
+/// Re-cuts `blocks` after the hosts `dirty` were re-encoded, added or removed in `hosts`:
+/// rebuilds only the chunks holding one of them (and the one before a host that starts or
+/// stops starting a chunk). Gives [`build_blocks`]`(hosts)`.
+fn patch_blocks(
+    hosts: &BTreeMap<String, HostState>,
+    blocks: &mut Blocks,
+    dirty: &BTreeSet<String>,
+) {
+    let mut touched: BTreeSet<String> = BTreeSet::new();
+    for h in dirty {
+        let starts = hosts
+            .get(h)
+            .is_some_and(|s| starts_block(h, s.encoded.len()));
+        if starts != blocks.contains_key(h.as_str()) && !h.is_empty() {
+            // The chunk before it loses or gains its hosts.
+            touched.insert(block_of(blocks, h, false).to_owned());
+            if starts {
+                blocks.insert(h.clone(), Bytes::new());
+            } else {
+                blocks.remove(h.as_str());
+            }
+        }
+        touched.insert(block_of(blocks, h, true).to_owned());
+    }
+    for key in touched {
+        if blocks.contains_key(&key) {
+            let block = build_block(hosts, blocks, &key);
+            blocks.insert(key, block);
+        }
+    }
 }
 
 /// `hosts` cut into chunks from scratch (see [`Blocks`]).
 fn build_blocks(hosts: &BTreeMap<String, HostState>) -> Blocks {
-    let mut blocks: Blocks = std::iter::once((String::new(), (Bytes::new(), 0)))
+    let mut blocks: Blocks = std::iter::once((String::new(), Bytes::new()))
         .chain(
             hosts
                 .iter()
                 .filter(|(h, s)| starts_block(h, s.encoded.len()))
-                .map(|(h, _)| (h.clone(), (Bytes::new(), 0))),
+                .map(|(h, _)| (h.clone(), Bytes::new())),
         )
         .collect();
     let keys: Vec<String> = blocks.keys().cloned().collect();
@@ -1114,6 +1126,64 @@ mod host_routes_tests {
                 prop_assert!(got.values().eq(want.values()));
             }
         }
+    }
+
+    proptest! {
+        /// A route configuration's chunks patched after any edits of its hosts (added,
+        /// removed, resized: a host may start or stop starting a chunk) are the chunks cut
+        /// from scratch, and hold every host's bytes in hostname order.
+        #[test]
+        fn patched_blocks_equal_blocks_from_scratch(
+            start in proptest::collection::btree_map(0u16..300, 0usize..6000, 0..40),
+            edits in proptest::collection::vec(
+                proptest::collection::btree_map(0u16..300, proptest::option::of(0usize..6000), 1..6),
+                1..12,
+            ),
+        ) {
+            let host = |n: u16, len: usize| HostState {
+                encoded: vec![(n % 251) as u8; len],
+                ..Default::default()
+            };
+            let mut hosts: BTreeMap<String, HostState> = start
+                .iter()
+                .map(|(&n, &len)| (format!("h{n}.example"), host(n, len)))
+                .collect();
+            let mut blocks = build_blocks(&hosts);
+            for edit in edits {
+                let mut dirty = BTreeSet::new();
+                for (n, len) in edit {
+                    let name = format!("h{n}.example");
+                    match len {
+                        Some(len) => hosts.insert(name.clone(), host(n, len)),
+                        None => hosts.remove(&name),
+                    };
+                    dirty.insert(name);
+                }
+                patch_blocks(&hosts, &mut blocks, &dirty);
+                let scratch = build_blocks(&hosts);
+                prop_assert_eq!(&blocks, &scratch);
+                let all: Vec<u8> = hosts.values().flat_map(|h| h.encoded.iter().copied()).collect();
+                let chunks: Vec<u8> = blocks.values().flat_map(|b| b.iter().copied()).collect();
+                prop_assert_eq!(all, chunks);
+            }
+        }
+    }
+
+    /// Chunks average [`BLOCK_BYTES`] whatever the hosts' sizes: 10,000 hosts of 87 bytes
+    /// (W3's) make a few dozen chunks, not one and not thousands.
+    #[test]
+    fn blocks_average_their_target_size() {
+        let hosts: BTreeMap<String, HostState> = (0..10_000)
+            .map(|i| {
+                let h = HostState {
+                    encoded: vec![0; 87],
+                    ..Default::default()
+                };
+                (format!("host-{i}.example.com"), h)
+            })
+            .collect();
+        let blocks = build_blocks(&hosts);
+        assert!((10..=60).contains(&blocks.len()), "{} chunks", blocks.len());
     }
 
     #[test]

@@ -370,18 +370,16 @@ impl Resource {
 
     /// A resource whose encoded value is the concatenation of `chunks`, kept as they are: the
     /// wire gets them as a chain (no copy into one buffer), and a resource re-assembled after
-    /// an edit shares every chunk the edit did not touch with the previous version. Each
-    /// chunk comes with the xxh3-64 of its bytes (the caller keeps them, so an edit hashes
-    /// only the chunks it rebuilt); the version is the hash of the ordered chunk hashes:
-    /// equal chunks, equal version. `refs` as in [`Resource::from_encoded_parts_shared`].
-    /// The caller vouches that the concatenation is `M`'s encoding with that name and those
-    /// references, and that it cuts the same value into the same chunks whenever it builds
-    /// it (the version depends on the cut); empty chunks are dropped and do not count.
+    /// an edit shares every chunk the edit did not touch with the previous version. The
+    /// version is the content hash of the concatenation, as [`Resource::from_encoded`] gives
+    /// it (hashed chunk by chunk, never copied). `refs` as in
+    /// [`Resource::from_encoded_parts_shared`]. The caller vouches that the concatenation is
+    /// `M`'s encoding with that name and those references; empty chunks are dropped.
     /// Reading the bytes whole ([`Resource::any_bytes`], [`Resource::value_bytes`])
     /// concatenates them once and keeps the result.
     pub fn from_encoded_chunks_shared<M: XdsResource>(
         name: &str,
-        chunks: impl IntoIterator<Item = (Bytes, u64)>,
+        chunks: impl IntoIterator<Item = Bytes>,
         refs: Arc<[Ref]>,
     ) -> Result<Arc<Resource>, ResourceError> {
         if name.is_empty() {
@@ -392,15 +390,14 @@ impl Resource {
             "shared references are sorted and distinct"
         );
         let mut parts = vec![Bytes::new()];
-        let mut hashes = Vec::new();
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         let mut value_len = 0;
-        for (c, h) in chunks {
+        for c in chunks {
             if c.is_empty() {
                 continue;
             }
-            debug_assert_eq!(xxhash_rust::xxh3::xxh3_64(&c), h, "chunk hash");
             value_len += c.len();
-            hashes.extend_from_slice(&h.to_le_bytes());
+            hasher.update(&c);
             parts.push(c);
         }
         // The `Any` header alone (not `any_header`, which makes room for the value).
@@ -411,7 +408,8 @@ impl Resource {
         prost::encoding::encode_varint(value_len as u64, &mut header);
         let value_start = header.len();
         parts[0] = header.freeze();
-        let version = crate::version::content_version(&hashes);
+        // `content_version`'s format, of the same bytes.
+        let version = format!("{:016x}", hasher.digest());
         Ok(Arc::new(Resource {
             ty: M::TYPE,
             version: version.into(),
@@ -553,6 +551,13 @@ impl Resource {
             None => std::slice::from_ref(&self.any),
             Some(c) => &c.parts,
         }
+    }
+    /// Whether a chunked resource was concatenated (tests prove the wire never does it).
+    #[cfg(test)]
+    pub(crate) fn made_whole(&self) -> bool {
+        self.chunked
+            .as_ref()
+            .is_some_and(|c| c.whole.get().is_some())
     }
     /// The value's chunks of a resource built by [`Resource::from_encoded_chunks_shared`]
     /// (`None` for any other): chunks shared by two versions are the same `Bytes` (same
@@ -893,6 +898,56 @@ mod tests {
             Resource::from_encoded_parts::<RouteConfiguration>("", [&bytes[..]], vec![]).is_err()
         );
     }
+
+    proptest::proptest! {
+        /// A resource built from chunks reads as the one built from their concatenation:
+        /// same bytes (whole, by length and chunk by chunk), same version, same JSON, and
+        /// its chunks are the given `Bytes`, not copies.
+        #[test]
+        fn chunks_equal_the_whole(
+            hosts in proptest::collection::vec(("[a-z]{1,12}", 0usize..3000), 0..12),
+            cuts in proptest::collection::vec(proptest::prelude::any::<proptest::sample::Index>(), 0..6),
+        ) {
+            let rc = RouteConfiguration {
+                name: "rc".into(),
+                virtual_hosts: hosts
+                    .iter()
+                    .map(|(h, n)| VirtualHost {
+                        name: h.clone(),
+                        domains: vec!["d".repeat(*n)],
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+            let bytes = Bytes::from(rc.encode_to_vec());
+            let mut at: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+            at.push(0);
+            at.push(bytes.len());
+            at.sort();
+            let chunks: Vec<Bytes> = at.windows(2).map(|w| bytes.slice(w[0]..w[1])).collect();
+            let refs: Arc<[Ref]> = Arc::new([]);
+            let whole = Resource::from_encoded::<RouteConfiguration>("rc", &bytes, vec![]).unwrap();
+            let r = Resource::from_encoded_chunks_shared::<RouteConfiguration>("rc", chunks.clone(), refs).unwrap();
+            proptest::prop_assert_eq!(r.any_len(), whole.any_bytes().len());
+            proptest::prop_assert_eq!(r.any_chunks().concat(), whole.any_bytes().to_vec());
+            let kept: Vec<&Bytes> = chunks.iter().filter(|c| !c.is_empty()).collect();
+            let value = r.value_chunks().unwrap();
+            proptest::prop_assert_eq!(value.len(), kept.len());
+            for (a, b) in value.iter().zip(kept) {
+                proptest::prop_assert_eq!(a.as_ptr(), b.as_ptr());
+            }
+            proptest::prop_assert_eq!(r.version(), whole.version());
+            proptest::prop_assert_eq!(r.any_bytes(), whole.any_bytes());
+            proptest::prop_assert_eq!(r.value_bytes(), whole.value_bytes());
+            proptest::prop_assert_eq!(r.to_any(), whole.to_any());
+            #[cfg(feature = "rest")]
+            proptest::prop_assert_eq!(r.any_json().unwrap(), whole.any_json().unwrap());
+            proptest::prop_assert!(whole.value_chunks().is_none());
+            proptest::prop_assert_eq!(whole.any_chunks(), std::slice::from_ref(whole.any_bytes()));
+        }
+    }
+
     use envoy_types::pb::envoy::config::cluster::v3::cluster::EdsClusterConfig;
 
     fn eds_cluster(name: &str, service: &str) -> Cluster {
