@@ -398,17 +398,7 @@ impl RouteDelta {
     /// comparing the whole bytes (the window may hold more unchanged hosts, counted both as
     /// dropped and as added).
     fn route_config_chunks<B: AsRef<[u8]>>(&mut self, old: &[B], new: &[B]) {
-        let same = |(x, y): &(&B, &B)| {
-            let (x, y) = (x.as_ref(), y.as_ref());
-            x.as_ptr() == y.as_ptr() && x.len() == y.len()
-        };
-        let front = old.iter().zip(new).take_while(same).count();
-        let back = old[front..]
-            .iter()
-            .rev()
-            .zip(new[front..].iter().rev())
-            .take_while(same)
-            .count();
+        let (front, back) = shared_ends(old, new);
         let window = |c: &[B]| -> Vec<u8> {
             let c = &c[front..c.len() - back];
             let mut v = Vec::with_capacity(c.iter().map(|x| x.as_ref().len()).sum());
@@ -523,6 +513,25 @@ fn route_id(r: RouteId) -> Vec<u8> {
 /// binary search; `new`'s starts are `old`'s around the new middle, shifted. Counting the
 /// parts as sets is exact because Envoy (and Ballast) name virtual hosts uniquely within a
 /// route configuration.
+/// How many chunks `old` and `new` share at the front and at the back (not overlapping): the
+/// same bytes, most often the same `Bytes` (compared by pointer, unread); a chunk rebuilt
+/// with equal bytes (the route configuration's name field is encoded anew each time) is
+/// compared, and a differing one costs a compare up to its first differing byte.
+fn shared_ends<B: AsRef<[u8]>>(old: &[B], new: &[B]) -> (usize, usize) {
+    let same = |(x, y): &(&B, &B)| {
+        let (x, y) = (x.as_ref(), y.as_ref());
+        (x.as_ptr() == y.as_ptr() && x.len() == y.len()) || x == y
+    };
+    let front = old.iter().zip(new).take_while(same).count();
+    let back = old[front..]
+        .iter()
+        .rev()
+        .zip(new[front..].iter().rev())
+        .take_while(same)
+        .count();
+    (front, back)
+}
+
 fn changed_hosts(old: &[u8], new: &[u8], known: Option<&[u32]>) -> (Ids, Ids, Option<Arc<[u32]>>) {
     // Not parseable as fields: count whatever decodes, whole.
     let whole = || {
@@ -1299,6 +1308,25 @@ mod book_tests {
             assert_eq!(removal, Removal::between(&inv, &Inventory::default()));
             assert_eq!(empty.routes, 0);
         }
+    }
+
+    /// Chunks shared by pointer, or rebuilt with the same bytes (the name field), are skipped
+    /// at both ends; only the ones between are compared.
+    #[test]
+    fn shared_chunks_are_skipped_at_both_ends() {
+        let a: Vec<bytes::Bytes> = ["name", "b1", "b2", "b3", "b4"]
+            .iter()
+            .map(|s| bytes::Bytes::copy_from_slice(s.as_bytes()))
+            .collect();
+        let mut b = a.clone();
+        b[0] = bytes::Bytes::copy_from_slice(b"name");
+        b[2] = bytes::Bytes::copy_from_slice(b"B2");
+        assert_eq!(shared_ends(&a, &b), (2, 2));
+        assert_eq!(shared_ends(&a, &a), (5, 0));
+        b.remove(2);
+        assert_eq!(shared_ends(&a, &b), (2, 2));
+        b[0] = bytes::Bytes::copy_from_slice(b"other");
+        assert_eq!(shared_ends(&a, &b), (0, 2));
     }
 
     /// One virtual host edited among many: only it is decoded on either side.
