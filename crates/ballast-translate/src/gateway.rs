@@ -17,10 +17,12 @@ use ballast_model::hostname::ANY_HOST;
 use ballast_model::set::ListenerAttachment;
 use ballast_model::{Backend, ConfigSet, Gateway, HttpRoute, ListenerProtocol, ObjectKey, Secret};
 use ballast_xds::{Ref, Resource, ResourceType, XdsResource};
+use bytes::Bytes;
 use envoy_types::pb::envoy::config::core::v3::ConfigSource;
 use envoy_types::pb::envoy::config::listener::v3::Listener as EnvoyListener;
 use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, Vhds, VirtualHost};
 use prost::encoding::{WireType, encode_key, encode_varint};
+use xxhash_rust::xxh3::xxh3_64;
 
 use crate::index::{DependencyIndex, Deps, Orphans, names_gateway};
 use crate::listener::{ChainPlan, certificate_refs, envoy_listeners, plan};
@@ -321,9 +323,9 @@ struct ChainState {
     /// `refs`' names as the route configuration's references, shared by its versions; `None`
     /// once the set of names changed (rebuilt on the next encoding).
     ref_list: Option<Arc<[Ref]>>,
-    /// Without VHDS: each virtual host's encoded length, in hostname order, so a patch finds
-    /// where a host's bytes are in `resource` and copies the rest from it in a few runs.
-    host_lens: Vec<u32>,
+    /// Without VHDS: the virtual hosts' encodings cut into chunks ([`build_blocks`]), which
+    /// `resource` is made of; a patch rebuilds only the chunks of the hosts it touched.
+    blocks: Blocks,
     resource: Arc<Resource>,
     /// Virtual hosts are served by VHDS (`Some`: the route configuration's
     /// `vhds.config_source`).
@@ -339,17 +341,6 @@ fn redirect_port(port: &crate::listener::PortPlan<'_>) -> u32 {
         (ListenerProtocol::Http, 80) | (ListenerProtocol::Https, 443) => 0,
         (_, p) => p,
     }
-}
-
-/// Where a virtual host touched by a patch was in the route configuration before it.
-struct Splice {
-    host: String,
-    /// Its rank among the hosts encoded before (or where it goes, if it is new).
-    rank: usize,
-    /// Byte offset of its encoding (or of where it goes) among the virtual hosts' bytes.
-    start: usize,
-    /// Length of its encoding before (0: new).
-    len: usize,
 }
 
 impl ChainState {
@@ -382,96 +373,15 @@ impl ChainState {
             .clone()
     }
 
-    /// Where each of `dirty` (hosts whose routes changed, before any is re-encoded or removed)
-    /// is in the current resource. Hosts new in this patch are in `hosts` with no encoding yet.
-    /// Costs a count of the map's entries up to the last dirty host (no host is read) and a
-    /// sum over `host_lens`.
-    fn splices(&self, dirty: &BTreeSet<String>) -> Vec<Splice> {
-        use std::ops::Bound::{Excluded, Unbounded};
-        let mut out = Vec::with_capacity(dirty.len());
-        // Entries of `hosts` before the current dirty host, and how many of them are new.
-        let mut below = 0;
-        let mut fresh_below = 0;
-        let mut start = 0;
-        let mut ranked = 0;
-        let mut prev: Option<(&str, bool)> = None;
-        for h in dirty {
-            below += match prev {
-                None => self
-                    .hosts
-                    .range::<str, _>((Unbounded, Excluded(h.as_str())))
-                    .count(),
-                Some((p, in_map)) => {
-                    usize::from(in_map)
-                        + self
-                            .hosts
-                            .range::<str, _>((Excluded(p), Excluded(h.as_str())))
-                            .count()
-                }
-            };
-            let state = self.hosts.get(h);
-            let fresh = state.is_none_or(|s| s.encoded.is_empty());
-            let rank = below - fresh_below;
-            start += self.host_lens[ranked..rank]
-                .iter()
-                .map(|&l| l as usize)
-                .sum::<usize>();
-            ranked = rank;
-            let len = if fresh {
-                0
-            } else {
-                self.host_lens[rank] as usize
-            };
-            out.push(Splice {
-                host: h.clone(),
-                rank,
-                start,
-                len,
-            });
-            if state.is_some() && fresh {
-                fresh_below += 1;
-            }
-            prev = Some((h.as_str(), state.is_some()));
-        }
-        out
-    }
-
-    /// The route configuration after a patch: the current resource's bytes with each of
-    /// `splices` replaced by the host's new encoding (or dropped, for a host gone), copied in
-    /// runs; `host_lens` updated to match.
-    fn encode_spliced(&mut self, splices: &[Splice]) -> Arc<Resource> {
-        let refs = self.ref_list();
-        let head = route_config_head(&self.name);
-        let old = self.resource.value_bytes();
-        let body = &old[head.len()..];
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * splices.len() + 2);
-        parts.push(&head);
-        let mut cursor = 0;
-        for s in splices {
-            parts.push(&body[cursor..s.start]);
-            if let Some(h) = self.hosts.get(&s.host) {
-                parts.push(&h.encoded);
-            }
-            cursor = s.start + s.len;
-        }
-        parts.push(&body[cursor..]);
-        let resource =
-            Resource::from_encoded_parts_shared::<RouteConfiguration>(&self.name, parts, refs)
-                .expect("route configuration names are never empty");
-        // Backwards, so that earlier ranks stay valid; a new host sorts before the old host
-        // of its rank, so the old one is updated first.
-        for s in splices.iter().rev() {
-            let new = self.hosts.get(&s.host).map(|h| h.encoded.len() as u32);
-            match (s.len > 0, new) {
-                (true, Some(l)) => self.host_lens[s.rank] = l,
-                (true, None) => {
-                    self.host_lens.remove(s.rank);
-                }
-                (false, Some(l)) => self.host_lens.insert(s.rank, l),
-                (false, None) => {}
-            }
-        }
-        resource
+    /// The route configuration after a patch that re-encoded or removed the virtual hosts
+    /// `dirty` (already done in `hosts`): re-cuts the chunks around them, rebuilds only the
+    /// chunks holding one of them (and the one before a host that starts or stops starting a
+    /// chunk), and shares every other chunk with the current resource. Costs O(log hosts) per
+    /// dirty host plus the bytes of the chunks rebuilt: neither the whole configuration nor
+    /// its hosts up to the edited one are read.
+    fn encode_patched(&mut self, dirty: &BTreeSet<String>) -> Arc<Resource> {
+        patch_blocks(&self.hosts, &mut self.blocks, dirty);
+        self.encode()
     }
 
     fn encode(&mut self) -> Arc<Resource> {
@@ -480,22 +390,23 @@ impl ChainState {
             None => self.ref_list(),
             Some(_) => Arc::new([]),
         };
-        encode_route_config(&self.name, &self.hosts, refs, self.vhds.as_ref())
+        encode_route_config(&self.name, &self.blocks, refs, self.vhds.as_ref())
     }
     fn vhds_of(&self) -> Option<&str> {
         self.vhds.as_ref().map(|_| self.name.as_str())
     }
 }
 
-/// The route configuration `name` with `hosts` (whose clusters are the keys of `refs`): its
-/// name, then every virtual host in hostname order, exactly as prost encodes
-/// `RouteConfiguration { name, virtual_hosts, ..Default::default() }`.
+/// The route configuration `name` with the virtual hosts cut into `blocks` (whose clusters are
+/// the keys of `refs`): its name, then every virtual host in hostname order, exactly as prost
+/// encodes `RouteConfiguration { name, virtual_hosts, ..Default::default() }`, as chunks: the
+/// name field, then each block's shared bytes.
 ///
 /// With VHDS it is only the name and where to fetch the virtual hosts: a
 /// route edit changes one `VirtualHost` resource and never this one.
 fn encode_route_config(
     name: &str,
-    hosts: &BTreeMap<String, HostState>,
+    blocks: &Blocks,
     refs: Arc<[Ref]>,
     vhds: Option<&ConfigSource>,
 ) -> Arc<Resource> {
@@ -508,11 +419,112 @@ fn encode_route_config(
             ..Default::default()
         });
     }
-    let head = route_config_head(name);
-    let parts =
-        std::iter::once(head.as_slice()).chain(hosts.values().map(|h| h.encoded.as_slice()));
-    Resource::from_encoded_parts_shared::<RouteConfiguration>(name, parts, refs)
+    let head = Bytes::from(route_config_head(name));
+    let chunks = std::iter::once(head).chain(blocks.values().cloned());
+    Resource::from_encoded_chunks_shared::<RouteConfiguration>(name, chunks, refs)
         .expect("route configuration names are never empty")
+}
+
+/// A route configuration's virtual hosts in chunks, by the hostname each starts with: `""`
+/// for the hosts before the first that [`starts_block`] (possibly none), then each host that
+/// does. A chunk is its hosts' encodings, concatenated.
+type Blocks = BTreeMap<String, Bytes>;
+
+/// Average size of a route configuration's chunks: large enough that the wire shares them
+/// instead of copying them per stream (`codec::SHARE_MIN`, 16 KiB), small enough that an
+/// edit copies and hashes little.
+const BLOCK_BYTES: u64 = 32 * 1024;
+
+/// Whether virtual host `host`, encoded in `len` bytes, starts a chunk: with probability
+/// `len / BLOCK_BYTES`, decided by a hash of its name. Chunks average `BLOCK_BYTES` whatever
+/// the hosts' sizes, and where they are cut depends only on the hosts themselves, so a
+/// patched route configuration is cut exactly as one built from scratch.
+fn starts_block(host: &str, len: usize) -> bool {
+    !host.is_empty() && xxh3_64(host.as_bytes()) % BLOCK_BYTES < len as u64
+}
+
+/// The key of the chunk holding `host` (`inclusive`), or of the chunk before the one
+/// `host` starts (`!inclusive`).
+fn block_of<'a>(blocks: &'a Blocks, host: &str, inclusive: bool) -> &'a str {
+    use std::ops::Bound::{Excluded, Included, Unbounded};
+    let end = if inclusive {
+        Included(host)
+    } else {
+        Excluded(host)
+    };
+    blocks
+        .range::<str, _>((Unbounded, end))
+        .next_back()
+        .map_or("", |(k, _)| k.as_str())
+}
+
+/// The chunk `key` of `blocks`: the encodings of `hosts` from `key` up to the next chunk's.
+fn build_block(hosts: &BTreeMap<String, HostState>, blocks: &Blocks, key: &str) -> Bytes {
+    use std::ops::Bound::{Excluded, Included, Unbounded};
+    let next = blocks
+        .range::<str, _>((Excluded(key), Unbounded))
+        .next()
+        .map_or(Unbounded, |(k, _)| Excluded(k.as_str()));
+    let run = || {
+        hosts
+            .range::<str, _>((Included(key), next))
+            .map(|(_, s)| &s.encoded)
+    };
+    let mut buf = Vec::with_capacity(run().map(Vec::len).sum());
+    for e in run() {
+        buf.extend_from_slice(e);
+    }
+    Bytes::from(buf)
+}
+
+/// Re-cuts `blocks` after the hosts `dirty` were re-encoded, added or removed in `hosts`:
+/// rebuilds only the chunks holding one of them (and the one before a host that starts or
+/// stops starting a chunk). Gives [`build_blocks`]`(hosts)`.
+fn patch_blocks(
+    hosts: &BTreeMap<String, HostState>,
+    blocks: &mut Blocks,
+    dirty: &BTreeSet<String>,
+) {
+    let mut touched: BTreeSet<String> = BTreeSet::new();
+    for h in dirty {
+        let starts = hosts
+            .get(h)
+            .is_some_and(|s| starts_block(h, s.encoded.len()));
+        if starts != blocks.contains_key(h.as_str()) && !h.is_empty() {
+            // The chunk before it loses or gains its hosts.
+            touched.insert(block_of(blocks, h, false).to_owned());
+            if starts {
+                blocks.insert(h.clone(), Bytes::new());
+            } else {
+                blocks.remove(h.as_str());
+            }
+        }
+        touched.insert(block_of(blocks, h, true).to_owned());
+    }
+    for key in touched {
+        if blocks.contains_key(&key) {
+            let block = build_block(hosts, blocks, &key);
+            blocks.insert(key, block);
+        }
+    }
+}
+
+/// `hosts` cut into chunks from scratch (see [`Blocks`]).
+fn build_blocks(hosts: &BTreeMap<String, HostState>) -> Blocks {
+    let mut blocks: Blocks = std::iter::once((String::new(), Bytes::new()))
+        .chain(
+            hosts
+                .iter()
+                .filter(|(h, s)| starts_block(h, s.encoded.len()))
+                .map(|(h, _)| (h.clone(), Bytes::new())),
+        )
+        .collect();
+    let keys: Vec<String> = blocks.keys().cloned().collect();
+    for key in keys {
+        let block = build_block(hosts, &blocks, &key);
+        blocks.insert(key, block);
+    }
+    blocks
 }
 
 /// The encoded `RouteConfiguration.name` field: what precedes the virtual hosts.
@@ -786,27 +798,27 @@ pub(crate) fn build_gateway(
                     *refs.entry(c.clone()).or_default() += 1;
                 }
             }
-            let (resource, ref_list) = match old {
+            let (resource, ref_list, blocks) = match old {
                 Some(o) if reused_all => {
                     stats.resources_reused += 1;
-                    (o.resource, None)
+                    (o.resource, None, o.blocks)
                 }
                 _ => {
                     stats.resources_encoded += 1;
                     let list = vhds.is_none().then(|| cluster_refs(&refs));
+                    let blocks = if vhds.is_none() {
+                        build_blocks(&hosts)
+                    } else {
+                        Blocks::new()
+                    };
                     let resource = encode_route_config(
                         &chain.route_config,
-                        &hosts,
+                        &blocks,
                         list.clone().unwrap_or_else(|| Arc::new([])),
                         vhds.as_ref(),
                     );
-                    (resource, list)
+                    (resource, list, blocks)
                 }
-            };
-            let host_lens = if vhds.is_none() {
-                hosts.values().map(|h| h.encoded.len() as u32).collect()
-            } else {
-                Vec::new()
             };
             resources
                 .virtual_hosts
@@ -816,7 +828,7 @@ pub(crate) fn build_gateway(
                 hosts,
                 refs,
                 ref_list,
-                host_lens,
+                blocks,
                 resource,
                 vhds,
                 redirect_port: redirect_port(&port),
@@ -981,7 +993,7 @@ pub(crate) fn patch_routes(
         }
         let vhds_of = cs.vhds_of().map(str::to_owned);
         let redirect_port = cs.redirect_port;
-        let splices = vhds_of.is_none().then(|| cs.splices(&hosts));
+        let patched = vhds_of.is_none().then(|| hosts.clone());
         for h in hosts {
             let Some(hs) = cs.hosts.get_mut(&h) else {
                 continue;
@@ -1030,8 +1042,8 @@ pub(crate) fn patch_routes(
             }
         }
         stats.resources_encoded += 1;
-        let resource = match &splices {
-            Some(s) => cs.encode_spliced(s),
+        let resource = match &patched {
+            Some(dirty) => cs.encode_patched(dirty),
             None => cs.encode(),
         };
         if *resource != *cs.resource {
@@ -1114,6 +1126,64 @@ mod host_routes_tests {
                 prop_assert!(got.values().eq(want.values()));
             }
         }
+    }
+
+    proptest! {
+        /// A route configuration's chunks patched after any edits of its hosts (added,
+        /// removed, resized: a host may start or stop starting a chunk) are the chunks cut
+        /// from scratch, and hold every host's bytes in hostname order.
+        #[test]
+        fn patched_blocks_equal_blocks_from_scratch(
+            start in proptest::collection::btree_map(0u16..300, 0usize..6000, 0..40),
+            edits in proptest::collection::vec(
+                proptest::collection::btree_map(0u16..300, proptest::option::of(0usize..6000), 1..6),
+                1..12,
+            ),
+        ) {
+            let host = |n: u16, len: usize| HostState {
+                encoded: vec![(n % 251) as u8; len],
+                ..Default::default()
+            };
+            let mut hosts: BTreeMap<String, HostState> = start
+                .iter()
+                .map(|(&n, &len)| (format!("h{n}.example"), host(n, len)))
+                .collect();
+            let mut blocks = build_blocks(&hosts);
+            for edit in edits {
+                let mut dirty = BTreeSet::new();
+                for (n, len) in edit {
+                    let name = format!("h{n}.example");
+                    match len {
+                        Some(len) => hosts.insert(name.clone(), host(n, len)),
+                        None => hosts.remove(&name),
+                    };
+                    dirty.insert(name);
+                }
+                patch_blocks(&hosts, &mut blocks, &dirty);
+                let scratch = build_blocks(&hosts);
+                prop_assert_eq!(&blocks, &scratch);
+                let all: Vec<u8> = hosts.values().flat_map(|h| h.encoded.iter().copied()).collect();
+                let chunks: Vec<u8> = blocks.values().flat_map(|b| b.iter().copied()).collect();
+                prop_assert_eq!(all, chunks);
+            }
+        }
+    }
+
+    /// Chunks average [`BLOCK_BYTES`] whatever the hosts' sizes: 10,000 hosts of 87 bytes
+    /// (W3's) make a few dozen chunks, not one and not thousands.
+    #[test]
+    fn blocks_average_their_target_size() {
+        let hosts: BTreeMap<String, HostState> = (0..10_000)
+            .map(|i| {
+                let h = HostState {
+                    encoded: vec![0; 87],
+                    ..Default::default()
+                };
+                (format!("host-{i}.example.com"), h)
+            })
+            .collect();
+        let blocks = build_blocks(&hosts);
+        assert!((10..=60).contains(&blocks.len()), "{} chunks", blocks.len());
     }
 
     #[test]

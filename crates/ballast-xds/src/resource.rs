@@ -203,13 +203,28 @@ impl std::ops::Deref for Refs {
     }
 }
 
+/// The bytes of a chunked resource: the `Any` header, then the value's chunks, shared with
+/// the resource's other versions (an edit replaces the chunks it touched).
+struct Chunked {
+    /// `parts[0]` is the `Any` header (type URL, value key and length); the rest is the value.
+    parts: Vec<Bytes>,
+    /// Total length of `parts`.
+    len: usize,
+    /// `parts` concatenated, made on the first whole read.
+    whole: std::sync::OnceLock<Bytes>,
+}
+
 /// An encoded Envoy resource with its content-hash version.
 pub struct Resource {
     ty: ResourceType,
     name: Arc<str>,
     version: Arc<str>,
     /// The encoded `google.protobuf.Any` (type_url + value): what goes on the wire.
+    /// Empty for a chunked resource until someone asks for it whole.
     any: Bytes,
+    /// A resource built from chunks ([`Resource::from_encoded_chunks_shared`]): written to
+    /// the wire chunk by chunk, made whole only when read whole.
+    chunked: Option<Box<Chunked>>,
     /// Byte range of the inner message within `any`.
     value_start: usize,
     refs: Refs,
@@ -228,7 +243,7 @@ impl fmt::Debug for Resource {
             .field("ty", &self.ty)
             .field("name", &self.name)
             .field("version", &self.version)
-            .field("bytes", &self.any.len())
+            .field("bytes", &self.any_len())
             .finish()
     }
 }
@@ -353,6 +368,67 @@ impl Resource {
         Ok(r)
     }
 
+    /// A resource whose encoded value is the concatenation of `chunks`, kept as they are: the
+    /// wire gets them as a chain (no copy into one buffer), and a resource re-assembled after
+    /// an edit shares every chunk the edit did not touch with the previous version. The
+    /// version is the content hash of the concatenation, as [`Resource::from_encoded`] gives
+    /// it (hashed chunk by chunk, never copied). `refs` as in
+    /// [`Resource::from_encoded_parts_shared`]. The caller vouches that the concatenation is
+    /// `M`'s encoding with that name and those references; empty chunks are dropped.
+    /// Reading the bytes whole ([`Resource::any_bytes`], [`Resource::value_bytes`])
+    /// concatenates them once and keeps the result.
+    pub fn from_encoded_chunks_shared<M: XdsResource>(
+        name: &str,
+        chunks: impl IntoIterator<Item = Bytes>,
+        refs: Arc<[Ref]>,
+    ) -> Result<Arc<Resource>, ResourceError> {
+        if name.is_empty() {
+            return Err(ResourceError::EmptyName { ty: M::TYPE });
+        }
+        debug_assert!(
+            refs.windows(2).all(|w| w[0] < w[1]),
+            "shared references are sorted and distinct"
+        );
+        let mut parts = vec![Bytes::new()];
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut value_len = 0;
+        for c in chunks {
+            if c.is_empty() {
+                continue;
+            }
+            value_len += c.len();
+            hasher.update(&c);
+            parts.push(c);
+        }
+        // The `Any` header alone (not `any_header`, which makes room for the value).
+        let type_url = M::TYPE.type_url();
+        let mut header = BytesMut::with_capacity(type_url.len() + 16);
+        crate::wire::put_bytes_field(&mut header, 1, type_url.as_bytes());
+        crate::wire::put_key(&mut header, 2, crate::wire::WIRE_LEN);
+        prost::encoding::encode_varint(value_len as u64, &mut header);
+        let value_start = header.len();
+        parts[0] = header.freeze();
+        // `content_version`'s format, of the same bytes.
+        let version = format!("{:016x}", hasher.digest());
+        Ok(Arc::new(Resource {
+            ty: M::TYPE,
+            version: version.into(),
+            name: name.into(),
+            any: Bytes::new(),
+            chunked: Some(Box::new(Chunked {
+                len: value_start + value_len,
+                parts,
+                whole: std::sync::OnceLock::new(),
+            })),
+            value_start,
+            refs: Refs::Shared(refs),
+            #[cfg(feature = "rest")]
+            json: std::sync::OnceLock::new(),
+            #[cfg(all(test, feature = "rest"))]
+            json_encodings: Default::default(),
+        }))
+    }
+
     /// Builds a resource from an `Any` (type URL + encoded value), decoding it
     /// once to learn its name and references.
     pub fn from_any(any: &Any) -> Result<Arc<Resource>, ResourceError> {
@@ -416,6 +492,7 @@ impl Resource {
             version: version.into(),
             name,
             any: buf.freeze(),
+            chunked: None,
             value_start,
             refs: Refs::Owned(refs),
             #[cfg(feature = "rest")]
@@ -445,9 +522,48 @@ impl Resource {
     pub fn version_arc(&self) -> &Arc<str> {
         &self.version
     }
-    /// The encoded `google.protobuf.Any`, shared by every response that carries it.
+    /// The encoded `google.protobuf.Any`, shared by every response that carries it. A
+    /// chunked resource ([`Resource::from_encoded_chunks_shared`]) is concatenated on the
+    /// first call (the wire reads [`Resource::any_chunks`] instead).
     pub fn any_bytes(&self) -> &Bytes {
-        &self.any
+        match &self.chunked {
+            None => &self.any,
+            Some(c) => c.whole.get_or_init(|| {
+                let mut b = BytesMut::with_capacity(c.len);
+                for p in &c.parts {
+                    b.put_slice(p);
+                }
+                b.freeze()
+            }),
+        }
+    }
+    /// Length of [`Resource::any_bytes`], without making a chunked resource whole.
+    pub fn any_len(&self) -> usize {
+        match &self.chunked {
+            None => self.any.len(),
+            Some(c) => c.len,
+        }
+    }
+    /// [`Resource::any_bytes`] as the chunks it is made of (one, unless the resource was
+    /// built from chunks): what the wire writes.
+    pub fn any_chunks(&self) -> &[Bytes] {
+        match &self.chunked {
+            None => std::slice::from_ref(&self.any),
+            Some(c) => &c.parts,
+        }
+    }
+    /// Whether a chunked resource was concatenated (tests prove the wire never does it).
+    #[cfg(test)]
+    pub(crate) fn made_whole(&self) -> bool {
+        self.chunked
+            .as_ref()
+            .is_some_and(|c| c.whole.get().is_some())
+    }
+    /// The value's chunks of a resource built by [`Resource::from_encoded_chunks_shared`]
+    /// (`None` for any other): chunks shared by two versions are the same `Bytes` (same
+    /// pointer and length), so comparing versions can skip them without reading them.
+    pub fn value_chunks(&self) -> Option<&[Bytes]> {
+        self.chunked.as_ref().map(|c| &c.parts[1..])
     }
     #[cfg(feature = "rest")]
     /// The proto-JSON of [`Resource::any_bytes`] (`{"@type": ..., ...}`),
@@ -456,7 +572,7 @@ impl Resource {
         if let Some(j) = self.json.get() {
             return Ok(j.clone());
         }
-        let v = crate::json::bytes_to_json(&Any::full_name(), &self.any)?;
+        let v = crate::json::bytes_to_json(&Any::full_name(), self.any_bytes())?;
         #[cfg(all(test, feature = "rest"))]
         self.json_encodings
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -465,7 +581,7 @@ impl Resource {
     }
     /// The encoded inner message.
     pub fn value_bytes(&self) -> Bytes {
-        self.any.slice(self.value_start..)
+        self.any_bytes().slice(self.value_start..)
     }
     /// Every reference this resource makes, sorted.
     pub fn refs(&self) -> &[Ref] {
@@ -782,6 +898,56 @@ mod tests {
             Resource::from_encoded_parts::<RouteConfiguration>("", [&bytes[..]], vec![]).is_err()
         );
     }
+
+    proptest::proptest! {
+        /// A resource built from chunks reads as the one built from their concatenation:
+        /// same bytes (whole, by length and chunk by chunk), same version, same JSON, and
+        /// its chunks are the given `Bytes`, not copies.
+        #[test]
+        fn chunks_equal_the_whole(
+            hosts in proptest::collection::vec(("[a-z]{1,12}", 0usize..3000), 0..12),
+            cuts in proptest::collection::vec(proptest::prelude::any::<proptest::sample::Index>(), 0..6),
+        ) {
+            let rc = RouteConfiguration {
+                name: "rc".into(),
+                virtual_hosts: hosts
+                    .iter()
+                    .map(|(h, n)| VirtualHost {
+                        name: h.clone(),
+                        domains: vec!["d".repeat(*n)],
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+            let bytes = Bytes::from(rc.encode_to_vec());
+            let mut at: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+            at.push(0);
+            at.push(bytes.len());
+            at.sort();
+            let chunks: Vec<Bytes> = at.windows(2).map(|w| bytes.slice(w[0]..w[1])).collect();
+            let refs: Arc<[Ref]> = Arc::new([]);
+            let whole = Resource::from_encoded::<RouteConfiguration>("rc", &bytes, vec![]).unwrap();
+            let r = Resource::from_encoded_chunks_shared::<RouteConfiguration>("rc", chunks.clone(), refs).unwrap();
+            proptest::prop_assert_eq!(r.any_len(), whole.any_bytes().len());
+            proptest::prop_assert_eq!(r.any_chunks().concat(), whole.any_bytes().to_vec());
+            let kept: Vec<&Bytes> = chunks.iter().filter(|c| !c.is_empty()).collect();
+            let value = r.value_chunks().unwrap();
+            proptest::prop_assert_eq!(value.len(), kept.len());
+            for (a, b) in value.iter().zip(kept) {
+                proptest::prop_assert_eq!(a.as_ptr(), b.as_ptr());
+            }
+            proptest::prop_assert_eq!(r.version(), whole.version());
+            proptest::prop_assert_eq!(r.any_bytes(), whole.any_bytes());
+            proptest::prop_assert_eq!(r.value_bytes(), whole.value_bytes());
+            proptest::prop_assert_eq!(r.to_any(), whole.to_any());
+            #[cfg(feature = "rest")]
+            proptest::prop_assert_eq!(r.any_json().unwrap(), whole.any_json().unwrap());
+            proptest::prop_assert!(whole.value_chunks().is_none());
+            proptest::prop_assert_eq!(whole.any_chunks(), std::slice::from_ref(whole.any_bytes()));
+        }
+    }
+
     use envoy_types::pb::envoy::config::cluster::v3::cluster::EdsClusterConfig;
 
     fn eds_cluster(name: &str, service: &str) -> Cluster {

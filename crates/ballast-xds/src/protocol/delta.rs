@@ -609,7 +609,7 @@ fn split(
         .iter()
         .take_while(|r| {
             let inner = str_field_len(1, r.version())
-                + bytes_field_len(2, r.any_bytes().len())
+                + bytes_field_len(2, r.any_len())
                 + str_field_len(3, r.name());
             fits(bytes_field_len(2, inner))
         })

@@ -556,10 +556,7 @@ impl SotwMachine {
                     })
                     .min_by_key(|ty| {
                         let st = self.core.types[*ty].as_ref().expect("settled");
-                        st.acked
-                            .values()
-                            .map(|r| r.any_bytes().len())
-                            .sum::<usize>()
+                        st.acked.values().map(|r| r.any_len()).sum::<usize>()
                     })?;
                 let acked = self.core.types[ty].as_ref().expect("settled").acked.clone();
                 (ty, acked)
