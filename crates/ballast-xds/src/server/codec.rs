@@ -441,34 +441,27 @@ mod tests {
             resources: vec![r.clone()],
             removed: vec![],
         };
-        let flat = |c: Vec<Bytes>| -> Vec<u8> { c.concat() };
-        let raw = |m: &dyn Fn(&mut Vec<u8>)| {
-            let mut v = Vec::new();
-            m(&mut v);
-            v
-        };
-        let (s1, s2) = (sotw(&chunked), sotw(&whole));
-        assert_eq!(s1.encoded_len(), s2.encoded_len());
-        let got = chunks_of(&s1);
-        assert_eq!(flat(got.clone()), flat(chunks_of(&s2)));
-        assert_eq!(raw(&|b| s1.encode_raw(b)), raw(&|b| s2.encode_raw(b)));
-        for c in chunked.any_chunks().iter().filter(|c| c.len() >= SHARE_MIN) {
-            assert!(
-                got.iter()
-                    .any(|g| g.as_ptr() == c.as_ptr() && g.len() == c.len())
-            );
+        /// `a` (with `chunked`'s resource) goes out as `b` (with the whole one) does,
+        /// through both writers, and `chunked`'s large chunks go out as themselves.
+        fn same_wire(a: &impl ChunkedMessage, b: &impl ChunkedMessage, chunked: &Resource) {
+            let raw = |m: &dyn Fn(&mut Vec<u8>)| {
+                let mut v = Vec::new();
+                m(&mut v);
+                v
+            };
+            assert_eq!(a.encoded_len(), b.encoded_len());
+            let got = chunks_of(a);
+            assert_eq!(got.concat(), chunks_of(b).concat());
+            assert_eq!(raw(&|v| a.encode_raw(v)), raw(&|v| b.encode_raw(v)));
+            for c in chunked.any_chunks().iter().filter(|c| c.len() >= SHARE_MIN) {
+                assert!(
+                    got.iter()
+                        .any(|g| g.as_ptr() == c.as_ptr() && g.len() == c.len())
+                );
+            }
         }
-        let (d1, d2) = (delta(&chunked), delta(&whole));
-        assert_eq!(d1.encoded_len(), d2.encoded_len());
-        let got = chunks_of(&d1);
-        assert_eq!(flat(got.clone()), flat(chunks_of(&d2)));
-        assert_eq!(raw(&|b| d1.encode_raw(b)), raw(&|b| d2.encode_raw(b)));
-        for c in chunked.any_chunks().iter().filter(|c| c.len() >= SHARE_MIN) {
-            assert!(
-                got.iter()
-                    .any(|g| g.as_ptr() == c.as_ptr() && g.len() == c.len())
-            );
-        }
+        same_wire(&sotw(&chunked), &sotw(&whole), &chunked);
+        same_wire(&delta(&chunked), &delta(&whole), &chunked);
         assert_eq!(chunked.version(), whole.version());
         assert!(
             !chunked.made_whole(),
