@@ -108,6 +108,36 @@ impl AsyncWrite for ServerConn {
 /// Accepted connections for tonic: TLS handshakes run in their own tasks so
 /// a slow or hostile client never delays the others. Ends when the server
 /// drops the stream.
+/// Idle time before the kernel probes a silent peer, the time between
+/// probes, and how many go unanswered before the connection is dropped.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 3;
+/// How long sent data may stay unacknowledged (a peer that vanished while a
+/// push was on the wire) before the connection is dropped. Linux also counts
+/// a window held shut that long: a client that stops reading for a minute is
+/// dropped, and reconnects to be resumed from what it holds.
+const UNACKED_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Makes the kernel find a peer that is gone (its host died, a network
+/// partition) without our help: keepalive probes on an idle connection,
+/// and a bound on unacknowledged data on a busy one. Both cost nothing per
+/// message, unlike HTTP/2 PINGs (see `serve_with_shutdown`); a proxy whose
+/// host died is closed within about a minute either way, so its stream and
+/// its registry entry do not linger.
+fn dead_peer_detection(tcp: &tokio::net::TcpStream) -> io::Result<()> {
+    let sock = socket2::SockRef::from(tcp);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL);
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "macos"))]
+    let keepalive = keepalive.with_retries(KEEPALIVE_PROBES);
+    sock.set_tcp_keepalive(&keepalive)?;
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    sock.set_tcp_user_timeout(Some(UNACKED_TIMEOUT))?;
+    Ok(())
+}
+
 pub(crate) fn incoming(
     listener: TcpListener,
     tls: Option<&TlsHandle>,
@@ -135,6 +165,9 @@ pub(crate) fn incoming(
             // (a delayed ACK: up to 40 ms on Linux) on every busy stream.
             if let Err(e) = tcp.set_nodelay(true) {
                 warn!(error = %e, "could not set TCP_NODELAY on an xDS connection");
+            }
+            if let Err(e) = dead_peer_detection(&tcp) {
+                warn!(error = %e, "could not set TCP keepalive on an xDS connection");
             }
             match &tls {
                 None => {
@@ -169,9 +202,10 @@ mod tests {
     use tokio_stream::StreamExt;
 
     /// Every accepted plaintext connection has Nagle's algorithm off, so a
-    /// push is not held behind the TCP ACK of the one before (W2 p99).
+    /// push is not held behind the TCP ACK of the one before (W2 p99), and
+    /// TCP keepalive plus a bound on unacknowledged data on.
     #[tokio::test]
-    async fn accepted_connections_have_nodelay() {
+    async fn accepted_connections_have_nodelay_and_keepalive() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let mut conns = incoming(listener, None);
@@ -182,7 +216,28 @@ mod tests {
             .expect("a connection")
             .expect("no accept error");
         match conn {
-            ServerConn::Plain(tcp, _) => assert!(tcp.nodelay().expect("nodelay")),
+            ServerConn::Plain(tcp, _) => {
+                assert!(tcp.nodelay().expect("nodelay"));
+                // The kernel finds dead peers (no HTTP/2 PINGs).
+                let sock = socket2::SockRef::from(&tcp);
+                assert!(sock.keepalive().expect("SO_KEEPALIVE"));
+                assert_eq!(sock.tcp_keepalive_time().expect("idle"), KEEPALIVE_IDLE);
+                assert_eq!(
+                    sock.tcp_keepalive_interval().expect("interval"),
+                    KEEPALIVE_INTERVAL
+                );
+                #[cfg(target_os = "linux")]
+                {
+                    assert_eq!(
+                        sock.tcp_keepalive_retries().expect("probes"),
+                        KEEPALIVE_PROBES
+                    );
+                    assert_eq!(
+                        sock.tcp_user_timeout().expect("user timeout"),
+                        Some(UNACKED_TIMEOUT)
+                    );
+                }
+            }
             #[cfg(feature = "tls")]
             ServerConn::Tls(..) => unreachable!("plaintext listener"),
         }

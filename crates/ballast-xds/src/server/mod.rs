@@ -466,8 +466,13 @@ impl XdsServer {
             .accept_http1(true)
             .initial_stream_window_size(Some(16 * 1024 * 1024))
             .initial_connection_window_size(Some(64 * 1024 * 1024))
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            // No HTTP/2 PING keepalive: hyper's takes a lock and reads the
+            // clock on every DATA frame and every wake of a connection (13 %
+            // of the server's CPU at 1,000 churning proxies, W2 in
+            // docs/benchmarks.md). Dead peers are found by the kernel
+            // instead: TCP keepalive and TCP_USER_TIMEOUT, set at accept
+            // (`security::listen`). Envoy's own PINGs are still answered.
+            .http2_keepalive_interval(None)
             .add_routes(self.routes())
             .serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned());
         tokio::pin!(serve);
