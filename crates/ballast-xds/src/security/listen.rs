@@ -105,13 +105,11 @@ impl AsyncWrite for ServerConn {
     }
 }
 
-/// Accepted connections for tonic: TLS handshakes run in their own tasks so
-/// a slow or hostile client never delays the others. Ends when the server
-/// drops the stream.
-/// Idle time before the kernel probes a silent peer, the time between
-/// probes, and how many go unanswered before the connection is dropped.
+/// Idle time before the kernel probes a silent peer.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// Time between two probes.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Probes that go unanswered before the connection is dropped.
 const KEEPALIVE_PROBES: u32 = 3;
 /// How long sent data may stay unacknowledged (a peer that vanished while a
 /// push was on the wire) before the connection is dropped. Linux also counts
@@ -138,6 +136,9 @@ fn dead_peer_detection(tcp: &tokio::net::TcpStream) -> io::Result<()> {
     Ok(())
 }
 
+/// Accepted connections for tonic: TLS handshakes run in their own tasks so
+/// a slow or hostile client never delays the others. Ends when the server
+/// drops the stream.
 pub(crate) fn incoming(
     listener: TcpListener,
     tls: Option<&TlsHandle>,
