@@ -248,6 +248,50 @@ async fn request_size_limit() {
     assert_eq!(rejections(&log).get("request_bytes"), Some(&2));
 }
 
+/// The server's HTTP/2 window lets a client send one maximal request on a
+/// stream and no more ahead of the server's reading: what a client can make
+/// it buffer is bounded by the request limit (it was 16 MiB whatever the limit).
+#[tokio::test]
+async fn a_streams_window_is_one_maximal_request() {
+    const MAX: usize = 200_000;
+    let limits = {
+        let mut l = Limits::default();
+        l.max_request_bytes = MAX;
+        l
+    };
+    let (s, _log, _) = server(limits).await;
+    let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let driver = tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let req = http::Request::post(
+        "http://xds/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources",
+    )
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (_resp, mut body) = client.send_request(req, false).unwrap();
+    // Ask for far more than the window; the grant stops at the window.
+    body.reserve_capacity(8 * MAX);
+    let granted = tokio::time::timeout(T, async {
+        loop {
+            let c = std::future::poll_fn(|cx| body.poll_capacity(cx))
+                .await
+                .expect("capacity")
+                .expect("stream open");
+            // h2's default is 65,535 until the server's SETTINGS arrive.
+            if c > 65_535 {
+                return c;
+            }
+        }
+    })
+    .await
+    .expect("the server's window in time");
+    assert_eq!(granted, MAX, "stream window");
+    driver.abort();
+}
+
 /// A hostile client sends only a 5-byte gRPC header declaring ~4 GiB: it is
 /// refused at once (nothing reserved; see `body.rs` for the allocation test).
 #[tokio::test]
