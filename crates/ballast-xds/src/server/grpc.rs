@@ -258,3 +258,79 @@ where
     );
     out
 }
+
+/// The xDS port's service: an xDS gRPC call goes straight to its
+/// [`XdsService`]; everything else (CSDS, REST, unknown paths) through the
+/// router. The router's framework converts every request and response body
+/// into its own boxed body and back, two layers each way that a stream's
+/// every frame passed through (issue #13, W2).
+#[derive(Clone)]
+pub(crate) struct Dispatch {
+    server: XdsServer,
+    routes: tonic::service::Routes,
+}
+
+impl Dispatch {
+    pub(crate) fn new(server: XdsServer) -> Self {
+        let routes = server.routes().prepare();
+        Dispatch { server, routes }
+    }
+}
+
+/// The service a gRPC path names (`/{service}/{method}`).
+fn service_of(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix('/')?;
+    Some(rest.split_once('/')?.0)
+}
+
+impl tower_service::Service<http::Request<Body>> for Dispatch {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>,
+    >;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // Both the xDS services and tonic's router are always ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        fn to<S: ServiceSpec>(
+            server: &XdsServer,
+            req: http::Request<Body>,
+        ) -> <Dispatch as tower_service::Service<http::Request<Body>>>::Future {
+            XdsService::<S>::new(server.clone()).call(req)
+        }
+        let call = match service_of(req.uri().path()) {
+            Some(Ads::NAME) => to::<Ads>,
+            Some(Cds::NAME) => to::<Cds>,
+            Some(Eds::NAME) => to::<Eds>,
+            Some(Lds::NAME) => to::<Lds>,
+            Some(Rds::NAME) => to::<Rds>,
+            Some(Vhds::NAME) => to::<Vhds>,
+            Some(Sds::NAME) => to::<Sds>,
+            _ => return Box::pin(self.routes.call(req)),
+        };
+        call(&self.server, req)
+    }
+}
+
+#[cfg(test)]
+mod dispatch_tests {
+    use super::*;
+
+    #[test]
+    fn the_service_is_the_first_path_segment() {
+        assert_eq!(
+            service_of(
+                "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
+            ),
+            Some(Ads::NAME)
+        );
+        assert_eq!(service_of("/v3/discovery:clusters"), Some("v3"));
+        assert_eq!(service_of("/healthz"), None);
+        assert_eq!(service_of("no-slash/x"), None);
+        assert_eq!(service_of(""), None);
+    }
+}

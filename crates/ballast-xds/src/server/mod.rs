@@ -481,8 +481,11 @@ impl XdsServer {
             // instead: TCP keepalive and TCP_USER_TIMEOUT, set at accept
             // (`security::listen`). Envoy's own PINGs are still answered.
             .http2_keepalive_interval(None)
-            .add_routes(self.routes())
-            .serve_with_incoming_shutdown(incoming, drain.clone().cancelled_owned());
+            .serve_with_incoming_shutdown(
+                grpc::Dispatch::new(self.clone()),
+                incoming,
+                drain.clone().cancelled_owned(),
+            );
         tokio::pin!(serve);
         tokio::select! {
             r = &mut serve => return r,
