@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
-use tokio_util::sync::CancellationToken;
 
 /// `age` ±10%, chosen at random per connection.
 pub(crate) fn jittered(age: Duration) -> Duration {
@@ -38,7 +37,7 @@ pub(crate) struct Aged<C> {
     inner: C,
     deadline: Option<Pin<Box<Sleep>>>,
     expired: bool,
-    drain: Option<(CancellationToken, Duration)>,
+    drain: Option<(super::drain::Drain, Duration)>,
     /// The drain was seen: `deadline` is now the end of the grace.
     draining: bool,
     abandoned: bool,
@@ -49,7 +48,7 @@ impl<C> Aged<C> {
     pub(crate) fn new(
         inner: C,
         max_age: Option<Duration>,
-        drain: Option<(CancellationToken, Duration)>,
+        drain: Option<(super::drain::Drain, Duration)>,
     ) -> Self {
         Aged {
             inner,
@@ -61,7 +60,7 @@ impl<C> Aged<C> {
         }
     }
 
-    /// Whether the grace after a drain is over (an atomic load per I/O
+    /// Whether the grace after a drain is over (an atomic load (`drain::Drain`) per I/O
     /// until the drain). The grace starts when the connection first sees
     /// the drain: at once, as the server then writes its GOAWAY.
     fn abandoned(&mut self, cx: &mut Context<'_>) -> bool {
@@ -217,7 +216,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_connection_is_abandoned_a_grace_after_the_drain() {
         let (a, mut b) = tokio::io::duplex(64);
-        let drain = CancellationToken::new();
+        let drain = crate::server::drain::Drain::new();
         let grace = Duration::from_secs(5);
         let mut conn = Aged::new(a, None, Some((drain.clone(), grace)));
         let mut buf = [0u8; 8];
@@ -237,7 +236,7 @@ mod tests {
         drop(b);
         // Without a drain, the same connection is read from forever.
         let (c, _peer) = tokio::io::duplex(8);
-        let mut forever = Aged::new(c, None, Some((CancellationToken::new(), grace)));
+        let mut forever = Aged::new(c, None, Some((crate::server::drain::Drain::new(), grace)));
         assert!(
             tokio::time::timeout(Duration::from_secs(3600), forever.read(&mut buf))
                 .await

@@ -9,6 +9,7 @@ mod body;
 pub(crate) mod codec;
 #[cfg(feature = "csds")]
 pub(crate) mod csds;
+mod drain;
 pub(crate) mod fetch;
 pub(crate) mod grpc;
 pub mod limits;
@@ -23,7 +24,6 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 use crate::cache::XdsCache;
 use crate::events::{NoopObserver, XdsObserver};
@@ -151,7 +151,7 @@ pub(crate) struct Shared {
     pub stream_counts: Arc<limits::StreamCounts>,
     /// The one drain signal every long-lived task (streams, fetches, CSDS)
     /// watches; cancelled once, when shutdown begins.
-    pub drain: CancellationToken,
+    pub drain: drain::Drain,
     pub shutdown_grace: Duration,
     pub tls: Option<TlsHandle>,
     pub admission: Option<Admission>,
@@ -344,7 +344,7 @@ impl XdsServerBuilder {
                 limits: self.limits,
                 observer: self.observer.clone(),
                 stream_counts: Default::default(),
-                drain: CancellationToken::new(),
+                drain: drain::Drain::new(),
                 shutdown_grace: self.shutdown_grace,
                 tls: self.tls,
                 admission: self.admission,
