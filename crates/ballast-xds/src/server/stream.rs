@@ -254,8 +254,10 @@ async fn run<M: Machine>(
     let observer = handle.observer().clone();
     let ready_rx = shared.cache.watch_ready();
     // Readiness rarely changes: one long-lived wait on a second receiver,
-    // re-armed only when it fires.
-    let mut ready_changed = std::pin::pin!(ready_change(ready_rx.clone()));
+    // re-armed only when it fires. The value is read then, not on every
+    // pass: a read locks the watch, one lock shared by the whole fleet.
+    let mut ready = *ready_rx.borrow();
+    let mut ready_changed = std::pin::pin!(ready_change(ready_rx));
     // Frees the group's cache slot when the stream ends, if then unused.
     let mut snap_rx = shared.cache.watch_group(&group);
     let mut sent_at: PerType<Option<(Arc<str>, Instant)>> = PerType::default();
@@ -310,7 +312,6 @@ async fn run<M: Machine>(
             let outcome = machine.lock().handle(&req, &history);
             record(&*observer, &node_id, handle.group(), &outcome, &mut sent_at);
         }
-        let ready = *ready_rx.borrow();
         if !std::mem::take(&mut deferred) && !paced(ready, serving, &guard, next_take, now) {
             let current = if ready {
                 snap_rx.borrow_and_update().clone()
@@ -397,7 +398,10 @@ async fn run<M: Machine>(
                 deferred = can_defer(ready, serving, &guard, &mut snap_rx, &machine);
             }
             r = ready_changed.as_mut() => match r {
-                Some(rx) => ready_changed.set(ready_change(rx)),
+                Some(rx) => {
+                    ready = *rx.borrow();
+                    ready_changed.set(ready_change(rx));
+                }
                 None => return Ok(()),
             },
             _ = guard.wake() => {}
