@@ -159,8 +159,10 @@ enum Command {
         /// this many milliseconds; publishes in between go out together in one
         /// push. Bounds per-proxy work under endpoint churn (etcd puts are not
         /// debounced); 0 pushes every publish as soon as the previous one is
-        /// acknowledged.
-        #[arg(long, default_value_t = 100, value_name = "MS")]
+        /// acknowledged. 150 ms spends 150 of W2's 200 ms latency budget
+        /// (1,000 proxies, 100 endpoint changes/s: p99 ~155 ms at ~0.23 core,
+        /// against ~103 ms at ~0.30 core with 100 ms; docs/benchmarks.md).
+        #[arg(long, default_value_t = 150, value_name = "MS")]
         push_interval_ms: u64,
         /// DNS server Envoy asks to resolve Backends with hostname endpoints and
         /// ExternalName Services (IP or IP:PORT, port 53 by default). Repeatable.
@@ -680,16 +682,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 mod tests {
     use super::*;
 
-    /// `serve --push-interval-ms`: 100 ms unless given; 0 turns pacing off.
+    /// `serve --push-interval-ms`: 150 ms unless given; 0 turns pacing off.
     #[test]
-    fn serve_paces_pushes_at_100ms_by_default() {
+    fn serve_paces_pushes_at_150ms_by_default() {
         let interval = |args: &[&str]| match Cli::try_parse_from(args).expect("parses").command {
             Command::Serve {
                 push_interval_ms, ..
             } => push_interval_ms,
             _ => panic!("not serve"),
         };
-        assert_eq!(interval(&["ballast", "serve"]), 100);
+        assert_eq!(interval(&["ballast", "serve"]), 150);
         assert_eq!(
             interval(&["ballast", "serve", "--push-interval-ms", "0"]),
             0
