@@ -60,8 +60,8 @@ impl<C> Aged<C> {
         }
     }
 
-    /// Whether the grace after a drain is over (an atomic load (`drain::Drain`) per I/O
-    /// until the drain). The grace starts when the connection first sees
+    /// Whether the grace after a drain is over (until the drain, an atomic
+    /// load per I/O: `drain::Drain`). The grace starts when the connection first sees
     /// the drain: at once, as the server then writes its GOAWAY.
     fn abandoned(&mut self, cx: &mut Context<'_>) -> bool {
         if self.abandoned {
