@@ -160,8 +160,9 @@ enum Command {
         /// push. Bounds per-proxy work under endpoint churn (etcd puts are not
         /// debounced); 0 pushes every publish as soon as the previous one is
         /// acknowledged. 150 ms spends 150 of W2's 200 ms latency budget
-        /// (1,000 proxies, 100 endpoint changes/s: p99 ~155 ms at ~0.23 core,
-        /// against ~103 ms at ~0.30 core with 100 ms; docs/benchmarks.md).
+        /// (1,000 proxies, 100 endpoint changes/s: p99 ~155 ms at 0.21-0.28
+        /// core, against ~103 ms at ~0.30-0.35 core with 100 ms;
+        /// docs/benchmarks.md).
         #[arg(long, default_value_t = 150, value_name = "MS")]
         push_interval_ms: u64,
         /// DNS server Envoy asks to resolve Backends with hostname endpoints and
