@@ -74,6 +74,11 @@ spec!(
     Some(ResourceType::Secret)
 );
 
+/// The answer to one call, from [`XdsService`] or [`Dispatch`].
+pub(crate) type CallFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<http::Response<Body>, Infallible>> + Send>,
+>;
+
 pub(crate) struct XdsService<S> {
     server: XdsServer,
     _spec: PhantomData<S>,
@@ -109,9 +114,7 @@ where
 {
     type Response = http::Response<Body>;
     type Error = Infallible;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>,
-    >;
+    type Future = CallFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -286,9 +289,7 @@ fn service_of(path: &str) -> Option<&str> {
 impl tower_service::Service<http::Request<Body>> for Dispatch {
     type Response = http::Response<Body>;
     type Error = Infallible;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>,
-    >;
+    type Future = CallFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         // Both the xDS services and tonic's router are always ready.
@@ -296,10 +297,7 @@ impl tower_service::Service<http::Request<Body>> for Dispatch {
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        fn to<S: ServiceSpec>(
-            server: &XdsServer,
-            req: http::Request<Body>,
-        ) -> <Dispatch as tower_service::Service<http::Request<Body>>>::Future {
+        fn to<S: ServiceSpec>(server: &XdsServer, req: http::Request<Body>) -> CallFuture {
             XdsService::<S>::new(server.clone()).call(req)
         }
         let call = match service_of(req.uri().path()) {
