@@ -82,6 +82,11 @@ impl TypeResources {
     pub(crate) fn key_set(&self) -> u64 {
         self.keys
     }
+    /// The order-independent hash of every resource's name and version
+    /// that `version` is made from.
+    pub(crate) fn set_hash(&self) -> SetHash {
+        self.hash
+    }
     /// The type's version: a hash of every resource's name and version.
     pub fn version(&self) -> &Arc<str> {
         &self.version

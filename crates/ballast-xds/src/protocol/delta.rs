@@ -535,31 +535,27 @@ impl DeltaType {
 /// The map of `ty` in the current or a recent snapshot that holds exactly
 /// the names and versions of `versions` (a client's
 /// `initial_resource_versions`), if any. Versions are content hashes, so a
-/// match is the content the client holds. O(n) per distinct map tried; a
-/// map that differs usually fails at its first changed name.
+/// match is the content the client holds. Compared by the maps'
+/// order-independent 128-bit hashes of their (name, version) pairs and
+/// counts: one pass over the client's entries as received, O(1) per map
+/// tried (unequal sets have unequal hashes; equal hashes of unequal sets
+/// would take a 128-bit collision, rarer than one of the 64-bit versions
+/// the comparison rests on anyway).
 fn whole_at_versions(
     ty: ResourceType,
     versions: &InitialVersions,
     current: Option<&Arc<Snapshot>>,
     history: &[Arc<Snapshot>],
 ) -> Option<Arc<ResourceMap>> {
-    let mut tried: Vec<&Arc<ResourceMap>> = Vec::new();
+    let mut held = None;
     for snap in current.into_iter().chain(history) {
-        let whole = snap.resources(ty);
-        if whole.len() != versions.len()
-            || whole.is_empty()
-            || tried.iter().any(|t| Arc::ptr_eq(t, whole))
-        {
+        let of = snap.of(ty);
+        if of.len() != versions.received() || of.is_empty() {
             continue;
         }
-        tried.push(whole);
-        // Both sorted by name (bytes order, as `str`'s): one walk.
-        if whole
-            .iter()
-            .zip(versions.iter_bytes())
-            .all(|((n, r), (vn, vv))| n.as_bytes() == vn && r.version().as_bytes() == vv)
-        {
-            return Some(whole.clone());
+        let held = *held.get_or_insert_with(|| versions.set_hash());
+        if of.set_hash() == held {
+            return Some(of.resources().clone());
         }
     }
     None
@@ -1793,6 +1789,77 @@ mod tests {
         assert_eq!(st.acked.len(), 2);
         assert_eq!(st.unknown.len(), 1);
         assert!(st.unknown.contains_key("c0"));
+    }
+
+    /// A resume is matched to a published map by the maps' set hashes, on
+    /// the entries as received: any order matches; a name sent twice (the
+    /// last one counts, as in a decoded map) is not taken for a match of
+    /// the raw entries, and the sorted path still finds every pair held.
+    #[test]
+    fn a_resume_is_matched_by_set_hash_in_any_order_and_repeats_resolve() {
+        let s1 = snapshot(6, 1, None);
+        let s2 = snapshot(6, 2, Some(&s1));
+        let eds = ResourceType::ClusterLoadAssignment;
+        let pairs: Vec<(String, String)> = s1
+            .resources(eds)
+            .iter()
+            .map(|(n, r)| (n.to_string(), r.version().to_string()))
+            .collect();
+        let history = [s2.clone(), s1.clone()];
+        // Encoded in reverse name order (never sorted by the server).
+        let entry = |n: &str, v: &str| {
+            let mut e = Vec::new();
+            prost::encoding::string::encode(1, &n.to_string(), &mut e);
+            prost::encoding::string::encode(2, &v.to_string(), &mut e);
+            let mut f = Vec::new();
+            prost::encoding::encode_key(5, prost::encoding::WireType::LengthDelimited, &mut f);
+            prost::encoding::encode_varint(e.len() as u64, &mut f);
+            f.extend_from_slice(&e);
+            f
+        };
+        let head = DeltaDiscoveryRequest {
+            type_url: eds.type_url().into(),
+            ..Default::default()
+        };
+        let head = prost::Message::encode_to_vec(&head);
+        let wire = |entries: &[(&str, &str)]| {
+            let mut raw = head.clone();
+            for (n, v) in entries {
+                raw.extend(entry(n, v));
+            }
+            DeltaRequest::decode(bytes::Bytes::from(raw)).expect("decodes")
+        };
+        let reversed: Vec<(&str, &str)> = pairs
+            .iter()
+            .rev()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        let req = wire(&reversed);
+        assert_eq!(req.versions.set_hash(), s1.of(eds).set_hash());
+        let mut m = DeltaMachine::new(None);
+        m.handle_wire_request(&req, &history);
+        let st = m.core.types[eds].as_ref().unwrap();
+        assert!(
+            Arc::ptr_eq(&st.acked, s1.resources(eds)),
+            "matched s1 unsorted"
+        );
+
+        // The first name sent twice, a bogus version first: the map it
+        // stands for is s1's, but its raw entries are not.
+        let mut repeated = vec![(reversed[0].0, "bogus")];
+        repeated.extend(reversed.iter().copied());
+        let req = wire(&repeated);
+        assert_ne!(req.versions.set_hash(), s1.of(eds).set_hash());
+        let mut m = DeltaMachine::new(None);
+        m.handle_wire_request(&req, &history);
+        let st = m.core.types[eds].as_ref().unwrap();
+        assert!(st.unknown.is_empty(), "every pair found: {:?}", st.unknown);
+        let held: Vec<(String, String)> = st
+            .acked
+            .iter()
+            .map(|(n, r)| (n.to_string(), r.version().to_string()))
+            .collect();
+        assert_eq!(held, pairs);
     }
 
     /// W5 (issue #13): a client resumes holding the previous map, one load

@@ -165,7 +165,7 @@ impl NameCount for crate::protocol::sotw_request::SotwRequest {
 
 impl NameCount for crate::protocol::delta_request::DeltaRequest {
     fn name_count(&self) -> usize {
-        self.req.name_count() + self.subscribe.len() + self.versions.len()
+        self.req.name_count() + self.subscribe.len() + self.versions.received()
     }
 }
 
