@@ -86,7 +86,6 @@ async fn registrations_expire_after_the_ttl_when_the_registrar_dies() {
         .unwrap();
 
     // 1,000 endpoints from one registrar (one lease), TTL 6 s.
-    const TTL: Duration = Duration::from_secs(6);
     let args = [
         "--backend",
         "api",
@@ -105,20 +104,15 @@ async fn registrations_expire_after_the_ttl_when_the_registrar_dies() {
         .await
         .unwrap();
 
-    // SIGKILL: no deregistration. The lease was refreshed at most TTL/3 before the kill, so
-    // the endpoints stay for at least 2/3 of the TTL.
+    // SIGKILL: no deregistration, the endpoints stay until the lease runs out. (How long
+    // after the kill depends on when the registrar last refreshed it: a registrar starved
+    // on a loaded machine refreshes late, so no later check is tied to the wall clock.)
     reg.kill().unwrap();
     reg.wait().unwrap();
     assert_eq!(
         endpoint_count(&envoy).await,
         1001,
         "present right after the kill"
-    );
-    tokio::time::sleep(TTL / 3).await;
-    assert_eq!(
-        endpoint_count(&envoy).await,
-        1001,
-        "still present a third of the TTL after the kill"
     );
     // Then the lease expires and they leave EDS; the static endpoint stays.
     let s = envoy
