@@ -331,7 +331,22 @@ impl Subscription {
         first: bool,
     ) -> Vec<Arc<str>> {
         let subscribe: Vec<&str> = subscribe.iter().map(String::as_str).collect();
-        self.apply_delta_with(&subscribe, unsubscribe, first, None)
+        self.apply_delta_added(&subscribe, unsubscribe, first, None)
+    }
+
+    /// [`Subscription::apply_delta_with`], returning the newly subscribed
+    /// names (and `"*"` if wildcard was turned on).
+    #[cfg(test)]
+    pub(crate) fn apply_delta_added(
+        &mut self,
+        subscribe: &[&str],
+        unsubscribe: &[String],
+        first: bool,
+        known: Option<&Arc<ResourceMap>>,
+    ) -> Vec<Arc<str>> {
+        let mut added = Vec::new();
+        self.apply(subscribe, unsubscribe, first, known, Some(&mut added));
+        added
     }
 
     /// [`Subscription::apply_delta`], interning names with `known`.
@@ -343,7 +358,8 @@ impl Subscription {
         subscribe: &[&str],
         unsubscribe: &[String],
         known: Option<&Arc<ResourceMap>>,
-    ) -> Option<Vec<Arc<str>>> {
+        added: Option<&mut Vec<Arc<str>>>,
+    ) -> bool {
         let simple = unsubscribe.is_empty()
             && matches!(&self.names, Names::Owned(s) if s.is_empty())
             && !subscribe.is_empty()
@@ -351,46 +367,69 @@ impl Subscription {
             // `"*"` may sort anywhere ("!a" < "*" < "a").
             && subscribe.binary_search_by(|n| (*n).cmp(WILDCARD)).is_err();
         if !simple {
-            return None;
+            return false;
         }
         if let Some(k) = known
             && k.len() == subscribe.len()
             && k.keys().zip(subscribe).all(|(a, b)| **a == **b)
         {
             self.names = Names::Keys(k.clone(), 0);
-            return Some(k.keys().cloned().collect());
+            if let Some(added) = added {
+                added.extend(k.keys().cloned());
+            }
+            return true;
         }
         let mut seek = known.map(|k| super::Seeker::new(k));
-        let names: Vec<Arc<str>> = subscribe
+        let names: BTreeSet<Arc<str>> = subscribe
             .iter()
             .map(|n| match seek.as_mut().and_then(|s| s.get_key_value(n)) {
                 Some((k, _)) => k.clone(),
                 None => Arc::from(*n),
             })
             .collect();
-        self.names = Names::Owned(names.iter().cloned().collect());
-        Some(names)
+        if let Some(added) = added {
+            added.extend(names.iter().cloned());
+        }
+        self.names = Names::Owned(names);
+        true
     }
 
+    /// Applies a Delta request's subscribe/unsubscribe lists, interning
+    /// names with `known`. What was newly subscribed is not collected: the
+    /// stream does not need it, and cloning every name's `Arc` (shared by
+    /// every stream) to drop it again was most of a resumed EDS
+    /// subscription's cost (W5).
     pub(crate) fn apply_delta_with(
         &mut self,
         subscribe: &[&str],
         unsubscribe: &[String],
         first: bool,
         known: Option<&Arc<ResourceMap>>,
-    ) -> Vec<Arc<str>> {
-        let mut out = Vec::new();
+    ) {
+        self.apply(subscribe, unsubscribe, first, known, None);
+    }
+
+    fn apply(
+        &mut self,
+        subscribe: &[&str],
+        unsubscribe: &[String],
+        first: bool,
+        known: Option<&Arc<ResourceMap>>,
+        mut added: Option<&mut Vec<Arc<str>>>,
+    ) {
         // Legacy wildcard: a first request that names nothing at all.
         if first && subscribe.is_empty() && unsubscribe.is_empty() {
             self.wildcard = true;
             self.legacy = true;
-            out.push(WILDCARD.into());
+            if let Some(out) = added.as_deref_mut() {
+                out.push(WILDCARD.into());
+            }
         }
         if subscribe.is_empty() && unsubscribe.is_empty() {
-            return out;
+            return;
         }
-        if let Some(names) = self.first_names(subscribe, unsubscribe, known) {
-            return names;
+        if self.first_names(subscribe, unsubscribe, known, added.as_deref_mut()) {
+            return;
         }
         let was_wildcard = self.wildcard;
         for &n in subscribe {
@@ -398,7 +437,9 @@ impl Subscription {
                 self.wildcard = true;
             } else if !self.contains(n) {
                 let name = intern(n, known);
-                out.push(name.clone());
+                if let Some(out) = added.as_deref_mut() {
+                    out.push(name.clone());
+                }
                 self.owned().insert(name);
             }
         }
@@ -415,16 +456,17 @@ impl Subscription {
                 dropped.insert(n.as_str());
             }
         }
-        if !dropped.is_empty() {
-            out.retain(|x| !dropped.contains(&**x));
-        }
-        if self.wildcard && !was_wildcard && !out.iter().any(|n| &**n == WILDCARD) {
-            out.push(WILDCARD.into());
+        if let Some(out) = added {
+            if !dropped.is_empty() {
+                out.retain(|x| !dropped.contains(&**x));
+            }
+            if self.wildcard && !was_wildcard && !out.iter().any(|n| &**n == WILDCARD) {
+                out.push(WILDCARD.into());
+            }
         }
         if let Some(k) = known {
             self.share_with(k);
         }
-        out
     }
 }
 
@@ -471,12 +513,12 @@ mod tests {
                     .collect(),
             );
             let mut fast = Subscription::default();
-            let got = fast.apply_delta_with(&asked, &[], true, Some(&known));
+            let got = fast.apply_delta_added(&asked, &[], true, Some(&known));
             // The general path: one name at a time.
             let mut slow = Subscription::default();
             let mut want = Vec::new();
             for (i, n) in asked.iter().enumerate() {
-                want.extend(slow.apply_delta_with(std::slice::from_ref(n), &[], i == 0, Some(&known)));
+                want.extend(slow.apply_delta_added(std::slice::from_ref(n), &[], i == 0, Some(&known)));
             }
             proptest::prop_assert_eq!(&got, &want);
             proptest::prop_assert!(fast == slow);
