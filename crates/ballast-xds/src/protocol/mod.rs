@@ -300,7 +300,7 @@ pub(crate) fn referenced_by_client(views: &impl ClientViews) -> HashSet<(Resourc
 
 /// Types whose resources may reference a resource of `ty` (and so must be
 /// known before one may be removed).
-fn referrers(ty: ResourceType) -> &'static [ResourceType] {
+pub(super) fn referrers(ty: ResourceType) -> &'static [ResourceType] {
     use ResourceType::*;
     match ty {
         Cluster => &[Listener, RouteConfiguration, VirtualHost],

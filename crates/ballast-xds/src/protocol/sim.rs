@@ -356,6 +356,12 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
                         .insert((ty, r.name().to_string(), r.version().to_string()));
                 }
             }
+            if ty.is_full_state_in_sotw() {
+                // Envoy's CDS and LDS apply a rejected response's removals
+                // (what the server also assumes).
+                c.views[i].retain(|n, _| resp.resources.contains_key(n.as_str()));
+                c.check_make_before_break()?;
+            }
             let prev = last[i].clone().map(|l| l.0).unwrap_or_default();
             last[i] = Some((prev, resp.nonce.to_string()));
             wire(m, &req(ty, names, &last[i], true), &[]);
@@ -1395,4 +1401,115 @@ proptest! {
     ) {
         run_delta_hostile(&ops, small).map_err(TestCaseError::fail)?;
     }
+}
+
+fn spec_of(clusters: &[(usize, u16)], route_to: &[usize], second_listener: bool) -> Spec {
+    Spec {
+        clusters: clusters.to_vec(),
+        route_to: route_to.to_vec(),
+        second_listener,
+    }
+}
+
+/// Found by `sotw_never_breaks_routes_and_converges` in CI: the client
+/// ACKs an EDS response holding c1, CDS drops c1 (Envoy forgets its
+/// endpoints), CDS adds c1 back and the client asks for it again — still
+/// reporting the EDS version that held c1 — and the stream breaks before the
+/// answer. A SotW version is per type, so the next stream must not take it
+/// as proof that the rebuilt c1 has its endpoints before routing to it.
+#[test]
+fn a_sotw_resume_does_not_trust_endpoints_of_a_re_added_cluster() {
+    let ops = [
+        Op::Publish(spec_of(&[(1, 1), (2, 1), (4, 1)], &[4], true)),
+        Op::Step(2),
+        Op::NackNext(1),
+        Op::Step(4),
+        Op::Publish(spec_of(&[(0, 1), (3, 1)], &[0], false)),
+        Op::Step(2),
+        Op::Reconnect(18239499441812611804),
+        Op::Publish(spec_of(&[(0, 1), (1, 1)], &[1], false)),
+        Op::Reconnect(15323689046263917682),
+        Op::Reconnect(0),
+    ];
+    run_sotw(&ops).unwrap();
+}
+
+/// The same for routes: LDS drops l2 (Envoy forgets r2), adds it back, the
+/// client asks for r2 again and the stream breaks before the answer. The
+/// re-added listener warms until r2 comes; a resume that trusts the RDS
+/// version never sends it (Envoy then serves the listener with no routes
+/// after its initial fetch timeout: 404s).
+#[test]
+fn a_sotw_resume_does_not_trust_routes_of_a_re_added_listener() {
+    let ops = [
+        Op::Publish(spec_of(&[(0, 2)], &[0], true)),
+        Op::Step(20),
+        Op::Publish(spec_of(&[(0, 2)], &[0], false)),
+        Op::Step(20),
+        Op::Publish(spec_of(&[(0, 2)], &[0], true)),
+        Op::Step(2),
+        Op::Reconnect(0),
+    ];
+    run_sotw(&ops).unwrap();
+}
+
+/// Found with 5,000 cases: two CDS responses rejected in a row. Envoy (and
+/// the server's view of it) drops what a rejected CDS response lacks, so the
+/// model must too, or it expects routes to a cluster the server rightly
+/// thinks is gone.
+#[test]
+fn rejected_cds_responses_remove_what_they_lack() {
+    let ops = [
+        Op::Step(1),
+        Op::NackNext(1),
+        Op::Publish(spec_of(&[(0, 1), (1, 1), (2, 1)], &[0], false)),
+        Op::Publish(spec_of(&[(2, 1)], &[2], false)),
+        Op::Step(1),
+        Op::NackNext(1),
+        Op::Publish(spec_of(&[(0, 1)], &[0], false)),
+        Op::Step(1),
+    ];
+    run_sotw(&ops).unwrap();
+}
+
+/// Envoy applies the removals of an LDS (CDS) response it rejects and keeps
+/// reporting the version before it: here l2 is dropped that way, comes back
+/// in the config, and the client resumes at a version that names l2. Found
+/// once the model applied those removals.
+#[test]
+fn a_sotw_resume_does_not_trust_a_version_after_a_rejected_removal() {
+    let ops = [
+        Op::Publish(spec_of(&[(0, 1)], &[0], false)),
+        Op::Step(1),
+        Op::Step(1),
+        Op::Publish(spec_of(&[(0, 1)], &[0], true)),
+        Op::Step(1),
+        Op::NackNext(3),
+        Op::Publish(spec_of(&[(0, 1)], &[0], false)),
+        Op::NackNext(0),
+        Op::Step(1),
+        Op::Publish(spec_of(&[(0, 1)], &[0], true)),
+        Op::Reconnect(0),
+    ];
+    run_sotw(&ops).unwrap();
+}
+
+/// The client's EDS version names c1's endpoints from before its CDS lost c1
+/// (a rejected response's removal); the new stream sends c1 again before the
+/// client's first EDS request: that request's version predates the cluster
+/// Envoy built, with or without the history that shows it.
+#[test]
+fn a_sotw_resume_does_not_trust_endpoints_of_a_cluster_the_stream_sent() {
+    let ops = [
+        Op::Publish(spec_of(&[(0, 1)], &[0], false)),
+        Op::Publish(spec_of(&[(1, 1)], &[1], false)),
+        Op::Step(3),
+        Op::Publish(spec_of(&[(2, 1)], &[2], false)),
+        Op::Step(1),
+        Op::Publish(spec_of(&[(1, 1)], &[1], false)),
+        Op::NackNext(1),
+        Op::Step(3),
+        Op::Reconnect(0),
+    ];
+    run_sotw(&ops).unwrap();
 }

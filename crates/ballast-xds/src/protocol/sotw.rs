@@ -20,8 +20,8 @@ use super::sorted::{cmp_names, keys_subset};
 use super::sotw_request::{NamesKey, SotwRequest};
 use super::subscription::{SotwChange, Subscription, empty_first_request_is_wildcard};
 use super::{
-    Progress, RequestOutcome, Seeker, SotwResponse, StreamCore, TypeState, hard_refs_ready,
-    referenced_by_client, share_if_whole, without_names,
+    PerType, Progress, RequestOutcome, Seeker, SotwResponse, StreamCore, TypeState,
+    hard_refs_ready, referenced_by_client, share_if_whole, without_names,
 };
 use crate::resource::{Resource, ResourceType};
 use crate::snapshot::{ResourceMap, Snapshot};
@@ -51,8 +51,9 @@ struct SotwType {
     unresolved: bool,
     /// On a resumed stream, what the client may hold beyond `acked` (every
     /// recent version of each subscribed name, newest first): an EDS/RDS client
-    /// keeps resources from responses before the one its version names, and
-    /// an unresolved full-state type holds some of these. Only the removal
+    /// keeps resources from responses before the one its version names, an
+    /// unresolved full-state type holds some of these, and a resolved one may
+    /// still hold what [`maybe_dropped`] took out of `acked`. Only the removal
     /// gate looks at them (never the gate for additions).
     maybe: Option<Arc<[Arc<Resource>]>>,
     /// Identifies the last `resource_names` list applied from the wire.
@@ -195,12 +196,14 @@ impl SotwType {
         version: &str,
         current: Option<&Arc<Snapshot>>,
         history: &[Arc<Snapshot>],
+        sent_anew: Vec<Arc<str>>,
     ) {
         if let Some((version, held)) = held_at_version(ty, &self.sub, version, current, history) {
             // The client holds exactly that content: gating (and the
             // removal gate of other types) starts from it.
             self.acked = held;
             self.acked_version = Some(version);
+            self.distrust_maybe_dropped(ty, current, history, sent_anew);
         } else if ty.is_full_state_in_sotw() {
             self.unresolved = true;
         }
@@ -208,6 +211,57 @@ impl SotwType {
             let maybe = maybe_held(&self.sub, &self.acked, ty, current, history);
             self.maybe = (!maybe.is_empty()).then(|| maybe.into());
         }
+    }
+
+    /// A SotW version is one per type and names the last response the
+    /// client accepted, which is not always what it holds:
+    /// - EDS/RDS/SDS: when Envoy drops a cluster (or listener) and gets it
+    ///   back, it forgets the load assignment (route configuration) and asks
+    ///   for it again *at the same version*; if the stream breaks before the
+    ///   answer, the next stream's first request reports a version that names
+    ///   it. A rebuilt cluster waits for its endpoints again the same way.
+    /// - CDS/LDS: Envoy applies the removals of a response it rejects and
+    ///   keeps reporting the version before it; if the removed resource comes
+    ///   back, that version names it again.
+    ///
+    /// So a resumed name that may have been lost that way within the recent
+    /// snapshots ([`maybe_dropped`]) is not taken as held: it is sent again
+    /// (bytes only after such a change) and gating waits for it. Routing to
+    /// a cluster the client lacks or that is cold would 503; a listener
+    /// re-added without its routes would serve 404s after its initial fetch
+    /// timeout.
+    fn distrust_maybe_dropped(
+        &mut self,
+        ty: ResourceType,
+        current: Option<&Arc<Snapshot>>,
+        history: &[Arc<Snapshot>],
+        sent_anew: Vec<Arc<str>>,
+    ) {
+        let version = self.acked_version.as_deref().unwrap_or_default();
+        let mut stale = maybe_dropped(ty, &self.acked, version, current, history);
+        if !sent_anew.is_empty() {
+            stale.extend(sent_anew.into_iter().filter(|n| self.acked.contains_key(n)));
+            stale.sort_unstable();
+            stale.dedup();
+        }
+        if stale.is_empty() {
+            return;
+        }
+        if ty.is_full_state_in_sotw() {
+            // It may hold them still: what its routes use must not be
+            // removed (the removal gate keeps what `maybe` holds and is in
+            // use, as for a version nothing explains).
+            let mut there = Seeker::new(&self.acked);
+            let maybe: Vec<Arc<Resource>> =
+                stale.iter().filter_map(|n| there.get(n).cloned()).collect();
+            self.maybe = Some(maybe.into());
+        }
+        if let Some(kept) = without_names(&self.acked, &stale) {
+            self.acked = Arc::new(kept);
+        }
+        self.must_answer = true;
+        // Not a resume at the reported version any more: something is owed.
+        self.client_version = None;
     }
 
     /// The client drops what it no longer subscribes to.
@@ -375,6 +429,12 @@ fn same_version(a: &Arc<Resource>, b: &Arc<Resource>) -> bool {
 #[derive(Debug)]
 pub struct SotwMachine {
     core: StreamCore<SotwType>,
+    /// On a resumed stream, names of EDS/RDS/SDS whose referrer (a cluster
+    /// or listener) this stream sent anew before the type's first request:
+    /// the version that request reports predates what Envoy built, so it
+    /// proves nothing about them ([`SotwType::distrust_maybe_dropped`]).
+    /// Boxed: most streams never need it.
+    sent_referrers: Option<Box<PerType<Vec<Arc<str>>>>>,
     /// Plans made from the change set (tests check the fast path is taken).
     #[cfg(test)]
     pub(crate) fast_plans: usize,
@@ -388,6 +448,7 @@ impl SotwMachine {
     pub fn new(only: Option<ResourceType>) -> Self {
         SotwMachine {
             core: StreamCore::new(only),
+            sent_referrers: None,
             #[cfg(test)]
             fast_plans: 0,
             #[cfg(test)]
@@ -493,7 +554,18 @@ impl SotwMachine {
         st.owe_answer(ty, first, &change.added);
         if first && !req.version_info.is_empty() {
             self.core.resumed = true;
-            st.resume(ty, &req.version_info, self.core.snapshot.as_ref(), history);
+            let sent_anew = self
+                .sent_referrers
+                .as_mut()
+                .map(|p| std::mem::take(&mut p[ty]))
+                .unwrap_or_default();
+            st.resume(
+                ty,
+                &req.version_info,
+                self.core.snapshot.as_ref(),
+                history,
+                sent_anew,
+            );
         } else if change.changed {
             st.drop_unsubscribed();
         }
@@ -611,6 +683,9 @@ impl SotwMachine {
             if !plan.refetch_eds.is_empty() {
                 self.refetch_endpoints(plan.refetch_eds);
             }
+            if self.core.resumed && ty.is_full_state_in_sotw() {
+                self.note_sent_referrers(ty);
+            }
             return Some(SotwResponse {
                 ty,
                 version,
@@ -690,6 +765,47 @@ impl SotwMachine {
             && let Some(kept) = without_names(&f.resources, &names)
         {
             f.resources = Arc::new(kept);
+        }
+    }
+
+    /// After a CDS or LDS response on a resumed stream: for each type its
+    /// resources refer to that has not been requested yet, the names that
+    /// the clusters or listeners it adds (or, for endpoints, changes) refer
+    /// to. Walks the response only while such a type is missing (the first
+    /// responses of a resumed stream).
+    fn note_sent_referrers(&mut self, ty: ResourceType) {
+        let waiting: Vec<ResourceType> = ResourceType::ALL
+            .into_iter()
+            .filter(|t| !self.core.requested(*t) && super::referrers(*t).contains(&ty))
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        let st = self.core.types[ty].as_ref().expect("sent");
+        let Some(sent) = st.in_flight.as_ref().map(|f| f.resources.clone()) else {
+            return;
+        };
+        let acked = st.acked.clone();
+        let notes = self.sent_referrers.get_or_insert_with(Box::default);
+        let mut held = Seeker::new(&acked);
+        for (name, res) in sent.iter() {
+            let (added, changed) = match held.get(name) {
+                None => (true, true),
+                Some(old) => (false, !same_version(old, res)),
+            };
+            if !changed {
+                continue;
+            }
+            for x in res.refs() {
+                if waiting.contains(&x.ty) && (added || x.ty == ResourceType::ClusterLoadAssignment)
+                {
+                    notes[x.ty].push(x.name.clone());
+                }
+            }
+        }
+        for t in waiting {
+            notes[t].sort_unstable();
+            notes[t].dedup();
         }
     }
 
@@ -802,7 +918,9 @@ impl SotwMachine {
             is_whole,
             wire,
         } = self.walk(ty, st, snap);
-        let unresolved_maybe = st.maybe.as_ref().filter(|_| st.unresolved);
+        // A full-state type resumed at a version nothing explains, or whose
+        // version may not name everything it holds.
+        let unresolved_maybe = st.maybe.as_ref().filter(|_| ty.is_full_state_in_sotw());
         if gone.is_empty() && unresolved_maybe.is_none() {
             let resources = if is_whole && picks.len() == whole.len() {
                 whole.clone()
@@ -1017,6 +1135,87 @@ fn held_at_version(
         }
     }
     None
+}
+
+/// The names in `held` (what a client resuming at `version` holds of `ty`,
+/// by the snapshots) that it may have lost since, sorted
+/// ([`SotwType::distrust_maybe_dropped`]):
+/// - EDS/RDS/SDS: names a referrer started to use between two consecutive
+///   recent snapshots — a cluster (for EDS), a listener (for RDS) or either
+///   (for SDS) that appeared, or, for EDS, whose subscription belongs to the
+///   cluster object Envoy rebuilds, changed. Envoy shares a route
+///   configuration's or secret's subscription across a listener's versions,
+///   so a changed listener does not ask for them again.
+/// - CDS/LDS: names of the current snapshot missing from a snapshot newer
+///   than the oldest one at `version` (the client accepted `version` after
+///   that one, so only a later response can have removed them). Names the
+///   current snapshot lacks stay held: the removal gate needs them, and
+///   nothing new may route to them.
+///
+/// O(1) per pair of snapshots that share the map looked at (an endpoint
+/// change, for CDS), else one ordered walk of it.
+fn maybe_dropped(
+    ty: ResourceType,
+    held: &Arc<ResourceMap>,
+    version: &str,
+    current: Option<&Arc<Snapshot>>,
+    history: &[Arc<Snapshot>],
+) -> Vec<Arc<str>> {
+    let mut out: Vec<Arc<str>> = Vec::new();
+    let snaps: Vec<&Arc<Snapshot>> = current.into_iter().chain(history).collect();
+    if ty.is_full_state_in_sotw() {
+        let Some(oldest) = snaps.iter().rposition(|s| &**s.version(ty) == version) else {
+            return out;
+        };
+        let Some(now) = current.map(|c| c.resources(ty)) else {
+            return out;
+        };
+        for s in &snaps[..oldest] {
+            let map = s.resources(ty);
+            if Arc::ptr_eq(map, held) {
+                continue;
+            }
+            let (mut there, mut in_now) = (Seeker::new(map), Seeker::new(now));
+            out.extend(
+                held.keys()
+                    .filter(|n| !there.contains_key(n) && in_now.contains_key(n))
+                    .cloned(),
+            );
+        }
+        out.sort_unstable();
+        out.dedup();
+        return out;
+    }
+    for pair in snaps.windows(2) {
+        let (newer, older) = (pair[0], pair[1]);
+        for &by in super::referrers(ty) {
+            let (now, before) = (newer.resources(by), older.resources(by));
+            if Arc::ptr_eq(now, before) {
+                continue;
+            }
+            let mut before = Seeker::new(before);
+            for (name, res) in now.iter() {
+                let anew = match before.get(name) {
+                    None => true,
+                    Some(old) => {
+                        ty == ResourceType::ClusterLoadAssignment && !same_version(old, res)
+                    }
+                };
+                if !anew {
+                    continue;
+                }
+                out.extend(
+                    res.refs()
+                        .iter()
+                        .filter(|x| x.ty == ty && held.contains_key(&x.name))
+                        .map(|x| x.name.clone()),
+                );
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// Every recent version (newest first) of each name `sub` covers that
@@ -1307,6 +1506,73 @@ mod tests {
             r2.resources.keys().map(|k| &**k).collect::<Vec<_>>(),
             ["c0001"]
         );
+    }
+
+    /// A resumed client's EDS version is trusted for every load assignment
+    /// whose cluster stayed as it was across the recent snapshots (an
+    /// endpoint change while it was away costs just that change: W5), and
+    /// not for one whose cluster changed: Envoy rebuilt that cluster and
+    /// waits for its endpoints, which the old stream may not have re-sent.
+    #[test]
+    fn a_resume_re_sends_only_endpoints_of_recently_rebuilt_clusters() {
+        use crate::protocol::tests::cluster_snapshot;
+        let (cds, eds) = (ResourceType::Cluster, ResourceType::ClusterLoadAssignment);
+        let names: Vec<String> = ["c0000", "c0001"].map(String::from).to_vec();
+        let resume = |current: &Arc<Snapshot>, history: &[Arc<Snapshot>], at: &Arc<Snapshot>| {
+            let mut m = SotwMachine::new(None);
+            m.set_snapshot(Some(current.clone()));
+            for (ty, names, version) in [
+                (cds, vec![], current.version(cds)),
+                (eds, names.clone(), at.version(eds)),
+            ] {
+                m.handle_request_with_history(
+                    &DiscoveryRequest {
+                        type_url: ty.type_url().into(),
+                        version_info: version.to_string(),
+                        resource_names: names,
+                        ..Default::default()
+                    },
+                    history,
+                );
+            }
+            let r = m.next_response().expect("a response");
+            assert_eq!(r.ty, eds);
+            r.resources
+                .keys()
+                .map(|k| k.to_string())
+                .collect::<Vec<_>>()
+        };
+        let s1 = cluster_snapshot(1, 80, None);
+        let s2 = cluster_snapshot(1, 81, Some(&s1));
+        // Away during an endpoint change: only the changed assignment.
+        assert_eq!(resume(&s2, &[s2.clone(), s1.clone()], &s1), ["c0001"]);
+        // c0001 rebuilt (its timeout changed): its assignment, unchanged and
+        // named by the client's version, goes again; c0000's does not.
+        let s3 = cluster_snapshot(2, 81, Some(&s2));
+        let history = [s3.clone(), s2.clone(), s1.clone()];
+        assert_eq!(s3.version(eds), s2.version(eds));
+        assert_eq!(resume(&s3, &history, &s2), ["c0001"]);
+        // Out of the history, nothing tells: the version is trusted.
+        let r = {
+            let mut m = SotwMachine::new(None);
+            m.set_snapshot(Some(s3.clone()));
+            for (ty, names, version) in [
+                (cds, vec![], s3.version(cds)),
+                (eds, names.clone(), s3.version(eds)),
+            ] {
+                m.handle_request_with_history(
+                    &DiscoveryRequest {
+                        type_url: ty.type_url().into(),
+                        version_info: version.to_string(),
+                        resource_names: names,
+                        ..Default::default()
+                    },
+                    std::slice::from_ref(&s3),
+                );
+            }
+            m.next_response().expect("the keepalive")
+        };
+        assert!(r.resources.is_empty(), "a no-op: nothing re-sent");
     }
 
     /// Issue #13: an ACK that repeats the names list is applied without
