@@ -292,6 +292,7 @@ impl DeltaType {
             // A client in sync when its stream dropped: it holds a
             // published map exactly, shared instead of copied per stream.
             self.acked = whole;
+            self.distrust_rebuilt(ty, current, history);
             return true;
         }
         let mut held = ResourceMap::new();
@@ -309,7 +310,32 @@ impl DeltaType {
             Some(snap) => share_if_whole(held, snap.resources(ty)),
             None => Arc::new(held),
         };
+        self.distrust_rebuilt(ty, current, history);
         false
+    }
+
+    /// Load assignments of clusters that changed between recent snapshots
+    /// are not taken as held: Envoy rebuilt such a cluster and waits for its
+    /// endpoints again, while its mux still reports the assignment's version
+    /// (the name stayed subscribed). If the old stream broke before re-sending
+    /// them, the new cluster would warm until Envoy's initial fetch timeout.
+    /// (A dropped and re-added cluster is no such case in Delta: Envoy
+    /// forgets the name when it unsubscribes.)
+    fn distrust_rebuilt(
+        &mut self,
+        ty: ResourceType,
+        current: Option<&Arc<Snapshot>>,
+        history: &[Arc<Snapshot>],
+    ) {
+        if ty != ResourceType::ClusterLoadAssignment || self.acked.is_empty() {
+            return;
+        }
+        let snaps: Vec<&Arc<Snapshot>> = current.into_iter().chain(history).collect();
+        let acked = &self.acked;
+        let stale = super::referred_anew(ty, |n| acked.contains_key(n), &snaps, false);
+        if let Some(kept) = without_names(&self.acked, &stale) {
+            self.acked = Arc::new(kept);
+        }
     }
 
     /// After a first request that resumed at the published map `acked`:
@@ -373,7 +399,17 @@ impl DeltaType {
             }
             if partial && let Some(old) = self.acked.get(n).cloned() {
                 Arc::make_mut(&mut self.acked).remove(n);
-                self.maybe.entry(n.clone()).or_insert(old);
+                // Another version may be maybe-held already (an earlier
+                // rejected upsert): both stay protected.
+                match self.maybe.get(n) {
+                    Some(m) if m.version() != old.version() => {
+                        self.older.entry(n.clone()).or_default().push(old);
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.maybe.insert(n.clone(), old);
+                    }
+                }
             }
             if partial {
                 // Its version no longer says what the client holds.
@@ -1925,6 +1961,56 @@ mod tests {
         let sent: Vec<&str> = r.resources.iter().map(|r| r.name()).collect();
         assert_eq!(sent, ["c1"]);
         assert_eq!(r.removed, [Arc::<str>::from("gone")]);
+    }
+
+    /// A resumed client reports the assignment of a cluster that changed in
+    /// the recent snapshots at the version it had: Envoy rebuilt the cluster
+    /// and waits for it again, so it is re-sent (the old stream may have
+    /// broken first). An unchanged cluster's assignment is trusted (W5).
+    #[test]
+    fn a_resume_re_sends_endpoints_of_a_recently_rebuilt_cluster() {
+        use crate::protocol::tests::cluster_snapshot;
+        let (cds, eds) = (ResourceType::Cluster, ResourceType::ClusterLoadAssignment);
+        let resume = |current: &Arc<Snapshot>, history: &[Arc<Snapshot>]| {
+            let mut m = DeltaMachine::new(None);
+            m.set_snapshot(Some(current.clone()));
+            for ty in [cds, eds] {
+                let held = current.resources(ty);
+                m.handle_request_with_history(
+                    &DeltaDiscoveryRequest {
+                        type_url: ty.type_url().into(),
+                        resource_names_subscribe: if ty == eds {
+                            held.keys().map(|k| k.to_string()).collect()
+                        } else {
+                            vec![]
+                        },
+                        initial_resource_versions: held
+                            .iter()
+                            .map(|(n, r)| (n.to_string(), r.version().to_string()))
+                            .collect(),
+                        ..Default::default()
+                    },
+                    history,
+                );
+            }
+            let mut sent = Vec::new();
+            while let Some(r) = m.next_response() {
+                if r.ty == eds {
+                    sent.extend(r.resources.iter().map(|r| r.name().to_string()));
+                }
+                ack(&mut m, &r);
+            }
+            sent
+        };
+        let s1 = cluster_snapshot(1, 80, None);
+        let s2 = cluster_snapshot(1, 81, Some(&s1));
+        assert!(resume(&s2, &[s2.clone(), s1.clone()]).is_empty());
+        let s3 = cluster_snapshot(2, 81, Some(&s2));
+        assert_eq!(
+            resume(&s3, &[s3.clone(), s2.clone(), s1.clone()]),
+            ["c0001"]
+        );
+        assert!(resume(&s3, std::slice::from_ref(&s3)).is_empty());
     }
 
     /// Delta twin of the SotW etcd-lane stall (`sotw::tests::an_eds_ack_older_

@@ -313,6 +313,71 @@ pub(super) fn referrers(ty: ResourceType) -> &'static [ResourceType] {
     }
 }
 
+/// The names of `ty` that `held` accepts and a referrer started to use between two
+/// consecutive snapshots of `snaps` (newest first): a cluster (for EDS), a
+/// listener (for RDS) or either (for SDS) that appeared (when `appeared`
+/// counts: a SotW client forgets what a dropped referrer used and its version
+/// cannot say so), or, for EDS, changed — Envoy rebuilds a changed cluster
+/// and waits for its endpoints again, while a route configuration's or
+/// secret's subscription is shared across a listener's versions. Sorted.
+/// O(1) per pair of snapshots sharing the referrers' map (an endpoint
+/// change), else O(changes) from the recorded change sets (or one walk).
+pub(crate) fn referred_anew(
+    ty: ResourceType,
+    held: impl Fn(&str) -> bool,
+    snaps: &[&Arc<Snapshot>],
+    appeared: bool,
+) -> Vec<Arc<str>> {
+    let mut out: Vec<Arc<str>> = Vec::new();
+    let mut note = |res: &Resource, before: Option<&Arc<Resource>>| {
+        let anew = match before {
+            None => appeared,
+            Some(old) => {
+                ty == ResourceType::ClusterLoadAssignment && old.version() != res.version()
+            }
+        };
+        if anew {
+            out.extend(
+                res.refs()
+                    .iter()
+                    .filter(|x| x.ty == ty && held(&x.name))
+                    .map(|x| x.name.clone()),
+            );
+        }
+    };
+    for pair in snaps.windows(2) {
+        let (newer, older) = (pair[0], pair[1]);
+        for &by in referrers(ty) {
+            let (now, before) = (newer.resources(by), older.resources(by));
+            if Arc::ptr_eq(now, before) {
+                continue;
+            }
+            match newer.changed_from(by, older) {
+                Some(names) => {
+                    let (mut n, mut b) = (
+                        Seeker::sparse(now, names.len()),
+                        Seeker::sparse(before, names.len()),
+                    );
+                    for name in names {
+                        if let Some(res) = n.get(name) {
+                            note(res, b.get(name));
+                        }
+                    }
+                }
+                None => {
+                    let mut b = Seeker::new(before);
+                    for (name, res) in now.iter() {
+                        note(res, b.get(name));
+                    }
+                }
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// On a resumed stream (the client reported versions it holds from an
 /// earlier stream), removals of `ty` wait until the stream has seen the first
 /// request of every type whose resources the client may hold and which may

@@ -312,7 +312,8 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
     );
     let step = |m: &mut SotwMachine,
                 c: &mut Client,
-                last: &mut [Option<(String, String)>; crate::resource::TYPE_COUNT]|
+                last: &mut [Option<(String, String)>; crate::resource::TYPE_COUNT],
+                history: &[Arc<Snapshot>]|
      -> Result<bool, String> {
         let Some(resp) = m.next_response() else {
             // Follow references like Envoy does.
@@ -328,11 +329,12 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
                     // Like Envoy, drop what nothing uses any more.
                     c.views[ty.index()].retain(|n, _| w.contains(n));
                     c.subs[ty.index()] = w.clone();
-                    wire(
-                        m,
-                        &req(ty, w.into_iter().collect(), &last[ty.index()], false),
-                        &[],
-                    );
+                    // A first request on a resumed stream reports a
+                    // version and no nonce: the driver hands such a request
+                    // the group's history, as at the stream's start.
+                    let r = req(ty, w.into_iter().collect(), &last[ty.index()], false);
+                    let resumes = !r.version_info.is_empty() && r.response_nonce.is_empty();
+                    wire(m, &r, if resumes { history } else { &[] });
                     return Ok(true);
                 }
             }
@@ -408,7 +410,7 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
             Op::Step(n) => {
                 for _ in 0..*n {
                     drained = false;
-                    if !step(&mut m, &mut c, &mut last)? {
+                    if !step(&mut m, &mut c, &mut last, &history)? {
                         drained = true;
                         break;
                     }
@@ -435,9 +437,12 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
                     if !ty.is_full_state_in_sotw() && names.is_empty() {
                         continue;
                     }
+                    if debug() {
+                        eprintln!("first {ty} {names:?}");
+                    }
                     wire(&mut m, &req(ty, names, &last[i], false), &history);
                     for _ in 0..n {
-                        if !step(&mut m, &mut c, &mut last)? {
+                        if !step(&mut m, &mut c, &mut last, &history)? {
                             break;
                         }
                     }
@@ -448,7 +453,7 @@ fn run_sotw(ops: &[Op]) -> Result<(), String> {
     c.nack_next = Default::default();
     c.not_resumed = Default::default();
     for _ in 0..200 {
-        if !step(&mut m, &mut c, &mut last)? {
+        if !step(&mut m, &mut c, &mut last, &history)? {
             break;
         }
     }
@@ -1509,6 +1514,135 @@ fn a_sotw_resume_does_not_trust_endpoints_of_a_cluster_the_stream_sent() {
         Op::Publish(spec_of(&[(1, 1)], &[1], false)),
         Op::NackNext(1),
         Op::Step(3),
+        Op::Reconnect(0),
+    ];
+    run_sotw(&ops).unwrap();
+}
+
+/// Found by a random seed: the client rejects an upsert of r2 (so that
+/// version is maybe held), then a response removing r2 (so the version it
+/// had is maybe held too). The second must not replace the first: the
+/// client still routes through r2 to c2, which must stay.
+#[test]
+fn a_rejected_removal_keeps_every_version_the_client_may_hold() {
+    let ops = [
+        Op::Publish(spec_of(&[(1, 1), (2, 1), (4, 1)], &[1], true)),
+        Op::Step(1),
+        Op::NackNext(1),
+        Op::Step(1),
+        Op::Publish(spec_of(&[(2, 1)], &[2], true)),
+        Op::Step(5),
+        Op::NackNext(4),
+        Op::Publish(spec_of(&[(1, 1)], &[1], true)),
+        Op::Step(3),
+        Op::NackNext(4),
+        Op::Publish(spec_of(&[(0, 1)], &[0], false)),
+        Op::Publish(spec_of(&[(4, 1)], &[4], false)),
+        Op::Step(4),
+    ];
+    run_delta(&ops).unwrap();
+}
+
+/// The client resumes RDS at a version that named r1 and r2 while asking
+/// for r1 only (it dropped r2 with l2), then asks for r2 again when l2
+/// comes back: once the config returns to that content, the plan's version
+/// equals the reported one, which no longer proves the client holds r2.
+#[test]
+fn a_resume_version_proves_nothing_about_names_asked_for_again() {
+    let ops = [
+        Op::Publish(spec_of(&[(4, 1)], &[4], true)),
+        Op::Step(2),
+        Op::Step(4),
+        Op::Publish(spec_of(&[(4, 1)], &[4], false)),
+        Op::NackNext(0),
+        Op::Step(2),
+        Op::Publish(spec_of(&[(0, 1)], &[0], true)),
+        Op::Reconnect(14095116817841063656),
+        Op::Publish(spec_of(&[(4, 1)], &[4], true)),
+    ];
+    run_sotw(&ops).unwrap();
+}
+
+/// The client accepted a CDS response no snapshot explains (c1 kept for
+/// its routes beside the new c0 and c2), then rejected one that removed c2
+/// (Envoy applies the removal). When the config routes to c2 again, the
+/// plan happens to have the reported version: that must not pass for proof
+/// that the client holds c2.
+#[test]
+fn an_unexplained_resume_version_is_no_proof_once_names_came_and_went() {
+    let ops = [
+        Op::Publish(spec_of(&[(1, 1)], &[1], true)),
+        Op::Step(5),
+        Op::Step(1),
+        Op::Publish(spec_of(&[(0, 2), (2, 1)], &[0], false)),
+        Op::NackNext(2),
+        Op::Step(1),
+        Op::Step(4),
+        Op::Publish(spec_of(&[(0, 1)], &[0], false)),
+        Op::NackNext(1),
+        Op::Step(1),
+        Op::Publish(spec_of(&[(2, 1)], &[2], false)),
+        Op::Reconnect(7047910394600835938),
+    ];
+    run_sotw(&ops).unwrap();
+}
+
+/// The client dropped c2 (a rejected CDS response's removal) and its
+/// endpoints; the new stream sends c2 again before the client's first EDS
+/// request, whose version no recent snapshot explains for the names asked.
+/// Later the plan comes to have that version: it must not pass for proof.
+#[test]
+fn an_unexplained_eds_version_is_no_proof_for_clusters_the_stream_sent() {
+    let ops = [
+        Op::Step(4),
+        Op::Publish(spec_of(&[(2, 1)], &[2], true)),
+        Op::Publish(spec_of(&[(0, 1)], &[0], true)),
+        Op::NackNext(1),
+        Op::Step(2),
+        Op::Publish(spec_of(&[(0, 1)], &[0], true)),
+        Op::Reconnect(7070640533036068816),
+        Op::Step(1),
+        Op::Publish(spec_of(&[(2, 1)], &[2], false)),
+    ];
+    run_sotw(&ops).unwrap();
+}
+
+/// c2 is dropped (a rejected CDS response's removal), added back, and the
+/// stream breaks before the client asks for its endpoints; the client's
+/// first EDS request comes late on the new stream, with a version that
+/// names c2's endpoints from before. The history it is handed shows c2
+/// came and went.
+#[test]
+fn a_late_first_eds_request_is_checked_against_the_history() {
+    let ops = [
+        Op::Step(4),
+        Op::Publish(spec_of(&[(2, 1)], &[2], true)),
+        Op::Publish(spec_of(&[(0, 1)], &[0], true)),
+        Op::NackNext(1),
+        Op::Step(2),
+        Op::Publish(spec_of(&[(2, 1), (3, 1)], &[2], false)),
+        Op::Step(1),
+        Op::Reconnect(0),
+        Op::Publish(spec_of(&[(2, 1)], &[2], false)),
+    ];
+    run_sotw(&ops).unwrap();
+}
+
+/// The client accepted a CDS plan (c0 beside c2 and c3, kept for its
+/// routes), rejected the next one (Envoy removes c2 and c3), and the config
+/// comes back to exactly that plan's content: the current snapshot matches
+/// the reported version, but c2 and c3 went away in between.
+#[test]
+fn a_resume_version_matching_a_later_snapshot_is_no_proof() {
+    let ops = [
+        Op::Step(1),
+        Op::Publish(spec_of(&[(2, 1), (3, 1)], &[2, 3], false)),
+        Op::Step(5),
+        Op::Publish(spec_of(&[(0, 1)], &[0], true)),
+        Op::Step(4),
+        Op::NackNext(1),
+        Op::Step(2),
+        Op::Publish(spec_of(&[(0, 1), (2, 1), (3, 1)], &[0], false)),
         Op::Reconnect(0),
     ];
     run_sotw(&ops).unwrap();

@@ -176,6 +176,12 @@ impl SotwType {
             return;
         }
         self.must_answer = true;
+        if !first {
+            // The version the client resumed at may name these (it held
+            // them, dropped them, and asks again): it no longer proves the
+            // client holds what it names.
+            self.client_version = None;
+        }
         if !first && !ty.is_full_state_in_sotw() && added.iter().any(|n| self.acked.contains_key(n))
         {
             // Newly requested names are always (re)sent: a client keeps
@@ -204,8 +210,25 @@ impl SotwType {
             self.acked = held;
             self.acked_version = Some(version);
             self.distrust_maybe_dropped(ty, current, history, sent_anew);
-        } else if ty.is_full_state_in_sotw() {
+        } else if !ty.is_full_state_in_sotw() {
+            // Nothing is taken as held, but a plan may still come to have
+            // the reported version: that proves nothing about names whose
+            // referrer Envoy may have built after it.
+            let snaps: Vec<&Arc<Snapshot>> = current.into_iter().chain(history).collect();
+            if !sent_anew.is_empty()
+                || !super::referred_anew(ty, |n| self.sub.covers(n), &snaps, true).is_empty()
+            {
+                self.client_version = None;
+            }
+        } else {
             self.unresolved = true;
+            if !names_stable(ty, current, history) {
+                // The version names a response no snapshot explains, and
+                // some name came and went since: a rejected response may
+                // have removed it at the client, so a plan that happens to
+                // have that version again is not proof the client holds it.
+                self.client_version = None;
+            }
         }
         if self.unresolved || !ty.is_full_state_in_sotw() {
             let maybe = maybe_held(&self.sub, &self.acked, ty, current, history);
@@ -237,8 +260,7 @@ impl SotwType {
         history: &[Arc<Snapshot>],
         sent_anew: Vec<Arc<str>>,
     ) {
-        let version = self.acked_version.as_deref().unwrap_or_default();
-        let mut stale = maybe_dropped(ty, &self.acked, version, current, history);
+        let mut stale = maybe_dropped(ty, &self.acked, current, history);
         if !sent_anew.is_empty() {
             stale.extend(sent_anew.into_iter().filter(|n| self.acked.contains_key(n)));
             stale.sort_unstable();
@@ -955,11 +977,13 @@ impl SotwMachine {
             .map(|(n, r)| (n.clone(), r.clone()))
             .collect();
         if let Some(maybe) = unresolved_maybe {
-            // Keep whatever the client's other resources use.
+            // Keep whatever the client's other resources use (all of it
+            // while a resumed stream cannot see every referrer yet).
             let refd = referenced_by_client(&self.core);
+            let hold = self.core.resume_holds_removals(ty);
             for old in maybe.iter() {
                 let name = old.name_arc();
-                if !plan.contains_key(name) && refd.contains(&(ty, name.clone())) {
+                if !plan.contains_key(name) && (hold || refd.contains(&(ty, name.clone()))) {
                     plan.insert(name.clone(), old.clone());
                     out.all_held = false;
                 }
@@ -1137,8 +1161,8 @@ fn held_at_version(
     None
 }
 
-/// The names in `held` (what a client resuming at `version` holds of `ty`,
-/// by the snapshots) that it may have lost since, sorted
+/// The names in `held` (what a client resuming holds of `ty`, by the
+/// version it reports and the snapshots) that it may have lost since, sorted
 /// ([`SotwType::distrust_maybe_dropped`]):
 /// - EDS/RDS/SDS: names a referrer started to use between two consecutive
 ///   recent snapshots — a cluster (for EDS), a listener (for RDS) or either
@@ -1146,76 +1170,67 @@ fn held_at_version(
 ///   cluster object Envoy rebuilds, changed. Envoy shares a route
 ///   configuration's or secret's subscription across a listener's versions,
 ///   so a changed listener does not ask for them again.
-/// - CDS/LDS: names of the current snapshot missing from a snapshot newer
-///   than the oldest one at `version` (the client accepted `version` after
-///   that one, so only a later response can have removed them). Names the
-///   current snapshot lacks stay held: the removal gate needs them, and
-///   nothing new may route to them.
+/// - CDS/LDS: names that went away between two consecutive recent
+///   snapshots: only a response planned after that could have removed them
+///   (a name merely added within the history was never missing after the
+///   client could hold it). `version` may name a plan, not a snapshot
+///   (a removal held back for routes still using it), so when it was
+///   accepted is not known.
 ///
 /// O(1) per pair of snapshots that share the map looked at (an endpoint
 /// change, for CDS), else one ordered walk of it.
 fn maybe_dropped(
     ty: ResourceType,
     held: &Arc<ResourceMap>,
-    version: &str,
     current: Option<&Arc<Snapshot>>,
     history: &[Arc<Snapshot>],
 ) -> Vec<Arc<str>> {
     let mut out: Vec<Arc<str>> = Vec::new();
     let snaps: Vec<&Arc<Snapshot>> = current.into_iter().chain(history).collect();
     if ty.is_full_state_in_sotw() {
-        let Some(oldest) = snaps.iter().rposition(|s| &**s.version(ty) == version) else {
-            return out;
-        };
-        let Some(now) = current.map(|c| c.resources(ty)) else {
-            return out;
-        };
-        for s in &snaps[..oldest] {
-            let map = s.resources(ty);
-            if Arc::ptr_eq(map, held) {
+        for pair in snaps.windows(2) {
+            let (newer, older) = (pair[0].resources(ty), pair[1].resources(ty));
+            if Arc::ptr_eq(newer, older) {
                 continue;
             }
-            let (mut there, mut in_now) = (Seeker::new(map), Seeker::new(now));
-            out.extend(
-                held.keys()
-                    .filter(|n| !there.contains_key(n) && in_now.contains_key(n))
-                    .cloned(),
-            );
+            let (mut now, mut before) = (Seeker::new(newer), Seeker::new(older));
+            match pair[0].changed_from(ty, pair[1]) {
+                Some(names) => out.extend(
+                    names
+                        .iter()
+                        .filter(|n| {
+                            held.contains_key(*n) && before.contains_key(n) && !now.contains_key(n)
+                        })
+                        .cloned(),
+                ),
+                None => out.extend(
+                    held.keys()
+                        .filter(|n| before.contains_key(n) && !now.contains_key(n))
+                        .cloned(),
+                ),
+            }
         }
         out.sort_unstable();
         out.dedup();
         return out;
     }
-    for pair in snaps.windows(2) {
-        let (newer, older) = (pair[0], pair[1]);
-        for &by in super::referrers(ty) {
-            let (now, before) = (newer.resources(by), older.resources(by));
-            if Arc::ptr_eq(now, before) {
-                continue;
-            }
-            let mut before = Seeker::new(before);
-            for (name, res) in now.iter() {
-                let anew = match before.get(name) {
-                    None => true,
-                    Some(old) => {
-                        ty == ResourceType::ClusterLoadAssignment && !same_version(old, res)
-                    }
-                };
-                if !anew {
-                    continue;
-                }
-                out.extend(
-                    res.refs()
-                        .iter()
-                        .filter(|x| x.ty == ty && held.contains_key(&x.name))
-                        .map(|x| x.name.clone()),
-                );
-            }
-        }
-    }
-    out.sort_unstable();
-    out.dedup();
-    out
+    super::referred_anew(ty, |n| held.contains_key(n), &snaps, true)
+}
+
+/// Whether every recent snapshot has the same names of `ty` (O(1) per pair
+/// that shares the map or whose recorded changes keep the keys).
+fn names_stable(
+    ty: ResourceType,
+    current: Option<&Arc<Snapshot>>,
+    history: &[Arc<Snapshot>],
+) -> bool {
+    let snaps: Vec<&Arc<Snapshot>> = current.into_iter().chain(history).collect();
+    snaps.windows(2).all(|p| {
+        let (a, b) = (p[0].resources(ty), p[1].resources(ty));
+        Arc::ptr_eq(a, b)
+            || p[0].same_keys_since(ty, b)
+            || (a.len() == b.len() && a.keys().zip(b.keys()).all(|(x, y)| x == y))
+    })
 }
 
 /// Every recent version (newest first) of each name `sub` covers that
