@@ -9,6 +9,11 @@
 //! first adds b and keeps a, RDS moves only once b's endpoints are ACKed, and
 //! a goes only after the RDS ACK. Without the history the server would treat
 //! the client as holding nothing it knows and remove a at once (503s).
+//!
+//! The history also tells when a reported version proves less than it names:
+//! a SotW client that dropped a cluster and got it back asks for its
+//! endpoints again at the same EDS version; if the stream breaks before the
+//! answer, the next one must send them before routing there.
 
 mod common;
 
@@ -142,6 +147,115 @@ async fn sotw_reconnect_after_config_change_is_make_before_break() {
 #[tokio::test]
 async fn sotw_failover_to_replica_after_config_change_is_make_before_break() {
     sotw_resume(true).await;
+}
+
+/// SotW versions are per type: Envoy that drops cluster b (CDS) forgets its
+/// endpoints, and when b comes back it asks for them again reporting the EDS
+/// version it had, which named b's endpoints. Here the stream breaks before
+/// that answer and the config then routes to b. The next stream (same server
+/// or a replica with the same history) must send b's endpoints before the
+/// route: the version proves nothing about b.
+async fn sotw_resume_after_a_cluster_came_back(replica: bool) {
+    let x = || fixture(&["a", "b"], "a", 1);
+    let y = || fixture(&["a"], "a", 1);
+    let z = || fixture(&["a", "b"], "b", 1);
+    let a = SnapshotCache::new();
+    a.set_snapshot("g", x());
+    a.set_ready(true);
+    let sa = common::start(a.clone(), GRACE).await;
+    let b = replica.then(SnapshotCache::new);
+    if let Some(b) = &b {
+        b.set_snapshot("g", x());
+        b.set_ready(true);
+    }
+    let sb = match &b {
+        Some(b) => Some(common::start(b.clone(), GRACE).await),
+        None => None,
+    };
+    let publish = |s: fn() -> ballast_xds::Snapshot| {
+        a.set_snapshot("g", s());
+        if let Some(b) = &b {
+            b.set_snapshot("g", s());
+        }
+    };
+    let mut c1 = Sotw::connect(sa.addr, "n").await;
+    let mut held = HashMap::new();
+    let mut eds_nonce = String::new();
+    for (ty, sub) in [
+        (CDS, &[][..]),
+        (EDS, &["a", "b"][..]),
+        (LDS, &[][..]),
+        (RDS, &["r1"][..]),
+    ] {
+        let r = c1.synced(ty, sub).await;
+        held.insert(ty, r.version_info.clone());
+        if ty == EDS {
+            eds_nonce = r.nonce.clone();
+        }
+    }
+    c1.expect_quiet().await;
+    // b goes: the client takes the CDS update and stops asking for b.
+    publish(y);
+    let cds = c1.recv().await;
+    assert_eq!(names(&cds), ["a"]);
+    c1.ack(&cds, &[]).await;
+    c1.request(EDS, &["a"], &held[&EDS], &eds_nonce).await;
+    c1.expect_quiet().await;
+    // b comes back; the client asks for it at the same EDS version, and the
+    // stream breaks before any answer is read.
+    publish(x);
+    let cds = c1.recv().await;
+    assert_eq!(names(&cds), ["a", "b"]);
+    c1.ack(&cds, &[]).await;
+    held.insert(CDS, cds.version_info.clone());
+    c1.request(EDS, &["a", "b"], &held[&EDS], &eds_nonce).await;
+    drop(c1);
+    // Meanwhile the route moves to b.
+    publish(z);
+    let addr2 = sb.as_ref().map_or(sa.addr, |s| s.addr);
+    let mut c2 = Sotw::connect(addr2, "n").await;
+    let subs = |ty| match ty {
+        EDS => &["a", "b"][..],
+        RDS => &["r1"][..],
+        _ => &[][..],
+    };
+    for ty in [CDS, EDS, LDS, RDS] {
+        c2.request(ty, subs(ty), &held[&ty], "").await;
+    }
+    let mut endpoints_of_b = false;
+    let mut route = None;
+    for _ in 0..16 {
+        let Some(r) = c2.recv_if_any().await else {
+            break;
+        };
+        let ty = ResourceType::from_type_url(&r.type_url).unwrap();
+        if ty == EDS && names(&r).iter().any(|n| n == "b") {
+            endpoints_of_b = true;
+        }
+        if ty == RDS {
+            assert!(
+                endpoints_of_b,
+                "the route to b went out before b's endpoints"
+            );
+            route = Some(r.clone());
+        }
+        c2.ack(&r, subs(ty)).await;
+    }
+    assert!(route.is_some(), "the route moves to b once b is warm");
+    if let Some(sb) = sb {
+        sb.stop().await;
+    }
+    sa.stop().await;
+}
+
+#[tokio::test]
+async fn sotw_reconnect_after_a_cluster_came_back_re_sends_its_endpoints() {
+    sotw_resume_after_a_cluster_came_back(false).await;
+}
+
+#[tokio::test]
+async fn sotw_failover_after_a_cluster_came_back_re_sends_its_endpoints() {
+    sotw_resume_after_a_cluster_came_back(true).await;
 }
 
 fn delta_names(r: &DeltaDiscoveryResponse) -> Vec<&str> {

@@ -114,6 +114,14 @@ impl Sotw {
             .expect("stream open")
     }
 
+    /// The next response, if one arrives within [`QUIET`].
+    pub async fn recv_if_any(&mut self) -> Option<DiscoveryResponse> {
+        tokio::time::timeout(QUIET, self.rx.message())
+            .await
+            .ok()
+            .map(|r| r.expect("stream ok").expect("stream open"))
+    }
+
     /// Asserts nothing arrives during [`QUIET`].
     pub async fn expect_quiet(&mut self) {
         if let Ok(r) = tokio::time::timeout(QUIET, self.rx.message()).await {
