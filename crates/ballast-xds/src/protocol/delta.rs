@@ -333,6 +333,10 @@ impl DeltaType {
         let snaps: Vec<&Arc<Snapshot>> = current.into_iter().chain(history).collect();
         let acked = &self.acked;
         let stale = super::referred_anew(ty, |n| acked.contains_key(n), &snaps, false);
+        // Empty on every resume without a cluster change (W5): no copy.
+        if stale.is_empty() {
+            return;
+        }
         if let Some(kept) = without_names(&self.acked, &stale) {
             self.acked = Arc::new(kept);
         }

@@ -352,13 +352,14 @@ pub(crate) fn referred_anew(
             if Arc::ptr_eq(now, before) {
                 continue;
             }
-            match newer.changed_from(by, older) {
+            // Recorded when `newer` replaced `older` in the cache: O(1).
+            match newer.changed_since(by, before) {
                 Some(names) => {
                     let (mut n, mut b) = (
                         Seeker::sparse(now, names.len()),
                         Seeker::sparse(before, names.len()),
                     );
-                    for name in names {
+                    for name in names.iter() {
                         if let Some(res) = n.get(name) {
                             note(res, b.get(name));
                         }

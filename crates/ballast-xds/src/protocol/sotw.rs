@@ -1194,7 +1194,8 @@ fn maybe_dropped(
                 continue;
             }
             let (mut now, mut before) = (Seeker::new(newer), Seeker::new(older));
-            match pair[0].changed_from(ty, pair[1]) {
+            // Recorded when one replaced the other in the cache: O(1).
+            match pair[0].changed_since(ty, older) {
                 Some(names) => out.extend(
                     names
                         .iter()
