@@ -258,6 +258,93 @@ async fn sotw_failover_after_a_cluster_came_back_re_sends_its_endpoints() {
     sotw_resume_after_a_cluster_came_back(true).await;
 }
 
+/// One cluster, listener l1 → r1 and, with `second`, l2 → r2.
+fn listeners(second: bool) -> ballast_xds::Snapshot {
+    use ballast_xds::simple;
+    let mut b = ballast_xds::Snapshot::builder();
+    b.message(&simple::eds_cluster("a", Duration::from_secs(1)))
+        .unwrap();
+    b.message(&simple::load_assignment("a", &[("127.0.0.1", 1)]))
+        .unwrap();
+    let pairs: &[(&str, &str)] = if second {
+        &[("l1", "r1"), ("l2", "r2")]
+    } else {
+        &[("l1", "r1")]
+    };
+    for (l, r) in pairs {
+        b.message(&simple::http_listener(l, "127.0.0.1", 0, r))
+            .unwrap();
+        b.message(&simple::route_config(r, &[("*", &[("a", 1)])]))
+            .unwrap();
+    }
+    b.build().unwrap()
+}
+
+/// The same for routes: Envoy drops listener l2 (and forgets r2), gets l2
+/// back and asks for r2 again at the RDS version that named it; the stream
+/// breaks before the answer. The next stream must send r2, else the
+/// re-added listener warms until Envoy's initial fetch timeout and then
+/// serves no routes.
+#[tokio::test]
+async fn sotw_reconnect_after_a_listener_came_back_re_sends_its_routes() {
+    let cache = SnapshotCache::new();
+    cache.set_snapshot("g", listeners(true));
+    cache.set_ready(true);
+    let server = common::start(cache.clone(), GRACE).await;
+    let mut c1 = Sotw::connect(server.addr, "n").await;
+    let mut held = HashMap::new();
+    let mut rds_nonce = String::new();
+    for (ty, sub) in [
+        (CDS, &[][..]),
+        (EDS, &["a"][..]),
+        (LDS, &[][..]),
+        (RDS, &["r1", "r2"][..]),
+    ] {
+        let r = c1.synced(ty, sub).await;
+        held.insert(ty, r.version_info.clone());
+        if ty == RDS {
+            rds_nonce = r.nonce.clone();
+        }
+    }
+    c1.expect_quiet().await;
+    cache.set_snapshot("g", listeners(false));
+    let lds = c1.recv().await;
+    assert_eq!(names(&lds), ["l1"]);
+    c1.ack(&lds, &[]).await;
+    c1.request(RDS, &["r1"], &held[&RDS], &rds_nonce).await;
+    c1.expect_quiet().await;
+    cache.set_snapshot("g", listeners(true));
+    let lds = c1.recv().await;
+    assert_eq!(names(&lds), ["l1", "l2"]);
+    c1.ack(&lds, &[]).await;
+    held.insert(LDS, lds.version_info.clone());
+    c1.request(RDS, &["r1", "r2"], &held[&RDS], &rds_nonce)
+        .await;
+    drop(c1);
+    let mut c2 = Sotw::connect(server.addr, "n").await;
+    let subs = |ty| match ty {
+        EDS => &["a"][..],
+        RDS => &["r1", "r2"][..],
+        _ => &[][..],
+    };
+    for ty in [CDS, EDS, LDS, RDS] {
+        c2.request(ty, subs(ty), &held[&ty], "").await;
+    }
+    let mut routes = Vec::new();
+    for _ in 0..8 {
+        let Some(r) = c2.recv_if_any().await else {
+            break;
+        };
+        let ty = ResourceType::from_type_url(&r.type_url).unwrap();
+        if ty == RDS {
+            routes.extend(names(&r));
+        }
+        c2.ack(&r, subs(ty)).await;
+    }
+    assert_eq!(routes, ["r2"], "r2 is sent again, r1 is not");
+    server.stop().await;
+}
+
 fn delta_names(r: &DeltaDiscoveryResponse) -> Vec<&str> {
     r.resources.iter().map(|r| r.name.as_str()).collect()
 }
