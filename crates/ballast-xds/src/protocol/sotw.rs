@@ -1173,12 +1173,13 @@ fn held_at_version(
 /// - CDS/LDS: names that went away between two consecutive recent
 ///   snapshots: only a response planned after that could have removed them
 ///   (a name merely added within the history was never missing after the
-///   client could hold it). `version` may name a plan, not a snapshot
-///   (a removal held back for routes still using it), so when it was
-///   accepted is not known.
+///   client could hold it). The reported version may name a plan, not a
+///   snapshot (a removal held back for routes still using it), so when it
+///   was accepted is not known.
 ///
 /// O(1) per pair of snapshots that share the map looked at (an endpoint
-/// change, for CDS), else one ordered walk of it.
+/// change, for CDS), else O(changes) from the change set the cache recorded
+/// at the publish (one walk of the map without it).
 fn maybe_dropped(
     ty: ResourceType,
     held: &Arc<ResourceMap>,
@@ -1193,22 +1194,32 @@ fn maybe_dropped(
             if Arc::ptr_eq(newer, older) {
                 continue;
             }
-            let (mut now, mut before) = (Seeker::new(newer), Seeker::new(older));
             // Recorded when one replaced the other in the cache: O(1).
             match pair[0].changed_since(ty, older) {
-                Some(names) => out.extend(
-                    names
-                        .iter()
-                        .filter(|n| {
-                            held.contains_key(*n) && before.contains_key(n) && !now.contains_key(n)
-                        })
-                        .cloned(),
-                ),
-                None => out.extend(
-                    held.keys()
-                        .filter(|n| before.contains_key(n) && !now.contains_key(n))
-                        .cloned(),
-                ),
+                Some(names) => {
+                    let (mut now, mut before) = (
+                        Seeker::sparse(newer, names.len()),
+                        Seeker::sparse(older, names.len()),
+                    );
+                    out.extend(
+                        names
+                            .iter()
+                            .filter(|n| {
+                                held.contains_key(*n)
+                                    && before.contains_key(n)
+                                    && !now.contains_key(n)
+                            })
+                            .cloned(),
+                    )
+                }
+                None => {
+                    let (mut now, mut before) = (Seeker::new(newer), Seeker::new(older));
+                    out.extend(
+                        held.keys()
+                            .filter(|n| before.contains_key(n) && !now.contains_key(n))
+                            .cloned(),
+                    )
+                }
             }
         }
         out.sort_unstable();
